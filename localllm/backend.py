@@ -1,0 +1,118 @@
+"""The one seam between localllm and an inference engine: load, stream, close.
+
+``engine.LlamaCppBackend`` is the product's implementation (the only module that
+imports ``llama_cpp``). UI tests may drive a scripted backend through the same
+protocol to check timing displays exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, Protocol, Sequence
+
+from localllm.errors import UsageError
+from localllm.metrics import GenerationStats
+
+# K/V cache types llama.cpp accepts (common/arg.cpp's kv_cache_types).
+KV_CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+FLASH_ATTN_MODES: tuple[str, ...] = ("auto", "on", "off")
+
+
+def ggml_type_id(name: str) -> int:
+    """ggml's enum value for a cache type name (gguf's enum mirrors ggml's)."""
+    from gguf import GGMLQuantizationType  # lazy: gguf imports numpy
+
+    if name not in KV_CACHE_TYPES:
+        raise UsageError(f"unsupported cache type '{name}': choose one of {', '.join(KV_CACHE_TYPES)}")
+    return GGMLQuantizationType[name.upper()].value
+
+
+def check_cache_types(type_k: str, type_v: str, head_dim_k: int, head_dim_v: int) -> None:
+    """A quantized cache stores whole blocks per head: llama.cpp refuses a type
+    whose block size does not divide the head dimension. Say so before loading."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    for which, name, dim in (("K", type_k, head_dim_k), ("V", type_v, head_dim_v)):
+        block = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type_id(name))][0]
+        if dim and dim % block:
+            raise UsageError(
+                f"{which} cache type {name} stores blocks of {block} values but this model's {which} head dim is {dim}: use --kv-type f16"
+            )
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """How to load a model and size its context.
+
+    ``n_gpu_layers=-1`` offloads every layer when the build has a GPU backend
+    (it is ignored on CPU builds). ``n_threads=None`` means physical cores.
+    A quantized V cache needs flash attention: ``auto`` lets llama.cpp decide.
+    """
+
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    n_gpu_layers: int = -1
+    flash_attn: str = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_batch: int = 512
+    n_ubatch: int = 512
+    swa_full: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling for one generation. ``temperature=0`` is greedy (deterministic).
+
+    ``max_tokens=-1`` generates until an end-of-generation token or a full
+    context. ``ignore_eos`` keeps going past end-of-generation (benchmarks).
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    max_tokens: int = -1
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token, stamped with ``time.perf_counter_ns`` when sampled."""
+
+    index: int
+    token_id: int
+    text: str
+    t_ns: int
+
+
+@dataclass(frozen=True)
+class LoadInfo:
+    path: Path
+    load_ms: float
+    n_ctx: int
+    n_threads: int
+    n_gpu_layers: int
+    type_k: str
+    type_v: str
+    flash_attn: str
+    gpu_offload_supported: bool
+
+
+class Backend(Protocol):
+    """What the CLI, the benchmark and the TUI need from an engine."""
+
+    last_stats: GenerationStats | None
+
+    def load(self, path: Path, config: LoadConfig) -> LoadInfo: ...
+
+    def stream(self, prompt: str | Sequence[int], sampling: SamplingConfig, *, chat: bool = True) -> Iterator[TokenEvent]:
+        """Yield tokens as they are produced; ``last_stats`` is set when it ends."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,61 @@
+"""``localllm inspect``: the model's architecture and sizes, read from its header."""
+
+from __future__ import annotations
+
+import argparse
+
+from localllm import catalog, fmt
+from localllm.model_info import ModelInfo, inspect_model
+
+
+def render(info: ModelInfo) -> str:
+    rows = [
+        ("name", info.name),
+        ("path", info.path),
+        ("architecture", info.architecture),
+        ("parameters", f"{fmt.count(info.n_params)} ({info.n_params:,})"),
+        ("file size", f"{fmt.size(info.size_bytes)} ({info.size_bytes:,} bytes)"),
+        ("file type", f"{info.file_type}, {info.bits_per_weight:.2f} bits per weight"),
+        ("layers", str(info.n_layer)),
+        ("embedding", str(info.n_embd)),
+        ("heads", f"{info.n_head} query, {info.n_head_kv} key/value (GQA {info.gqa_ratio:g}:1)"),
+        ("head dims", f"key {info.head_dim_k}, value {info.head_dim_v}"),
+        ("trained context", f"{info.context_length:,} tokens"),
+    ]
+    if info.sliding_window:
+        rows.append(("sliding window", f"{info.sliding_window} tokens on {len(info.swa_layers)} of {info.n_layer} layers: {_ranges(info.swa_layers)}"))
+    else:
+        rows.append(("sliding window", "none"))
+    rows.append(("vocabulary", f"{info.n_vocab:,} tokens"))
+    rows.append(("chat template", "yes" if info.chat_template else "no (a base model: use run --raw)"))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines.append("")
+    lines.append(f"{'tensor type':<12} {'tensors':>8} {'size':>12} {'share':>7}")
+    total = sum(t.bytes for t in info.tensor_types) or 1
+    for t in info.tensor_types:
+        lines.append(f"{t.type:<12} {t.count:>8} {fmt.size(t.bytes):>12} {100 * t.bytes / total:>6.1f}%")
+    return "\n".join(lines)
+
+
+def _ranges(idx: list[int]) -> str:
+    out: list[str] = []
+    start = prev = None
+    for i in idx + [None]:  # type: ignore[list-item]
+        if start is None:
+            start = prev = i
+        elif i is not None and i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = i
+    return ", ".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    info = inspect_model(catalog.resolve(args.model))
+    if args.json:
+        fmt.print_json(info.to_dict())
+    else:
+        print(render(info))
+    return 0

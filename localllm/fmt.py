@@ -1,0 +1,37 @@
+"""Human-readable numbers for the CLI and the TUI."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+def size(n: float) -> str:
+    """Bytes in binary units, as llama.cpp prints them (MiB, GiB)."""
+    if n >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    if n >= MiB:
+        return f"{n / MiB:.2f} MiB"
+    if n >= 1024:
+        return f"{n / 1024:.2f} KiB"
+    return f"{int(n)} B"
+
+
+def count(n: float) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(int(n))
+
+
+def ms(x: float) -> str:
+    return f"{x / 1000:.2f} s" if x >= 10_000 else f"{x:.2f} ms"
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")

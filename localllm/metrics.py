@@ -1,0 +1,119 @@
+"""Latency statistics from per-token timestamps. Pure Python, no model.
+
+Definitions (the seeds' vocabulary, and what llama.cpp's perf counters count):
+
+- TTFT: from the start of the request to the moment the first token is sampled.
+  Bound by prefill (reading the prompt), which is compute-bound.
+- ITL: the gaps between consecutive tokens' timestamps, as the user sees them
+  (decode + sampling + detokenization). Bound by memory bandwidth.
+- TPOT: (last - first) / (generated - 1), the mean of the ITL gaps.
+- prefill rate: prompt tokens / time llama.cpp spent evaluating the prompt
+  (llama_perf_context's t_p_eval_ms).
+- decode rate: single-token evaluations / the time they took (t_eval_ms). The
+  last sampled token is never evaluated, so there is one fewer than generated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    if len(xs) == 1:
+        return float(xs[0])
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (llama-bench reports avg ± stddev)."""
+    if not values:
+        return 0.0, 0.0
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return m, 0.0
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
+    return m, math.sqrt(var)
+
+
+@dataclass(frozen=True)
+class ITL:
+    p50: float
+    p95: float
+    max: float
+
+    @classmethod
+    def from_gaps(cls, gaps_ms: Sequence[float]) -> "ITL":
+        if not gaps_ms:
+            return cls(0.0, 0.0, 0.0)
+        return cls(percentile(gaps_ms, 50), percentile(gaps_ms, 95), float(max(gaps_ms)))
+
+
+@dataclass
+class GenerationStats:
+    """Timings of one generation. All times in milliseconds."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    load_ms: float
+    ttft_ms: float
+    itl_ms: ITL
+    tpot_ms: float
+    prefill_ms: float
+    decode_ms: float
+    decode_evals: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    total_ms: float
+    stop_reason: str = "length"
+    token_times_ms: list[float] = field(default_factory=list, repr=False)
+
+    def to_dict(self, with_token_times: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        if not with_token_times:
+            d.pop("token_times_ms")
+        return d
+
+
+def compute_stats(
+    *,
+    start_ns: int,
+    token_ns: Sequence[int],
+    prompt_tokens: int,
+    prefill_ns: int,
+    decode_ns: int,
+    decode_evals: int,
+    load_ms: float,
+    end_ns: int,
+    stop_reason: str,
+) -> GenerationStats:
+    """Build the stats from raw monotonic stamps (``time.perf_counter_ns``)."""
+    times_ms = [(t - start_ns) / 1e6 for t in token_ns]
+    gaps = [b - a for a, b in zip(times_ms, times_ms[1:])]
+    n = len(times_ms)
+    prefill_ms = prefill_ns / 1e6
+    decode_ms = decode_ns / 1e6
+    return GenerationStats(
+        prompt_tokens=prompt_tokens,
+        generated_tokens=n,
+        load_ms=load_ms,
+        ttft_ms=times_ms[0] if times_ms else 0.0,
+        itl_ms=ITL.from_gaps(gaps),
+        tpot_ms=(times_ms[-1] - times_ms[0]) / (n - 1) if n > 1 else 0.0,
+        prefill_ms=prefill_ms,
+        decode_ms=decode_ms,
+        decode_evals=decode_evals,
+        prefill_tokens_per_s=prompt_tokens / prefill_ms * 1000 if prefill_ms > 0 else 0.0,
+        decode_tokens_per_s=decode_evals / decode_ms * 1000 if decode_ms > 0 else 0.0,
+        total_ms=(end_ns - start_ns) / 1e6,
+        stop_reason=stop_reason,
+        token_times_ms=times_ms,
+    )

@@ -1,0 +1,30 @@
+"""Post-install smoke test: load the default model and decode a few tokens.
+
+``scripts/install.sh`` runs this in a child process right after building
+llama-cpp-python: a build with the wrong CPU flags (AMX, llama.cpp #20824)
+crashes at the first decode, and that should surface at install time, not at
+the user's first ``localllm run``. Exit 0 and one line on success.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    from localllm import catalog
+    from localllm.backend import LoadConfig, SamplingConfig
+    from localllm.engine import LlamaCppBackend, system_info
+
+    with LlamaCppBackend() as backend:
+        backend.load(catalog.resolve(None), LoadConfig(n_ctx=256))
+        text = "".join(e.text for e in backend.stream("The capital of France is", SamplingConfig(temperature=0, max_tokens=8), chat=False))
+        stats = backend.last_stats
+    assert stats is not None and stats.generated_tokens > 0
+    features = " ".join(part.strip() for part in system_info().split("|") if "= 1" in part)
+    print(f"smoke test: decoded {stats.generated_tokens} tokens ({text.strip()[:40]!r}) at {stats.decode_tokens_per_s:.0f} t/s; CPU features: {features}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Data files: the model catalog lives in ``localllm.catalog``; small test vocabularies live here."""

