@@ -66,14 +66,31 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="a catalog name (smollm2, gemma3-270m) or a path to a .gguf file; default: smollm2")
 
 
-def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None) -> None:
+def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fit: bool = True) -> None:
     g = p.add_argument_group("load options")
     g.add_argument("--ctx", type=_int_at_least(1, "--ctx"), default=ctx_default, metavar="N", help="context size in tokens (default: %(default)s)")
     g.add_argument("--threads", type=_int_at_least(1, "--threads"), default=None, metavar="N", help="CPU threads (default: physical cores)")
-    g.add_argument("--ngl", type=_int_at_least(-1, "--ngl"), default=-1, metavar="N", help="layers to offload to the GPU, -1 for all (default; ignored on CPU builds)")
-    g.add_argument("--kv-type", choices=KV_CACHE_TYPES, default="f16", metavar="T", help=f"K and V cache type: {', '.join(KV_CACHE_TYPES)} (default: f16)")
+    g.add_argument("--ngl", type=_int_at_least(-1, "--ngl"), default=None, metavar="N", help="layers to offload to the GPU, -1 for all (default: all, or what fits --vram)")
+    g.add_argument("--kv-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help=f"K and V cache type: {', '.join(KV_CACHE_TYPES)} (default: f16)")
+    g.add_argument("--k-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help="K cache type alone")
+    g.add_argument("--v-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help="V cache type alone (quantized needs flash attention)")
     g.add_argument("--flash-attn", choices=FLASH_ATTN_MODES, default="auto", help="flash attention (default: auto; a quantized V cache needs it)")
+    g.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers (more memory; the cache can shift)")
     g.add_argument("--batch", type=_int_at_least(1, "--batch"), default=512, metavar="N", help="logical batch for prompt processing (default: 512)")
+    g.add_argument("--ubatch", type=_int_at_least(1, "--ubatch"), default=512, metavar="N", help="physical batch: sizes the compute buffer (default: 512)")
+    if fit:
+        g.add_argument("--vram", type=_size, default=None, metavar="SIZE", help="GPU memory budget, e.g. 4GiB or 6GB (default: detected)")
+        g.add_argument("--policy", choices=("ctx", "offload"), default="ctx", help="when it does not fit: shrink the context first (ctx, default) or offload fewer layers (offload)")
+
+
+def _size(text: str) -> int:
+    from localllm.errors import UsageError
+    from localllm.hardware import parse_size
+
+    try:
+        return parse_size(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,12 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_options(p, ctx_default=4096)
     p.add_argument("--json", action="store_true", help="one JSON object with the text and the stats")
 
+    p = sub.add_parser("plan", help="memory per device: weights, KV cache, compute; what fits a GPU budget")
+    _add_model(p)
+    _add_load_options(p, ctx_default=None)
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
     p = sub.add_parser("bench", help="prefill and decode throughput (llama-bench style)")
     _add_model(p)
     p.add_argument("--prompt-tokens", type=_int_list, default=[128, 512, 2048], metavar="N,N", help="prompt lengths (default: 128,512,2048)")
     p.add_argument("--gen-tokens", type=_int_at_least(1, "--gen-tokens"), default=128, metavar="N", help="tokens to generate per run (default: 128)")
     p.add_argument("--reps", type=_int_at_least(1, "--reps"), default=3, metavar="N", help="repetitions per prompt length (default: 3)")
-    _add_load_options(p, ctx_default=None)
+    _add_load_options(p, ctx_default=None, fit=False)
     p.add_argument("--json", action="store_true", help="a JSON list of rows")
     return parser
 

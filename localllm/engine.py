@@ -179,6 +179,7 @@ class LlamaCppBackend:
             "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
         }[config.flash_attn]
         cparams.swa_full = config.swa_full
+        cparams.n_outputs_max = config.n_outputs_max
         cparams.no_perf = False
         mark = ROUTER.mark()
         t0 = time.perf_counter_ns()

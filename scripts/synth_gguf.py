@@ -30,6 +30,9 @@ class SynthSpec:
     dtype: str = "f32"  # f32 or f16 for the 2-D weights
     seed: int = 0
     name: str = "synthetic-llama"
+    head_dim: int | None = None  # default n_embd // n_head
+    sliding_window: int | None = None  # gemma3: window size (every 6th layer is global)
+    tied_output: bool = False  # no output.weight: llama.cpp reuses token_embd
 
 
 def vocabulary() -> tuple[list[str], list[float], list[int]]:
@@ -53,12 +56,16 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
 
 
 def write_llama_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
-    """Write a llama-architecture GGUF (GQA when n_head_kv < n_head) and return its path."""
+    """Write a GGUF and return its path. ``spec.arch`` is ``llama`` (GQA when
+    n_head_kv < n_head) or ``gemma3`` (Q/K norms, post-norms, sliding-window layers)."""
+    if spec.arch not in ("llama", "gemma3"):
+        raise ValueError(f"unsupported synthetic architecture {spec.arch}")
     path = Path(path)
     rng = np.random.default_rng(spec.seed)
     tokens, scores, types = vocabulary()
     n_vocab = len(tokens)
-    hd = spec.n_embd // spec.n_head
+    hd = spec.head_dim or spec.n_embd // spec.n_head
+    gemma = spec.arch == "gemma3"
     wdtype = np.float16 if spec.dtype == "f16" else np.float32
 
     def mat(rows: int, cols: int) -> np.ndarray:
@@ -77,6 +84,11 @@ def write_llama_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     w.add_head_count_kv(spec.n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(hd)
+    if spec.head_dim:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if spec.sliding_window:
+        w.add_sliding_window(spec.sliding_window)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if spec.dtype == "f16" else gguf.LlamaFileType.ALL_F32)
@@ -98,12 +110,18 @@ def write_llama_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
         w.add_tensor(f"blk.{i}.attn_k.weight", mat(spec.n_head_kv * hd, spec.n_embd))
         w.add_tensor(f"blk.{i}.attn_v.weight", mat(spec.n_head_kv * hd, spec.n_embd))
         w.add_tensor(f"blk.{i}.attn_output.weight", mat(spec.n_embd, spec.n_head * hd))
+        if gemma:
+            w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(hd, dtype=np.float32))
+            w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(hd, dtype=np.float32))
+            w.add_tensor(f"blk.{i}.post_attention_norm.weight", norm())
+            w.add_tensor(f"blk.{i}.post_ffw_norm.weight", norm())
         w.add_tensor(f"blk.{i}.ffn_norm.weight", norm())
         w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(spec.n_ff, spec.n_embd))
         w.add_tensor(f"blk.{i}.ffn_up.weight", mat(spec.n_ff, spec.n_embd))
         w.add_tensor(f"blk.{i}.ffn_down.weight", mat(spec.n_embd, spec.n_ff))
     w.add_tensor("output_norm.weight", norm())
-    w.add_tensor("output.weight", mat(n_vocab, spec.n_embd))
+    if not spec.tied_output:
+        w.add_tensor("output.weight", mat(n_vocab, spec.n_embd))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

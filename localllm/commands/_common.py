@@ -1,20 +1,75 @@
-"""Helpers the model-loading commands share."""
+"""Helpers the model-loading commands share: options -> load config, and auto-fit."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
-from localllm.backend import LoadConfig
+from localllm.backend import LoadConfig, run_config
 
 
 def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
+    kv = args.kv_type or "f16"
     return LoadConfig(
         n_ctx=n_ctx,
         n_threads=args.threads,
-        n_gpu_layers=args.ngl,
+        n_gpu_layers=-1 if args.ngl is None else args.ngl,
         flash_attn=args.flash_attn,
-        type_k=args.kv_type,
-        type_v=args.kv_type,
+        type_k=args.k_type or kv,
+        type_v=args.v_type or kv,
         n_batch=args.batch,
-        n_ubatch=args.batch,
+        n_ubatch=min(args.ubatch, args.batch),
+        swa_full=args.swa_full,
     )
+
+
+@dataclass
+class Fitted:
+    config: LoadConfig
+    fit: object  # planner.FitResult
+    hardware: object  # hardware.Hardware
+    trained_ctx: int
+
+
+def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None) -> Fitted:
+    """Plan the load against the GPU budget (detected or --vram) and RAM, and
+    return the settings that fit. The user's explicit choices are kept."""
+    from localllm import hardware, planner
+    from localllm.gguf_file import read_header
+    from localllm.model_info import describe
+
+    header = read_header(path)
+    info = describe(header)
+    shape = planner.ModelShape.from_header(header)
+    want = load_config(args, n_ctx or min(info.context_length or 4096, 4096))
+    hw = hardware.detect(getattr(args, "vram", None))
+    result = planner.fit(
+        shape,
+        run_config(want),
+        gpu_budget=hw.gpu_budget,
+        ram=hw.ram_available_bytes,
+        policy=getattr(args, "policy", "ctx"),
+        kv_fixed=bool(args.kv_type or args.k_type or args.v_type),
+        ngl_fixed=args.ngl is not None,
+        ctx_limit=max(want.n_ctx, info.context_length or 0),
+    )
+    c = result.config
+    chosen = LoadConfig(
+        n_ctx=c.n_ctx,
+        n_threads=want.n_threads,
+        n_gpu_layers=c.n_gpu_layers,
+        flash_attn=want.flash_attn,
+        type_k=c.type_k,
+        type_v=c.type_v,
+        n_batch=want.n_batch,
+        n_ubatch=want.n_ubatch,
+        swa_full=want.swa_full,
+        n_outputs_max=want.n_outputs_max,
+    )
+    return Fitted(chosen, result, hw, info.context_length)
+
+
+def say(msg: str) -> None:
+    print(f"localllm: {msg}", file=sys.stderr, flush=True)

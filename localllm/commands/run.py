@@ -7,8 +7,8 @@ import sys
 
 from localllm import catalog, fmt
 from localllm.backend import SamplingConfig
-from localllm.commands._common import load_config
-from localllm.errors import UsageError
+from localllm.commands._common import fit_config, say
+from localllm.errors import InputError, UsageError
 from localllm.metrics import GenerationStats
 
 
@@ -46,8 +46,15 @@ def run(args: argparse.Namespace) -> int:
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
     sampling = SamplingConfig(temperature=args.temp, seed=args.seed, max_tokens=args.n_predict)
+    fitted = fit_config(args, path, args.ctx)
+    if not fitted.fit.fits:
+        raise InputError(f"does not fit: {fitted.fit.reason}")
+    if fitted.fit.steps or args.vram is not None:
+        c = fitted.config
+        say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx}, KV {c.type_k}/{c.type_v}, "
+            f"{fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.reason})")
     with LlamaCppBackend() as backend:
-        backend.load(path, load_config(args, args.ctx))
+        backend.load(path, fitted.config)
         pieces: list[str] = []
         for event in backend.stream(prompt, sampling, chat=not args.raw):
             pieces.append(event.text)

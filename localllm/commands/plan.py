@@ -1,0 +1,59 @@
+"""``localllm plan``: where the memory goes, per device, and what fits the budget."""
+
+from __future__ import annotations
+
+import argparse
+
+from localllm import catalog, fmt
+from localllm.commands._common import fit_config
+from localllm.errors import EXIT_ERROR
+
+
+def render(f) -> str:
+    r = f.fit
+    p = r.plan
+    hw = f.hardware
+    gpu = r.budget_bytes is not None
+    lines = [
+        f"context {p.n_ctx} tokens · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
+        + (f" · sliding-window layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
+        + (f" · {p.n_gpu_layers} layers on the GPU" if gpu else ""),
+        "",
+        f"{'':<10}{'GPU':>12}{'CPU':>12}",
+        f"{'weights':<10}{fmt.size(p.weights_gpu_bytes):>12}{fmt.size(p.weights_cpu_bytes):>12}",
+        f"{'KV cache':<10}{fmt.size(p.kv_gpu_bytes):>12}{fmt.size(p.kv_cache_bytes - p.kv_gpu_bytes):>12}",
+        f"{'compute':<10}{fmt.size(p.compute_bytes if p.compute_on_gpu else 0):>12}{fmt.size(0 if p.compute_on_gpu else p.compute_bytes):>12}",
+        f"{'output':<10}{fmt.size(0):>12}{fmt.size(p.output_bytes):>12}",
+        f"{'total':<10}{fmt.size(p.total_gpu_bytes):>12}{fmt.size(p.total_cpu_bytes):>12}",
+        "",
+    ]
+    if gpu:
+        src = {"--vram": "--vram", "nvml": hw.gpu_name, "apple-unified": "unified memory share"}.get(hw.gpu_source, hw.gpu_source)
+        headroom = r.budget_bytes - p.total_gpu_bytes
+        lines.append(f"GPU budget {fmt.size(r.budget_bytes)} ({src}), head-room {fmt.size(headroom)} (keeping {fmt.size(r.margin_bytes)} free)")
+    else:
+        lines.append("no GPU: everything runs from RAM")
+    lines.append(f"RAM available {fmt.size(r.ram_bytes or 0)}")
+    lines.append(("fits: " + r.reason) if r.fits else ("does not fit: " + r.reason))
+    lines.append("largest context that fits: " + ", ".join(f"{k} {v:,}" if v else f"{k} none" for k, v in r.max_ctx_by_kv_type.items()))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = catalog.resolve(args.model)
+    f = fit_config(args, path, args.ctx)
+    if args.json:
+        d = f.fit.plan.to_dict()
+        d.update(
+            fits=f.fit.fits,
+            reason=f.fit.reason,
+            budget_gpu_bytes=f.fit.budget_bytes,
+            ram_available_bytes=f.fit.ram_bytes,
+            margin_bytes=f.fit.margin_bytes,
+            max_ctx_by_kv_type=f.fit.max_ctx_by_kv_type,
+            hardware=f.hardware.to_dict(),
+        )
+        fmt.print_json(d)
+    else:
+        print(render(f))
+    return 0 if f.fit.fits else EXIT_ERROR

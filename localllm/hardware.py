@@ -1,0 +1,88 @@
+"""What memory this machine has for a model: GPU budget and RAM.
+
+- NVIDIA: total and free VRAM through NVML (nvidia-ml-py), first GPU.
+- Apple Silicon: unified memory; Metal lets one process wire about two thirds
+  of RAM on machines up to 36 GB (``recommendedMaxWorkingSetSize``), three
+  quarters above that. We use that share as the GPU budget.
+- Otherwise no GPU budget: the model runs from RAM (psutil).
+``--vram SIZE`` overrides the detected GPU budget, to plan for a laptop.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from localllm.errors import UsageError
+
+_UNITS = {
+    "": 1024**3, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+}
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '6GB', '512MiB', '4' (GiB) -> bytes. Raises UsageError on nonsense."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UsageError(f"'{text}' is not a size: use e.g. 4GiB, 6GB or 512MiB")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value <= 0:
+        raise UsageError(f"a size must be more than 0, got '{text}'")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu_name: str | None
+    gpu_total_bytes: int | None
+    gpu_free_bytes: int | None
+    gpu_source: str  # "nvml", "apple-unified", "--vram", "none"
+    ram_total_bytes: int
+    ram_available_bytes: int
+
+    @property
+    def gpu_budget(self) -> int | None:
+        return self.gpu_free_bytes if self.gpu_free_bytes is not None else self.gpu_total_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gpu_budget_bytes"] = self.gpu_budget
+        return d
+
+
+def _nvml() -> tuple[str, int, int] | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver / no NVIDIA GPU: NVML raises its own error types
+        return None
+    try:
+        if pynvml.nvmlDeviceGetCount() < 1:
+            return None
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(h)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        return (name.decode() if isinstance(name, bytes) else str(name)), int(mem.total), int(mem.free)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def detect(vram: int | None = None) -> Hardware:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    if vram is not None:
+        return Hardware("simulated", vram, None, "--vram", vm.total, vm.available)
+    nv = _nvml()
+    if nv:
+        return Hardware(nv[0], nv[1], nv[2], "nvml", vm.total, vm.available)
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        share = 2 / 3 if vm.total <= 36 * 1024**3 else 3 / 4
+        return Hardware("Apple Silicon (unified memory)", int(vm.total * share), None, "apple-unified", vm.total, vm.available)
+    return Hardware(None, None, None, "none", vm.total, vm.available)

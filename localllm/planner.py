@@ -1,0 +1,468 @@
+"""Memory planner: KV cache, weights, compute and output buffers, per device.
+
+Pure Python over the GGUF header (no llama.cpp calls), so it runs in
+milliseconds and can plan models that are not downloaded in full. The arithmetic
+follows llama.cpp (the version pinned by scripts/install.sh):
+
+- the context is padded to 256 cells (llama-context.cpp, ``GGML_PAD(n_ctx, 256)``);
+- each layer's K row is ``ggml_row_size(type_k, head_dim_k * n_head_kv(layer))``
+  bytes per cell, V likewise (llama-kv-cache.cpp);
+- sliding-window layers get their own cache of
+  ``GGML_PAD(min(n_ctx, n_swa * n_seq + n_ubatch), 256)`` cells, or the full
+  context with ``swa_full`` (llama-kv-cache-iswa.cpp);
+- with ``n_gpu_layers = g``, layers ``>= n_layer + 1 - g`` go to the GPU; the
+  output layer counts as layer ``n_layer``, so it is the first to go (g >= 1)
+  and the last to come back; the token embeddings stay on the CPU
+  (llama-model.cpp ``get_layer_buft_list``);
+- the output buffer holds ``n_vocab`` floats per output row, one row per
+  sequence at reserve (llama-context.cpp ``output_reserve``);
+- the compute buffer is the peak of the worst-case graph (``n_ubatch`` tokens,
+  full cache): the largest of the logits, attention and feed-forward phases,
+  plus the attention masks, which live through the whole graph. That part is
+  a model of ggml-alloc's peak, checked against llama.cpp's log in the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from localllm.gguf_file import GGUFHeader
+from localllm.model_info import describe
+
+CTX_PAD = 256
+MiB = 1024 * 1024
+
+
+def _pad(n: int, k: int) -> int:
+    return (n + k - 1) // k * k
+
+
+def row_bytes(type_name: str, n: int) -> int:
+    """ggml_row_size: bytes of ``n`` values stored as ``type_name``."""
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name.upper()]]
+    return n // block * size
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the planner needs from a model, read from its header."""
+
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_ff: list[int]
+    n_head: list[int]
+    n_head_kv: list[int]
+    head_dim_k: int
+    head_dim_v: int
+    n_vocab: int
+    n_swa: int
+    swa_layers: frozenset[int]
+    layer_bytes: list[int]  # weights of blk.N.*
+    input_bytes: int  # token embeddings and other non-layer tensors on the input side
+    output_bytes: int  # output.* tensors (norm and matrix)
+    tied_bytes: int  # token_embd again, when there is no output.weight: llama.cpp copies it to the output's device
+    mla_kv_lora_rank: int = 0
+    mla_rope_dim: int = 0
+    q_norm: bool = False  # per-head Q norm (Gemma 3, Qwen 3): one more Q-sized activation
+
+    @classmethod
+    def from_header(cls, header: GGUFHeader) -> "ModelShape":
+        info = describe(header)
+        n_layer = info.n_layer
+
+        def per_layer(key: str, default: int) -> list[int]:
+            v = header.arch_key(key)
+            if isinstance(v, list):
+                return [int(x) for x in v]
+            return [int(v if v is not None else default)] * n_layer
+
+        layer_bytes = [0] * n_layer
+        input_bytes = output_bytes = 0
+        token_embd = 0
+        has_output = False
+        for t in header.tensors:
+            if t.name.startswith("blk."):
+                il = int(t.name.split(".")[1])
+                if il < n_layer:
+                    layer_bytes[il] += t.n_bytes
+            elif t.name.startswith("output"):
+                output_bytes += t.n_bytes
+                has_output = has_output or t.name == "output.weight"
+            else:
+                input_bytes += t.n_bytes
+                if t.name == "token_embd.weight":
+                    token_embd = t.n_bytes
+        return cls(
+            architecture=info.architecture,
+            n_layer=n_layer,
+            n_embd=info.n_embd,
+            n_ff=per_layer("feed_forward_length", 4 * info.n_embd),
+            n_head=per_layer("attention.head_count", info.n_head),
+            n_head_kv=per_layer("attention.head_count_kv", info.n_head_kv),
+            head_dim_k=info.head_dim_k,
+            head_dim_v=info.head_dim_v,
+            n_vocab=info.n_vocab,
+            n_swa=int(info.sliding_window or 0),
+            swa_layers=frozenset(info.swa_layers),
+            layer_bytes=layer_bytes,
+            input_bytes=input_bytes,
+            output_bytes=output_bytes,
+            tied_bytes=0 if has_output else token_embd,
+            mla_kv_lora_rank=int(header.arch_key("attention.kv_lora_rank", 0) or 0),
+            mla_rope_dim=int(header.arch_key("rope.dimension_count", 0) or 0),
+            q_norm=any(t.name.endswith("attn_q_norm.weight") for t in header.tensors),
+        )
+
+    def kv_dims(self, il: int) -> tuple[int, int]:
+        """(K, V) values per cell for layer ``il``. With MLA (DeepSeek-style
+        ``kv_lora_rank``) the cache holds the latent plus the rope part, one head."""
+        if self.mla_kv_lora_rank:
+            return self.mla_kv_lora_rank + self.mla_rope_dim, self.mla_kv_lora_rank
+        return self.head_dim_k * self.n_head_kv[il], self.head_dim_v * self.n_head_kv[il]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The load settings that decide memory (mirrors llama_context_params)."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = True
+    n_gpu_layers: int = -1
+    swa_full: bool = False
+    n_seq: int = 1
+    n_outputs_max: int = 0  # 0: n_batch, llama.cpp's default
+
+
+@dataclass
+class KVLayer:
+    layer: int
+    swa: bool
+    cells: int
+    k_bytes: int
+    v_bytes: int
+    on_gpu: bool
+
+
+@dataclass
+class MemoryPlan:
+    n_ctx: int  # after llama.cpp's padding
+    kv_cells: int
+    kv_swa_cells: int
+    type_k: str
+    type_v: str
+    swa_full: bool
+    n_gpu_layers: int  # layers actually offloaded (0..n_layer+1)
+    output_on_gpu: bool
+    kv_cache_bytes: int
+    kv_gpu_bytes: int
+    kv_bytes_per_token: int  # for a token in every layer's cache (full-attention rate)
+    weights_gpu_bytes: int
+    weights_cpu_bytes: int
+    compute_bytes: int
+    output_bytes: int
+    compute_on_gpu: bool
+    kv_layers: list[KVLayer] = field(default_factory=list, repr=False)
+
+    @property
+    def total_gpu_bytes(self) -> int:
+        return self.weights_gpu_bytes + self.kv_gpu_bytes + (self.compute_bytes if self.compute_on_gpu else 0)
+
+    @property
+    def total_cpu_bytes(self) -> int:
+        return (
+            self.weights_cpu_bytes
+            + (self.kv_cache_bytes - self.kv_gpu_bytes)
+            + (0 if self.compute_on_gpu else self.compute_bytes)
+            + self.output_bytes
+        )
+
+    def to_dict(self, with_layers: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        if not with_layers:
+            d.pop("kv_layers")
+        d["total_gpu_bytes"] = self.total_gpu_bytes
+        d["total_cpu_bytes"] = self.total_cpu_bytes
+        return d
+
+
+def kv_cells(shape: ModelShape, cfg: RunConfig) -> tuple[int, int]:
+    """(cells of the full-attention cache, cells of the sliding-window cache) per stream."""
+    n_ctx = _pad(max(cfg.n_ctx, 1), CTX_PAD)
+    n_ctx_seq = n_ctx if cfg.n_seq <= 1 else _pad(n_ctx // cfg.n_seq, CTX_PAD)
+    if not shape.swa_layers or cfg.swa_full or not shape.n_swa:
+        return n_ctx_seq, n_ctx_seq
+    return n_ctx_seq, _pad(min(n_ctx_seq, shape.n_swa + cfg.n_ubatch), CTX_PAD)
+
+
+def offload(shape: ModelShape, n_gpu_layers: int, gpu: bool) -> tuple[set[int], bool, int]:
+    """Which layers llama.cpp puts on the GPU, whether the output layer goes too,
+    and the count it reports ('offloaded N/M layers')."""
+    if not gpu:
+        return set(), False, 0
+    n_all = shape.n_layer + 1
+    ngl = n_all if n_gpu_layers < 0 else min(n_gpu_layers, n_all)
+    start = max(n_all - ngl, 0)
+    return set(range(start, shape.n_layer)), ngl >= 1, ngl
+
+
+def plan_memory(shape: ModelShape, cfg: RunConfig, *, gpu: bool = False) -> MemoryPlan:
+    cells, swa_cells = kv_cells(shape, cfg)
+    n_stream = max(cfg.n_seq, 1)
+    gpu_layers, output_on_gpu, ngl = offload(shape, cfg.n_gpu_layers, gpu)
+    layers = []
+    for il in range(shape.n_layer):
+        swa = il in shape.swa_layers and bool(shape.n_swa)
+        n = (swa_cells if swa else cells) * n_stream
+        dk, dv = shape.kv_dims(il)
+        layers.append(KVLayer(il, swa, n, row_bytes(cfg.type_k, dk) * n, row_bytes(cfg.type_v, dv) * n, il in gpu_layers))
+    kv_total = sum(layer.k_bytes + layer.v_bytes for layer in layers)
+    per_token = sum(row_bytes(cfg.type_k, shape.kv_dims(i)[0]) + row_bytes(cfg.type_v, shape.kv_dims(i)[1]) for i in range(shape.n_layer))
+    w_gpu = sum(shape.layer_bytes[i] for i in gpu_layers)
+    w_cpu = sum(shape.layer_bytes) - w_gpu + shape.input_bytes
+    if output_on_gpu:
+        w_gpu += shape.output_bytes + shape.tied_bytes
+    else:
+        w_cpu += shape.output_bytes  # a tied output reads token_embd in place
+    return MemoryPlan(
+        n_ctx=cells * n_stream,
+        kv_cells=cells,
+        kv_swa_cells=swa_cells if shape.swa_layers and shape.n_swa else 0,
+        type_k=cfg.type_k,
+        type_v=cfg.type_v,
+        swa_full=cfg.swa_full,
+        n_gpu_layers=ngl,
+        output_on_gpu=output_on_gpu,
+        kv_cache_bytes=kv_total,
+        kv_gpu_bytes=sum(layer.k_bytes + layer.v_bytes for layer in layers if layer.on_gpu),
+        kv_bytes_per_token=per_token,
+        weights_gpu_bytes=w_gpu,
+        weights_cpu_bytes=w_cpu,
+        compute_bytes=compute_bytes(shape, cfg, cells, swa_cells),
+        output_bytes=shape.n_vocab * 4 * max(cfg.n_seq, 1),
+        compute_on_gpu=bool(gpu_layers) or output_on_gpu,
+        kv_layers=layers,
+    )
+
+
+def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> int:
+    """Peak of the worst-case graph llama.cpp reserves (see the module docstring).
+
+    Counted in f32 values per token of the ubatch (T tokens):
+    - logits phase: T_out rows of n_vocab, plus two n_embd activations; the
+      attention masks are already freed by then;
+    - layer phase: the masks (n_kv x T, f16 with flash attention, else f32)
+      plus the larger of the feed-forward peak (gate, up and their product:
+      3 n_ff, with the residual stream, the norm output and what ggml-alloc
+      cannot reuse yet: 3 n_embd + the query width) and the attention peak (Q, K, V and
+      the output projection, and without flash attention the n_kv x n_head
+      score matrix).
+    """
+    n_ctx = _pad(max(cfg.n_ctx, 1), CTX_PAD)
+    T = min(n_ctx, cfg.n_ubatch)
+    t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
+    E = shape.n_embd
+    F = max(shape.n_ff) if shape.n_ff else 4 * E
+    H = max(shape.n_head) if shape.n_head else 1
+    Hkv = max(shape.n_head_kv) if shape.n_head_kv else H
+    q = H * shape.head_dim_k
+    kv = Hkv * (shape.head_dim_k + shape.head_dim_v)
+    mask_bytes = 2 if cfg.flash_attn else 4
+    has_swa = bool(shape.swa_layers and shape.n_swa)
+    masks = cells * T * mask_bytes + (swa_cells * T * mask_bytes if has_swa else 0)
+    logits = (t_out * shape.n_vocab + 2 * E * T) * 4
+    # One Q-sized activation is still live at the peak with an f16/f32 K cache,
+    # with a Q norm, or when the ubatch fills the whole context and every row is
+    # an output: found by measuring llama.cpp's log (tests/test_planner.py).
+    q_live = q if (cfg.type_k in ("f16", "f32", "bf16") or shape.q_norm or (t_out >= T and T >= cells)) else 0
+    ffn = 3 * F + 3 * E + q_live + 8
+    if cfg.flash_attn:
+        attn = 3 * E + q + kv + H * shape.head_dim_v
+    else:
+        n_kv = cells if (not has_swa or len(shape.swa_layers) < shape.n_layer) else swa_cells
+        attn = 3 * E + q + kv + n_kv * H
+    layer = max(ffn, attn) * T * 4 + masks
+    return max(logits, layer)
+
+
+# -- fitting a budget ---------------------------------------------------------------
+
+KV_LADDER = ("f16", "q8_0", "q4_0")  # what auto-fit tries, best quality first
+MIN_CTX = 2048  # the smallest context auto-fit offers before moving layers off the GPU
+
+
+@dataclass
+class FitResult:
+    fits: bool
+    config: RunConfig
+    plan: MemoryPlan
+    budget_bytes: int | None  # GPU budget; None on a machine with no GPU budget
+    ram_bytes: int | None
+    margin_bytes: int
+    reason: str
+    steps: list[str] = field(default_factory=list)
+    max_ctx_by_kv_type: dict[str, int] = field(default_factory=dict)
+
+
+def default_margin(budget: int) -> int:
+    """Head-room kept free: driver/context overhead and fragmentation."""
+    return max(budget // 20, 128 * MiB)
+
+
+def _fits(plan: MemoryPlan, gpu_budget: int | None, ram: int | None, margin: int) -> bool:
+    if gpu_budget is not None and plan.total_gpu_bytes and plan.total_gpu_bytes > gpu_budget - margin:
+        return False
+    if ram is not None and plan.total_cpu_bytes > ram:
+        return False
+    return True
+
+
+def max_ctx(shape: ModelShape, cfg: RunConfig, gpu_budget: int | None, ram: int | None, margin: int, limit: int) -> int:
+    """Largest context (a multiple of 256, at most ``limit``) that fits, or 0."""
+    gpu = gpu_budget is not None
+    lo, hi = 0, max(limit // CTX_PAD, 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        p = plan_memory(shape, _replace(cfg, n_ctx=mid * CTX_PAD), gpu=gpu)
+        if _fits(p, gpu_budget, ram, margin):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_PAD
+
+
+def _replace(cfg: RunConfig, **kw: Any) -> RunConfig:
+    d = asdict(cfg)
+    d.update(kw)
+    return RunConfig(**d)
+
+
+def fit(
+    shape: ModelShape,
+    want: RunConfig,
+    *,
+    gpu_budget: int | None,
+    ram: int | None,
+    policy: str = "ctx",
+    kv_fixed: bool = False,
+    ngl_fixed: bool = False,
+    ctx_limit: int | None = None,
+    margin: int | None = None,
+) -> FitResult:
+    """Choose n_gpu_layers, n_ctx and the K/V types that fit the budget.
+
+    ``policy='ctx'`` keeps every layer on the GPU and gives up context (after
+    trying smaller cache types); ``policy='offload'`` keeps the context and moves
+    layers to the CPU first. Settings the user fixed are not changed.
+    """
+    gpu = gpu_budget is not None
+    margin = default_margin(gpu_budget) if (margin is None and gpu_budget) else (margin or 0)
+    limit = ctx_limit or max(want.n_ctx, MIN_CTX)
+    steps: list[str] = []
+    if kv_fixed or want.type_k not in KV_LADDER:
+        ladder = [want.type_k]
+    else:
+        ladder = list(KV_LADDER[KV_LADDER.index(want.type_k) :])
+
+    def result(cfg: RunConfig, ok: bool, reason: str) -> FitResult:
+        table = {t: max_ctx(shape, _replace(cfg, type_k=t, type_v=t), gpu_budget, ram, margin, limit) for t in KV_LADDER}
+        return FitResult(ok, cfg, plan_memory(shape, cfg, gpu=gpu), gpu_budget, ram, margin, reason, steps, table)
+
+    first = plan_memory(shape, want, gpu=gpu)
+    if _fits(first, gpu_budget, ram, margin):
+        return result(want, True, "fits as asked")
+
+    chosen = _search(shape, want, ladder, gpu_budget, ram, margin, policy, ngl_fixed, kv_fixed)
+    if chosen is None:
+        smallest = plan_memory(
+            shape,
+            _replace(want, n_ctx=CTX_PAD, type_k=ladder[-1], type_v=ladder[-1], n_gpu_layers=0 if gpu and not ngl_fixed else want.n_gpu_layers),
+            gpu=gpu,
+        )
+        return result(want, False, _why_not(first, smallest, gpu_budget, ram, margin))
+    reason = _describe_change(want, chosen, shape)
+    if gpu and chosen.n_gpu_layers == 0:
+        one = plan_memory(shape, _replace(chosen, n_gpu_layers=1), gpu=True)
+        reason = (
+            f"the GPU budget ({_gib(gpu_budget or 0)} less {_gib(margin)} head-room) is too small for even one layer "
+            f"(the first to go, the output layer, with the compute buffer needs {_gib(one.total_gpu_bytes)}): running on the CPU"
+        )
+    steps.append(reason)
+    return result(chosen, True, reason)
+
+
+def _search(
+    shape: ModelShape,
+    want: RunConfig,
+    ladder: list[str],
+    gpu_budget: int | None,
+    ram: int | None,
+    margin: int,
+    policy: str,
+    ngl_fixed: bool,
+    kv_fixed: bool,
+) -> RunConfig | None:
+    """Cheaper cache types first (q8_0 costs little quality); then, by policy,
+    fewer GPU layers at the wanted context, or a smaller context on the GPU."""
+    gpu = gpu_budget is not None
+    n_all = shape.n_layer + 1
+    ngl_options = [want.n_gpu_layers] if ngl_fixed or not gpu else list(range(n_all, -1, -1))
+
+    def with_kv(cfg: RunConfig, kv: str) -> RunConfig:
+        return _replace(cfg, type_k=kv, type_v=want.type_v if kv_fixed else kv)
+
+    def ok(cfg: RunConfig) -> bool:
+        return _fits(plan_memory(shape, cfg, gpu=gpu), gpu_budget, ram, margin)
+
+    for kv in ladder:
+        cfg = with_kv(_replace(want, n_gpu_layers=ngl_options[0]), kv)
+        if ok(cfg):
+            return cfg
+    if policy == "offload":
+        orders = [(kv, ngl) for kv in ladder for ngl in ngl_options]
+        for kv, ngl in orders:
+            cfg = with_kv(_replace(want, n_gpu_layers=ngl), kv)
+            if ok(cfg):
+                return cfg
+    else:
+        orders = [(kv, ngl) for ngl in ngl_options for kv in ladder]
+    for kv, ngl in orders:
+        cfg = with_kv(_replace(want, n_gpu_layers=ngl), kv)
+        n = max_ctx(shape, cfg, gpu_budget, ram, margin, want.n_ctx)
+        if n >= min(MIN_CTX, want.n_ctx):
+            return _replace(cfg, n_ctx=n)
+    return None
+
+
+def _describe_change(want: RunConfig, got: RunConfig, shape: ModelShape) -> str:
+    parts = []
+    if (got.type_k, got.type_v) != (want.type_k, want.type_v):
+        parts.append(f"KV cache {got.type_k}/{got.type_v} instead of {want.type_k}/{want.type_v}")
+    if got.n_ctx != want.n_ctx:
+        parts.append(f"context {got.n_ctx} instead of {want.n_ctx}")
+    n_all = shape.n_layer + 1
+    if got.n_gpu_layers != want.n_gpu_layers and not (got.n_gpu_layers >= n_all and want.n_gpu_layers < 0):
+        parts.append(f"{min(got.n_gpu_layers, n_all)} of {n_all} layers on the GPU")
+    return "; ".join(parts) or "fits as asked"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / MiB:.0f} MiB"
+
+
+def _why_not(first: MemoryPlan, smallest: MemoryPlan, gpu_budget: int | None, ram: int | None, margin: int) -> str:
+    if gpu_budget is not None and smallest.total_gpu_bytes > gpu_budget - margin:
+        return (
+            f"even with every layer on the CPU, a {smallest.n_ctx}-token context and a {smallest.type_k} cache the GPU needs "
+            f"{_gib(smallest.total_gpu_bytes)}, budget {_gib(gpu_budget)} minus {_gib(margin)} head-room"
+        )
+    if ram is not None and smallest.total_cpu_bytes > ram:
+        return f"needs {_gib(smallest.total_cpu_bytes)} of RAM at the smallest settings, {_gib(ram)} available: a smaller quant is needed"
+    return f"needs {_gib(first.total_gpu_bytes)} of GPU memory, budget {_gib(gpu_budget or 0)}"
