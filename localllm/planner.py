@@ -65,8 +65,7 @@ class ModelShape:
     input_bytes: int  # token embeddings and other non-layer tensors on the input side
     output_bytes: int  # output.* tensors (norm and matrix)
     tied_bytes: int  # token_embd again, when there is no output.weight: llama.cpp copies it to the output's device
-    mla_kv_lora_rank: int = 0
-    mla_rope_dim: int = 0
+    mla: bool = False  # DeepSeek-style latent attention: K holds the latent, no V cache
     q_norm: bool = False  # per-head Q norm (Gemma 3, Qwen 3): one more Q-sized activation
 
     @classmethod
@@ -112,16 +111,17 @@ class ModelShape:
             input_bytes=input_bytes,
             output_bytes=output_bytes,
             tied_bytes=0 if has_output else token_embd,
-            mla_kv_lora_rank=int(header.arch_key("attention.kv_lora_rank", 0) or 0),
-            mla_rope_dim=int(header.arch_key("rope.dimension_count", 0) or 0),
+            mla=bool(header.arch_key("attention.key_length_mla")) and bool(header.arch_key("attention.value_length_mla")),
             q_norm=any(t.name.endswith("attn_q_norm.weight") for t in header.tensors),
         )
 
     def kv_dims(self, il: int) -> tuple[int, int]:
-        """(K, V) values per cell for layer ``il``. With MLA (DeepSeek-style
-        ``kv_lora_rank``) the cache holds the latent plus the rope part, one head."""
-        if self.mla_kv_lora_rank:
-            return self.mla_kv_lora_rank + self.mla_rope_dim, self.mla_kv_lora_rank
+        """(K, V) values per cell for layer ``il``. With MLA (the GGUF has
+        ``key_length_mla``/``value_length_mla``) ``key_length`` is the latent
+        width (kv_lora_rank + rope dims) with one KV head, and llama.cpp keeps no
+        separate V cache: V is read from the latent (llama-kv-cache.cpp, has_v)."""
+        if self.mla:
+            return self.head_dim_k * self.n_head_kv[il], 0
         return self.head_dim_k * self.n_head_kv[il], self.head_dim_v * self.n_head_kv[il]
 
 

@@ -184,3 +184,14 @@ def test_estimates_against_llama_cpp_log(which: str, gemma: Path, synth_pair: li
             compute_wrong.append((n_ctx, kv, swa_full, n_out, round(est, 2), real))
     assert not kv_wrong
     assert not compute_wrong
+
+
+def test_mla_cache_is_the_latent_only(smollm2: Path) -> None:
+    """DeepSeek-style MLA: K holds kv_lora_rank + rope dims per cell, one head, no V."""
+    from dataclasses import replace
+
+    base = shape_of(smollm2)
+    mla = replace(base, mla=True, head_dim_k=512 + 64, head_dim_v=512, n_head_kv=[1] * base.n_layer)
+    p = plan_memory(mla, RunConfig(n_ctx=4096))
+    assert p.kv_cache_bytes == base.n_layer * 4096 * 576 * 2
+    assert all(layer.v_bytes == 0 for layer in p.kv_layers)
