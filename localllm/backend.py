@@ -71,6 +71,11 @@ class LoadConfig:
         return asdict(self)
 
 
+def needs_flash_attn(cfg: LoadConfig) -> bool:
+    """A quantized V cache works only with flash attention in llama.cpp."""
+    return cfg.type_v not in ("f32", "f16", "bf16")
+
+
 def run_config(cfg: LoadConfig):
     """The planner's view of a load config (flash attention 'auto' counts as on:
     llama.cpp enables it wherever the backend supports it)."""
@@ -94,7 +99,8 @@ class SamplingConfig:
     """Sampling for one generation. ``temperature=0`` is greedy (deterministic).
 
     ``max_tokens=-1`` generates until an end-of-generation token or a full
-    context. ``ignore_eos`` keeps going past end-of-generation (benchmarks).
+    context; a positive ``max_tokens`` shifts the context to get there.
+    ``ignore_eos`` keeps going past end-of-generation (benchmarks).
     """
 
     temperature: float = 0.8

@@ -115,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_options(p, ctx_default=4096)
     p.add_argument("--json", action="store_true", help="one JSON object with the text and the stats")
 
+    p = sub.add_parser("chat", help="a line-by-line chat in the terminal (no TUI); the context shifts instead of filling up")
+    _add_model(p)
+    p.add_argument("--system", default=None, help="system prompt (always kept when the context shifts)")
+    p.add_argument("-n", "--n-predict", type=_gen_tokens, default=512, metavar="N", help="most tokens per reply (default: 512)")
+    p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature, 0 for greedy (default: 0.8)")
+    p.add_argument("--seed", type=_int_at_least(0, "--seed"), default=None, metavar="N", help="sampling seed (default: random)")
+    p.add_argument("--no-stats", action="store_true", help="no summary line after each reply")
+    _add_load_options(p, ctx_default=None)
+    p.add_argument("--json", action="store_true", help="one JSON line per turn")
+
     p = sub.add_parser("plan", help="memory per device: weights, KV cache, compute; what fits a GPU budget")
     _add_model(p)
     _add_load_options(p, ctx_default=None)

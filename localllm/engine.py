@@ -17,11 +17,9 @@ quote llama.cpp's own reason).
 from __future__ import annotations
 
 import codecs
-import collections
 import ctypes
 import logging
 import os
-import re
 import threading
 import time
 from pathlib import Path
@@ -37,68 +35,14 @@ from localllm.backend import (
     TokenEvent,
     check_cache_types,
     ggml_type_id,
+    needs_flash_attn,
 )
 from localllm.errors import EngineError, UsageError
 from localllm.gguf_file import GGUFHeader, read_header
-from localllm.metrics import GenerationStats, compute_stats
+from localllm.llamalog import ROUTER
+from localllm.metrics import GenerationStats, ShiftRecord, compute_stats
 from localllm.model_info import describe
 
-log = logging.getLogger("localllm.llama")
-
-# ggml.h's ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation
-# of the previous line. (llama-cpp-python's _logger.py still has the older order.)
-_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
-
-
-class _LogRouter:
-    """Reassembles llama.cpp's log fragments into lines and routes them to logging."""
-
-    def __init__(self) -> None:
-        self.lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=20000)
-        self._buf = ""
-        self._level = logging.INFO
-        self._lock = threading.Lock()
-        self.count = 0  # lines seen so far; marks are positions in this count
-
-    def __call__(self, level: int, text: bytes | None, _user: ctypes.c_void_p) -> None:
-        if not text:
-            return
-        with self._lock:
-            if level != 5:
-                self._level = _LEVELS.get(level, logging.DEBUG)
-            self._buf += text.decode("utf-8", errors="replace")
-            while "\n" in self._buf:
-                line, self._buf = self._buf.split("\n", 1)
-                self.lines.append((self._level, line))
-                self.count += 1
-                log.log(self._level, "%s", line)
-
-    def last_error(self) -> str:
-        for level, line in reversed(self.lines):
-            if level >= logging.ERROR and line.strip():
-                return line.strip()
-        return ""
-
-    def lines_since(self, mark: int) -> list[tuple[int, str]]:
-        """Lines logged after ``mark`` (as far back as the buffer reaches)."""
-        n = self.count - mark
-        return list(self.lines)[-n:] if n > 0 else []
-
-    def first_error_since(self, mark: int) -> str:
-        """The first error llama.cpp logged after ``mark``: the root cause, where the
-        last one is often a generic 'failed to load model'. Function-name prefixes
-        ('llama_model_load: ') are dropped."""
-        for level, line in self.lines_since(mark):
-            if level >= logging.ERROR and line.strip():
-                return re.sub(r"^(?:[a-z_0-9]+: )+", "", line.strip())
-        return self.last_error()
-
-    def mark(self) -> int:
-        """A position in the log, to read only what came after it."""
-        return self.count
-
-
-ROUTER = _LogRouter()
 _callback = llama_cpp.llama_log_callback(ROUTER)  # keep a reference: C holds the pointer
 _init_lock = threading.Lock()
 _initialized = False
@@ -138,8 +82,6 @@ def _check_config(cfg: LoadConfig) -> None:
         raise UsageError(f"--flash-attn must be one of {', '.join(FLASH_ATTN_MODES)}")
     ggml_type_id(cfg.type_k)
     ggml_type_id(cfg.type_v)
-    if cfg.type_v not in ("f32", "f16", "bf16") and cfg.flash_attn == "off":
-        raise UsageError(f"a quantized V cache ({cfg.type_v}) needs flash attention: drop --flash-attn off or use --kv-type f16")
 
 
 class LlamaCppBackend:
@@ -152,7 +94,8 @@ class LlamaCppBackend:
         self.header: GGUFHeader | None = None
         self.info: LoadInfo | None = None
         self.last_stats: GenerationStats | None = None
-        self._chat_formatter = None
+        self.cache_tokens: list[int] = []  # what the KV cache holds, position by position
+        self._chat_formatters: dict[bool, object] = {}
 
     # -- load / close -----------------------------------------------------------
     def load(self, path: Path, config: LoadConfig) -> LoadInfo:
@@ -173,11 +116,13 @@ class LlamaCppBackend:
         cparams.n_threads_batch = n_threads
         cparams.type_k = ggml_type_id(config.type_k)
         cparams.type_v = ggml_type_id(config.type_v)
+        # llama.cpp refuses a quantized V cache without flash attention: force it on.
+        flash = "on" if needs_flash_attn(config) else config.flash_attn
         cparams.flash_attn_type = {
             "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
             "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
             "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-        }[config.flash_attn]
+        }[flash]
         cparams.swa_full = config.swa_full
         cparams.n_outputs_max = config.n_outputs_max
         cparams.no_perf = False
@@ -202,7 +147,7 @@ class LlamaCppBackend:
             n_gpu_layers=config.n_gpu_layers,
             type_k=config.type_k,
             type_v=config.type_v,
-            flash_attn=config.flash_attn,
+            flash_attn=flash,
             gpu_offload_supported=bool(llama_cpp.llama_supports_gpu_offload()),
         )
         return self.info
@@ -215,7 +160,8 @@ class LlamaCppBackend:
             llama_cpp.llama_model_free(self.model)
             self.model = None
         self.vocab = None
-        self._chat_formatter = None
+        self.cache_tokens = []
+        self._chat_formatters = {}
 
     def __enter__(self) -> "LlamaCppBackend":
         return self
@@ -255,10 +201,11 @@ class LlamaCppBackend:
     def has_chat_template(self) -> bool:
         return bool(self.header and isinstance(self.header.get("tokenizer.chat_template"), str))
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
         """Apply the model's own chat template (from its GGUF metadata)."""
         self._require()
-        if self._chat_formatter is None:
+        key = bool(add_generation_prompt)
+        if key not in self._chat_formatters:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
             assert self.header is not None
@@ -266,10 +213,13 @@ class LlamaCppBackend:
             eos = self.header.get("tokenizer.ggml.eos_token_id")
             bos_text = self.token_bytes(bos, special=True).decode("utf-8", "replace") if bos is not None else ""
             eos_text = self.token_bytes(eos, special=True).decode("utf-8", "replace") if eos is not None else ""
-            self._chat_formatter = Jinja2ChatFormatter(
-                template=self.header.get("tokenizer.chat_template"), eos_token=eos_text, bos_token=bos_text
+            self._chat_formatters[key] = Jinja2ChatFormatter(
+                template=self.header.get("tokenizer.chat_template"),
+                eos_token=eos_text,
+                bos_token=bos_text,
+                add_generation_prompt=key,
             )
-        return self._chat_formatter(messages=messages).prompt
+        return self._chat_formatters[key](messages=messages).prompt
 
     def prompt_tokens(self, prompt: str, *, chat: bool) -> list[int]:
         """Tokens for a user prompt: through the chat template when there is one."""
@@ -316,48 +266,121 @@ class LlamaCppBackend:
             chunks[-2], chunks[-1] = chunks[-2][:-1], chunks[-2][-1:] + chunks[-1]
         return chunks
 
-    def stream(self, prompt: str | Sequence[int], sampling: SamplingConfig, *, chat: bool = True) -> Iterator[TokenEvent]:
+    @property
+    def n_ctx(self) -> int:
+        self._require()
+        return int(llama_cpp.llama_n_ctx(self.ctx))
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether llama.cpp can shift this cache (not a sliding-window cache
+        smaller than the context, not a recurrent model)."""
+        self._require()
+        return bool(llama_cpp.llama_memory_can_shift(llama_cpp.llama_get_memory(self.ctx)))
+
+    def reset(self) -> None:
+        """Forget the conversation: an empty KV cache."""
+        self._require()
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+        self.cache_tokens = []
+
+    def stream(
+        self, prompt: str | Sequence[int], sampling: SamplingConfig, *, chat: bool = True, n_keep: int | None = None
+    ) -> Iterator[TokenEvent]:
+        """A fresh generation from ``prompt`` (the cache is cleared first).
+
+        With ``max_tokens`` set, a full context shifts to make room; with -1 the
+        generation stops at a full context (``stop_reason='context'``).
+        ``n_keep``: tokens at the front that a context shift never drops. By
+        default the whole prompt when it takes at most half the context, else
+        just the BOS token, so that ``run -n`` can go past ``n_ctx``."""
         self._require()
         start = time.perf_counter_ns()
         tokens = self.prompt_tokens(prompt, chat=chat) if isinstance(prompt, str) else list(prompt)
-        n_ctx = llama_cpp.llama_n_ctx(self.ctx)
         if not tokens:
             raise UsageError("the prompt is empty")
+        n_ctx = self.n_ctx
         if len(tokens) >= n_ctx:
             raise UsageError(f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}: try --ctx {_round_up(len(tokens) + 256, 256)}")
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+        if n_keep is None:
+            bos = 1 if self.header and tokens[0] == self.header.get("tokenizer.ggml.bos_token_id") else 0
+            n_keep = len(tokens) if len(tokens) <= n_ctx // 2 else bos
+        self.reset()
+        return self._generate(tokens, sampling, n_keep=n_keep, start=start)
+
+    def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int) -> Iterator[TokenEvent]:
+        """Append ``tokens`` to what the cache holds and generate (a chat turn)."""
+        self._require()
+        if not tokens:
+            raise UsageError("nothing to add to the conversation")
+        if len(tokens) > self.n_ctx - n_keep - 1:
+            raise UsageError(f"the message is {len(tokens)} tokens; the context holds {self.n_ctx} with {n_keep} kept: try a larger --ctx")
+        return self._generate(list(tokens), sampling, n_keep=n_keep, start=time.perf_counter_ns())
+
+    def _make_room(self, n_new: int, n_keep: int, shifts: list[ShiftRecord]) -> None:
+        """Context shift: drop the oldest half of what follows the first ``n_keep``
+        tokens (llama.cpp's seq_rm + seq_add, no re-evaluation); where the cache
+        cannot shift, re-evaluate the kept window instead."""
+        n_ctx = self.n_ctx
+        while len(self.cache_tokens) + n_new > n_ctx:
+            n_past = len(self.cache_tokens)
+            n_left = n_past - n_keep
+            if n_left <= 0 or n_keep + n_new > n_ctx:
+                raise EngineError(f"the context ({n_ctx}) is full of kept tokens ({n_keep}): raise --ctx or shorten the system prompt")
+            n_discard = min(n_left, max(n_left // 2, n_new))
+            kept = self.cache_tokens[:n_keep] + self.cache_tokens[n_keep + n_discard :]
+            t0 = time.perf_counter_ns()
+            mem = llama_cpp.llama_get_memory(self.ctx)
+            if llama_cpp.llama_memory_can_shift(mem):
+                llama_cpp.llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard)
+                llama_cpp.llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard)
+                self.cache_tokens = kept
+                method = "shift"
+            else:
+                self.reset()
+                for chunk in self._prompt_chunks(kept):
+                    self._decode(chunk)
+                    self.cache_tokens.extend(chunk)
+                method = "reprocess"
+            shifts.append(ShiftRecord(at_token=n_past, dropped=n_discard, kept=len(kept), ms=(time.perf_counter_ns() - t0) / 1e6, method=method))
+
+    def _generate(self, tokens: list[int], sampling: SamplingConfig, *, n_keep: int, start: int) -> Iterator[TokenEvent]:
         llama_cpp.llama_perf_context_reset(self.ctx)
         sampler = self._sampler(sampling)
         self.last_stats = None
         prefill_ns = decode_ns = decode_evals = 0
         token_ns: list[int] = []
+        shifts: list[ShiftRecord] = []
         stop = "length"
-        budget = n_ctx - len(tokens)
-        max_new = budget if sampling.max_tokens < 0 else min(sampling.max_tokens, budget)
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         try:
             for chunk in self._prompt_chunks(tokens):
+                self._make_room(len(chunk), n_keep, shifts)
                 prefill_ns += self._decode(chunk)
-            for i in range(max_new):
+                self.cache_tokens.extend(chunk)
+            i = 0
+            while sampling.max_tokens < 0 or i < sampling.max_tokens:
                 tok = llama_cpp.llama_sampler_sample(sampler, self.ctx, -1)
                 now = time.perf_counter_ns()
                 if not sampling.ignore_eos and llama_cpp.llama_vocab_is_eog(self.vocab, tok):
                     stop = "stop"
                     break
                 token_ns.append(now)
-                last = i == max_new - 1
+                last = i == sampling.max_tokens - 1
                 # A character split across tokens is emitted whole, with the token that completes it.
-                text = utf8.decode(self.token_bytes(tok), final=last)
-                yield TokenEvent(i, tok, text, now)
+                yield TokenEvent(i, tok, utf8.decode(self.token_bytes(tok), final=last), now)
+                i += 1
                 if last:
                     break
+                if len(self.cache_tokens) >= self.n_ctx and sampling.max_tokens < 0:
+                    stop = "context"  # no length asked for: stop at a full context rather than shift forever
+                    break
+                self._make_room(1, n_keep, shifts)
                 decode_ns += self._decode([tok])
                 decode_evals += 1
-            if stop == "length" and len(token_ns) == budget and sampling.max_tokens != budget:
-                stop = "context"
+                self.cache_tokens.append(tok)
         finally:
             llama_cpp.llama_sampler_free(sampler)
-            end = time.perf_counter_ns()
             self.last_stats = compute_stats(
                 start_ns=start,
                 token_ns=token_ns,
@@ -366,8 +389,11 @@ class LlamaCppBackend:
                 decode_ns=decode_ns,
                 decode_evals=decode_evals,
                 load_ms=self.info.load_ms if self.info else 0.0,
-                end_ns=end,
+                end_ns=time.perf_counter_ns(),
                 stop_reason=stop,
+                n_ctx=self.n_ctx,
+                context_used=len(self.cache_tokens),
+                shifts=shifts,
             )
 
     def perf_counters(self) -> dict[str, float]:

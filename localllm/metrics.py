@@ -57,6 +57,18 @@ class ITL:
         return cls(percentile(gaps_ms, 50), percentile(gaps_ms, 95), float(max(gaps_ms)))
 
 
+@dataclass(frozen=True)
+class ShiftRecord:
+    """One context shift: when (cache length), how many tokens were dropped and
+    kept, how long it took, and how (``shift`` in place or ``reprocess``)."""
+
+    at_token: int
+    dropped: int
+    kept: int
+    ms: float
+    method: str
+
+
 @dataclass
 class GenerationStats:
     """Timings of one generation. All times in milliseconds."""
@@ -74,6 +86,9 @@ class GenerationStats:
     decode_tokens_per_s: float
     total_ms: float
     stop_reason: str = "length"
+    n_ctx: int = 0
+    context_used: int = 0  # tokens in the KV cache when the generation ended
+    context_shifts: list[ShiftRecord] = field(default_factory=list)
     token_times_ms: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self, with_token_times: bool = False) -> dict[str, Any]:
@@ -94,6 +109,9 @@ def compute_stats(
     load_ms: float,
     end_ns: int,
     stop_reason: str,
+    n_ctx: int = 0,
+    context_used: int = 0,
+    shifts: Sequence[ShiftRecord] = (),
 ) -> GenerationStats:
     """Build the stats from raw monotonic stamps (``time.perf_counter_ns``)."""
     times_ms = [(t - start_ns) / 1e6 for t in token_ns]
@@ -115,5 +133,8 @@ def compute_stats(
         decode_tokens_per_s=decode_evals / decode_ms * 1000 if decode_ms > 0 else 0.0,
         total_ms=(end_ns - start_ns) / 1e6,
         stop_reason=stop_reason,
+        n_ctx=n_ctx,
+        context_used=context_used,
+        context_shifts=list(shifts),
         token_times_ms=times_ms,
     )

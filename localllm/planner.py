@@ -330,7 +330,7 @@ def max_ctx(shape: ModelShape, cfg: RunConfig, gpu_budget: int | None, ram: int 
     lo, hi = 0, max(limit // CTX_PAD, 1)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        p = plan_memory(shape, _replace(cfg, n_ctx=mid * CTX_PAD), gpu=gpu)
+        p = plan_memory(shape, replace_config(cfg, n_ctx=mid * CTX_PAD), gpu=gpu)
         if _fits(p, gpu_budget, ram, margin):
             lo = mid
         else:
@@ -338,7 +338,7 @@ def max_ctx(shape: ModelShape, cfg: RunConfig, gpu_budget: int | None, ram: int 
     return lo * CTX_PAD
 
 
-def _replace(cfg: RunConfig, **kw: Any) -> RunConfig:
+def replace_config(cfg: RunConfig, **kw: Any) -> RunConfig:
     d = asdict(cfg)
     d.update(kw)
     return RunConfig(**d)
@@ -372,7 +372,7 @@ def fit(
         ladder = list(KV_LADDER[KV_LADDER.index(want.type_k) :])
 
     def result(cfg: RunConfig, ok: bool, reason: str) -> FitResult:
-        table = {t: max_ctx(shape, _replace(cfg, type_k=t, type_v=t), gpu_budget, ram, margin, limit) for t in KV_LADDER}
+        table = {t: max_ctx(shape, replace_config(cfg, type_k=t, type_v=t), gpu_budget, ram, margin, limit) for t in KV_LADDER}
         return FitResult(ok, cfg, plan_memory(shape, cfg, gpu=gpu), gpu_budget, ram, margin, reason, steps, table)
 
     first = plan_memory(shape, want, gpu=gpu)
@@ -383,13 +383,13 @@ def fit(
     if chosen is None:
         smallest = plan_memory(
             shape,
-            _replace(want, n_ctx=CTX_PAD, type_k=ladder[-1], type_v=ladder[-1], n_gpu_layers=0 if gpu and not ngl_fixed else want.n_gpu_layers),
+            replace_config(want, n_ctx=CTX_PAD, type_k=ladder[-1], type_v=ladder[-1], n_gpu_layers=0 if gpu and not ngl_fixed else want.n_gpu_layers),
             gpu=gpu,
         )
         return result(want, False, _why_not(first, smallest, gpu_budget, ram, margin))
     reason = _describe_change(want, chosen, shape)
     if gpu and chosen.n_gpu_layers == 0:
-        one = plan_memory(shape, _replace(chosen, n_gpu_layers=1), gpu=True)
+        one = plan_memory(shape, replace_config(chosen, n_gpu_layers=1), gpu=True)
         reason = (
             f"the GPU budget ({_gib(gpu_budget or 0)} less {_gib(margin)} head-room) is too small for even one layer "
             f"(the first to go, the output layer, with the compute buffer needs {_gib(one.total_gpu_bytes)}): running on the CPU"
@@ -416,28 +416,28 @@ def _search(
     ngl_options = [want.n_gpu_layers] if ngl_fixed or not gpu else list(range(n_all, -1, -1))
 
     def with_kv(cfg: RunConfig, kv: str) -> RunConfig:
-        return _replace(cfg, type_k=kv, type_v=want.type_v if kv_fixed else kv)
+        return replace_config(cfg, type_k=kv, type_v=want.type_v if kv_fixed else kv)
 
     def ok(cfg: RunConfig) -> bool:
         return _fits(plan_memory(shape, cfg, gpu=gpu), gpu_budget, ram, margin)
 
     for kv in ladder:
-        cfg = with_kv(_replace(want, n_gpu_layers=ngl_options[0]), kv)
+        cfg = with_kv(replace_config(want, n_gpu_layers=ngl_options[0]), kv)
         if ok(cfg):
             return cfg
     if policy == "offload":
         orders = [(kv, ngl) for kv in ladder for ngl in ngl_options]
         for kv, ngl in orders:
-            cfg = with_kv(_replace(want, n_gpu_layers=ngl), kv)
+            cfg = with_kv(replace_config(want, n_gpu_layers=ngl), kv)
             if ok(cfg):
                 return cfg
     else:
         orders = [(kv, ngl) for ngl in ngl_options for kv in ladder]
     for kv, ngl in orders:
-        cfg = with_kv(_replace(want, n_gpu_layers=ngl), kv)
+        cfg = with_kv(replace_config(want, n_gpu_layers=ngl), kv)
         n = max_ctx(shape, cfg, gpu_budget, ram, margin, want.n_ctx)
         if n >= min(MIN_CTX, want.n_ctx):
-            return _replace(cfg, n_ctx=n)
+            return replace_config(cfg, n_ctx=n)
     return None
 
 

@@ -51,7 +51,10 @@ def test_context_fills_up(synth_model: Path) -> None:
         info = b.load(synth_model, LoadConfig(n_ctx=32))
         assert info.n_ctx >= 32  # llama.cpp pads the context (to 256 cells)
         list(b.stream(list(range(3, 23)), SamplingConfig(temperature=0, ignore_eos=True)))
-        assert b.last_stats.generated_tokens == info.n_ctx - 20 and b.last_stats.stop_reason == "context"
+        s = b.last_stats
+        # The cache fills (n_ctx tokens), and the token sampled from the last position is emitted too.
+        assert s.generated_tokens == info.n_ctx - 20 + 1 and s.stop_reason == "context"
+        assert s.context_used == info.n_ctx == len(b.cache_tokens) and s.context_shifts == []
 
 
 @pytest.mark.parametrize("kv", ["q8_0", "q4_0"])

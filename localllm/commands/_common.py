@@ -12,13 +12,19 @@ from localllm.backend import LoadConfig, run_config
 
 def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
     kv = args.kv_type or "f16"
+    flash = args.flash_attn
+    type_v = args.v_type or kv
+    if type_v not in ("f32", "f16", "bf16") and flash != "on":
+        if flash == "off":
+            say(f"a quantized V cache ({type_v}) needs flash attention: turning it on")
+        flash = "on"
     return LoadConfig(
         n_ctx=n_ctx,
         n_threads=args.threads,
         n_gpu_layers=-1 if args.ngl is None else args.ngl,
-        flash_attn=args.flash_attn,
+        flash_attn=flash,
         type_k=args.k_type or kv,
-        type_v=args.v_type or kv,
+        type_v=type_v,
         n_batch=args.batch,
         n_ubatch=min(args.ubatch, args.batch),
         swa_full=args.swa_full,
@@ -31,6 +37,7 @@ class Fitted:
     fit: object  # planner.FitResult
     hardware: object  # hardware.Hardware
     trained_ctx: int
+    shift_extra_bytes: int | None  # what a shiftable (full-size SWA) cache costs more; None if it shifts already
 
 
 def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None) -> Fitted:
@@ -68,7 +75,11 @@ def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None) -> Fitte
         swa_full=want.swa_full,
         n_outputs_max=want.n_outputs_max,
     )
-    return Fitted(chosen, result, hw, info.context_length)
+    extra = None
+    if shape.swa_layers and shape.n_swa and not c.swa_full:
+        full = planner.plan_memory(shape, planner.replace_config(c, swa_full=True), gpu=hw.gpu_budget is not None)
+        extra = full.kv_cache_bytes - result.plan.kv_cache_bytes
+    return Fitted(chosen, result, hw, info.context_length, extra)
 
 
 def say(msg: str) -> None:

@@ -35,6 +35,12 @@ def render(f) -> str:
         lines.append("no GPU: everything runs from RAM")
     lines.append(f"RAM available {fmt.size(r.ram_bytes or 0)}")
     lines.append(("fits: " + r.reason) if r.fits else ("does not fit: " + r.reason))
+    if f.shift_extra_bytes is None:
+        lines.append("context shift: in place (the cache can shift without re-reading)")
+    else:
+        lines.append(
+            f"context shift: this sliding-window cache re-reads the kept window; --swa-full makes it shift in place for {fmt.size(f.shift_extra_bytes)} more KV cache"
+        )
     lines.append("largest context that fits: " + ", ".join(f"{k} {v:,}" if v else f"{k} none" for k, v in r.max_ctx_by_kv_type.items()))
     return "\n".join(lines)
 
@@ -51,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
             ram_available_bytes=f.fit.ram_bytes,
             margin_bytes=f.fit.margin_bytes,
             max_ctx_by_kv_type=f.fit.max_ctx_by_kv_type,
+            shiftable_cache_extra_bytes=f.shift_extra_bytes,
             hardware=f.hardware.to_dict(),
         )
         fmt.print_json(d)

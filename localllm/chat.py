@@ -1,0 +1,119 @@
+"""A chat session in the core, for the CLI's ``chat`` and the TUI.
+
+It keeps the messages, renders them with the model's chat template, and feeds
+the engine only what is new each turn (the template's text after what the cache
+already holds), so a turn costs its own tokens, not the whole history. When the
+context fills, the engine shifts it: the system prompt (the first ``n_keep``
+tokens) stays, the oldest turns after it go, and what remains is not re-read.
+Each shift is recorded (tokens dropped, time taken, in place or re-processed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
+
+from localllm.backend import SamplingConfig, TokenEvent
+from localllm.metrics import GenerationStats, ShiftRecord
+
+
+class ChatBackend(Protocol):
+    """What a chat needs from the engine (``engine.LlamaCppBackend`` has it)."""
+
+    last_stats: GenerationStats | None
+    cache_tokens: list[int]
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str: ...
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def reset(self) -> None: ...
+
+    def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int) -> Iterator[TokenEvent]: ...
+
+
+@dataclass
+class Turn:
+    """One exchange, with the numbers the UI shows for it."""
+
+    user: str
+    reply: str
+    stats: GenerationStats
+
+
+@dataclass
+class ChatSession:
+    backend: ChatBackend
+    system_prompt: str | None = None
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_tokens=512))
+    messages: list[dict[str, str]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    shifts: list[ShiftRecord] = field(default_factory=list)
+    n_keep: int = 0
+    _cached_text: str = ""  # the rendered conversation the KV cache stands for
+
+    def __post_init__(self) -> None:
+        if not self.backend.has_chat_template:
+            raise ValueError("this model has no chat template: use run --raw for completion")
+        if self.system_prompt and not self.messages:
+            self.messages.append({"role": "system", "content": self.system_prompt})
+
+    @property
+    def context_used(self) -> int:
+        return len(self.backend.cache_tokens)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.backend.n_ctx
+
+    def clear(self) -> None:
+        """Start over with the same system prompt."""
+        self.backend.reset()
+        self.messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        self._cached_text = ""
+        self.turns.clear()
+
+    def _tok(self, text: str) -> list[int]:
+        return self.backend.tokenize(text, add_special=False, parse_special=True)
+
+    def _new_tokens(self, rendered: str) -> list[int]:
+        """Tokens to append for this turn. If the template's text extends what the
+        cache stands for, only the new part; otherwise start over, keeping the
+        system prompt's tokens separate so their count is exact."""
+        cache = self.backend.cache_tokens
+        if self._cached_text and cache and rendered.startswith(self._cached_text):
+            return self._tok(rendered[len(self._cached_text) :])
+        self.backend.reset()
+        head = ""
+        if self.system_prompt:
+            head = self.backend.render_chat(self.messages[:1], add_generation_prompt=False)
+            if not rendered.startswith(head):
+                head = ""
+        head_tokens = self._tok(head) if head else []
+        self.n_keep = len(head_tokens)
+        return head_tokens + self._tok(rendered[len(head) :])
+
+    def send(self, text: str) -> Iterator[TokenEvent]:
+        """Stream the reply to ``text``; the turn is recorded when it ends."""
+        messages = self.messages + [{"role": "user", "content": text}]
+        rendered = self.backend.render_chat(messages, add_generation_prompt=True)
+        tokens = self._new_tokens(rendered)
+        pieces: list[str] = []
+        try:
+            for event in self.backend.extend(tokens, self.sampling, n_keep=self.n_keep):
+                pieces.append(event.text)
+                yield event
+        finally:
+            reply = "".join(pieces)
+            stats = self.backend.last_stats
+            self.messages = messages + [{"role": "assistant", "content": reply}]
+            self._cached_text = rendered + reply
+            if stats is not None:
+                self.shifts.extend(stats.context_shifts)
+                self.turns.append(Turn(text, reply, stats))

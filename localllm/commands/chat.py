@@ -1,0 +1,73 @@
+"""``localllm chat``: a plain line-by-line chat for scripts and slow terminals.
+
+Each line on stdin is a message; the reply streams to stdout, and a one-line
+summary (TTFT, decode rate, ITL, context used, shifts) goes to stderr. ``/clear``
+starts over, ``/bye`` or end of input quits. With ``--json`` each turn is one
+JSON line on stdout instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from localllm import catalog, fmt
+from localllm.backend import SamplingConfig
+from localllm.commands._common import fit_config
+from localllm.errors import InputError, UsageError
+from localllm.metrics import GenerationStats
+
+
+def summary(s: GenerationStats, shifts_total: int) -> str:
+    return (
+        f"TTFT {fmt.ms(s.ttft_ms)} · {s.decode_tokens_per_s:.1f} tokens/s · ITL p50 {fmt.ms(s.itl_ms.p50)} p95 {fmt.ms(s.itl_ms.p95)}"
+        f" · context {s.context_used}/{s.n_ctx} · shifts {shifts_total}"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from localllm.chat import ChatSession
+    from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
+
+    path = catalog.resolve(args.model)
+    fitted = fit_config(args, path, args.ctx)
+    if not fitted.fit.fits:
+        raise InputError(f"does not fit: {fitted.fit.reason}")
+    interactive = sys.stdin is not None and sys.stdin.isatty() and not args.json
+    with LlamaCppBackend() as backend:
+        backend.load(path, fitted.config)
+        if not backend.has_chat_template:
+            raise UsageError(f"{path.name} has no chat template (a base model): use localllm run --raw")
+        session = ChatSession(
+            backend,
+            system_prompt=args.system,
+            sampling=SamplingConfig(temperature=args.temp, seed=args.seed, max_tokens=args.n_predict),
+        )
+        while True:
+            if interactive:
+                print(">>> ", end="", file=sys.stderr, flush=True)
+            line = sys.stdin.readline()
+            if not line:
+                break
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            if text.strip() in ("/bye", "/exit", "/quit"):
+                break
+            if text.strip() == "/clear":
+                session.clear()
+                continue
+            for event in session.send(text):
+                if not args.json:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+            turn = session.turns[-1]
+            if args.json:
+                print(json.dumps({"user": text, "reply": turn.reply, **turn.stats.to_dict()}), flush=True)
+            else:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+                if not args.no_stats:
+                    print(summary(turn.stats, len(session.shifts)), file=sys.stderr, flush=True)
+    return 0
