@@ -14,6 +14,7 @@ import collections
 import logging
 import re
 import threading
+from typing import Callable
 
 log = logging.getLogger("localllm.llama")
 
@@ -31,6 +32,7 @@ class _LogRouter:
         self._level = logging.INFO
         self._lock = threading.Lock()
         self.count = 0  # lines seen so far; marks are positions in this count
+        self.listeners: list[Callable[[int, str], None]] = []  # e.g. quantize's progress bar
 
     def __call__(self, level: int, text: bytes | None, _user: object) -> None:
         if not text:
@@ -44,6 +46,8 @@ class _LogRouter:
                 self.lines.append((self._level, line))
                 self.count += 1
                 log.log(self._level, "%s", line)
+                for listener in self.listeners:
+                    listener(self._level, line)
 
     def last_error(self) -> str:
         for level, line in reversed(self.lines):

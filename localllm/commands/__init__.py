@@ -6,6 +6,11 @@ import argparse
 import importlib
 
 
+# Commands whose implementation lives in a package built on the core (the core
+# itself never imports them; this lazy import is the only link).
+_EXTERNAL = {"quantize": "quantize.cli", "tui": "tui.cli"}
+
+
 def dispatch(args: argparse.Namespace) -> int:
-    module = importlib.import_module(f"localllm.commands.{args.command}")
+    module = importlib.import_module(_EXTERNAL.get(args.command, f"localllm.commands.{args.command}"))
     return int(module.run(args))

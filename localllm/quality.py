@@ -1,0 +1,88 @@
+"""What quantization costs: perplexity, KL divergence and top-1 agreement.
+
+The statistics ``llama-perplexity --kl-divergence`` reports, computed the same
+way: the text is cut into chunks of ``chunk`` tokens, each chunk is evaluated
+from an empty cache, and only the second half of each chunk is scored (every
+scored token then has at least chunk/2 tokens of context). For each scored
+position: the negative log-likelihood of the true next token (perplexity), the
+KL divergence KL(reference || candidate) of the next-token distributions, and
+whether both models' most likely token is the same (top-1 agreement).
+
+Pure numpy; the logits come from any callable (``engine.LlamaCppBackend.logits``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from importlib.resources import files
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+LogitsFn = Callable[[Sequence[int]], np.ndarray]
+
+
+def eval_text() -> str:
+    """The text that ships for quality checks: public-domain prose (the US
+    Declaration of Independence and two of Lincoln's addresses), ~2.6k tokens."""
+    return files("models").joinpath("data/prose.txt").read_text(encoding="utf-8")
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64, copy=False)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+@dataclass
+class QualityReport:
+    name: str
+    perplexity: float
+    reference_perplexity: float
+    kl_mean: float
+    kl_p99: float
+    top1_agreement: float  # share of positions where both argmaxes agree
+    positions: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compare(reference: LogitsFn, candidates: Mapping[str, LogitsFn], tokens: Sequence[int], chunk: int = 256) -> list[QualityReport]:
+    """Score every candidate against the reference on ``tokens``."""
+    if len(tokens) < chunk:
+        raise ValueError(f"need at least {chunk} tokens of text, got {len(tokens)}")
+    ref_nll: list[float] = []
+    nll: dict[str, list[float]] = {k: [] for k in candidates}
+    kl: dict[str, list[np.ndarray]] = {k: [] for k in candidates}
+    agree: dict[str, int] = {k: 0 for k in candidates}
+    first = chunk // 2
+    for start in range(0, len(tokens) - chunk + 1, chunk):
+        window = list(tokens[start : start + chunk])
+        targets = np.asarray(window[first + 1 :])
+        ref = log_softmax(reference(window)[first:-1])
+        ref_nll.extend((-ref[np.arange(len(targets)), targets]).tolist())
+        ref_top = ref.argmax(axis=-1)
+        p = np.exp(ref)
+        for name, fn in candidates.items():
+            cand = log_softmax(fn(window)[first:-1])
+            nll[name].extend((-cand[np.arange(len(targets)), targets]).tolist())
+            kl[name].append(np.maximum((p * (ref - cand)).sum(axis=-1), 0.0))
+            agree[name] += int((cand.argmax(axis=-1) == ref_top).sum())
+    ref_ppl = math.exp(float(np.mean(ref_nll)))
+    out = []
+    for name in candidates:
+        k = np.concatenate(kl[name])
+        out.append(
+            QualityReport(
+                name=name,
+                perplexity=math.exp(float(np.mean(nll[name]))),
+                reference_perplexity=ref_ppl,
+                kl_mean=float(k.mean()),
+                kl_p99=float(np.percentile(k, 99)),
+                top1_agreement=agree[name] / len(k),
+                positions=len(k),
+            )
+        )
+    return out

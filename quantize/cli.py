@@ -1,0 +1,127 @@
+"""``localllm quantize``: INT8/INT4 GGUFs from F16/BF16/F32, with a progress bar,
+safe writes and a quality report; ``--compare`` puts several files side by side."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from localllm import fmt
+from localllm.errors import UsageError
+from localllm.gguf_file import read_header
+from localllm.model_info import describe
+from quantize.naming import default_output
+from quantize.pipeline import Job, Progress, Report, dry_report, run as run_job
+
+
+class Bar:
+    """A one-line progress bar on stderr (a plain line every quarter when not a terminal)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.shown = -1
+
+    def update(self, p: Progress) -> None:
+        if self.tty:
+            width = 30
+            done = width * p.index // p.total
+            print(f"\rquantizing [{'#' * done}{'.' * (width - done)}] {p.index}/{p.total} {p.tensor[:40]:<40}", end="", file=sys.stderr, flush=True)
+        else:
+            quarter = 4 * p.index // p.total
+            if quarter > self.shown:
+                self.shown = quarter
+                print(f"quantizing: {p.index}/{p.total} tensors", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+
+def render_report(r: Report) -> str:
+    lines = [
+        f"input   {r.input}  {fmt.size(r.input_bytes)}",
+        f"output  {r.output or '(dry run: nothing written)'}  {fmt.size(r.output_bytes)}"
+        + (f"  ({100 * r.output_bytes / r.input_bytes:.0f}% of the input)" if r.input_bytes else ""),
+        f"type    {r.type}, {r.bits_per_weight:.2f} bits per weight",
+        f"time    {r.seconds:.1f} s",
+    ]
+    if r.tensor_types:
+        lines.append("tensors " + ", ".join(f"{t.type} {t.count} ({fmt.size(t.bytes)})" for t in r.tensor_types))
+    return "\n".join(lines)
+
+
+def render_quality(rows, sizes: dict[str, tuple[int, float]]) -> str:
+    ref = rows[0].reference_perplexity if rows else 0
+    out = [f"reference perplexity {ref:.3f} on {rows[0].positions if rows else 0} scored tokens", "",
+           f"{'file':<40} {'size':>11} {'bpw':>6} {'PPL':>8} {'KL mean':>9} {'KL p99':>8} {'top-1':>7}"]
+    for r in rows:
+        size, bpw = sizes.get(r.name, (0, 0.0))
+        out.append(f"{Path(r.name).name[:40]:<40} {fmt.size(size):>11} {bpw:>6.2f} {r.perplexity:>8.3f} {r.kl_mean:>9.5f} {r.kl_p99:>8.4f} {100 * r.top1_agreement:>6.2f}%")
+    return "\n".join(out)
+
+
+def _sizes(paths) -> dict[str, tuple[int, float]]:
+    out = {}
+    for p in paths:
+        info = describe(read_header(p))
+        out[str(p)] = (info.size_bytes, info.bits_per_weight)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from quantize.evaluate import evaluate
+
+    if args.compare:
+        if args.paths:
+            raise UsageError("--compare takes SOURCE and the quantized files itself: localllm quantize --compare SOURCE Q1 Q2")
+        if len(args.compare) < 2:
+            raise UsageError("--compare needs a source and at least one quantized file")
+        src, *cands = (Path(p) for p in args.compare)
+        for p in (src, *cands):
+            read_header(p)
+        rows = evaluate(src, cands, max_tokens=args.eval_tokens, threads=args.threads)
+        if args.json:
+            fmt.print_json([{**r.to_dict(), "size_bytes": _sizes([r.name])[r.name][0]} for r in rows])
+        else:
+            print(render_quality(rows, _sizes(cands)))
+        return 0
+    if not args.paths or len(args.paths) > 2:
+        raise UsageError("give INPUT and optionally OUTPUT: localllm quantize model-F16.gguf --type Q4_K_M")
+    if not args.type:
+        raise UsageError("--type is required, e.g. --type Q4_K_M or --type Q8_0")
+    src = Path(args.paths[0])
+    qtype = args.type.upper()
+    dst = Path(args.paths[1]) if len(args.paths) > 1 else default_output(src, qtype)
+    job = Job(src, dst, qtype, threads=args.threads or 0, allow_requantize=args.allow_requantize, force=args.force,
+              imatrix=Path(args.imatrix) if args.imatrix else None)
+    if args.dry_run:
+        rep = dry_report(job)
+    else:
+        bar = None if args.json else Bar()
+        rep = None
+        try:
+            for event in run_job(job):
+                if isinstance(event, Progress):
+                    if bar:
+                        bar.update(event)
+                else:
+                    rep = event
+        finally:
+            if bar:
+                bar.close()
+        assert rep is not None
+    quality = None
+    if args.eval and not args.dry_run:
+        quality = evaluate(src, [dst], max_tokens=args.eval_tokens, threads=args.threads)
+    if args.json:
+        d = rep.to_dict()
+        if quality:
+            d["quality"] = quality[0].to_dict()
+        fmt.print_json(d)
+    else:
+        print(render_report(rep))
+        if quality:
+            print()
+            print(render_quality(quality, _sizes([dst])))
+    return 0

@@ -1,0 +1,41 @@
+"""Quality of quantized files against their source, through llama.cpp.
+
+Loads each model with a context the size of one evaluation chunk and every
+position's logits kept (``n_outputs_max=0``), and hands them to
+``localllm.quality.compare``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from localllm.backend import LoadConfig
+from localllm.quality import QualityReport, compare, eval_text
+
+CHUNK = 256
+
+
+def _load(path: Path, threads: int | None):
+    from localllm.engine import LlamaCppBackend
+
+    b = LlamaCppBackend()
+    b.load(path, LoadConfig(n_ctx=CHUNK, n_batch=CHUNK, n_ubatch=CHUNK, n_outputs_max=0, n_threads=threads))
+    return b
+
+
+def evaluate(source: Path, candidates: Sequence[Path], *, max_tokens: int | None = None, threads: int | None = None) -> list[QualityReport]:
+    """Perplexity, KL divergence (mean, p99) and top-1 agreement of each candidate."""
+    ref = _load(source, threads)
+    loaded = {}
+    try:
+        for c in candidates:
+            loaded[str(c)] = _load(c, threads)
+        tokens = ref.tokenize(eval_text())
+        if max_tokens:
+            tokens = tokens[:max_tokens]
+        return compare(ref.logits, {name: b.logits for name, b in loaded.items()}, tokens, chunk=CHUNK)
+    finally:
+        ref.close()
+        for b in loaded.values():
+            b.close()

@@ -1,0 +1,183 @@
+"""The quantization pipeline behind ``localllm quantize``.
+
+llama.cpp does the quantizing (``engine.quantize_model``). This module makes it
+safe and visible:
+
+- it runs in a child process (``quantize.worker``), so Ctrl+C stops it at once
+  (a C call cannot be interrupted from Python) and the parent cleans up;
+- it writes to a hidden temporary file in the target directory and renames it
+  only on success: an interrupted or failed run leaves nothing under the
+  output name, and the input is never touched;
+- it checks free disk space against the dry-run size first;
+- it turns llama.cpp's per-tensor log lines into progress events, for the CLI's
+  bar and the TUI alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from localllm.errors import InputError, UsageError
+from localllm.gguf_file import read_header
+from localllm.model_info import TensorTypeStat, describe
+
+TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "IQ4_NL", "IQ4_XS", "Q3_K_M", "Q3_K_S", "Q2_K", "F16", "BF16", "F32")
+SOURCE_TYPES = ("F32", "F16", "BF16")
+_PROGRESS = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
+_SIZE = re.compile(r"(model|quant) size\s+=\s+([\d.]+) MiB")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One tensor written (``index`` of ``total``)."""
+
+    index: int
+    total: int
+    tensor: str
+
+
+@dataclass
+class Report:
+    input: str
+    output: str | None
+    type: str
+    input_bytes: int
+    output_bytes: int
+    bits_per_weight: float
+    seconds: float
+    dry_run: bool
+    tensor_types: list[TensorTypeStat] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Job:
+    src: Path
+    dst: Path
+    qtype: str
+    threads: int = 0
+    allow_requantize: bool = False
+    force: bool = False
+    imatrix: Path | None = None
+
+    def check(self) -> None:
+        """Refuse before any work: bad type, bad input, unsafe output."""
+        if self.qtype not in TYPES:
+            raise UsageError(f"unknown quantization type '{self.qtype}': choose one of {', '.join(TYPES)}")
+        info = describe(read_header(self.src))
+        if info.file_type not in SOURCE_TYPES and not self.allow_requantize:
+            raise UsageError(
+                f"{self.src.name} is already quantized ({info.file_type}); quantizing it again loses more quality: "
+                "start from an F16/BF16/F32 file, or pass --allow-requantize"
+            )
+        if self.dst.resolve() == self.src.resolve():
+            raise UsageError("the output would overwrite the input: name another output file")
+        if self.dst.exists() and not self.force:
+            raise UsageError(f"{self.dst} exists: pass --force to replace it")
+        if self.dst.is_dir():
+            raise UsageError(f"{self.dst} is a directory: name an output file")
+        if not self.dst.parent.is_dir():
+            raise UsageError(f"the output directory {self.dst.parent} does not exist")
+
+
+def _run_child(job: Job, dst: Path, dry: bool) -> Iterator[Progress | tuple[str, float]]:
+    """Run ``python -m quantize.worker`` and turn its log lines into events. The
+    child gets its own session, so Ctrl+C reaches only us; we then kill it."""
+    args = {
+        "src": str(job.src.resolve()), "dst": str(dst.resolve()), "type": job.qtype, "threads": job.threads,
+        "allow_requantize": job.allow_requantize, "dry_run": dry, "imatrix": str(job.imatrix.resolve()) if job.imatrix else None,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quantize.worker", json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    done = False
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            kind, payload = json.loads(raw)
+            if kind == "done":
+                done = True
+                break
+            if kind == "error":
+                raise InputError(payload)
+            m = _PROGRESS.match(payload)
+            if m:
+                yield Progress(int(m.group(1)), int(m.group(2)), m.group(3))
+            s = _SIZE.search(payload)
+            if s:
+                yield (s.group(1), float(s.group(2)))
+        if not done:
+            proc.wait()
+            raise InputError(f"the quantizer stopped unexpectedly (exit code {proc.returncode})")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def dry_run_size(job: Job) -> int:
+    """The output size llama.cpp computes without writing (bytes of tensor data)."""
+    size = 0.0
+    for event in _run_child(job, job.dst.with_name(job.dst.name + ".dryrun"), dry=True):
+        if isinstance(event, tuple) and event[0] == "quant":
+            size = event[1]
+    return int(size * 1024 * 1024)
+
+
+def run(job: Job) -> Iterator[Progress | Report]:
+    """Quantize ``job.src`` into ``job.dst``; yields progress, then the report."""
+    job.check()
+    t0 = time.perf_counter()
+    need = dry_run_size(job)
+    free = shutil.disk_usage(job.dst.parent).free
+    header_room = 64 * 1024 * 1024
+    if need + header_room > free:
+        raise InputError(f"needs {need / 2**30:.2f} GiB free in {job.dst.parent}, only {free / 2**30:.2f} GiB: free some space or write elsewhere")
+    tmp = job.dst.with_name(f".{job.dst.name}.partial-{os.getpid()}")
+    try:
+        for event in _run_child(job, tmp, dry=False):
+            if isinstance(event, Progress):
+                yield event
+        os.replace(tmp, job.dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    yield report(job.src, job.dst, job.qtype, time.perf_counter() - t0)
+
+
+def report(src: Path, dst: Path, qtype: str, seconds: float) -> Report:
+    out = describe(read_header(dst))
+    return Report(
+        input=str(src),
+        output=str(dst),
+        type=qtype,
+        input_bytes=src.stat().st_size,
+        output_bytes=dst.stat().st_size,
+        bits_per_weight=out.bits_per_weight,
+        seconds=seconds,
+        dry_run=False,
+        tensor_types=out.tensor_types,
+    )
+
+
+def dry_report(job: Job) -> Report:
+    job.check()
+    t0 = time.perf_counter()
+    size = dry_run_size(job)
+    n_params = describe(read_header(job.src)).n_params
+    return Report(str(job.src), None, job.qtype, job.src.stat().st_size, size, round(size * 8 / n_params, 4) if n_params else 0.0,
+                  time.perf_counter() - t0, True, [])
