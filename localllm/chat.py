@@ -35,7 +35,7 @@ class ChatBackend(Protocol):
 
     def reset(self) -> None: ...
 
-    def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int) -> Iterator[TokenEvent]: ...
+    def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True) -> Iterator[TokenEvent]: ...
 
 
 @dataclass
@@ -56,6 +56,8 @@ class ChatSession:
     turns: list[Turn] = field(default_factory=list)
     shifts: list[ShiftRecord] = field(default_factory=list)
     n_keep: int = 0
+    sliding_window: bool = True  # shift a full context (keeping the system prompt) instead of stopping
+    keep_override: int | None = None  # tokens to keep at a shift; default: the system prompt's
     _cached_text: str = ""  # the rendered conversation the KV cache stands for
 
     def __post_init__(self) -> None:
@@ -106,7 +108,8 @@ class ChatSession:
         tokens = self._new_tokens(rendered)
         pieces: list[str] = []
         try:
-            for event in self.backend.extend(tokens, self.sampling, n_keep=self.n_keep):
+            n_keep = self.n_keep if self.keep_override is None else self.keep_override
+            for event in self.backend.extend(tokens, self.sampling, n_keep=n_keep, shift=self.sliding_window):
                 pieces.append(event.text)
                 yield event
         finally:

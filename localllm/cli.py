@@ -100,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show a traceback on internal errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
+    p = sub.add_parser("tui", help="the cockpit: chat with live TTFT, ITL, memory budget and KV cache (also: bare localllm)")
+    _add_model(p)
+    p.add_argument("--system", default=None, help="system prompt (default: a helpful assistant)")
+    p.add_argument("-n", "--n-predict", type=_gen_tokens, default=512, metavar="N", help="most tokens per reply (default: 512)")
+    p.add_argument("--temp", type=_nonneg_float, default=0.7, metavar="T", help="temperature (default: 0.7)")
+    _add_load_options(p, ctx_default=None)
+
     p = sub.add_parser("inspect", help="what a GGUF model is, from its header (no load)")
     _add_model(p)
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -165,8 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
     if args.command is None:
-        parser.print_help()
-        return 0
+        # Bare ``localllm`` opens the cockpit on the default model, as a terminal allows.
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            parser.print_help()
+            return 0
+        args = parser.parse_args(["tui"])
     from localllm.commands import dispatch
 
     try:

@@ -308,14 +308,17 @@ class LlamaCppBackend:
         self.reset()
         return self._generate(tokens, sampling, n_keep=n_keep, start=start)
 
-    def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int) -> Iterator[TokenEvent]:
-        """Append ``tokens`` to what the cache holds and generate (a chat turn)."""
+    def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True) -> Iterator[TokenEvent]:
+        """Append ``tokens`` to what the cache holds and generate (a chat turn).
+        With ``shift=False`` a full context is an error instead of a shift."""
         self._require()
         if not tokens:
             raise UsageError("nothing to add to the conversation")
         if len(tokens) > self.n_ctx - n_keep - 1:
             raise UsageError(f"the message is {len(tokens)} tokens; the context holds {self.n_ctx} with {n_keep} kept: try a larger --ctx")
-        return self._generate(list(tokens), sampling, n_keep=n_keep, start=time.perf_counter_ns())
+        if not shift and len(self.cache_tokens) + len(tokens) >= self.n_ctx:
+            raise EngineError(f"the context is full ({len(self.cache_tokens)} of {self.n_ctx} tokens): clear the chat, or turn the sliding window on")
+        return self._generate(list(tokens), sampling, n_keep=n_keep, start=time.perf_counter_ns(), shift=shift)
 
     def _make_room(self, n_new: int, n_keep: int, shifts: list[ShiftRecord]) -> None:
         """Context shift: drop the oldest half of what follows the first ``n_keep``
@@ -344,7 +347,7 @@ class LlamaCppBackend:
                 method = "reprocess"
             shifts.append(ShiftRecord(at_token=n_past, dropped=n_discard, kept=len(kept), ms=(time.perf_counter_ns() - t0) / 1e6, method=method))
 
-    def _generate(self, tokens: list[int], sampling: SamplingConfig, *, n_keep: int, start: int) -> Iterator[TokenEvent]:
+    def _generate(self, tokens: list[int], sampling: SamplingConfig, *, n_keep: int, start: int, shift: bool = True) -> Iterator[TokenEvent]:
         llama_cpp.llama_perf_context_reset(self.ctx)
         sampler = self._sampler(sampling)
         self.last_stats = None
@@ -372,7 +375,7 @@ class LlamaCppBackend:
                 i += 1
                 if last:
                     break
-                if len(self.cache_tokens) >= self.n_ctx and sampling.max_tokens < 0:
+                if len(self.cache_tokens) >= self.n_ctx and (sampling.max_tokens < 0 or not shift):
                     stop = "context"  # no length asked for: stop at a full context rather than shift forever
                     break
                 self._make_room(1, n_keep, shifts)

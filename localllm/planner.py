@@ -466,3 +466,14 @@ def _why_not(first: MemoryPlan, smallest: MemoryPlan, gpu_budget: int | None, ra
     if ram is not None and smallest.total_cpu_bytes > ram:
         return f"needs {_gib(smallest.total_cpu_bytes)} of RAM at the smallest settings, {_gib(ram)} available: a smaller quant is needed"
     return f"needs {_gib(first.total_gpu_bytes)} of GPU memory, budget {_gib(gpu_budget or 0)}"
+
+
+def kv_bytes_in_use(plan: MemoryPlan, n_tokens: int) -> int:
+    """Bytes of KV cache holding ``n_tokens`` tokens now: each layer's per-cell
+    cost times the cells in use (a sliding-window layer holds at most its own
+    cache size)."""
+    total = 0
+    for layer in plan.kv_layers:
+        per_cell = (layer.k_bytes + layer.v_bytes) // max(layer.cells, 1)
+        total += per_cell * min(n_tokens, layer.cells)
+    return total

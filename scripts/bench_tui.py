@@ -1,0 +1,68 @@
+"""Does the cockpit slow the stream? Decode t/s shown by the TUI against
+``localllm run`` streaming the same reply, both in a real terminal (tmux, same
+size), same model, prompt and settings (greedy, so both generate the same
+tokens), alternating, side by side. Target: ratio >= 0.95.
+
+Both run in the terminal because drawing text costs CPU in the terminal too
+(tmux's own process): comparing against ``run`` writing into a pipe would
+charge that cost to the TUI alone.
+
+    python scripts/bench_tui.py [--model smollm2] [--tokens 256] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.tmuxdrive import Tmux  # noqa: E402
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+def tui_rate(model: list[str], tokens: int) -> tuple[float, int]:
+    cmd = [sys.executable, "-m", "localllm", "tui", *model, "--temp", "0", "-n", str(tokens), "--system", "", "--vram", "4GiB"]
+    with Tmux(cmd) as t:
+        t.wait_for(r"context \d+ · KV", timeout=120)
+        t.send(PROMPT, literal=True)
+        t.send("Enter")
+        m = t.wait_for(r"decode ([\d.]+) t/s[^\n]*\n[^\n]*slow (start|stream)", timeout=300)
+        used = int(t.wait_for(r"context (\d+) of").group(1))
+        return float(m.group(1)), used
+
+
+def run_rate(model: list[str], tokens: int) -> tuple[float, int]:
+    cmd = [sys.executable, "-m", "localllm", "run", *model, "--temp", "0", "-n", str(tokens), "--vram", "4GiB", "-p", PROMPT]
+    shell = ["bash", "-c", " ".join(f"'{c}'" for c in cmd) + "; sleep 600"]
+    with Tmux(shell) as t:
+        rate = float(t.wait_for(r"eval rate:\s+([\d.]+) tokens/s\s*\n[^\n]*time to first", timeout=300).group(1))
+        count = int(t.wait_for(r"\n\s*eval count:\s+(\d+)").group(1))
+        prompt = int(t.wait_for(r"prompt eval count:\s+(\d+)").group(1))
+        return rate, prompt + count
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    model = [a.model] if a.model else []
+    tui, cli = [], []
+    for r in range(a.reps):
+        for which in (("tui", "run") if r % 2 == 0 else ("run", "tui")):
+            rate, used = (tui_rate if which == "tui" else run_rate)(model, a.tokens)
+            (tui if which == "tui" else cli).append(rate)
+            print(f"  {which}: {rate:.2f} t/s ({used} tokens in context)", flush=True)
+    t, c = statistics.median(tui), statistics.median(cli)
+    ok = t / c >= 0.95
+    print(f"decode t/s, median of {a.reps}: TUI {t:.2f} · run {c:.2f} · ratio {t / c:.3f} {'ok' if ok else 'BELOW 0.95'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

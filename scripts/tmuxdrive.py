@@ -1,0 +1,49 @@
+"""Drive a terminal program in a real terminal (tmux): start, type, read the screen.
+
+Used by the end-to-end TUI test and by scripts/bench_tui.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+
+
+def available() -> bool:
+    return shutil.which("tmux") is not None
+
+
+class Tmux:
+    def __init__(self, command: list[str], *, width: int = 140, height: int = 40, env: dict[str, str] | None = None) -> None:
+        self.name = f"localllm-{uuid.uuid4().hex[:8]}"
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+        line = (f"env {exports} " if exports else "") + " ".join(shlex.quote(c) for c in command)
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), line], check=True)
+
+    def send(self, *keys: str, literal: bool = False) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.name, *(["-l"] if literal else []), *keys], check=True)
+
+    def screen(self) -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+
+    def wait_for(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(pattern, self.screen())
+            if m:
+                return m
+            time.sleep(0.1)
+        raise TimeoutError(f"{pattern!r} did not appear; the screen was:\n{self.screen()}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+
+    def __enter__(self) -> "Tmux":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,434 @@
+"""The localllm cockpit: chat on the left, live latency and memory on the right.
+
+Generation runs in a thread worker (``@work(thread=True, exclusive=True)``) that
+posts batches of tokens to the app at most every 50 ms, so redraws never slow
+the stream. The core (``localllm``) never imports this package.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import Footer, Header, Input
+
+from localllm import fmt, planner, sessions
+from localllm.backend import LoadConfig, SamplingConfig, run_config
+from localllm.chat import ChatSession
+from localllm.diagnose import verdict
+from localllm.errors import LocalLLMError
+from localllm.gguf_file import read_header
+from localllm.hardware import Hardware
+from localllm.metrics import GenerationStats
+from tui.settings import Settings
+from tui.widgets import ChatView, LatencyPanel, MemoryPanel, MessageView
+
+# Redraws cost CPU that the decode threads need (on 2 cores, a 20 fps chat cost
+# 25% of decode speed, measured by scripts/bench_tui.py). So tokens reach the
+# screen in batches, and the number panels refresh less often than the text.
+BATCH_NS = int(float(os.environ.get("LOCALLLM_TUI_BATCH_MS", "200")) * 1e6)  # text redraws: 5 a second
+PANEL_NS = int(float(os.environ.get("LOCALLLM_TUI_PANEL_MS", "500")) * 1e6)  # number panels: twice a second
+
+
+class TokenBatch(Message):
+    def __init__(self, text: str, stamps: list[int], start_ns: int) -> None:
+        super().__init__()
+        self.text, self.stamps, self.start_ns = text, stamps, start_ns
+
+
+class ReplyDone(Message):
+    def __init__(self, stats: GenerationStats | None, stopped: bool, error: str | None) -> None:
+        super().__init__()
+        self.stats, self.stopped, self.error = stats, stopped, error
+
+
+class ModelLoaded(Message):
+    def __init__(self, config: LoadConfig, note: str, error: str | None = None) -> None:
+        super().__init__()
+        self.config, self.note, self.error = config, note, error
+
+
+@dataclass
+class Footprint:
+    plan: planner.MemoryPlan
+    budget_label: str
+    budget: int
+
+
+class LocalLLMApp(App):
+    """Chat with a local model and watch TTFT, ITL, the budget and the KV cache."""
+
+    CSS_PATH = "localllm.tcss"
+    TITLE = "localllm"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop reply"),
+        Binding("f2", "models", "Models"),
+        Binding("f3", "settings", "Settings"),
+        Binding("f4", "sessions", "Sessions"),
+        Binding("ctrl+l", "clear_chat", "Clear"),
+        Binding("ctrl+q", "quit", "Quit"),
+    ]
+
+    busy: reactive[bool] = reactive(False)
+    """A reply is streaming (or a model loading): Enter does not send."""
+    model_name: reactive[str] = reactive("")
+    """The loaded model's file name, shown in the header."""
+
+    def __init__(self, *, model_path: Path, backend_factory: Callable[[], object], hardware: Hardware, settings: Settings) -> None:
+        super().__init__()
+        self.model_path = model_path
+        self.backend_factory = backend_factory
+        self.hardware = hardware
+        self.settings = settings
+        self.backend = None
+        self.chat: ChatSession | None = None
+        self.saved: sessions.SavedSession | None = None
+        self.footprint: Footprint | None = None
+        self.load_config: LoadConfig | None = None
+        # Every llama.cpp call runs on this one thread. Measured here: decoding on
+        # a second thread after llama.cpp computed on another ran at 33 t/s
+        # instead of 93 t/s (its OpenMP thread team belongs to the first thread).
+        # Textual's thread workers are new threads each time, so they hand the
+        # work to this executor and wait.
+        self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
+        self._stop = threading.Event()
+        self._reply: MessageView | None = None
+        self._gaps: list[float] = []
+        self._last_stamp: int | None = None
+        self._panel_ns = 0
+        self._pending_messages: list[dict[str, str]] | None = None
+
+    # -- layout ------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="main"):
+            with Vertical(id="chat-pane"):
+                yield ChatView(id="chat")
+                yield Input(placeholder="Message (Enter to send, Esc to stop)", id="prompt")
+            with Vertical(id="side"):
+                yield LatencyPanel()
+                yield MemoryPanel()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#prompt", Input).focus()
+        self.reload_model()
+
+    def watch_model_name(self, name: str) -> None:
+        self.sub_title = name
+
+    # -- loading -----------------------------------------------------------------
+    def reload_model(self, messages: list[dict[str, str]] | None = None) -> None:
+        self.busy = True
+        self._pending_messages = messages
+        self.query_one(ChatView).add("note", f"loading {self.model_path.name} …")
+        self._load()
+
+    def _choose_config(self) -> tuple[LoadConfig, str, Footprint]:
+        s = self.settings
+        cfg = LoadConfig(n_ctx=s.n_ctx, n_threads=s.threads, n_gpu_layers=-1 if s.n_gpu_layers is None else s.n_gpu_layers,
+                         type_k=s.type_k, type_v=s.type_v, swa_full=s.swa_full,
+                         flash_attn="on" if s.type_v not in ("f16", "f32", "bf16") else "auto")
+        shape = planner.ModelShape.from_header(read_header(self.model_path))
+        hw = self.hardware
+        note = ""
+        if s.n_gpu_layers is None and hw.gpu_budget is not None:
+            fit = planner.fit(shape, run_config(cfg), gpu_budget=hw.gpu_budget, ram=hw.ram_available_bytes, kv_fixed=True)
+            if fit.fits and fit.config.n_gpu_layers != cfg.n_gpu_layers:
+                cfg = replace(cfg, n_gpu_layers=fit.config.n_gpu_layers, n_ctx=fit.config.n_ctx)
+                note = f"auto-fit: {fit.reason}"
+        gpu = hw.gpu_budget is not None
+        plan = planner.plan_memory(shape, run_config(cfg), gpu=gpu)
+        if gpu:
+            label = {"--vram": "GPU budget (--vram)", "nvml": f"GPU {hw.gpu_name}", "apple-unified": "unified memory"}.get(hw.gpu_source, "GPU")
+            fp = Footprint(plan, label, hw.gpu_budget or 0)
+        else:
+            fp = Footprint(plan, "RAM", hw.ram_available_bytes)
+        return cfg, note, fp
+
+    @work(thread=True, exclusive=True, group="load")
+    def _load(self) -> None:
+        self._engine.submit(self._load_on_engine_thread).result()
+
+    def _load_on_engine_thread(self) -> None:
+        try:
+            cfg, note, fp = self._choose_config()
+            if self.backend is not None:
+                self.backend.close()
+            backend = self.backend_factory()
+            backend.load(self.model_path, cfg)
+            self.backend = backend
+            self.footprint = fp
+            self.post_message(ModelLoaded(cfg, note))
+        except LocalLLMError as exc:
+            self.post_message(ModelLoaded(LoadConfig(), "", error=str(exc)))
+
+    @on(ModelLoaded)
+    def _loaded(self, msg: ModelLoaded) -> None:
+        chat = self.query_one(ChatView)
+        if msg.error:
+            chat.add("note", f"could not load: {msg.error}")
+            self.busy = False
+            return
+        self.load_config = msg.config
+        self.model_name = self.model_path.name
+        s = self.settings
+        self.chat = ChatSession(
+            self.backend,
+            system_prompt=s.system_prompt or None,
+            sampling=SamplingConfig(temperature=s.temperature, max_tokens=s.max_tokens),
+            sliding_window=s.sliding_window,
+            keep_override=s.n_keep,
+        )
+        if self._pending_messages:
+            self.chat.messages = [m for m in self._pending_messages if m["role"] != "system" or not s.system_prompt]
+            if s.system_prompt:
+                self.chat.messages.insert(0, {"role": "system", "content": s.system_prompt})
+        self._pending_messages = None
+        c = msg.config
+        chat.add("note", f"{self.model_path.name} · context {c.n_ctx} · KV {c.type_k}/{c.type_v}" + (f" · {msg.note}" if msg.note else ""))
+        self._show_plan()
+        self.busy = False
+
+    def _show_plan(self) -> None:
+        fp = self.footprint
+        if fp is None or self.load_config is None:
+            return
+        p = fp.plan
+        gpu = fp.budget_label != "RAM"
+        weights = p.weights_gpu_bytes if gpu else p.weights_cpu_bytes + p.weights_gpu_bytes
+        kv = p.kv_gpu_bytes if gpu else p.kv_cache_bytes
+        compute = p.compute_bytes if (not gpu or p.compute_on_gpu) else 0
+        self.query_one(MemoryPanel).set_plan(
+            budget_label=fp.budget_label, budget=fp.budget, weights=weights, kv_full=kv, compute=compute,
+            kv_per_token=p.kv_bytes_per_token, types=f"{p.type_k}/{p.type_v}", n_ctx=p.n_ctx,
+        )
+        self._update_footprint()
+
+    def _update_footprint(self) -> None:
+        if self.footprint is None or self.chat is None:
+            return
+        panel = self.query_one(MemoryPanel)
+        used = self.chat.context_used
+        panel.context_used = used
+        panel.kv_now_bytes = planner.kv_bytes_in_use(self.footprint.plan, used)
+        panel.shifts = len(self.chat.shifts)
+
+    # -- chatting ----------------------------------------------------------------
+    @on(Input.Submitted, "#prompt")
+    def _submit(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text or self.busy or self.chat is None:
+            return
+        event.input.value = ""
+        view = self.query_one(ChatView)
+        view.add("user", text)
+        self._reply = view.add("assistant", "")
+        self._persist(extra_user=text)
+        latency = self.query_one(LatencyPanel)
+        latency.ttft_ms = None
+        latency.gaps_ms = []
+        latency.prefill_tps = latency.decode_tps = None
+        latency.verdict = ("", "")
+        self._gaps = []
+        self._last_stamp = None
+        self._stop.clear()
+        self.busy = True
+        self._generate(text)
+
+    @work(thread=True, exclusive=True, group="reply")
+    def _generate(self, text: str) -> None:
+        self._engine.submit(self._generate_on_engine_thread, text).result()
+
+    def _generate_on_engine_thread(self, text: str) -> None:
+        assert self.chat is not None
+        start = time.perf_counter_ns()
+        pieces: list[str] = []
+        stamps: list[int] = []
+        last_post = 0  # the first token is posted at once: it is the TTFT the user waits for
+        stopped = False
+        error = None
+        try:
+            for event in self.chat.send(text):
+                pieces.append(event.text)
+                stamps.append(event.t_ns)
+                if event.t_ns - last_post >= BATCH_NS:
+                    self.post_message(TokenBatch("".join(pieces), stamps, start))
+                    pieces, stamps, last_post = [], [], event.t_ns
+                if self._stop.is_set():
+                    stopped = True
+                    break
+        except LocalLLMError as exc:
+            error = str(exc)
+        if pieces:
+            self.post_message(TokenBatch("".join(pieces), stamps, start))
+        stats = self.backend.last_stats if self.backend is not None else None
+        self.post_message(ReplyDone(stats if error is None else None, stopped, error))
+
+    @on(TokenBatch)
+    def _tokens(self, msg: TokenBatch) -> None:
+        if self._reply is not None:
+            self._reply.append(msg.text)
+        latency = self.query_one(LatencyPanel)
+        for t in msg.stamps:
+            if self._last_stamp is None:
+                latency.ttft_ms = (t - msg.start_ns) / 1e6
+            else:
+                self._gaps.append((t - self._last_stamp) / 1e6)
+            self._last_stamp = t
+        now = time.perf_counter_ns()
+        if now - self._panel_ns >= PANEL_NS:
+            self._panel_ns = now
+            latency.gaps_ms = self._gaps
+            if self._gaps:
+                latency.decode_tps = 1000 / (sum(self._gaps) / len(self._gaps))
+            self._update_footprint()
+
+    @on(ReplyDone)
+    def _done(self, msg: ReplyDone) -> None:
+        latency = self.query_one(LatencyPanel)
+        view = self.query_one(ChatView)
+        if msg.error:
+            view.add("note", msg.error)
+        if msg.stopped:
+            view.add("note", "(stopped)")
+        s = msg.stats
+        latency.gaps_ms = self._gaps
+        if s is not None:
+            latency.ttft_ms = s.ttft_ms
+            latency.prefill_tps = s.prefill_tokens_per_s
+            latency.decode_tps = s.decode_tokens_per_s
+            v = verdict(s)
+            latency.verdict = (v.headline, v.detail) if v else ("", "")
+            for shift in s.context_shifts:
+                view.add("note", f"context shift: dropped {shift.dropped} tokens, kept {shift.kept} ({shift.method}, {shift.ms:.1f} ms)")
+        self._update_footprint()
+        self._persist()
+        self.busy = False
+
+    def on_unmount(self) -> None:
+        if self.backend is not None:
+            self._engine.submit(self.backend.close).result()
+        self._engine.shutdown(wait=True)
+
+    def action_stop(self) -> None:
+        if self.busy:
+            self._stop.set()
+
+    def action_clear_chat(self) -> None:
+        if self.busy or self.chat is None:
+            return
+        self.chat.clear()
+        self.saved = None
+        view = self.query_one(ChatView)
+        view.clear_messages()
+        view.add("note", "new chat")
+        self._update_footprint()
+
+    # -- sessions ----------------------------------------------------------------
+    def _persist(self, extra_user: str | None = None) -> None:
+        """Save the chat atomically: after the user's message, and after each reply."""
+        if self.chat is None:
+            return
+        if self.saved is None:
+            self.saved = sessions.SavedSession.new(str(self.model_path), self.settings.system_prompt, self.settings.to_dict())
+        msgs = list(self.chat.messages)
+        if extra_user is not None:
+            msgs.append({"role": "user", "content": extra_user})
+        self.saved.messages = msgs
+        self.saved.settings = self.settings.to_dict()
+        sessions.save(self.saved)
+
+    def open_session(self, saved: sessions.SavedSession) -> None:
+        view = self.query_one(ChatView)
+        view.clear_messages()
+        for m in saved.messages:
+            if m["role"] in ("user", "assistant"):
+                view.add(m["role"], m["content"])
+        self.saved = saved
+        self.settings = Settings.from_dict(saved.settings) if saved.settings else self.settings
+        if Path(saved.model) != self.model_path:
+            self.model_path = Path(saved.model)
+        # An unanswered last message (the app died mid-reply) is dropped: the reply in flight is what is lost.
+        msgs = list(saved.messages)
+        if msgs and msgs[-1]["role"] == "user":
+            msgs.pop()
+        self.reload_model(messages=msgs)
+
+    def action_sessions(self) -> None:
+        from tui.screens import SessionsScreen
+
+        def chosen(session_id: str | None) -> None:
+            if session_id:
+                self.open_session(sessions.load(session_id))
+
+        if not self.busy:
+            self.push_screen(SessionsScreen(), chosen)
+
+    # -- settings and models -------------------------------------------------------
+    def action_settings(self) -> None:
+        from tui.screens import SettingsScreen
+
+        def apply(new: Settings | None) -> None:
+            if new is None or new == self.settings:
+                return
+            reload = new.needs_reload(self.settings)
+            self.settings = new
+            if reload:
+                self.query_one(ChatView).add("note", "these settings need the model reloaded: reloading")
+                self.reload_model(messages=self.chat.messages if self.chat else None)
+            elif self.chat is not None:
+                self.chat.sampling = SamplingConfig(temperature=new.temperature, max_tokens=new.max_tokens)
+                self.chat.sliding_window = new.sliding_window
+                self.chat.keep_override = new.n_keep
+                if new.system_prompt != (self.chat.system_prompt or ""):
+                    self.chat.system_prompt = new.system_prompt or None
+                    self.chat.clear()
+                    self.query_one(ChatView).add("note", "system prompt changed: new chat")
+                self.query_one(ChatView).add("note", "settings applied")
+
+        if not self.busy:
+            self.push_screen(SettingsScreen(self.settings), apply)
+
+    def action_models(self) -> None:
+        from tui.screens import ModelsScreen
+
+        def switch(path: Path | None) -> None:
+            if path and path != self.model_path:
+                self.model_path = path
+                self.saved = None
+                self.query_one(ChatView).clear_messages()
+                self.reload_model()
+
+        if not self.busy:
+            self.push_screen(ModelsScreen(self.model_path, self.hardware, self.settings), switch)
+
+
+def create_app(
+    model: str | None = None,
+    *,
+    vram: int | None = None,
+    settings: Settings | None = None,
+    backend_factory: Callable[[], object] | None = None,
+) -> LocalLLMApp:
+    """The one app factory: the CLI and the tests build the cockpit here."""
+    from localllm import catalog, hardware
+
+    path = catalog.resolve(model)
+    read_header(path)  # a bad file is a one-line error before the screen opens
+    if backend_factory is None:
+        from localllm.engine import LlamaCppBackend
+
+        backend_factory = LlamaCppBackend
+    return LocalLLMApp(model_path=path, backend_factory=backend_factory, hardware=hardware.detect(vram), settings=settings or Settings())

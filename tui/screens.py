@@ -1,0 +1,249 @@
+"""Settings, models and saved sessions: the cockpit's other screens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Grid, Horizontal, Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, ProgressBar, Select, Static, Switch
+from textual.widgets.option_list import Option
+
+from localllm import catalog, fmt, paths, planner, sessions
+from localllm.backend import KV_CACHE_TYPES, LoadConfig, run_config
+from localllm.errors import LocalLLMError
+from localllm.gguf_file import read_header
+from localllm.hardware import Hardware
+from localllm.model_info import describe
+from tui.settings import Settings
+
+
+def _int_or_none(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text else None
+
+
+class SettingsScreen(ModalScreen[Settings | None]):
+    """Context, cache types, sliding window, offload, threads, sampling, system prompt."""
+
+    DEFAULT_CSS = """
+    SettingsScreen { align: center middle; }
+    SettingsScreen > Vertical { width: 76; height: auto; border: thick $primary; background: $surface; padding: 1 2; }
+    SettingsScreen Grid { grid-size: 2; grid-columns: 26 1fr; grid-rows: auto; height: auto; grid-gutter: 0 1; }
+    SettingsScreen Label { padding: 1 0 0 0; }
+    SettingsScreen #error { color: $error; }
+    SettingsScreen Horizontal { height: auto; margin-top: 1; }
+    """
+    BINDINGS = [("escape", "cancel", "Cancel")]
+
+    def __init__(self, current: Settings) -> None:
+        super().__init__()
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        s = self.current
+        kv = [(t, t) for t in KV_CACHE_TYPES]
+        with Vertical():
+            yield Label("Settings (those marked * reload the model)")
+            with Grid():
+                yield Label("context tokens *")
+                yield Input(str(s.n_ctx), id="n_ctx", type="integer")
+                yield Label("K cache type *")
+                yield Select(kv, value=s.type_k, allow_blank=False, id="type_k")
+                yield Label("V cache type *")
+                yield Select(kv, value=s.type_v, allow_blank=False, id="type_v")
+                yield Label("sliding window")
+                yield Switch(value=s.sliding_window, id="sliding_window")
+                yield Label("keep tokens (blank: system)")
+                yield Input("" if s.n_keep is None else str(s.n_keep), id="n_keep", type="integer")
+                yield Label("GPU layers * (blank: fit)")
+                yield Input("" if s.n_gpu_layers is None else str(s.n_gpu_layers), id="n_gpu_layers", type="integer")
+                yield Label("threads * (blank: auto)")
+                yield Input("" if s.threads is None else str(s.threads), id="threads", type="integer")
+                yield Label("temperature")
+                yield Input(str(s.temperature), id="temperature", type="number")
+                yield Label("system prompt")
+                yield Input(s.system_prompt, id="system_prompt")
+            yield Label("", id="error")
+            with Horizontal():
+                yield Button("Apply", variant="primary", id="apply")
+                yield Button("Cancel", id="cancel")
+
+    def _read(self) -> Settings:
+        q = self.query_one
+        n_ctx = int(q("#n_ctx", Input).value)
+        temperature = float(q("#temperature", Input).value)
+        if n_ctx < 1 or temperature < 0:
+            raise ValueError("context must be at least 1 and temperature 0 or more")
+        return Settings(
+            n_ctx=n_ctx,
+            type_k=str(q("#type_k", Select).value),
+            type_v=str(q("#type_v", Select).value),
+            sliding_window=q("#sliding_window", Switch).value,
+            n_keep=_int_or_none(q("#n_keep", Input).value),
+            n_gpu_layers=_int_or_none(q("#n_gpu_layers", Input).value),
+            threads=_int_or_none(q("#threads", Input).value),
+            swa_full=self.current.swa_full,
+            temperature=temperature,
+            max_tokens=self.current.max_tokens,
+            system_prompt=q("#system_prompt", Input).value,
+        )
+
+    @on(Button.Pressed, "#apply")
+    def _apply(self) -> None:
+        try:
+            self.dismiss(self._read())
+        except ValueError as exc:
+            self.query_one("#error", Label).update(f"not applied: {exc}")
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class SessionsScreen(ModalScreen[str | None]):
+    """Saved chats, newest first; Enter reopens one."""
+
+    DEFAULT_CSS = """
+    SessionsScreen { align: center middle; }
+    SessionsScreen > Vertical { width: 80; height: 20; border: thick $primary; background: $surface; padding: 1 2; }
+    """
+    BINDINGS = [("escape", "cancel", "Cancel")]
+
+    def compose(self) -> ComposeResult:
+        saved = sessions.list_sessions()
+        with Vertical():
+            yield Label(f"Saved sessions ({len(saved)}) · Enter to open · Esc to go back")
+            yield OptionList(*[Option(f"{s.title}  ·  {Path(s.model).name}  ·  {len(s.messages)} messages", id=s.id) for s in saved])
+
+    @on(OptionList.OptionSelected)
+    def _pick(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+def local_models() -> list[Path]:
+    """The catalog's models that are installed, and GGUFs in the models directory."""
+    found: list[Path] = []
+    for entry in catalog.CATALOG:
+        try:
+            p = catalog.resolve(entry.name) if entry.name == catalog.DEFAULT_MODEL else paths.models_dir() / "gemma-3-270m-q4_k_m.gguf"
+        except LocalLLMError:
+            continue
+        if p.exists():
+            found.append(p)
+    d = paths.models_dir()
+    if d.is_dir():
+        found.extend(p for p in sorted(d.glob("*.gguf")) if p not in found)
+    return found
+
+
+class ModelsScreen(Screen[Path | None]):
+    """Local models: size, quant, context, whether each fits; switch or quantize."""
+
+    DEFAULT_CSS = """
+    ModelsScreen DataTable { height: 1fr; }
+    ModelsScreen #details { height: auto; border: round $primary; padding: 0 1; }
+    ModelsScreen Horizontal { height: auto; }
+    ModelsScreen ProgressBar { margin: 1 1; }
+    """
+    BINDINGS = [("escape", "back", "Back"), ("enter", "switch", "Switch to this model"), ("q", "quantize", "Quantize")]
+
+    def __init__(self, current: Path, hardware: Hardware, settings: Settings) -> None:
+        super().__init__()
+        self.current = current
+        self.hardware = hardware
+        self.settings = settings
+        self.models: list[Path] = []
+
+    def compose(self) -> ComposeResult:
+        yield Label("Models · Enter: switch · q: quantize the selected model · Esc: back")
+        yield DataTable(cursor_type="row", id="models")
+        yield Static("", id="details")
+        with Horizontal():
+            yield Select([(t, t) for t in ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_NL")], value="Q4_K_M", allow_blank=False, id="qtype")
+            yield ProgressBar(total=100, id="qprogress", show_eta=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.refresh_models()
+
+    def refresh_models(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear(columns=True)
+        table.add_columns("model", "size", "quant", "context", "fits")
+        self.models = [self.current] + [p for p in local_models() if p != self.current]
+        for p in self.models:
+            try:
+                info = describe(read_header(p))
+                shape = planner.ModelShape.from_header(read_header(p))
+                cfg = run_config(LoadConfig(n_ctx=min(self.settings.n_ctx, info.context_length or self.settings.n_ctx)))
+                hw = self.hardware
+                fit = planner.fit(shape, cfg, gpu_budget=hw.gpu_budget, ram=hw.ram_available_bytes)
+                fits = "yes" if fit.fits and fit.reason == "fits as asked" else ("with changes" if fit.fits else "no")
+                table.add_row(p.name + (" (loaded)" if p == self.current else ""), fmt.size(info.size_bytes), info.file_type,
+                              f"{info.context_length:,}", fits)
+            except LocalLLMError as exc:
+                table.add_row(p.name, "?", "?", "?", f"unreadable: {exc}")
+
+    @on(DataTable.RowHighlighted)
+    def _details(self, event: DataTable.RowHighlighted) -> None:
+        p = self.models[event.cursor_row]
+        try:
+            i = describe(read_header(p))
+        except LocalLLMError as exc:
+            self.query_one("#details", Static).update(str(exc))
+            return
+        self.query_one("#details", Static).update(
+            f"{i.name} · {i.architecture} · {fmt.count(i.n_params)} params · {i.bits_per_weight:.2f} bpw\n"
+            f"{i.n_layer} layers · heads {i.n_head}/{i.n_head_kv} · head dim {i.head_dim_k} · vocab {i.n_vocab:,}"
+            + (f" · sliding window {i.sliding_window} on {len(i.swa_layers)} layers" if i.sliding_window else "")
+            + f"\n{p}"
+        )
+
+    def _selected(self) -> Path | None:
+        table = self.query_one(DataTable)
+        return self.models[table.cursor_row] if self.models else None
+
+    def action_switch(self) -> None:
+        self.dismiss(self._selected())
+
+    def action_back(self) -> None:
+        self.dismiss(None)
+
+    def action_quantize(self) -> None:
+        src = self._selected()
+        if src is not None:
+            self._quantize(src, str(self.query_one("#qtype", Select).value))
+
+    @work(thread=True, exclusive=True, group="quantize")
+    def _quantize(self, src: Path, qtype: str) -> None:
+        from quantize.naming import default_output
+        from quantize.pipeline import Job, Progress, run
+
+        dst = default_output(src, qtype)
+        if not _writable(dst.parent):
+            dst = paths.ensure_dir(paths.models_dir()) / dst.name
+        bar = self.query_one("#qprogress", ProgressBar)
+        details = self.query_one("#details", Static)
+        self.app.call_from_thread(details.update, f"quantizing {src.name} to {qtype} → {dst}")
+        try:
+            for event in run(Job(src, dst, qtype, allow_requantize=True)):
+                if isinstance(event, Progress):
+                    self.app.call_from_thread(bar.update, total=event.total, progress=event.index)
+                else:
+                    self.app.call_from_thread(details.update, f"wrote {dst.name}: {fmt.size(event.output_bytes)}, {event.bits_per_weight:.2f} bpw in {event.seconds:.1f} s")
+        except LocalLLMError as exc:
+            self.app.call_from_thread(details.update, f"quantize failed: {exc}")
+            return
+        self.app.call_from_thread(self.refresh_models)
+
+
+def _writable(d: Path) -> bool:
+    import os
+
+    return d.is_dir() and os.access(d, os.W_OK)

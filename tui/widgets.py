@@ -1,0 +1,250 @@
+"""Widgets of the cockpit: chat messages, the latency panel and the memory panel."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Log, Sparkline
+
+from localllm import fmt
+from localllm.metrics import percentile
+
+
+class MessageView:
+    """One message in the chat log; the assistant's grows as tokens arrive."""
+
+    def __init__(self, role: str, text: str = "") -> None:
+        self.role = role
+        self.text = text
+        self.log: ChatView | None = None
+
+    def append(self, piece: str) -> None:
+        self.text += piece
+        if self.log is not None and piece:
+            self.log._write_wrapped(piece)
+
+
+class ChatView(Log):
+    """The conversation as an append-only log, wrapped as it streams.
+
+    A log, not a column of message widgets: appending to a growing message
+    widget made Textual lay out and repaint the whole chat on every redraw
+    (about 24 ms of CPU a frame here), and on a 2-core laptop that CPU comes
+    out of the decode threads. A log repaints only its new lines."""
+
+    DEFAULT_CSS = """
+    ChatView { height: 1fr; padding: 0 1; }
+    """
+    PREFIX = {"user": "you › ", "assistant": "", "note": "· "}
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(auto_scroll=True, **kw)  # type: ignore[arg-type]
+        self.messages: list[MessageView] = []
+        self._col = 0
+
+    def add(self, role: str, text: str = "") -> "MessageView":
+        if self.line_count:
+            self.write("\n\n" if self._col else "\n")
+        self._col = 0
+        msg = MessageView(role, "")
+        msg.log = self
+        self.messages.append(msg)
+        prefix = self.PREFIX.get(role, "")
+        self._write_wrapped(prefix)
+        msg.append(text)
+        return msg
+
+    def clear_messages(self) -> None:
+        self.clear()
+        self.messages.clear()
+        self._col = 0
+
+    def _write_wrapped(self, piece: str) -> None:
+        width = max((self.scrollable_content_region.width or 80) - 3, 20)
+        out = []
+        for ch in piece:
+            if ch == "\n":
+                out.append(ch)
+                self._col = 0
+                continue
+            if self._col >= width and ch == " ":
+                out.append("\n")
+                self._col = 0
+                continue
+            if self._col >= width + 12:  # a word longer than the slack: break it
+                out.append("\n")
+                self._col = 0
+            out.append(ch)
+            self._col += 1
+        self.write("".join(out))
+
+
+class Lines(Widget):
+    """A fixed-height block of text lines. Setting ``lines`` repaints this widget
+    only: unlike a Label update it never asks for a new layout, which would
+    re-render the whole screen (measured: ~17 ms a frame) while the model streams."""
+
+    DEFAULT_CSS = """
+    Lines { height: auto; width: 100%; }
+    """
+
+    lines: reactive[tuple[Text | str, ...]] = reactive(tuple, layout=False)
+
+    def __init__(self, n: int, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.styles.height = n
+        self.set_reactive(Lines.lines, ("",) * n)
+
+    def render(self) -> Text:
+        """Each entry wraps to the width; the block keeps its fixed height."""
+        width = max(self.size.width, 10)
+        rows: list[Text] = []
+        for entry in self.lines:
+            text = Text(entry) if isinstance(entry, str) else entry
+            rows.extend(text.wrap(self.app.console, width) if text.plain else [Text("")])
+        n = int(self.styles.height.value) if self.styles.height is not None else len(rows)
+        return Text("\n").join(rows[:n])
+
+
+class LatencyPanel(Vertical):
+    """TTFT, ITL percentiles and sparkline, prefill and decode rates, and the verdict.
+
+    The values are reactive: the app sets them as token batches arrive; the panel
+    repaints its text block without a new layout."""
+
+    DEFAULT_CSS = """
+    LatencyPanel { height: auto; border: round $primary; padding: 0 1; }
+    LatencyPanel Sparkline { height: 3; margin: 0 0 1 0; }
+    """
+
+    ttft_ms: reactive[float | None] = reactive(None)
+    """Time to first token of the latest reply (prefill), in ms."""
+    gaps_ms: reactive[list[float]] = reactive(list, always_update=True)
+    """Inter-token gaps of the latest reply, in ms (the ITL samples)."""
+    prefill_tps: reactive[float | None] = reactive(None)
+    """Prompt tokens per second of the latest reply (known when it ends)."""
+    decode_tps: reactive[float | None] = reactive(None)
+    """Generated tokens per second of the latest reply."""
+    verdict: reactive[tuple[str, str]] = reactive(("", ""))
+    """Slow start (prefill-bound) or slow stream (decode-bound), and the figures that decided it."""
+
+    def compose(self) -> ComposeResult:
+        yield Lines(3, id="latency-top")
+        yield Sparkline([], id="spark")
+        yield Lines(4, id="latency-bottom")
+
+    def on_mount(self) -> None:
+        self._paint()
+
+    def _paint(self) -> None:
+        gaps = self.gaps_ms
+        ttft = "TTFT —" if self.ttft_ms is None else f"TTFT {self.ttft_ms:.1f} ms"
+        itl = f"ITL p50 {percentile(gaps, 50):.1f} ms · p95 {percentile(gaps, 95):.1f} ms" if gaps else "ITL p50 — · p95 —"
+        pre = "—" if self.prefill_tps is None else f"{self.prefill_tps:.1f} t/s"
+        dec = "—" if self.decode_tps is None else f"{self.decode_tps:.1f} t/s"
+        self.query_one("#latency-top", Lines).lines = (Text("Latency", style="bold"), ttft, itl)
+        headline, detail = self.verdict
+        self.query_one("#latency-bottom", Lines).lines = (f"prefill {pre} · decode {dec}", Text(headline, style="bold yellow"), Text(detail, style="yellow"))
+
+    def watch_ttft_ms(self, _: float | None) -> None:
+        self._paint()
+
+    def watch_gaps_ms(self, gaps: list[float]) -> None:
+        self.query_one("#spark", Sparkline).data = gaps[-200:]
+        self._paint()
+
+    def watch_prefill_tps(self, _: float | None) -> None:
+        self._paint()
+
+    def watch_decode_tps(self, _: float | None) -> None:
+        self._paint()
+
+    def watch_verdict(self, _: tuple[str, str]) -> None:
+        self._paint()
+
+
+class BudgetBar(Widget):
+    """A bar of the memory budget split into weights, KV cache, compute and free."""
+
+    DEFAULT_CSS = """
+    BudgetBar { height: 1; width: 100%; }
+    """
+
+    parts: reactive[tuple[int, int, int, int]] = reactive((0, 0, 0, 1))
+    """(weights, KV cache, compute, budget) in bytes."""
+
+    COLORS = ("dodger_blue2", "magenta", "yellow3")
+
+    def render(self) -> Text:
+        weights, kv, compute, budget = self.parts
+        width = max(self.size.width, 10)
+        text = Text()
+        used = 0
+        for value, color in zip((weights, kv, compute), self.COLORS):
+            cells = round(width * value / budget) if budget else 0
+            cells = min(cells, width - used)
+            text.append("█" * cells, style=color)
+            used += cells
+        text.append("░" * (width - used), style="grey35")
+        return text
+
+
+class MemoryPanel(Vertical):
+    """The memory budget and the KV-cache footprint."""
+
+    DEFAULT_CSS = """
+    MemoryPanel { height: auto; border: round $primary; padding: 0 1; }
+    """
+
+    context_used: reactive[int] = reactive(0)
+    """Tokens in the KV cache now."""
+    kv_now_bytes: reactive[int] = reactive(0)
+    """Bytes of KV cache those tokens occupy."""
+    shifts: reactive[int] = reactive(0)
+    """Context shifts (sliding window) so far in this chat."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n_ctx = 0
+        self.kv_full_bytes = 0
+        self.kv_per_token = 0
+        self.kv_types = ""
+        self._head: tuple[Text | str, ...] = (Text("Memory", style="bold"), "")
+        self._plan: tuple[Text | str, ...] = ("", "")
+
+    def compose(self) -> ComposeResult:
+        yield Lines(2, id="memory-top")
+        yield BudgetBar()
+        yield Lines(6, id="memory-bottom")
+
+    def set_plan(self, *, budget_label: str, budget: int, weights: int, kv_full: int, compute: int, kv_per_token: int, types: str, n_ctx: int) -> None:
+        self.n_ctx, self.kv_full_bytes, self.kv_per_token, self.kv_types = n_ctx, kv_full, kv_per_token, types
+        free = budget - weights - kv_full - compute
+        self._head = (Text("Memory", style="bold"), f"{budget_label} {fmt.size(budget)}, free {fmt.size(max(free, 0))}")
+        self.query_one(BudgetBar).parts = (weights, kv_full, compute, max(budget, 1))
+        self._plan = (
+            Text.assemble(("■", "dodger_blue2"), f" weights {fmt.size(weights)}  ", ("■", "magenta"), f" KV {fmt.size(kv_full)}  ",
+                          ("■", "yellow3"), f" compute {fmt.size(compute)}"),
+            f"KV cache {types} · {fmt.size(kv_per_token)}/token · full {fmt.size(kv_full)}",
+        )
+        self._paint()
+
+    def _paint(self) -> None:
+        self.query_one("#memory-top", Lines).lines = self._head
+        self.query_one("#memory-bottom", Lines).lines = (
+            *self._plan,
+            f"KV now {fmt.size(self.kv_now_bytes)} ({self.context_used} tokens)",
+            f"context {self.context_used} of {self.n_ctx} · shifts {self.shifts}",
+        )
+
+    def watch_context_used(self, _: int) -> None:
+        self._paint()
+
+    def watch_kv_now_bytes(self, _: int) -> None:
+        self._paint()
+
+    def watch_shifts(self, _: int) -> None:
+        self._paint()
