@@ -21,8 +21,14 @@ class Tmux:
     def __init__(self, command: list[str], *, width: int = 140, height: int = 40, env: dict[str, str] | None = None) -> None:
         self.name = f"localllm-{uuid.uuid4().hex[:8]}"
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-        line = (f"env {exports} " if exports else "") + " ".join(shlex.quote(c) for c in command)
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), line], check=True)
+        # COLUMNS/LINES from the calling process (pytest sets them) would override the terminal's size.
+        line = f"env -u COLUMNS -u LINES {exports} " + " ".join(shlex.quote(c) for c in command)
+        # A detached session can keep the server's default size (80x24): size the
+        # window first, then start the program in it, so it sees the size at once.
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), "sleep 3600"], check=True)
+        subprocess.run(["tmux", "set-option", "-t", self.name, "window-size", "manual"], capture_output=True)
+        subprocess.run(["tmux", "resize-window", "-t", self.name, "-x", str(width), "-y", str(height)], capture_output=True)
+        subprocess.run(["tmux", "respawn-pane", "-k", "-t", self.name, line], check=True)
 
     def send(self, *keys: str, literal: bool = False) -> None:
         subprocess.run(["tmux", "send-keys", "-t", self.name, *(["-l"] if literal else []), *keys], check=True)

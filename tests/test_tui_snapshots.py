@@ -1,0 +1,65 @@
+"""Snapshots of the cockpit's main screens (pytest-textual-snapshot). A few only:
+each costs seconds. Update them with ``pytest --snapshot-update`` after a
+deliberate change of the look."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from scripts.synth_gguf import SynthSpec, write_llama_gguf
+from tests.scripted import ScriptedBackend
+from tests.test_tui import send, wait_idle
+from tui.app import create_app
+from tui.settings import Settings
+
+GiB = 1024**3
+SIZE = (140, 40)
+
+
+@pytest.fixture(scope="module")
+def fixed_model() -> Path:
+    """The models screen shows the file's path: keep it the same from run to run."""
+    d = Path(tempfile.gettempdir()) / "localllm-snapshots"
+    d.mkdir(exist_ok=True)
+    return write_llama_gguf(d / "synth-llama.gguf", SynthSpec())
+
+
+def make_app(model: Path):
+    backend = ScriptedBackend(ttft_ms=300, itl_ms=40, tokens=12, word="word")
+    return create_app(str(model), vram=4 * GiB, settings=Settings(n_ctx=1024, system_prompt=""), backend_factory=lambda: backend)
+
+
+async def _settle(app, pilot) -> None:
+    await wait_idle(app, pilot)
+    app.query_one("#prompt").cursor_blink = False
+
+
+def test_main_screen_after_a_reply(snap_compare, fixed_model: Path) -> None:
+    async def run_before(pilot) -> None:
+        app = pilot.app
+        await _settle(app, pilot)
+        await send(app, pilot, "Tell me something")
+        await wait_idle(app, pilot)
+
+    assert snap_compare(make_app(fixed_model), terminal_size=SIZE, run_before=run_before)
+
+
+def test_settings_screen(snap_compare, fixed_model: Path) -> None:
+    async def run_before(pilot) -> None:
+        await _settle(pilot.app, pilot)
+        await pilot.press("f3")
+        await pilot.pause(0.3)
+
+    assert snap_compare(make_app(fixed_model), terminal_size=(140, 50), run_before=run_before)
+
+
+def test_models_screen(snap_compare, fixed_model: Path) -> None:
+    async def run_before(pilot) -> None:
+        await _settle(pilot.app, pilot)
+        await pilot.press("f2")
+        await pilot.pause(0.3)
+
+    assert snap_compare(make_app(fixed_model), terminal_size=SIZE, run_before=run_before)
