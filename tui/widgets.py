@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
+from textual.geometry import Size
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
@@ -56,6 +58,31 @@ class ChatView(Log):
         self._write_wrapped(prefix)
         msg.append(text)
         return msg
+
+    def write(self, data: str, scroll_end: bool | None = None) -> "ChatView":
+        """Log.write, without a screen-wide layout on every new line.
+
+        ``virtual_size`` is a layout reactive: each line a reply adds would make
+        Textual lay out the whole screen again (the most expensive part of a
+        redraw, measured with scripts/bench_tui.py). A log's size is its own
+        business, so it is set quietly here and only this widget and its
+        scrollbars are refreshed."""
+        if data:
+            if not self._lines:
+                self._lines.append("")
+            parts = data.split("\n")
+            for i, part in enumerate(parts):
+                self._lines[-1] += part
+                self._width = max(self._width, cell_len(self._process_line(self._lines[-1])))
+                self.refresh_lines(len(self._lines) - 1)
+                if i < len(parts) - 1:
+                    self._lines.append("")
+            self.set_reactive(Log.virtual_size, Size(self._width, self.line_count))
+            self._refresh_scrollbars()
+            self.refresh()
+        if self.auto_scroll if scroll_end is None else scroll_end:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+        return self
 
     def clear_messages(self) -> None:
         self.clear()
