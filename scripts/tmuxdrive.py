@@ -25,7 +25,13 @@ class Tmux:
         line = f"env -u COLUMNS -u LINES {exports} " + " ".join(shlex.quote(c) for c in command)
         # A detached session can keep the server's default size (80x24): size the
         # window first, then start the program in it, so it sees the size at once.
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), "sleep 3600"], check=True)
+        for attempt in range(5):  # the server may be exiting after the last session closed: retry
+            r = subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), "sleep 3600"], capture_output=True)
+            if r.returncode == 0:
+                break
+            time.sleep(0.2 * (attempt + 1))
+        else:
+            raise RuntimeError(f"tmux could not start a session: {r.stderr.decode(errors='replace').strip()}")
         subprocess.run(["tmux", "set-option", "-t", self.name, "window-size", "manual"], capture_output=True)
         subprocess.run(["tmux", "resize-window", "-t", self.name, "-x", str(width), "-y", str(height)], capture_output=True)
         subprocess.run(["tmux", "respawn-pane", "-k", "-t", self.name, line], check=True)

@@ -171,3 +171,41 @@ async def test_real_model_streams_and_panels_fill(smollm2: Path) -> None:
         await wait_idle(app, pilot)
         assert mem.context_used > used1 and mem.kv_now_bytes > kv1
         assert "Rome" in chat_text(app)[-1][1]
+
+
+async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
+    """From the models screen: quantize the selected model (a progress bar, a new
+    file beside it), then switch to another model, which reloads."""
+    from scripts.synth_gguf import SynthSpec, write_llama_gguf
+    from tui.screens import ModelsScreen
+
+    src = write_llama_gguf(tmp_path / "tiny-F32.gguf", SynthSpec(n_embd=256, n_head=4, n_head_kv=2, n_ff=512))
+    app, backend = scripted_app(src)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_idle(app, pilot)
+        await pilot.press("f2")
+        await pilot.pause(0.3)
+        screen = app.screen
+        assert isinstance(screen, ModelsScreen)
+        screen.query_one("#qtype").value = "Q8_0"
+        await pilot.press("q")
+        out = tmp_path / "tiny-Q8_0.gguf"
+        table = screen.query_one("#models")
+        names: list[str] = []
+        for _ in range(300):
+            await pilot.pause(0.1)
+            names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+            if "tiny-Q8_0.gguf" in names:
+                break
+        assert out.exists() and "tiny-Q8_0.gguf" in names
+        bar = screen.query_one("#qprogress")
+        assert bar.total and bar.progress == bar.total  # one step per tensor, all done
+        from localllm.model_info import inspect_model
+
+        assert inspect_model(out).file_type == "Q8_0"
+        row = names.index("tiny-Q8_0.gguf")
+        assert [str(c) for c in table.get_row_at(row)][2] == "Q8_0"
+        table.move_cursor(row=row)
+        await pilot.press("enter")
+        await wait_idle(app, pilot)
+        assert app.model_path == out and backend.loads == 2

@@ -159,6 +159,7 @@ class ModelsScreen(Screen[Path | None]):
         self.hardware = hardware
         self.settings = settings
         self.models: list[Path] = []
+        self.made: list[Path] = []  # files quantized from this screen, listed even outside the models directory
 
     def compose(self) -> ComposeResult:
         yield Label("Models · Enter: switch · q: quantize the selected model · Esc: back")
@@ -176,7 +177,8 @@ class ModelsScreen(Screen[Path | None]):
         table = self.query_one(DataTable)
         table.clear(columns=True)
         table.add_columns("model", "size", "quant", "context", "fits")
-        self.models = [self.current] + [p for p in local_models() if p != self.current]
+        found = local_models() + self.made
+        self.models = [self.current] + [p for i, p in enumerate(found) if p != self.current and p not in found[:i]]
         for p in self.models:
             try:
                 info = describe(read_header(p))
@@ -204,6 +206,10 @@ class ModelsScreen(Screen[Path | None]):
             + (f" · sliding window {i.sliding_window} on {len(i.swa_layers)} layers" if i.sliding_window else "")
             + f"\n{p}"
         )
+
+    @on(DataTable.RowSelected)
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        self.dismiss(self.models[event.cursor_row])
 
     def _selected(self) -> Path | None:
         table = self.query_one(DataTable)
@@ -240,6 +246,7 @@ class ModelsScreen(Screen[Path | None]):
         except LocalLLMError as exc:
             self.app.call_from_thread(details.update, f"quantize failed: {exc}")
             return
+        self.made.append(dst)
         self.app.call_from_thread(self.refresh_models)
 
 
