@@ -288,7 +288,15 @@ def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int)
     else:
         n_kv = cells if (not has_swa or len(shape.swa_layers) < shape.n_layer) else swa_cells
         attn = 3 * E + q + kv + n_kv * H
-    layer = max(ffn, attn) * T * 4 + masks
+    # A quantized cache whose head dim is a multiple of 64 is written through a
+    # Hadamard rotation (llama-kv-cache.cpp attn_rot_k/v): a head_dim x head_dim
+    # f32 matrix for K and one for V are graph inputs, live all along.
+    rot = 0
+    if cfg.type_k not in ("f16", "f32", "bf16") and shape.head_dim_k % 64 == 0:
+        rot += shape.head_dim_k**2 * 4
+    if cfg.type_v not in ("f16", "f32", "bf16") and shape.head_dim_v % 64 == 0:
+        rot += shape.head_dim_v**2 * 4
+    layer = max(ffn, attn) * T * 4 + masks + rot
     return max(logits, layer)
 
 

@@ -159,12 +159,7 @@ GRID = [(n_ctx, kv, swa_full, n_out) for n_ctx in (256, 1000, 4096) for kv in ("
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["gemma", "synth-llama", "synth-gemma3"])
 def test_estimates_against_llama_cpp_log(which: str, gemma: Path, synth_pair: list[Path]) -> None:
-    """KV: equal to what llama.cpp prints (0.01 MiB). Compute + output: within 5%.
-
-    Known deviation: Gemma 3 (real and synthetic) with a quantized cache at
-    contexts of one or two ubatches (256, 1000) reserves up to 5.5% more than
-    the model predicts (about 0.5 MiB that does not scale with the batch), so
-    that corner is held to 6%; the closing note of issue 3 reports it."""
+    """KV: equal to what llama.cpp prints (0.01 MiB). Compute + output: within 5%."""
     path = {"gemma": gemma, "synth-llama": synth_pair[0], "synth-gemma3": synth_pair[1]}[which]
     shape = shape_of(path)
     kv_wrong, compute_wrong = [], []
@@ -179,8 +174,7 @@ def test_estimates_against_llama_cpp_log(which: str, gemma: Path, synth_pair: li
             kv_wrong.append((cfg, ours, printed))
         est = (plan.compute_bytes + plan.output_bytes) / MiB
         real = compute + output
-        bound = 0.06 if (shape.architecture == "gemma3" and kv != "f16" and n_ctx < 4096) else 0.05
-        if abs(est - real) > bound * real:
+        if abs(est - real) > 0.05 * real:
             compute_wrong.append((n_ctx, kv, swa_full, n_out, round(est, 2), real))
     assert not kv_wrong
     assert not compute_wrong
