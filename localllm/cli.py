@@ -145,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", nargs="+", default=None, metavar="FILE", help="SOURCE Q1 Q2 ...: quality of several files side by side")
     p.add_argument("--json", action="store_true", help="one JSON object (a list with --compare)")
 
+    p = sub.add_parser("doctor", help="why is it slow? measure TTFT, ITL and the roofline, name the bottleneck, rank fixes")
+    _add_model(p)
+    p.add_argument("--prompt-file", default=None, metavar="F", help="a prompt like yours (default: a page of text and a question)")
+    p.add_argument("--gen-tokens", type=_int_at_least(2, "--gen-tokens"), default=64, metavar="N", help="tokens to generate (default: 64)")
+    p.add_argument("--no-quality", action="store_true", help="skip measuring what a q8_0 KV cache costs")
+    _add_load_options(p, ctx_default=None)
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
     p = sub.add_parser("plan", help="memory per device: weights, KV cache, compute; what fits a GPU budget")
     _add_model(p)
     _add_load_options(p, ctx_default=None)

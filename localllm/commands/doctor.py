@@ -1,0 +1,102 @@
+"""``localllm doctor``: measure, name the bottleneck, rank what to change."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from localllm import catalog, fmt
+from localllm.commands._common import fit_config
+from localllm.errors import InputError, UsageError
+
+
+def _prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file:
+        p = Path(args.prompt_file)
+        if not p.is_file():
+            raise InputError(f"prompt file not found: {p}")
+        text = p.read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            raise UsageError(f"{p} is empty")
+        return text
+    from localllm.quality import eval_text
+
+    # A typical request: a page of context and a question about it.
+    return eval_text()[:2000] + "\n\nSummarize the text above in three sentences."
+
+
+def _kv_q8_kl(path: Path, threads: int | None) -> float:
+    """Mean KL of a q8_0 cache against f16 on one 256-token chunk of the shipped text."""
+    from localllm.backend import LoadConfig
+    from localllm.engine import LlamaCppBackend
+    from localllm.quality import compare, eval_text
+
+    backends = []
+    try:
+        for kv in ("f16", "q8_0"):
+            b = LlamaCppBackend()
+            b.load(path, LoadConfig(n_ctx=256, n_batch=256, n_ubatch=256, n_outputs_max=0, type_k=kv, type_v=kv, flash_attn="on", n_threads=threads))
+            backends.append(b)
+        tokens = backends[0].tokenize(eval_text())[:256]
+        return compare(backends[0].logits, {"q8_0": backends[1].logits}, tokens, chunk=256)[0].kl_mean
+    finally:
+        for b in backends:
+            b.close()
+
+
+def render(r, name: str) -> str:
+    s = r.settings
+    lines = [
+        f"doctor · {name} · {r.file_type} ({r.bits_per_weight:.2f} bits per weight)",
+        "",
+        f"1. input        {r.prompt_tokens} prompt tokens",
+        f"2. TTFT         {fmt.ms(r.ttft_ms)} (prefill {r.prefill_tokens_per_s:.1f} t/s)",
+        f"3. ITL          p50 {fmt.ms(r.itl_p50_ms)}, p95 {fmt.ms(r.itl_p95_ms)} (decode {r.decode_tokens_per_s:.1f} t/s)",
+        f"   roofline     {r.bandwidth_gb_per_s:.1f} GB/s ÷ {fmt.size(r.bytes_per_token)} per token = {r.decode_ceiling_tokens_per_s:.0f} t/s ceiling; "
+        f"decode at {100 * r.decode_efficiency:.0f}% of it",
+        f"4. KV cache     {fmt.size(r.kv_cache_bytes)} at full context ({100 * r.kv_share_of_memory:.0f}% of the memory); "
+        f"{r.concurrency_at_full_context} more full-context sequences would fit",
+        f"5. quantization {r.file_type} weights, {s['type_k']}/{s['type_v']} KV cache",
+        f"6. engine       flash attention {s['flash_attn']}, batch {s['n_batch']}/{s['n_ubatch']}, "
+        f"{s['n_gpu_layers']} layers on the GPU{'' if s['gpu_offload_supported'] else ' (a CPU build)'}, threads {s['threads']} of {s['physical_cores']} cores",
+        "",
+        f"bottleneck: {r.bottleneck} · {r.verdict}",
+        "",
+        "what to change, largest expected effect first:",
+    ]
+    for i, a in enumerate(r.actions, 1):
+        lines.append(f"  {i}. {a.action}\n     {a.expected}\n     why: {a.why}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from localllm.doctor import examine, measure
+    from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
+    from localllm.roofline import measure_bandwidth
+
+    path = catalog.resolve(args.model)
+    prompt = _prompt(args)
+    fitted = fit_config(args, path, args.ctx)
+    if not fitted.fit.fits:
+        raise InputError(f"does not fit: {fitted.fit.reason}")
+    say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
+    with LlamaCppBackend() as backend:
+        info = backend.load(path, fitted.config)
+        say("measuring prefill and decode")
+        stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
+        header = backend.header
+    say("measuring memory bandwidth")
+    bandwidth = measure_bandwidth()
+    kl = None
+    if fitted.config.type_k == "f16" and not args.no_quality:
+        say("measuring what a q8_0 KV cache costs")
+        kl = _kv_q8_kl(path, args.threads)
+    report = examine(header, info, fitted.config, stats, fitted.hardware, bandwidth, kl)
+    if args.json:
+        d = report.to_dict()
+        d["kv_q8_0_kl_mean"] = kl
+        fmt.print_json(d)
+    else:
+        print(render(report, path.name))
+    return 0

@@ -1,0 +1,190 @@
+"""``localllm doctor``: the seeds' checklist for "the model is slow", measured.
+
+1. input size (prompt tokens); 2. TTFT; 3. ITL; 4. the KV cache's share of
+memory and the concurrency it leaves; 5. quantization headroom; 6. engine
+settings. It names the bottleneck from the measurements (prefill, compute-bound;
+or decode, memory-bound), puts decode against its roofline, and ranks the
+actions by their expected effect.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from localllm import planner
+from localllm.backend import LoadConfig, LoadInfo, SamplingConfig, run_config
+from localllm.diagnose import verdict
+from localllm.gguf_file import GGUFHeader
+from localllm.hardware import Hardware
+from localllm.metrics import GenerationStats
+from localllm.model_info import describe
+from localllm.roofline import Roofline, roofline
+
+Q4_K_M_BPW = 4.89  # bits per weight llama.cpp's Q4_K_M lands on for dense models
+
+
+@dataclass
+class Action:
+    action: str
+    expected: str
+    why: str
+    gain: float  # expected speed-up factor of the bottleneck phase, for ranking
+
+
+@dataclass
+class DoctorReport:
+    bottleneck: str
+    prompt_tokens: int
+    generated_tokens: int
+    ttft_ms: float
+    itl_p50_ms: float
+    itl_p95_ms: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    bandwidth_gb_per_s: float
+    bytes_per_token: int
+    decode_ceiling_tokens_per_s: float
+    decode_efficiency: float
+    kv_cache_bytes: int
+    kv_share_of_memory: float
+    concurrency_at_full_context: int
+    file_type: str
+    bits_per_weight: float
+    settings: dict[str, Any] = field(default_factory=dict)
+    verdict: str = ""
+    actions: list[Action] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def weights_read_per_token(shape: planner.ModelShape) -> int:
+    """Every layer's weights and the output matrix are read per token; the token
+    embedding is a lookup of one row (unless it doubles as the output matrix)."""
+    return sum(shape.layer_bytes) + shape.output_bytes + shape.tied_bytes
+
+
+def examine(
+    header: GGUFHeader,
+    info: LoadInfo,
+    cfg: LoadConfig,
+    stats: GenerationStats,
+    hw: Hardware,
+    bandwidth: float,
+    kv_q8_kl: float | None,
+) -> DoctorReport:
+    shape = planner.ModelShape.from_header(header)
+    model = describe(header)
+    gpu = hw.gpu_budget is not None and info.gpu_offload_supported
+    plan = planner.plan_memory(shape, run_config(cfg), gpu=gpu)
+    kv_now = planner.kv_bytes_in_use(plan, stats.context_used)
+    rf: Roofline = roofline(bandwidth, weights_read_per_token(shape), kv_now, stats.decode_tokens_per_s)
+    weights = plan.weights_gpu_bytes + plan.weights_cpu_bytes
+    total = weights + plan.kv_cache_bytes + plan.compute_bytes + plan.output_bytes
+    budget = hw.gpu_budget if gpu else hw.ram_available_bytes
+    free_for_kv = (budget or 0) - weights - plan.compute_bytes - plan.output_bytes
+    v = verdict(stats)
+    physical = _physical_cores()
+    settings = {
+        "flash_attn": info.flash_attn,
+        "n_batch": cfg.n_batch,
+        "n_ubatch": cfg.n_ubatch,
+        "n_ctx": info.n_ctx,
+        "type_k": cfg.type_k,
+        "type_v": cfg.type_v,
+        "n_gpu_layers": plan.n_gpu_layers,
+        "gpu_offload_supported": info.gpu_offload_supported,
+        "threads": info.n_threads,
+        "physical_cores": physical,
+    }
+    report = DoctorReport(
+        bottleneck=v.bottleneck if v else "decode",
+        prompt_tokens=stats.prompt_tokens,
+        generated_tokens=stats.generated_tokens,
+        ttft_ms=stats.ttft_ms,
+        itl_p50_ms=stats.itl_ms.p50,
+        itl_p95_ms=stats.itl_ms.p95,
+        prefill_tokens_per_s=stats.prefill_tokens_per_s,
+        decode_tokens_per_s=stats.decode_tokens_per_s,
+        bandwidth_gb_per_s=bandwidth / 1e9,
+        bytes_per_token=rf.bytes_per_token,
+        decode_ceiling_tokens_per_s=rf.ceiling_tokens_per_s,
+        decode_efficiency=rf.efficiency,
+        kv_cache_bytes=plan.kv_cache_bytes,
+        kv_share_of_memory=plan.kv_cache_bytes / total if total else 0.0,
+        concurrency_at_full_context=max(int(free_for_kv // plan.kv_cache_bytes), 0) if plan.kv_cache_bytes else 0,
+        file_type=model.file_type,
+        bits_per_weight=model.bits_per_weight,
+        settings=settings,
+        verdict=v.text if v else "",
+    )
+    report.actions = _actions(report, shape, plan, rf, kv_now, kv_q8_kl)[:3]
+    return report
+
+
+def _physical_cores() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def _actions(r: DoctorReport, shape: planner.ModelShape, plan: planner.MemoryPlan, rf: Roofline, kv_now: int, kl: float | None) -> list[Action]:
+    s = r.settings
+    out: list[Action] = []
+    w = weights_read_per_token(shape)
+    if r.bottleneck == "decode":
+        if r.bits_per_weight > Q4_K_M_BPW + 0.5:
+            w4 = int(w * Q4_K_M_BPW / r.bits_per_weight)
+            gain = (w + kv_now) / (w4 + kv_now)
+            out.append(Action(
+                f"use a Q4_K_M file (localllm quantize --type Q4_K_M, from an F16 source) instead of {r.file_type}",
+                f"decode ceiling x{gain:.2f} ({fmt_bytes(w + kv_now)} -> {fmt_bytes(w4 + kv_now)} read per token)",
+                "decode is memory-bound: fewer bits per weight, fewer bytes per token", gain))
+        if s["type_k"] == "f16" and kv_now:
+            gain = (w + kv_now) / (w + kv_now // 2)
+            cost = f"measured mean KL {kl:.4f} against f16" if kl is not None else "quality cost: see scripts/kv_cache_quality.py"
+            out.append(Action(
+                "--kv-type q8_0 (a quantized KV cache)",
+                f"KV read per token halves (x{gain:.2f} at this length, more at long contexts); {cost}",
+                f"the KV cache is {100 * kv_now / (w + kv_now):.0f}% of the bytes read per token now and {fmt_bytes(plan.kv_cache_bytes)} at full context", gain))
+        if r.decode_efficiency < 0.5:
+            out.append(Action(
+                f"check threads ({s['threads']}, {s['physical_cores']} physical cores) and other load on the machine",
+                f"decode runs at {100 * r.decode_efficiency:.0f}% of its {r.decode_ceiling_tokens_per_s:.0f} t/s ceiling",
+                "far below the memory roofline, the bottleneck is not bandwidth: compute, threads or contention", 1 / max(r.decode_efficiency, 0.05) ** 0.5))
+    else:
+        out.append(Action(
+            "shorten the prompt, or keep it as a chat prefix (localllm chat reuses the cached history each turn)",
+            f"TTFT scales with the {r.prompt_tokens} prompt tokens: {r.ttft_ms:.0f} ms now",
+            "prefill is compute-bound: every prompt token costs a pass through the model", 2.0))
+        if s["n_ubatch"] < 512:
+            out.append(Action("--ubatch 512 --batch 512", "bigger matrix multiplies in prefill", "small physical batches waste compute", 1.3))
+        if s["flash_attn"] == "off":
+            out.append(Action("--flash-attn on", "less memory traffic in attention over long prompts", "flash attention is off", 1.2))
+    if s["gpu_offload_supported"] and s["n_gpu_layers"] < shape.n_layer + 1:
+        out.append(Action(f"offload more layers (--ngl, now {s['n_gpu_layers']} of {shape.n_layer + 1})",
+                          "GPU memory bandwidth and compute are several times the CPU's", "layers are running on the CPU", 3.0))
+    if s["threads"] != s["physical_cores"]:
+        out.append(Action(f"--threads {s['physical_cores']}", "llama.cpp scales with physical cores, not hyper-threads",
+                          f"threads {s['threads']} vs {s['physical_cores']} physical cores", 1.1))
+    if not out:
+        out.append(Action("nothing obvious to change", f"decode at {100 * r.decode_efficiency:.0f}% of its roofline", "already near the limit", 1.0))
+    return sorted(out, key=lambda a: -a.gain)
+
+
+def fmt_bytes(n: float) -> str:
+    from localllm.fmt import size
+
+    return size(n)
+
+
+def measure(backend, prompt: str, *, gen_tokens: int = 64, chat: bool = True) -> GenerationStats:
+    """Warm up, then one timed generation (greedy, a fixed length)."""
+    for _ in backend.stream("Hello", SamplingConfig(temperature=0, max_tokens=4, ignore_eos=True), chat=chat):
+        pass
+    for _ in backend.stream(prompt, SamplingConfig(temperature=0, max_tokens=gen_tokens, ignore_eos=True), chat=chat):
+        pass
+    assert backend.last_stats is not None
+    return backend.last_stats
