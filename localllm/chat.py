@@ -11,6 +11,7 @@ Each shift is recorded (tokens dropped, time taken, in place or re-processed).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator, Protocol, Sequence
 
 from localllm.backend import SamplingConfig, TokenEvent
@@ -35,6 +36,12 @@ class ChatBackend(Protocol):
 
     def reset(self) -> None: ...
 
+    def prefill(self, tokens: Sequence[int]) -> float: ...
+
+    def save_state(self, path: Path) -> int: ...
+
+    def load_state(self, path: Path) -> bool: ...
+
     def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True) -> Iterator[TokenEvent]: ...
 
 
@@ -58,6 +65,8 @@ class ChatSession:
     n_keep: int = 0
     sliding_window: bool = True  # shift a full context (keeping the system prompt) instead of stopping
     keep_override: int | None = None  # tokens to keep at a shift; default: the system prompt's
+    prompt_cache: Path | None = None  # where the system prompt's KV state is saved and loaded from
+    prompt_cache_hit: bool = False  # the last fresh start loaded the system prompt from disk
     _cached_text: str = ""  # the rendered conversation the KV cache stands for
 
     def __post_init__(self) -> None:
@@ -99,7 +108,19 @@ class ChatSession:
                 head = ""
         head_tokens = self._tok(head) if head else []
         self.n_keep = len(head_tokens)
-        return head_tokens + self._tok(rendered[len(head) :])
+        rest = self._tok(rendered[len(head) :])
+        if head_tokens and self.prompt_cache is not None:
+            # Reuse the system prompt's KV state from disk, or compute and save it.
+            self.prompt_cache_hit = self.prompt_cache.exists() and self.backend.load_state(self.prompt_cache)
+            if self.prompt_cache_hit and self.backend.cache_tokens == head_tokens:
+                return rest
+            self.prompt_cache_hit = False
+            self.backend.reset()
+            self.backend.prefill(head_tokens)
+            self.prompt_cache.parent.mkdir(parents=True, exist_ok=True)
+            self.backend.save_state(self.prompt_cache)
+            return rest
+        return head_tokens + rest
 
     def send(self, text: str) -> Iterator[TokenEvent]:
         """Stream the reply to ``text``; the turn is recorded when it ends."""
@@ -120,3 +141,16 @@ class ChatSession:
             if stats is not None:
                 self.shifts.extend(stats.context_shifts)
                 self.turns.append(Turn(text, reply, stats))
+
+
+def prompt_cache_path(model: Path, system_prompt: str, type_k: str, type_v: str, swa_full: bool) -> Path:
+    """Where a system prompt's KV state lives: keyed by the model file (path,
+    size, modification time), the prompt and the cache settings, since a state
+    only loads into the same model with the same cache layout."""
+    import hashlib
+
+    from localllm import paths
+
+    st = model.stat()
+    key = f"{model.resolve()}|{st.st_size}|{st.st_mtime_ns}|{type_k}|{type_v}|{swa_full}|{system_prompt}"
+    return paths.data_dir() / "prompt-cache" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".state")

@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature, 0 for greedy (default: 0.8)")
     p.add_argument("--seed", type=_int_at_least(0, "--seed"), default=None, metavar="N", help="sampling seed (default: random)")
     p.add_argument("--no-stats", action="store_true", help="no summary line after each reply")
+    p.add_argument("--no-prompt-cache", action="store_true", help="do not save or load the system prompt's KV state")
     _add_load_options(p, ctx_default=None)
     p.add_argument("--json", action="store_true", help="one JSON line per turn")
 

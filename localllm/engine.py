@@ -320,6 +320,47 @@ class LlamaCppBackend:
             raise EngineError(f"the context is full ({len(self.cache_tokens)} of {self.n_ctx} tokens): clear the chat, or turn the sliding window on")
         return self._generate(list(tokens), sampling, n_keep=n_keep, start=time.perf_counter_ns(), shift=shift)
 
+    def prefill(self, tokens: Sequence[int]) -> float:
+        """Evaluate ``tokens`` into the cache after what it holds, generating
+        nothing (a system prompt to save). Returns the milliseconds it took."""
+        self._require()
+        if len(self.cache_tokens) + len(tokens) > self.n_ctx:
+            raise UsageError(f"{len(tokens)} tokens do not fit the context of {self.n_ctx} with {len(self.cache_tokens)} already in it")
+        ns = 0
+        for chunk in self._prompt_chunks(list(tokens)):
+            ns += self._decode(chunk)
+            self.cache_tokens.extend(chunk)
+        return ns / 1e6
+
+    def save_state(self, path: Path) -> int:
+        """Write the cache (sequence 0) and its tokens to ``path`` atomically; returns bytes written."""
+        self._require()
+        arr = (llama_cpp.llama_token * max(len(self.cache_tokens), 1))(*self.cache_tokens)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            n = llama_cpp.llama_state_seq_save_file(self.ctx, str(tmp).encode(), 0, arr, len(self.cache_tokens))
+            if not n:
+                raise EngineError(f"llama.cpp could not save the cache to {path}")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return int(n)
+
+    def load_state(self, path: Path) -> bool:
+        """Replace the cache with one saved by ``save_state``; False (and an empty
+        cache) if the file does not fit this model and context."""
+        self._require()
+        self.reset()
+        cap = self.n_ctx
+        arr = (llama_cpp.llama_token * cap)()
+        count = ctypes.c_size_t(0)
+        n = llama_cpp.llama_state_seq_load_file(self.ctx, str(path).encode(), 0, arr, cap, ctypes.byref(count))
+        if not n:
+            self.reset()
+            return False
+        self.cache_tokens = list(arr[: count.value])
+        return True
+
     def _make_room(self, n_new: int, n_keep: int, shifts: list[ShiftRecord]) -> None:
         """Context shift: drop the oldest half of what follows the first ``n_keep``
         tokens (llama.cpp's seq_rm + seq_add, no re-evaluation); where the cache

@@ -50,6 +50,19 @@ class ScriptedBackend:
     def reset(self) -> None:
         self.cache_tokens = []
 
+    def prefill(self, tokens: Sequence[int]) -> float:
+        self.cache_tokens.extend(tokens)
+        return 0.0
+
+    def save_state(self, path: Path) -> int:
+        data = " ".join(map(str, self.cache_tokens))
+        path.write_text(data)
+        return len(data)
+
+    def load_state(self, path: Path) -> bool:
+        self.cache_tokens = [int(t) for t in path.read_text().split()]
+        return True
+
     def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True) -> Iterator[TokenEvent]:
         start = time.perf_counter_ns()
         self.cache_tokens.extend(tokens)

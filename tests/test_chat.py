@@ -107,3 +107,39 @@ def test_quantized_v_turns_flash_attention_on(tmp_path: Path) -> None:
     assert "needs flash attention: turning it on" in proc.stderr
     proc = run_cli("run", str(model), "--raw", "-p", "the cat", "-n", "4", "--k-type", "q4_0", "--v-type", "f16", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["generated_tokens"] == 4
+
+
+def test_state_save_and_load_roundtrip(synth_model: Path, tmp_path: Path) -> None:
+    """A saved cache loads back with its tokens, and generation goes on exactly as before."""
+    state = tmp_path / "s.state"
+    with LlamaCppBackend() as b:
+        b.load(synth_model, LoadConfig(n_ctx=256))
+        b.prefill(list(range(3, 60)))
+        b.save_state(state)
+        expected = [e.token_id for e in b.extend([61, 62], SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True), n_keep=0)]
+    assert state.stat().st_size > 0 and not list(tmp_path.glob(".*tmp*"))
+    with LlamaCppBackend() as b:
+        b.load(synth_model, LoadConfig(n_ctx=256))
+        assert b.load_state(state) and b.cache_tokens == list(range(3, 60))
+        got = [e.token_id for e in b.extend([61, 62], SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True), n_keep=0)]
+        assert got == expected and b.last_stats.prompt_tokens == 2
+        state.write_bytes(b"not a state file")
+        assert b.load_state(state) is False and b.cache_tokens == []
+
+
+@pytest.mark.slow
+def test_system_prompt_state_is_reused_from_disk(smollm2: Path, tmp_path: Path) -> None:
+    from localllm.chat import prompt_cache_path
+    from localllm.quality import eval_text
+
+    system = eval_text()[:1500]
+    cache = prompt_cache_path(smollm2, system, "f16", "f16", False)
+    replies = []
+    for run in range(2):
+        with LlamaCppBackend() as b:
+            b.load(smollm2, LoadConfig(n_ctx=1024))
+            chat = ChatSession(b, system_prompt=system, sampling=SamplingConfig(temperature=0, max_tokens=12), prompt_cache=cache)
+            replies.append("".join(e.text for e in chat.send("What is this text about?")))
+            assert chat.prompt_cache_hit is (run == 1)
+            assert chat.n_keep > 300 and b.cache_tokens[: chat.n_keep] == chat._tok(b.render_chat(chat.messages[:1], add_generation_prompt=False))
+    assert cache.exists() and replies[0] == replies[1]

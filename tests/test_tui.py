@@ -5,6 +5,7 @@ exactly; Esc stops; sessions survive; settings reload."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,8 @@ async def test_real_model_streams_and_panels_fill(smollm2: Path) -> None:
         assert "TTFT —" not in text and "ITL p50 —" not in text
         stats = app.chat.turns[-1].stats
         assert f"TTFT {stats.ttft_ms:.1f} ms" in text and f"decode {stats.decode_tokens_per_s:.1f} t/s" in text
+        roof = re.search(r"roofline (\d+) t/s: decode at (\d+)%", text)
+        assert roof and int(roof.group(1)) > stats.decode_tokens_per_s * 0.5  # a ceiling from measured bandwidth
         mem = app.query_one(MemoryPanel)
         used1, kv1 = mem.context_used, mem.kv_now_bytes
         assert used1 > 0 and kv1 == used1 * 30 * 192 * 2 * 2  # SmolLM2: 30 layers, 3 KV heads x 64, K+V, f16

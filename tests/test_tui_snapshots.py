@@ -29,7 +29,8 @@ def fixed_model() -> Path:
 
 def make_app(model: Path):
     backend = ScriptedBackend(ttft_ms=300, itl_ms=40, tokens=12, word="word")
-    return create_app(str(model), vram=4 * GiB, settings=Settings(n_ctx=1024, system_prompt=""), backend_factory=lambda: backend)
+    return create_app(str(model), vram=4 * GiB, settings=Settings(n_ctx=1024, system_prompt=""), backend_factory=lambda: backend,
+                      bandwidth=20e9)
 
 
 async def _settle(app, pilot) -> None:

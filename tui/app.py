@@ -25,7 +25,7 @@ from textual.widgets import Footer, Header, Input
 
 from localllm import fmt, planner, sessions
 from localllm.backend import LoadConfig, SamplingConfig, run_config
-from localllm.chat import ChatSession
+from localllm.chat import ChatSession, prompt_cache_path
 from localllm.diagnose import verdict
 from localllm.errors import LocalLLMError
 from localllm.gguf_file import read_header
@@ -95,6 +95,7 @@ class LocalLLMApp(App):
         self.chat: ChatSession | None = None
         self.saved: sessions.SavedSession | None = None
         self.footprint: Footprint | None = None
+        self.bandwidth: float | None = None  # bytes/s, measured once, for the decode roofline
         self.load_config: LoadConfig | None = None
         # Every llama.cpp call runs on this one thread. Measured here: decoding on
         # a second thread after llama.cpp computed on another ran at 33 t/s
@@ -170,6 +171,10 @@ class LocalLLMApp(App):
             backend.load(self.model_path, cfg)
             self.backend = backend
             self.footprint = fp
+            if self.bandwidth is None:
+                from localllm.roofline import measure_bandwidth
+
+                self.bandwidth = measure_bandwidth(mib=128, passes=3)
             self.post_message(ModelLoaded(cfg, note))
         except LocalLLMError as exc:
             self.post_message(ModelLoaded(LoadConfig(), "", error=str(exc)))
@@ -184,19 +189,20 @@ class LocalLLMApp(App):
         self.load_config = msg.config
         self.model_name = self.model_path.name
         s = self.settings
+        c = msg.config
         self.chat = ChatSession(
             self.backend,
             system_prompt=s.system_prompt or None,
             sampling=SamplingConfig(temperature=s.temperature, max_tokens=s.max_tokens),
             sliding_window=s.sliding_window,
             keep_override=s.n_keep,
+            prompt_cache=prompt_cache_path(self.model_path, s.system_prompt, c.type_k, c.type_v, c.swa_full) if s.system_prompt else None,
         )
         if self._pending_messages:
             self.chat.messages = [m for m in self._pending_messages if m["role"] != "system" or not s.system_prompt]
             if s.system_prompt:
                 self.chat.messages.insert(0, {"role": "system", "content": s.system_prompt})
         self._pending_messages = None
-        c = msg.config
         chat.add("note", f"{self.model_path.name} · context {c.n_ctx} · KV {c.type_k}/{c.type_v}" + (f" · {msg.note}" if msg.note else ""))
         self._show_plan()
         self.busy = False
@@ -311,6 +317,13 @@ class LocalLLMApp(App):
             latency.decode_tps = s.decode_tokens_per_s
             v = verdict(s)
             latency.verdict = (v.headline, v.detail) if v else ("", "")
+            if self.bandwidth and self.footprint is not None:
+                from localllm.doctor import weights_read_per_token
+                from localllm.roofline import roofline
+
+                shape = planner.ModelShape.from_header(read_header(self.model_path))
+                kv = planner.kv_bytes_in_use(self.footprint.plan, s.context_used)
+                latency.ceiling_tps = roofline(self.bandwidth, weights_read_per_token(shape), kv, s.decode_tokens_per_s).ceiling_tokens_per_s
             for shift in s.context_shifts:
                 view.add("note", f"context shift: dropped {shift.dropped} tokens, kept {shift.kept} ({shift.method}, {shift.ms:.1f} ms)")
         self._update_footprint()
@@ -421,8 +434,10 @@ def create_app(
     vram: int | None = None,
     settings: Settings | None = None,
     backend_factory: Callable[[], object] | None = None,
+    bandwidth: float | None = None,
 ) -> LocalLLMApp:
-    """The one app factory: the CLI and the tests build the cockpit here."""
+    """The one app factory: the CLI and the tests build the cockpit here.
+    ``bandwidth`` (bytes/s) skips measuring it, for reproducible screens."""
     from localllm import catalog, hardware
 
     path = catalog.resolve(model)
@@ -431,4 +446,6 @@ def create_app(
         from localllm.engine import LlamaCppBackend
 
         backend_factory = LlamaCppBackend
-    return LocalLLMApp(model_path=path, backend_factory=backend_factory, hardware=hardware.detect(vram), settings=settings or Settings())
+    app = LocalLLMApp(model_path=path, backend_factory=backend_factory, hardware=hardware.detect(vram), settings=settings or Settings())
+    app.bandwidth = bandwidth
+    return app

@@ -155,13 +155,15 @@ class LatencyPanel(Vertical):
     """Prompt tokens per second of the latest reply (known when it ends)."""
     decode_tps: reactive[float | None] = reactive(None)
     """Generated tokens per second of the latest reply."""
+    ceiling_tps: reactive[float | None] = reactive(None)
+    """Decode ceiling: measured memory bandwidth over the bytes read per token."""
     verdict: reactive[tuple[str, str]] = reactive(("", ""))
     """Slow start (prefill-bound) or slow stream (decode-bound), and the figures that decided it."""
 
     def compose(self) -> ComposeResult:
         yield Lines(3, id="latency-top")
         yield Sparkline([], id="spark")
-        yield Lines(4, id="latency-bottom")
+        yield Lines(5, id="latency-bottom")
 
     def on_mount(self) -> None:
         self._paint()
@@ -174,7 +176,11 @@ class LatencyPanel(Vertical):
         dec = "—" if self.decode_tps is None else f"{self.decode_tps:.1f} t/s"
         self.query_one("#latency-top", Lines).lines = (Text("Latency", style="bold"), ttft, itl)
         headline, detail = self.verdict
-        self.query_one("#latency-bottom", Lines).lines = (f"prefill {pre} · decode {dec}", Text(headline, style="bold yellow"), Text(detail, style="yellow"))
+        roof = ""
+        if self.ceiling_tps and self.decode_tps:
+            roof = f"roofline {self.ceiling_tps:.0f} t/s: decode at {100 * self.decode_tps / self.ceiling_tps:.0f}%"
+        self.query_one("#latency-bottom", Lines).lines = (
+            f"prefill {pre} · decode {dec}", roof, Text(headline, style="bold yellow"), Text(detail, style="yellow"))
 
     def watch_ttft_ms(self, _: float | None) -> None:
         self._paint()
@@ -187,6 +193,9 @@ class LatencyPanel(Vertical):
         self._paint()
 
     def watch_decode_tps(self, _: float | None) -> None:
+        self._paint()
+
+    def watch_ceiling_tps(self, _: float | None) -> None:
         self._paint()
 
     def watch_verdict(self, _: tuple[str, str]) -> None:

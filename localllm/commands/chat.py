@@ -27,7 +27,7 @@ def summary(s: GenerationStats, shifts_total: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localllm.chat import ChatSession
+    from localllm.chat import ChatSession, prompt_cache_path
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
     path = catalog.resolve(args.model)
@@ -39,10 +39,15 @@ def run(args: argparse.Namespace) -> int:
         backend.load(path, fitted.config)
         if not backend.has_chat_template:
             raise UsageError(f"{path.name} has no chat template (a base model): use localllm run --raw")
+        cfg = fitted.config
+        cache = None
+        if args.system and not args.no_prompt_cache:
+            cache = prompt_cache_path(path, args.system, cfg.type_k, cfg.type_v, cfg.swa_full)
         session = ChatSession(
             backend,
             system_prompt=args.system,
             sampling=SamplingConfig(temperature=args.temp, seed=args.seed, max_tokens=args.n_predict),
+            prompt_cache=cache,
         )
         while True:
             if interactive:
@@ -64,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                     sys.stdout.flush()
             turn = session.turns[-1]
             if args.json:
-                print(json.dumps({"user": text, "reply": turn.reply, **turn.stats.to_dict()}), flush=True)
+                print(json.dumps({"user": text, "reply": turn.reply, "prompt_cache_hit": session.prompt_cache_hit, **turn.stats.to_dict()}), flush=True)
             else:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
