@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_int_at_least(0, "--seed"), default=None, metavar="N", help="sampling seed (default: random)")
     p.add_argument("--raw", action="store_true", help="complete the prompt as-is, without the chat template")
     p.add_argument("--no-stats", action="store_true", help="do not print the stats block")
+    p.add_argument("--speculate", choices=("lookup", "draft"), default=None, help="speculative decoding (greedy, --temp 0): prompt lookup, or a --draft model")
+    p.add_argument("--draft", default=None, metavar="MODEL", help="the draft model for --speculate draft (same vocabulary)")
+    p.add_argument("--draft-k", type=_int_at_least(1, "--draft-k"), default=8, metavar="N", help="tokens drafted per step (default: 8)")
     _add_load_options(p, ctx_default=4096)
     p.add_argument("--json", action="store_true", help="one JSON object with the text and the stats")
 

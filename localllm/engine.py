@@ -95,6 +95,9 @@ class LlamaCppBackend:
         self.info: LoadInfo | None = None
         self.last_stats: GenerationStats | None = None
         self.cache_tokens: list[int] = []  # what the KV cache holds, position by position
+        self.last_verify_ns = 0
+        self._n_outputs_max = 1
+        self.last_spec = None  # speculative.SpecStats of the last speculative generation
         self._chat_formatters: dict[bool, object] = {}
 
     # -- load / close -----------------------------------------------------------
@@ -138,6 +141,7 @@ class LlamaCppBackend:
             raise EngineError(f"llama.cpp could not create a context of {config.n_ctx} tokens: {reason}")
         load_ms = (time.perf_counter_ns() - t0) / 1e6
         self.model, self.ctx = model, ctx
+        self._n_outputs_max = config.n_outputs_max or cparams.n_batch
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.info = LoadInfo(
             path=Path(path),
@@ -331,6 +335,53 @@ class LlamaCppBackend:
             ns += self._decode(chunk)
             self.cache_tokens.extend(chunk)
         return ns / 1e6
+
+    def verify(self, tokens: Sequence[int]) -> list[int]:
+        """Evaluate ``tokens`` after the cache in one batch and return, for each
+        position, the most likely next token (greedy). Speculative decoding
+        checks a draft with this; needs ``n_outputs_max >= len(tokens)``."""
+        import numpy as np
+
+        self._require()
+        n = len(tokens)
+        if n > self._n_outputs_max:
+            # llama.cpp asserts (aborts the process) past n_outputs_max: refuse instead.
+            raise EngineError(f"verifying {n} tokens needs a context loaded with n_outputs_max >= {n} (it has {self._n_outputs_max})")
+        n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        start = len(self.cache_tokens)
+        batch = llama_cpp.llama_batch_init(n, 0, 1)
+        try:
+            batch.n_tokens = n
+            for i, tok in enumerate(tokens):
+                batch.token[i] = tok
+                batch.pos[i] = start + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = True
+            t0 = time.perf_counter_ns()
+            rc = llama_cpp.llama_decode(self.ctx, batch)
+            llama_cpp.llama_synchronize(self.ctx)
+            self.last_verify_ns = time.perf_counter_ns() - t0
+            if rc != 0:
+                raise EngineError(f"llama_decode failed ({rc}): {ROUTER.last_error() or 'no reason given'}")
+            self.cache_tokens.extend(tokens)
+            out = []
+            for i in range(n):
+                row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, i), shape=(n_vocab,))
+                out.append(int(row.argmax()))
+            return out
+        finally:
+            llama_cpp.llama_batch_free(batch)
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def truncate(self, n: int) -> None:
+        """Drop everything after the first ``n`` cached tokens (rejected draft tokens)."""
+        self._require()
+        if n < len(self.cache_tokens):
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.ctx), 0, n, -1)
+            self.cache_tokens = self.cache_tokens[:n]
 
     def save_state(self, path: Path) -> int:
         """Write the cache (sequence 0) and its tokens to ``path`` atomically; returns bytes written."""

@@ -58,6 +58,8 @@ def render(r, name: str) -> str:
         f"4. KV cache     {fmt.size(r.kv_cache_bytes)} at full context ({100 * r.kv_share_of_memory:.0f}% of the memory); "
         f"{r.concurrency_at_full_context} more full-context sequences would fit",
         f"5. quantization {r.file_type} weights, {s['type_k']}/{s['type_v']} KV cache",
+        (f"   speculative  prompt lookup measured x{r.speculative_gain:.2f} tokens/s ({100 * r.speculative_acceptance:.0f}% accepted): "
+         + ("worth it" if r.speculative_gain >= 1.05 else "not worth it here") if r.speculative_gain is not None else "   speculative  not measured"),
         f"6. engine       flash attention {s['flash_attn']}, batch {s['n_batch']}/{s['n_ubatch']}, "
         f"{s['n_gpu_layers']} layers on the GPU{'' if s['gpu_offload_supported'] else ' (a CPU build)'}, threads {s['threads']} of {s['physical_cores']} cores",
         "",
@@ -71,7 +73,9 @@ def render(r, name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localllm.doctor import examine, measure
+    from dataclasses import replace
+
+    from localllm.doctor import examine, measure, measure_speculation
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
     from localllm.roofline import measure_bandwidth
 
@@ -82,17 +86,22 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"does not fit: {fitted.fit.reason}")
     say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
     with LlamaCppBackend() as backend:
-        info = backend.load(path, fitted.config)
+        # Room for 9 rows of logits, so the same context can check speculative drafts.
+        info = backend.load(path, replace(fitted.config, n_outputs_max=9))
         say("measuring prefill and decode")
         stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
         header = backend.header
+        spec = None
+        if len(backend.cache_tokens) + args.gen_tokens + 10 < backend.n_ctx:
+            say("measuring prompt-lookup speculative decoding")
+            spec = measure_speculation(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
     say("measuring memory bandwidth")
     bandwidth = measure_bandwidth()
     kl = None
     if fitted.config.type_k == "f16" and not args.no_quality:
         say("measuring what a q8_0 KV cache costs")
         kl = _kv_q8_kl(path, args.threads)
-    report = examine(header, info, fitted.config, stats, fitted.hardware, bandwidth, kl)
+    report = examine(header, info, fitted.config, stats, fitted.hardware, bandwidth, kl, spec)
     if args.json:
         d = report.to_dict()
         d["kv_q8_0_kl_mean"] = kl

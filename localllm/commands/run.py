@@ -46,6 +46,12 @@ def run(args: argparse.Namespace) -> int:
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
     sampling = SamplingConfig(temperature=args.temp, seed=args.seed, max_tokens=args.n_predict)
+    if args.speculate and args.temp != 0:
+        raise UsageError("speculative decoding here is greedy: add --temp 0")
+    if args.speculate == "draft" and not args.draft:
+        raise UsageError("--speculate draft needs --draft MODEL (a smaller model with the same vocabulary)")
+    if args.draft and args.speculate != "draft":
+        raise UsageError("--draft goes with --speculate draft")
     fitted = fit_config(args, path, args.ctx)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.reason}")
@@ -54,21 +60,62 @@ def run(args: argparse.Namespace) -> int:
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx}, KV {c.type_k}/{c.type_v}, "
             f"{fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.reason})")
     with LlamaCppBackend() as backend:
-        backend.load(path, fitted.config)
+        cfg = fitted.config
+        if args.speculate:
+            from dataclasses import replace
+
+            cfg = replace(cfg, n_outputs_max=args.draft_k + 1)
+        backend.load(path, cfg)
         pieces: list[str] = []
-        for event in backend.stream(prompt, sampling, chat=not args.raw):
+        if args.speculate:
+            events = _speculative(backend, prompt, args)
+        else:
+            events = backend.stream(prompt, sampling, chat=not args.raw)
+        for event in events:
             pieces.append(event.text)
             if not args.json:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
         stats = backend.last_stats
         assert stats is not None
+        spec = backend.last_spec if args.speculate else None
         if args.json:
             out = {"model": str(path), "text": "".join(pieces), **stats.to_dict()}
+            if spec is not None:
+                out["speculative"] = {"mode": args.speculate, "drafted": spec.drafted, "accepted": spec.accepted, "acceptance": spec.acceptance}
             fmt.print_json(out)
             return 0
         sys.stdout.write("\n")
         sys.stdout.flush()
         if not args.no_stats:
             print("\n" + stats_block(stats), file=sys.stderr)
+            if spec is not None:
+                print(f"{'speculative:':<22}{args.speculate}, {spec.accepted} of {spec.drafted} drafted tokens accepted ({100 * spec.acceptance:.0f}%)", file=sys.stderr)
     return 0
+
+
+def _speculative(backend, prompt: str, args: argparse.Namespace):
+    from localllm.speculative import DraftModel, PromptLookup, generate
+
+    tokens = backend.prompt_tokens(prompt, chat=not args.raw)
+    if len(tokens) + args.n_predict + args.draft_k + 2 > backend.n_ctx if args.n_predict > 0 else False:
+        raise UsageError(f"speculative decoding does not shift the context: raise --ctx above {len(tokens) + args.n_predict + args.draft_k + 2}")
+    max_tokens = args.n_predict if args.n_predict > 0 else backend.n_ctx - len(tokens) - args.draft_k - 2
+    if args.speculate == "lookup":
+        return generate(backend, tokens, PromptLookup(), max_tokens=max_tokens, k=args.draft_k)
+    from localllm.backend import LoadConfig
+    from localllm.engine import LlamaCppBackend
+
+    draft = LlamaCppBackend()
+    draft.load(catalog.resolve(args.draft), LoadConfig(n_ctx=backend.n_ctx, n_outputs_max=args.draft_k + 1))
+    if draft.header.get("tokenizer.ggml.tokens") != backend.header.get("tokenizer.ggml.tokens") and str(draft.header.get("tokenizer.ggml.tokens")) != str(backend.header.get("tokenizer.ggml.tokens")):
+        draft.close()
+        raise UsageError("the draft model's vocabulary differs from the model's: pick a draft from the same family")
+
+    def events():
+        try:
+            yield from generate(backend, tokens, DraftModel(draft), max_tokens=max_tokens, k=args.draft_k)
+        finally:
+            draft.close()
+
+    return events()

@@ -1,0 +1,161 @@
+"""Speculative decoding: guess several tokens cheaply, check them in one batch.
+
+Decode is memory-bound: one token or eight cost nearly the same pass over the
+weights. So a drafter proposes ``k`` tokens, the model evaluates the current
+token plus the draft in one batch, and every draft token the model would have
+picked itself is accepted at once. Greedy (temperature 0) only: the output is
+what greedy decoding gives, up to the floating-point differences between a
+batched and a one-token evaluation (which can flip a near-tie), just sooner
+when the drafts are good.
+
+Drafters:
+- ``PromptLookup``: find the latest earlier occurrence of the last few tokens
+  in the context and propose what followed (copy-heavy tasks: edits, quotes).
+- ``DraftModel``: a smaller model with the same vocabulary proposes greedily.
+Off by default; ``run --speculate lookup`` or ``--draft MODEL`` turns it on.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass
+from typing import Iterator, Protocol, Sequence
+
+from localllm.backend import TokenEvent
+from localllm.metrics import GenerationStats, compute_stats
+
+
+class Drafter(Protocol):
+    def propose(self, context: Sequence[int], k: int) -> list[int]: ...
+
+
+@dataclass
+class PromptLookup:
+    """Prompt-lookup decoding: n-gram match against the context itself."""
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        ctx = list(context)
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(ctx) <= n:
+                continue
+            tail = ctx[-n:]
+            for start in range(len(ctx) - n - 1, -1, -1):
+                if ctx[start : start + n] == tail:
+                    follow = ctx[start + n : start + n + k]
+                    if follow:
+                        return follow
+        return []
+
+
+class DraftModel:
+    """A second (smaller) model with the same vocabulary, drafting greedily."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        b = self.backend
+        common = 0
+        for a, c in zip(b.cache_tokens, context):
+            if a != c:
+                break
+            common += 1
+        common = min(common, len(context) - 1)
+        b.truncate(common)
+        if len(context) - 1 > common:
+            b.prefill(list(context[common:-1]))
+        out: list[int] = []
+        nxt = b.verify([context[-1]])[-1]
+        for _ in range(k):
+            out.append(nxt)
+            nxt = b.verify([nxt])[-1]
+        return out
+
+
+@dataclass
+class SpecStats:
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def generate(engine, prompt_tokens: Sequence[int], drafter: Drafter, *, max_tokens: int, k: int = 8, stop_at_eog: bool = True) -> Iterator[TokenEvent]:
+    """Greedy generation with drafts; sets ``engine.last_stats`` and ``engine.last_spec``."""
+    start = time.perf_counter_ns()
+    engine.reset()
+    spec = SpecStats()
+    engine.last_spec = spec
+    prompt = list(prompt_tokens)
+    prefill_ns = 0
+    for chunk in engine._prompt_chunks(prompt[:-1]) if len(prompt) > 1 else []:
+        prefill_ns += engine._decode(chunk)
+        engine.cache_tokens.extend(chunk)
+    # The last prompt token goes through verify, which gives the first prediction.
+    t0 = time.perf_counter_ns()
+    nxt = engine.verify([prompt[-1]])[-1]
+    prefill_ns += time.perf_counter_ns() - t0
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    token_ns: list[int] = []
+    decode_ns = evals = 0
+    emitted = 0
+    k_now = min(4, k)
+    stop = "length"
+    try:
+        while emitted < max_tokens:
+            if stop_at_eog and engine.is_eog(nxt):
+                stop = "stop"
+                break
+            now = time.perf_counter_ns()
+            token_ns.append(now)
+            yield TokenEvent(emitted, nxt, utf8.decode(engine.token_bytes(nxt)), now)
+            emitted += 1
+            if emitted >= max_tokens or len(engine.cache_tokens) + k + 2 >= engine.n_ctx:
+                break
+            draft = drafter.propose(engine.cache_tokens + [nxt], k_now)[: max(0, min(k_now, max_tokens - emitted))]
+            base = len(engine.cache_tokens)
+            preds = engine.verify([nxt] + draft)
+            decode_ns += engine.last_verify_ns
+            evals += 1
+            spec.drafted += len(draft)
+            accepted = 0
+            hit_eog = False
+            for i, d in enumerate(draft):
+                if preds[i] != d:
+                    break
+                if stop_at_eog and engine.is_eog(d):
+                    hit_eog = True
+                    break
+                accepted += 1
+                now = time.perf_counter_ns()
+                token_ns.append(now)
+                yield TokenEvent(emitted, d, utf8.decode(engine.token_bytes(d)), now)
+                emitted += 1
+                if emitted >= max_tokens:
+                    break
+            spec.accepted += accepted
+            # Adapt the draft length: a batch costs more than one token, so draft
+            # long only while drafts are being accepted.
+            if draft:
+                k_now = min(k, k_now + 2) if accepted == len(draft) else max(1, k_now // 2) if accepted == 0 else k_now
+            engine.truncate(base + 1 + accepted)
+            if hit_eog:
+                stop = "stop"
+                break
+            nxt = preds[accepted]
+    finally:
+        n = len(token_ns)
+        stats: GenerationStats = compute_stats(
+            start_ns=start, token_ns=token_ns, prompt_tokens=len(prompt), prefill_ns=prefill_ns,
+            decode_ns=decode_ns, decode_evals=evals, load_ms=engine.info.load_ms if engine.info else 0.0,
+            end_ns=time.perf_counter_ns(), stop_reason=stop, n_ctx=engine.n_ctx, context_used=len(engine.cache_tokens),
+        )
+        # Tokens per second of decoding: every emitted token after the first, over the batches' time.
+        stats.decode_tokens_per_s = (n - 1) / (decode_ns / 1e9) if decode_ns and n > 1 else 0.0
+        engine.last_stats = stats
