@@ -55,6 +55,7 @@ class DoctorReport:
     speculative_gain: float | None = None  # measured tokens/s with prompt-lookup drafts over without
     speculative_acceptance: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    kv_types: dict[str, dict[str, Any]] = field(default_factory=dict)  # per cache type: largest context that fits, measured KL
     verdict: str = ""
     actions: list[Action] = field(default_factory=list)
 

@@ -42,6 +42,9 @@ def test_doctor_json(tmp_path: Path) -> None:
     assert d["bytes_per_token"] > 60 * 1024 * 1024  # SmolLM2 Q4_1 reads ~90 MiB of weights per token
     assert 1 <= len(d["actions"]) <= 3 and all(a["action"] and a["expected"] for a in d["actions"])
     assert d["kv_q8_0_kl_mean"] is not None and 0 < d["kv_q8_0_kl_mean"] < 0.2
+    kv = d["kv_types"]
+    assert set(kv) == {"f16", "q8_0", "q4_0"} and kv["q4_0"]["max_ctx"] >= kv["q8_0"]["max_ctx"] >= kv["f16"]["max_ctx"] > 0
+    assert 0 < kv["q8_0"]["kl_mean"] < kv["q4_0"]["kl_mean"]  # measured: the smaller cache costs more
     assert d["speculative_gain"] > 0 and 0 <= d["speculative_acceptance"] <= 1
     recommended = any("--speculate" in a["action"] for a in d["actions"])
     assert recommended == (d["bottleneck"] == "decode" and d["speculative_gain"] >= 1.05)

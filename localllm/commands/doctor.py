@@ -26,20 +26,21 @@ def _prompt(args: argparse.Namespace) -> str:
     return eval_text()[:2000] + "\n\nSummarize the text above in three sentences."
 
 
-def _kv_q8_kl(path: Path, threads: int | None) -> float:
-    """Mean KL of a q8_0 cache against f16 on one 256-token chunk of the shipped text."""
+def _kv_kl(path: Path, threads: int | None) -> dict[str, float]:
+    """Mean KL of q8_0 and q4_0 caches against f16 on one 256-token chunk of the shipped text."""
     from localllm.backend import LoadConfig
     from localllm.engine import LlamaCppBackend
     from localllm.quality import compare, eval_text
 
     backends = []
     try:
-        for kv in ("f16", "q8_0"):
+        for kv in ("f16", "q8_0", "q4_0"):
             b = LlamaCppBackend()
             b.load(path, LoadConfig(n_ctx=256, n_batch=256, n_ubatch=256, n_outputs_max=0, type_k=kv, type_v=kv, flash_attn="on", n_threads=threads))
             backends.append(b)
         tokens = backends[0].tokenize(eval_text())[:256]
-        return compare(backends[0].logits, {"q8_0": backends[1].logits}, tokens, chunk=256)[0].kl_mean
+        rows = compare(backends[0].logits, {"q8_0": backends[1].logits, "q4_0": backends[2].logits}, tokens, chunk=256)
+        return {r.name: r.kl_mean for r in rows}
     finally:
         for b in backends:
             b.close()
@@ -57,7 +58,9 @@ def render(r, name: str) -> str:
         f"decode at {100 * r.decode_efficiency:.0f}% of it",
         f"4. KV cache     {fmt.size(r.kv_cache_bytes)} at full context ({100 * r.kv_share_of_memory:.0f}% of the memory); "
         f"{r.concurrency_at_full_context} more full-context sequences would fit",
-        f"5. quantization {r.file_type} weights, {s['type_k']}/{s['type_v']} KV cache",
+        f"5. quantization {r.file_type} weights, {s['type_k']}/{s['type_v']} KV cache; largest context that fits by cache type: "
+        + ", ".join(f"{t} {v['max_ctx']:,}" + (f" (KL {v['kl_mean']:.4f})" if v.get("kl_mean") else "") for t, v in r.kv_types.items()),
+        "                 (a smaller weight quant's quality cost needs its source file: localllm quantize SOURCE --type Q4_K_M --eval)",
         (f"   speculative  prompt lookup measured x{r.speculative_gain:.2f} tokens/s ({100 * r.speculative_acceptance:.0f}% accepted): "
          + ("worth it" if r.speculative_gain >= 1.05 else "not worth it here") if r.speculative_gain is not None else "   speculative  not measured"),
         f"6. engine       flash attention {s['flash_attn']}, batch {s['n_batch']}/{s['n_ubatch']}, "
@@ -97,14 +100,18 @@ def run(args: argparse.Namespace) -> int:
             spec = measure_speculation(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
     say("measuring memory bandwidth")
     bandwidth = measure_bandwidth()
-    kl = None
+    kl: dict[str, float] = {}
     if fitted.config.type_k == "f16" and not args.no_quality:
-        say("measuring what a q8_0 KV cache costs")
-        kl = _kv_q8_kl(path, args.threads)
-    report = examine(header, info, fitted.config, stats, fitted.hardware, bandwidth, kl, spec)
+        say("measuring what q8_0 and q4_0 KV caches cost")
+        kl = _kv_kl(path, args.threads)
+    report = examine(header, info, fitted.config, stats, fitted.hardware, bandwidth, kl.get("q8_0"), spec)
+    report.kv_types = {
+        t: {"max_ctx": fitted.fit.max_ctx_by_kv_type.get(t, 0), "kl_mean": kl.get(t, 0.0 if t == "f16" else None)}
+        for t in ("f16", "q8_0", "q4_0")
+    }
     if args.json:
         d = report.to_dict()
-        d["kv_q8_0_kl_mean"] = kl
+        d["kv_q8_0_kl_mean"] = kl.get("q8_0")
         fmt.print_json(d)
     else:
         print(render(report, path.name))
