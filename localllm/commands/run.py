@@ -98,9 +98,10 @@ def _speculative(backend, prompt: str, args: argparse.Namespace):
     from localllm.speculative import DraftModel, PromptLookup, generate
 
     tokens = backend.prompt_tokens(prompt, chat=not args.raw)
-    if len(tokens) + args.n_predict + args.draft_k + 2 > backend.n_ctx if args.n_predict > 0 else False:
-        raise UsageError(f"speculative decoding does not shift the context: raise --ctx above {len(tokens) + args.n_predict + args.draft_k + 2}")
-    max_tokens = args.n_predict if args.n_predict > 0 else backend.n_ctx - len(tokens) - args.draft_k - 2
+    room = backend.n_ctx - len(tokens) - args.draft_k - 2  # speculative decoding does not shift the context
+    if args.n_predict > room:
+        raise UsageError(f"speculative decoding does not shift the context: raise --ctx above {backend.n_ctx + args.n_predict - room}")
+    max_tokens = args.n_predict if args.n_predict > 0 else room
     if args.speculate == "lookup":
         return generate(backend, tokens, PromptLookup(), max_tokens=max_tokens, k=args.draft_k)
     from localllm.backend import LoadConfig
@@ -108,7 +109,7 @@ def _speculative(backend, prompt: str, args: argparse.Namespace):
 
     draft = LlamaCppBackend()
     draft.load(catalog.resolve(args.draft), LoadConfig(n_ctx=backend.n_ctx, n_outputs_max=args.draft_k + 1))
-    if draft.header.get("tokenizer.ggml.tokens") != backend.header.get("tokenizer.ggml.tokens") and str(draft.header.get("tokenizer.ggml.tokens")) != str(backend.header.get("tokenizer.ggml.tokens")):
+    if not _same_vocabulary(backend, draft):
         draft.close()
         raise UsageError("the draft model's vocabulary differs from the model's: pick a draft from the same family")
 
@@ -119,3 +120,14 @@ def _speculative(backend, prompt: str, args: argparse.Namespace):
             draft.close()
 
     return events()
+
+
+def _same_vocabulary(a, b) -> bool:
+    """Same size and the same text for a spread of token ids."""
+    from localllm.model_info import describe
+
+    n = describe(a.header).n_vocab
+    if n != describe(b.header).n_vocab:
+        return False
+    probe = {0, 1, 2, n // 7, n // 3, n // 2, n - 1}
+    return all(a.token_bytes(t, special=True) == b.token_bytes(t, special=True) for t in probe)
