@@ -61,6 +61,7 @@ class ModelLoaded(Message):
 
 @dataclass
 class Footprint:
+    shape: planner.ModelShape
     plan: planner.MemoryPlan
     budget_label: str
     budget: int
@@ -153,9 +154,9 @@ class LocalLLMApp(App):
         plan = planner.plan_memory(shape, run_config(cfg), gpu=gpu)
         if gpu:
             label = {"--vram": "GPU budget (--vram)", "nvml": f"GPU {hw.gpu_name}", "apple-unified": "unified memory"}.get(hw.gpu_source, "GPU")
-            fp = Footprint(plan, label, hw.gpu_budget or 0)
+            fp = Footprint(shape, plan, label, hw.gpu_budget or 0)
         else:
-            fp = Footprint(plan, "RAM", hw.ram_available_bytes)
+            fp = Footprint(shape, plan, "RAM", hw.ram_available_bytes)
         return cfg, note, fp
 
     @work(thread=True, exclusive=True, group="load")
@@ -321,9 +322,9 @@ class LocalLLMApp(App):
                 from localllm.doctor import weights_read_per_token
                 from localllm.roofline import roofline
 
-                shape = planner.ModelShape.from_header(read_header(self.model_path))
-                kv = planner.kv_bytes_in_use(self.footprint.plan, s.context_used)
-                latency.ceiling_tps = roofline(self.bandwidth, weights_read_per_token(shape), kv, s.decode_tokens_per_s).ceiling_tokens_per_s
+                fp = self.footprint
+                kv = planner.kv_bytes_in_use(fp.plan, s.context_used)
+                latency.ceiling_tps = roofline(self.bandwidth, weights_read_per_token(fp.shape), kv, s.decode_tokens_per_s).ceiling_tokens_per_s
             for shift in s.context_shifts:
                 view.add("note", f"context shift: dropped {shift.dropped} tokens, kept {shift.kept} ({shift.method}, {shift.ms:.1f} ms)")
         self._update_footprint()

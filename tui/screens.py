@@ -181,8 +181,9 @@ class ModelsScreen(Screen[Path | None]):
         self.models = [self.current] + [p for i, p in enumerate(found) if p != self.current and p not in found[:i]]
         for p in self.models:
             try:
-                info = describe(read_header(p))
-                shape = planner.ModelShape.from_header(read_header(p))
+                header = read_header(p)
+                info = describe(header)
+                shape = planner.ModelShape.from_header(header)
                 cfg = run_config(LoadConfig(n_ctx=min(self.settings.n_ctx, info.context_length or self.settings.n_ctx)))
                 hw = self.hardware
                 fit = planner.fit(shape, cfg, gpu_budget=hw.gpu_budget, ram=hw.ram_available_bytes)
