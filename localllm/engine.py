@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import logging
 import os
 import threading
 import time

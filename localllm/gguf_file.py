@@ -188,9 +188,20 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
         raise InputError(f"cannot read {p}: {exc.strerror or exc}") from None
 
 
-def _parse(p: Path, buf: memoryview, size: int) -> GGUFHeader:
+def parse_prefix(label: str, buf: bytes, file_size: int) -> GGUFHeader | None:
+    """Parse a header from the first bytes of a file (a ranged download); None
+    when ``buf`` ends before the tensor table does (fetch more and try again)."""
     try:
-        cur = _Cursor(buf, size)
+        return _parse(Path(label), memoryview(buf), file_size, limit=len(buf))
+    except _Truncated:
+        return None
+    except (ValueError, UnicodeDecodeError, OverflowError, struct.error) as exc:
+        raise InputError(f"{label} is not a valid GGUF file ({exc})") from None
+
+
+def _parse(p: Path, buf: memoryview, size: int, limit: int | None = None) -> GGUFHeader:
+    try:
+        cur = _Cursor(buf, size if limit is None else min(limit, size))
         if bytes(buf[:4]) != GGUF_MAGIC:
             raise InputError(f"{p} is not a GGUF file (bad magic); localllm runs GGUF models only")
         cur.pos = 4

@@ -28,3 +28,48 @@ def models_dir() -> Path:
 def ensure_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def registry_file() -> Path:
+    """localllm's own record: folders added with ``localllm add`` and the files it pulled."""
+    return data_dir() / "registry.json"
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache, resolved the way huggingface_hub resolves it
+    (``HF_HUB_CACHE``, else ``HF_HOME``/hub, else ``$XDG_CACHE_HOME``/huggingface/hub).
+    Computed here so that listing models does not import huggingface_hub."""
+    env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if env:
+        return Path(os.path.expandvars(env)).expanduser()
+    home = os.environ.get("HF_HOME")
+    if home:
+        return Path(os.path.expandvars(home)).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "huggingface" / "hub"
+
+
+def lmstudio_models_dirs() -> list[Path]:
+    """LM Studio's models folders: the folder named in ``~/.lmstudio-home-pointer``
+    (LM Studio writes it when its home moves), else ``~/.lmstudio``, with ``models/``;
+    and the pre-0.3 ``~/.cache/lm-studio/models``. ``LOCALLLM_LMSTUDIO_DIR`` (ours)
+    names the models folder outright."""
+    env = os.environ.get("LOCALLLM_LMSTUDIO_DIR")
+    if env:
+        return [Path(env).expanduser()]
+    try:
+        target = (Path.home() / ".lmstudio-home-pointer").read_text(encoding="utf-8").strip()
+    except OSError:
+        target = ""
+    home = Path(target).expanduser() if target else Path.home() / ".lmstudio"
+    return [home / "models", Path.home() / ".cache" / "lm-studio" / "models"]
+
+
+def ollama_models_dirs() -> list[Path]:
+    """Ollama's store: ``$OLLAMA_MODELS``, else ``~/.ollama/models``, and the Linux
+    service's ``/usr/share/ollama/.ollama/models``."""
+    env = os.environ.get("OLLAMA_MODELS")
+    if env:
+        return [Path(env).expanduser()]
+    return [Path.home() / ".ollama" / "models", Path("/usr/share/ollama/.ollama/models")]

@@ -1,6 +1,6 @@
 """Saved chat sessions: one JSON file each under ``<data dir>/sessions``.
 
-Writes are atomic (a temporary file in the same directory, then ``os.replace``),
+Writes are atomic (``atomic.write_json``: a temporary file, then ``os.replace``),
 so a crash or a kill leaves either the old file or the new one, never half of
 one. The TUI saves after the user's message and after each finished reply, so
 at most the reply in flight is lost.
@@ -9,14 +9,13 @@ at most the reply in flight is lost.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localllm import paths
+from localllm import atomic, paths
 
 
 @dataclass
@@ -48,12 +47,7 @@ def save(session: SavedSession) -> Path:
     d = paths.ensure_dir(sessions_dir())
     session.updated = time.time()
     target = d / f"{session.id}.json"
-    tmp = d / f".{session.id}.json.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(asdict(session), fh, ensure_ascii=False, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, target)
+    atomic.write_json(target, asdict(session))
     return target
 
 

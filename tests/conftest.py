@@ -19,6 +19,16 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own localllm data directory."""
     home = tmp_path / "localllm-home"
     monkeypatch.setenv("LOCALLLM_HOME", str(home))
+    # Other tools' stores too: a test sees only the models it put there, and
+    # nothing can reach the real Hub (port 9 is discard; nothing listens).
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("LOCALLLM_LMSTUDIO_DIR", str(tmp_path / "lmstudio-models"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama-models"))
     return home
 
 

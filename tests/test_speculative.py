@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.backend import LoadConfig, SamplingConfig
+from localllm.backend import LoadConfig
 from localllm.engine import LlamaCppBackend
 from localllm.errors import EngineError
 from localllm.speculative import PromptLookup, generate

@@ -4,7 +4,6 @@ exactly; Esc stops; sessions survive; settings reload."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from localllm import sessions
 from tests.scripted import ScriptedBackend
 from tui.app import LocalLLMApp, create_app
 from tui.settings import Settings
-from tui.widgets import ChatView, LatencyPanel, Lines, MemoryPanel
+from tui.widgets import ChatView, Lines, MemoryPanel
 
 GiB = 1024**3
 

@@ -23,7 +23,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Footer, Header, Input
 
-from localllm import fmt, planner, sessions
+from localllm import planner, sessions
 from localllm.backend import LoadConfig, SamplingConfig, run_config
 from localllm.chat import ChatSession, prompt_cache_path
 from localllm.diagnose import verdict

@@ -11,7 +11,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, ProgressBar, Select, Static, Switch
 from textual.widgets.option_list import Option
 
-from localllm import catalog, fmt, paths, planner, sessions
+from localllm import fmt, paths, planner, registry, sessions
 from localllm.backend import KV_CACHE_TYPES, LoadConfig, run_config
 from localllm.errors import LocalLLMError
 from localllm.gguf_file import read_header
@@ -127,18 +127,16 @@ class SessionsScreen(ModalScreen[str | None]):
 
 
 def local_models() -> list[Path]:
-    """The catalog's models that are installed, and GGUFs in the models directory."""
+    """Every model on disk the registry names: built-in, pulled, the Hugging Face
+    cache, LM Studio, Ollama, added folders, localllm's models directory."""
+    try:
+        entries = registry.discover()
+    except LocalLLMError:  # an unreadable registry.json: the built-ins still work
+        entries = []
     found: list[Path] = []
-    for entry in catalog.CATALOG:
-        try:
-            p = catalog.resolve(entry.name) if entry.name == catalog.DEFAULT_MODEL else paths.models_dir() / "gemma-3-270m-q4_k_m.gguf"
-        except LocalLLMError:
-            continue
-        if p.exists():
-            found.append(p)
-    d = paths.models_dir()
-    if d.is_dir():
-        found.extend(p for p in sorted(d.glob("*.gguf")) if p not in found)
+    for e in entries:
+        if e.present and e.path not in found:
+            found.append(e.path)
     return found
 
 

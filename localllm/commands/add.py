@@ -1,0 +1,33 @@
+"""``localllm add PATH``: remember a GGUF file, or a folder of them, by name."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from localllm import fmt, registry
+from localllm.commands._common import say
+from localllm.errors import InputError
+from localllm.gguf_file import read_header
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.path).expanduser()
+    if not path.exists():
+        raise InputError(f"{path} does not exist")
+    if path.is_file():
+        read_header(path)  # a file must be a valid GGUF: one line if not
+    elif not any(path.rglob("*.gguf")):
+        raise InputError(f"{path} holds no .gguf files")
+    root = registry.add_path(path)
+    named = [e for e in registry.discover() if e.source == "added" and (e.path == root or root in e.path.parents)]
+    if args.json:
+        fmt.print_json([e.to_dict() for e in named])
+        return 0
+    for e in named:
+        print(f"{e.name}\t{e.path}")
+    if not named:
+        say(f"added {root}, but every GGUF in it is known already under another name (see localllm list)")
+    else:
+        say(f"added {root}: {len(named)} model(s); use the names above with run, chat, plan, ...")
+    return 0

@@ -1,0 +1,27 @@
+"""``localllm list --catalog``: the curated 4-6 GB list with the planner's verdicts."""
+
+from __future__ import annotations
+
+import argparse
+
+from localllm import fmt, model_catalog, registry
+
+
+def run(args: argparse.Namespace) -> int:
+    table = model_catalog.rows()
+    here = {(e.repo, e.filename) for e in registry.discover() if e.repo}
+    for r in table:
+        r["here"] = (r["repo"], r["file"]) in here
+    if args.json:
+        fmt.print_json(table)
+        return 0
+    head = ("MODEL", "QUANT", "SIZE", "CTX", "ARCH", "LICENSE", "4 GB GPU", "6 GB GPU", "HERE")
+    body = [
+        (r["name"], r["quant"], f"{r['size_gb']:.2f} GB", f"{r['context']:,}", r["architecture"], r["license"],
+         r["fits_4gb"], r["fits_6gb"], "yes" if r["here"] else "")
+        for r in table
+    ]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    print("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]))
+    print("\npull one with: localllm pull REPO --quant Q (repos: localllm list --catalog --json), or --vram SIZE for the largest that fits")
+    return 0

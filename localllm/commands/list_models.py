@@ -1,0 +1,87 @@
+"""``localllm list``: every model localllm can name, read from its header, judged
+against the GPU budget; ``--catalog``: the curated 4-6 GB list."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from localllm import fmt, registry
+from localllm.errors import LocalLLMError
+
+
+@dataclass
+class Row:
+    name: str
+    source: str
+    owner: str
+    path: str
+    architecture: str | None
+    quant: str | None
+    size_bytes: int | None
+    context_length: int | None
+    fits: bool | None
+    fit: str  # the verdict in words, or why the file could not be read
+    repo: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rows(vram: int | None) -> list[Row]:
+    import psutil
+
+    from localllm import hardware, planner, verdict
+    from localllm.gguf_file import read_header
+    from localllm.model_info import describe
+
+    hw = hardware.detect(vram)
+    ram = psutil.virtual_memory().available
+    out = []
+    for e in registry.discover():
+        if not e.present:
+            out.append(Row(e.name, e.source, e.owner, str(e.path), None, e.quant, None, None, None, "assembled on first use", e.repo))
+            continue
+        try:
+            header = read_header(e.path)
+            info = describe(header)
+            v = verdict.judge(planner.ModelShape.from_header(header), info.context_length, hw.gpu_budget, ram)
+            out.append(Row(e.name, e.source, e.owner, str(e.path), info.architecture, info.file_type, info.size_bytes, info.context_length, v.full_gpu, v.text, e.repo))
+        except LocalLLMError as exc:
+            out.append(Row(e.name, e.source, e.owner, str(e.path), None, e.quant, None, None, False, f"unreadable: {exc}", e.repo))
+    return out
+
+
+def render(table: list[Row], budget_note: str) -> str:
+    head = ("NAME", "SOURCE", "ARCH", "QUANT", "SIZE", "CTX", "FITS " + budget_note, "PATH")
+    body = [
+        (
+            r.name, r.source, r.architecture or "-", r.quant or "-",
+            fmt.size(r.size_bytes) if r.size_bytes else "-",
+            f"{r.context_length:,}" if r.context_length else "-", r.fit, r.path,
+        )
+        for r in table
+    ]
+    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head) - 1)]
+    lines = []
+    for row in [head, *body]:
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1])
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.catalog:
+        from localllm.commands import catalog_view
+
+        return catalog_view.run(args)
+    table = rows(args.vram)
+    if args.json:
+        fmt.print_json([r.to_dict() for r in table])
+        return 0
+    from localllm import hardware
+
+    hw = hardware.detect(args.vram)
+    note = f"({fmt.size(hw.gpu_budget)} GPU)" if hw.gpu_budget else "(RAM, no GPU)"
+    print(render(table, note))
+    return 0

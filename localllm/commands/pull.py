@@ -1,0 +1,107 @@
+"""``localllm pull REPO[:QUANT]``: one GGUF from the Hub into the Hugging Face cache.
+
+Which file: ``--file`` names it; ``--quant`` (or ``REPO:QUANT``) picks by quant;
+``--vram`` (or a detected GPU) picks the largest quant the planner fits with every
+layer on the GPU; otherwise Q4_K_M, the common default (Ollama's too), or the
+repo's only GGUF.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from localllm import fmt, hf_cache, hub
+from localllm.commands._common import say
+from localllm.errors import InputError, UsageError
+
+
+def parse_repo(text: str) -> tuple[str, str | None]:
+    """``owner/name``, ``owner/name:Q4_K_M``, ``hf.co/owner/name``, or a Hub URL."""
+    for prefix in ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf.co/"):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    text = text.rstrip("/")
+    repo, _, tag = text.partition(":")
+    return hf_cache.check_repo_id(repo), (tag or None)
+
+
+def run(args: argparse.Namespace) -> int:
+    repo_id, tag = parse_repo(args.repo)
+    if tag and (args.quant or args.file):
+        raise UsageError("give the quant once: REPO:QUANT, or --quant, or --file")
+    quant = args.quant or tag
+    revision = hf_cache.check_revision(args.revision)
+    if args.file:
+        hf_cache.check_filename(args.file)
+    off = hub.offline(args.offline)
+    filename, reason = _choose(args, repo_id, revision, quant, off)
+    result = hub.pull(repo_id, filename, revision, progress=not args.json, reason=reason, offline_mode=off)
+    if args.json:
+        fmt.print_json(result.to_dict())
+        return 0
+    if result.from_cache:
+        off_note = " (offline)" if off else ""
+        say(f"{filename} is in the cache already ({fmt.size(result.size)}): nothing downloaded{off_note}")
+    else:
+        kept = f", resumed after {fmt.size(result.resumed_from)} kept from before" if result.resumed_from else ""
+        say(f"downloaded {fmt.size(result.downloaded_bytes)}{kept}; sha256 verified")
+    print(f"{result.name}\t{result.path}")
+    say(f"{reason}; run it with: localllm run {result.name}")
+    return 0
+
+
+def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | None, off: bool) -> tuple[str, str]:
+    if args.file:
+        return args.file, "the file asked for"
+    files = hub.cached_ggufs(repo_id, revision) if off else hub.list_ggufs(repo_id, revision)
+    if not files:
+        where = "cached (offline)" if off else "in the repo"
+        raise InputError(f"no GGUF files of {repo_id} {where}" + ("; run without --offline to look on the Hub" if off else ""))
+    if quant:
+        if off and not any(f.quant == quant.upper() for f in files):
+            have = ", ".join(sorted({f.quant or f.filename for f in files}))
+            raise InputError(f"{repo_id} {quant.upper()} is not cached (offline; cached: {have}): run without --offline to download it")
+        f = hub.pick_by_quant(files, quant, repo_id)
+        return _single(f, repo_id), f"{f.quant}, as asked"
+    budget = args.vram
+    if budget is None:
+        from localllm import hardware
+
+        hw = hardware.detect(None)
+        budget = hw.gpu_budget
+    if budget is not None:
+        import psutil
+
+        f, why = hub.pick_by_budget(files, lambda rf: _header(repo_id, revision, rf, off), budget, psutil.virtual_memory().available)
+        return _single(f, repo_id), why
+    q4 = [f for f in files if f.quant == "Q4_K_M"]
+    if q4:
+        return _single(q4[0], repo_id), "Q4_K_M, the default (no GPU budget to fit; --quant or --vram to choose)"
+    if len(files) == 1:
+        return _single(files[0], repo_id), "the repo's only GGUF"
+    quants = ", ".join(sorted({f.quant or f.filename for f in files}))
+    raise InputError(f"{repo_id} has {len(files)} GGUFs and no Q4_K_M: choose with --quant ({quants}) or --vram SIZE")
+
+
+def _single(f: hub.RemoteFile, repo_id: str) -> str:
+    from localllm.modelname import split_part
+
+    part = split_part(f.filename)
+    if part is not None:
+        raise InputError(
+            f"{f.filename} is split into {part[1]} parts; localllm pulls single-file GGUFs "
+            "(models for 4-6 GB GPUs are not split): choose a smaller quant"
+        )
+    return f.filename
+
+
+def _header(repo_id: str, revision: str, f: hub.RemoteFile, off: bool):
+    if off:
+        from localllm import paths
+        from localllm.gguf_file import read_header
+
+        found = hf_cache.lookup(paths.hf_hub_cache(), repo_id, f.filename, revision)
+        if found is None:
+            raise InputError(f"{repo_id}/{f.filename} is not cached")
+        return read_header(found.path)
+    return hub.remote_header(repo_id, revision, f)

