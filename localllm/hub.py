@@ -199,7 +199,7 @@ def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: 
             verified = True
             os.replace(part, blob)
         dest = hf_cache.link(cache, repo_id, revision, commit, filename, blob)
-    registry.record_pull(repo_id, filename, revision, commit, etag, size)
+    registry.record_pull(repo_id, filename, revision, commit, etag, size, stored=verified)
     name = _registry_name(repo_id, filename)
     return PullResult(repo_id, filename, revision, commit, str(dest), size, etag, name, downloaded, resumed, verified, downloaded == 0, reason)
 
@@ -209,7 +209,7 @@ def _from_cache(cache: Path, repo_id: str, filename: str, revision: str, reason:
     if found is None:
         raise InputError(f"{repo_id}/{filename} is not cached (offline: nothing was downloaded); run without --offline to download it")
     etag = found.blob.name
-    registry.record_pull(repo_id, filename, revision, found.commit, etag, found.size)
+    registry.record_pull(repo_id, filename, revision, found.commit, etag, found.size, stored=False)
     return PullResult(
         repo_id, filename, revision, found.commit, str(found.path), found.size, etag,
         _registry_name(repo_id, filename), 0, 0, False, True, reason,

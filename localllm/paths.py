@@ -11,13 +11,17 @@ from pathlib import Path
 
 
 def data_dir() -> Path:
-    """Root of localllm's own state: models it assembled, settings, logs."""
+    """Root of localllm's own state: models it assembled, settings, logs.
+
+    The platform's data directory (platformdirs): ``$XDG_DATA_HOME/localllm`` or
+    ``~/.local/share/localllm`` on Linux, ``~/Library/Application Support/localllm``
+    on macOS, ``%LOCALAPPDATA%\\localllm`` on Windows."""
     env = os.environ.get("LOCALLLM_HOME")
     if env:
         return Path(env).expanduser()
-    xdg = os.environ.get("XDG_DATA_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
-    return base / "localllm"
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("localllm", appauthor=False))
 
 
 def models_dir() -> Path:

@@ -78,7 +78,9 @@ class Record:
     pulled: list[dict[str, Any]] = field(default_factory=list)
 
     def is_pulled(self, repo_id: str, filename: str) -> bool:
-        return any(p["repo_id"] == repo_id and p["filename"] == filename for p in self.pulled)
+        """Did localllm download this file (so that ``rm`` may delete it)? A pull that
+        found the file in the cache already does not make it localllm's."""
+        return any(p["repo_id"] == repo_id and p["filename"] == filename and p.get("stored", True) for p in self.pulled)
 
 
 def load_record() -> Record:
@@ -95,11 +97,13 @@ def save_record(rec: Record) -> None:
     atomic.write_json(paths.registry_file(), {"version": 1, "added": rec.added, "pulled": rec.pulled})
 
 
-def record_pull(repo_id: str, filename: str, revision: str, commit: str, etag: str, size: int) -> None:
+def record_pull(repo_id: str, filename: str, revision: str, commit: str, etag: str, size: int, stored: bool) -> None:
     rec = load_record()
+    stored = stored or rec.is_pulled(repo_id, filename)
     rec.pulled = [p for p in rec.pulled if not (p["repo_id"] == repo_id and p["filename"] == filename)]
     rec.pulled.append(
-        {"repo_id": repo_id, "filename": filename, "revision": revision, "commit": commit, "etag": etag, "size": size, "pulled_at": time.time()}
+        {"repo_id": repo_id, "filename": filename, "revision": revision, "commit": commit, "etag": etag, "size": size,
+         "stored": stored, "pulled_at": time.time()}
     )
     save_record(rec)
 
@@ -161,17 +165,22 @@ def find(name: str, entries: list[ModelEntry] | None = None) -> ModelEntry | Non
     """The entry a name (or alias) means. A name without ``:quant`` matches when
     exactly one quant of that model is here; several raise a one-line choice."""
     entries = discover() if entries is None else entries
-    low = name.lower().removeprefix("hf.co/")
+    low = _norm(name)
     for e in entries:
-        if low == e.name.lower() or low in (a.lower() for a in e.aliases):
+        if low == _norm(e.name) or low in (_norm(a) for a in e.aliases):
             return e
     if ":" not in low:
-        hits = [e for e in entries if e.name.lower().split(":")[0] == low or any(a.lower().split(":")[0] == low for a in e.aliases)]
+        hits = [e for e in entries if _norm(e.name).split(":")[0] == low or any(_norm(a).split(":")[0] == low for a in e.aliases)]
         if len(hits) == 1:
             return hits[0]
         if hits:
             raise InputError(f"'{name}' names {len(hits)} models: say which, e.g. {', '.join(e.name for e in hits[:4])}")
     return None
+
+
+def _norm(name: str) -> str:
+    """Names match without case and without Ollama's ``hf.co/`` host prefix."""
+    return name.lower().removeprefix("hf.co/")
 
 
 def _real(p: Path) -> Path:

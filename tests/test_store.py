@@ -126,7 +126,11 @@ def test_pull_reads_what_huggingface_hub_downloaded(hub: FakeHub) -> None:
     entry = registry.find("synth:f32")
     assert entry is not None and entry.source == "hf-cache" and str(entry.path) == path
     r = run_cli("rm", "synth:f32", "--yes")
-    assert r.returncode == 1 and "localllm did not pull it" in r.stderr and "hf cache rm" in r.stderr
+    assert r.returncode == 1 and "localllm did not download it" in r.stderr and "hf cache rm" in r.stderr
+    # pulling it finds it in the cache: still not localllm's to delete
+    r = run_cli("pull", REPO_ID, "--quant", "F32", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["from_cache"], r.stderr
+    assert run_cli("rm", "synth:f32", "--yes").returncode == 1
     assert Path(path).exists()
 
 
@@ -243,7 +247,7 @@ def test_unknown_repo_and_unreachable_hub_are_one_line(hub: FakeHub) -> None:
 # -- list, add, rm ---------------------------------------------------------------------
 
 
-def _ollama_store(root: Path, blob_src: Path, name: str, tag: str) -> Path:
+def _ollama_store(root: Path, blob_src: Path, name: str, tag: str, host: str = "registry.ollama.ai", ns: str = "library") -> Path:
     import hashlib
 
     data = blob_src.read_bytes()
@@ -251,7 +255,7 @@ def _ollama_store(root: Path, blob_src: Path, name: str, tag: str) -> Path:
     (root / "blobs").mkdir(parents=True, exist_ok=True)
     blob = root / "blobs" / f"sha256-{digest}"
     blob.write_bytes(data)
-    manifest = root / "manifests" / "registry.ollama.ai" / "library" / name / tag
+    manifest = root / "manifests" / host / ns / name / tag
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text(json.dumps({
         "schemaVersion": 2,
@@ -289,6 +293,19 @@ def test_list_names_models_of_every_source(tmp_path: Path, synth_model: Path) ->
         assert run_cli("inspect", name).returncode == 0, name
     text = run_cli("list", "--vram", "4GiB").stdout
     assert "FITS (4.00 GiB GPU)" in text and "tinyllama:1b" in text
+
+
+def test_ollama_names_from_manifests(synth_model: Path, tmp_path: Path) -> None:
+    root = Path(os.environ["OLLAMA_MODELS"])
+    other = write_llama_gguf(tmp_path / "other.gguf", SynthSpec(seed=1))
+    _ollama_store(root, synth_model, "Synth-GGUF", "Q4_K_M", host="hf.co", ns="acme")
+    _ollama_store(root, other, "tiny", "latest", ns="someone")
+    (root / "manifests" / "registry.ollama.ai" / "library" / "broken").mkdir(parents=True)
+    (root / "manifests" / "registry.ollama.ai" / "library" / "broken" / "latest").write_text("{not json")
+    names = {e.name: e for e in registry.discover() if e.source == "ollama"}
+    assert set(names) == {"hf.co/acme/Synth-GGUF:Q4_K_M", "someone/tiny:latest"}
+    assert registry.find("hf.co/acme/synth-gguf:q4_k_m") == names["hf.co/acme/Synth-GGUF:Q4_K_M"]
+    assert registry.find("acme/Synth-GGUF:Q4_K_M") == names["hf.co/acme/Synth-GGUF:Q4_K_M"]
 
 
 def test_rm_deletes_only_what_localllm_stored(hub: FakeHub, synth_model: Path, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from localllm.errors import InputError
 
 _NOT_OURS = {
     "embedded": "ships in a pip package; remove it with pip uninstall {pkg}",
-    "hf-cache": "is in the Hugging Face cache but localllm did not pull it; remove it with: hf cache rm model/{repo}",
+    "hf-cache": "is in the Hugging Face cache but localllm did not download it; remove it with: hf cache rm model/{repo}",
     "lmstudio": "belongs to LM Studio; delete it in LM Studio's My Models",
     "ollama": "belongs to Ollama; remove it with: ollama rm {name}",
 }
