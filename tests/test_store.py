@@ -400,3 +400,41 @@ def test_rm_deletes_files_in_localllms_own_folder(synth_model: Path) -> None:
     assert rows["synth-q8_0"]["source"] == "localllm" and rows["gemma3-270m"]["size_bytes"] == synth_model.stat().st_size
     assert run_cli("rm", "synth-q8_0", "--yes").returncode == 0 and not own.exists()
     assert run_cli("rm", "gemma3-270m", "--yes").returncode == 0 and not gemma.exists()
+
+
+def _catalog_vs_header(m: model_catalog.CatalogModel, path: Path) -> tuple[float, int, int]:
+    from localllm import planner
+    from localllm.backend import LoadConfig, run_config
+    from localllm.gguf_file import read_header
+
+    cfg = run_config(LoadConfig(n_ctx=4096))
+    real = planner.plan_memory(planner.ModelShape.from_header(read_header(path)), cfg, gpu=True)
+    est = planner.plan_memory(model_catalog.shape(m, path.stat().st_size), cfg, gpu=True)
+    return est.total_gpu_bytes / real.total_gpu_bytes, est.kv_cache_bytes - real.kv_cache_bytes, est.compute_bytes - real.compute_bytes
+
+
+def test_catalog_estimate_matches_the_header_plan_smollm2(smollm2: Path) -> None:
+    """The catalog plans from published shapes and a file size: on SmolLM2's real
+    file that lands within 2% of the header-based plan, KV and compute exact."""
+    m = model_catalog.CatalogModel("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "llama", "Apache-2.0", 8192, 30, 576, 9, 3, 64, 1536, 49152, True, 0, 0, ())
+    ratio, dkv, dcompute = _catalog_vs_header(m, smollm2)
+    assert abs(ratio - 1) < 0.02 and dkv == 0 and dcompute == 0
+
+
+@pytest.mark.slow
+def test_catalog_estimate_matches_the_header_plan_gemma(gemma: Path) -> None:
+    m = model_catalog.CatalogModel("gemma3-270m", "google/gemma-3-270m", "gemma3", "Gemma", 32768, 18, 640, 4, 1, 256, 2048, 262144, True, 512, 6, ())
+    ratio, dkv, dcompute = _catalog_vs_header(m, gemma)
+    assert abs(ratio - 1) < 0.03 and dkv == 0 and dcompute == 0
+
+
+def test_a_name_two_stores_share_gets_the_source_appended(hub: FakeHub, quants: dict[str, Path]) -> None:
+    assert run_cli("pull", REPO_ID, "--quant", "F16").returncode == 0
+    lms = Path(os.environ["LOCALLLM_LMSTUDIO_DIR"]) / "someone" / "Synth-GGUF" / "Synth-F16.gguf"
+    lms.parent.mkdir(parents=True)
+    lms.write_bytes(quants["F16"].read_bytes()[:-1] + b"\x01")  # same name, another file
+    names = {e.name: e.source for e in registry.discover()}
+    assert names["synth:f16"] == "pulled" and names["synth:f16@lmstudio"] == "lmstudio"
+    r = run_cli("inspect", "synth")
+    assert r.returncode == 1 and "'synth' names 2 models: say which" in r.stderr
+    assert run_cli("inspect", "synth:f16@lmstudio").returncode == 0

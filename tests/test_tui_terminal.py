@@ -42,3 +42,34 @@ def test_chat_in_a_terminal_shows_numbers(_isolated_home) -> None:
         assert ttft > 0 and 0 < p50 <= p95 and decode > 0 and used > 0 and kv_now
         assert "GPU budget (--vram) 4.00 GiB" in screen
         t.send("C-q")
+
+
+def test_pull_shows_a_progress_bar_and_ctrl_c_keeps_the_part(_isolated_home, tmp_path) -> None:
+    """In a real terminal: the bar moves, Ctrl+C stops the download with one line
+    and exit 130, and the next run resumes from what was kept."""
+    import os
+    import shlex
+
+    from scripts.synth_gguf import SynthSpec, write_llama_gguf
+    from tests.fake_hub import FakeHub
+
+    model = write_llama_gguf(tmp_path / "Synth-F32.gguf", SynthSpec(n_layer=4, n_embd=256, n_ff=512))
+    hub = FakeHub(trickle=0.05).start()
+    hub.add("acme/Synth-GGUF", "Synth-F32.gguf", model)
+    env = {**_env(_isolated_home), "HF_ENDPOINT": hub.endpoint, "HF_HOME": os.environ["HF_HOME"]}
+    # bash waits out a child that handled Ctrl+C itself, so it can report the exit status
+    pull = ["bash", "-c", f"{shlex.quote(sys.executable)} -m localllm pull acme/Synth-GGUF; echo EXIT=$?; sleep 60"]
+    try:
+        with Tmux(pull, env=env) as t:
+            t.wait_for(r"Synth-F32\.gguf:\s+([1-9]\d?)%\|", timeout=60)  # a bar between 1% and 99%
+            t.send("C-c")
+            t.wait_for(r"EXIT=130", timeout=30)
+            screen = t.screen()
+            assert "kept; run the same command to resume" in screen and "Traceback" not in screen
+        hub.trickle = 0.0
+        with Tmux(pull, env=env) as t:
+            t.wait_for(r"EXIT=0", timeout=60)
+            assert "resumed after" in t.screen() and "sha256 verified" in t.screen()
+        assert hub.ranges() and hub.ranges()[-1] != "bytes=0-"
+    finally:
+        hub.stop()

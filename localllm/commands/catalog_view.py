@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     head = ("MODEL", "QUANT", "SIZE", "CTX", "ARCH", "LICENSE", "4 GB GPU", "6 GB GPU", "HERE")
     body = [
-        (r["name"], r["quant"], f"{r['size_gb']:.2f} GB", f"{r['context']:,}", r["architecture"], r["license"],
+        (r["name"], r["quant"], f"≈{r['size_gb']:.2f} GB", f"{r['context']:,}", r["architecture"], r["license"],
          r["fits_4gb"], r["fits_6gb"], "yes" if r["here"] else "")
         for r in table
     ]
