@@ -160,18 +160,29 @@ def blob_path(cache: Path, repo_id: str, etag: str) -> Path:
     return repo_folder(cache, repo_id) / "blobs" / etag
 
 
-def verify(path: Path, etag: str, chunk: int = 1 << 20) -> bool:
-    """Does the file hash to its etag? LFS files are named by their sha256; small
-    files kept in git by their git blob sha1 (``sha1("blob <size>\\0" + data)``)."""
+def hasher(etag: str, size: int) -> "hashlib._Hash":
+    """A hash object for checking bytes against an etag: LFS files are named by
+    their sha256; small files kept in git by their git blob sha1
+    (``sha1("blob <size>\\0" + data)``)."""
     if _SHA256.fullmatch(etag):
-        h = hashlib.sha256()
-    else:
-        h = hashlib.sha1()
-        h.update(f"blob {path.stat().st_size}\0".encode())
+        return hashlib.sha256()
+    h = hashlib.sha1()
+    h.update(f"blob {size}\0".encode())
+    return h
+
+
+def hash_file(path: Path, etag: str, size: int | None = None, chunk: int = 1 << 20) -> "hashlib._Hash":
+    """The file's bytes in a hasher; ``size`` is the full file's, when this is its first part."""
+    h = hasher(etag, path.stat().st_size if size is None else size)
     with path.open("rb") as f:
         while data := f.read(chunk):
             h.update(data)
-    return h.hexdigest() == etag
+    return h
+
+
+def verify(path: Path, etag: str) -> bool:
+    """Does the file hash to its etag?"""
+    return hash_file(path, etag).hexdigest() == etag
 
 
 def link(cache: Path, repo_id: str, revision: str, commit: str, filename: str, blob: Path) -> Path:

@@ -188,9 +188,9 @@ def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: 
     verified = False
     with FileLock(str(lock)):
         if not (blob.is_file() and blob.stat().st_size == size):
-            resumed, downloaded = _download(meta.location, blob, size, filename, progress, repo_id)
+            resumed, downloaded, digest = _download(meta.location, blob, size, etag, filename, progress, repo_id)
             part = blob.with_name(blob.name + ".incomplete")
-            if not hf_cache.verify(part, etag):
+            if digest != etag:
                 part.unlink(missing_ok=True)
                 raise InputError(
                     f"checksum mismatch for {filename}: the bytes received do not hash to {etag[:12]}…; "
@@ -223,9 +223,10 @@ def _registry_name(repo_id: str, filename: str) -> str:
     return f"{repo_id}/{filename}"
 
 
-def _download(url: str, blob: Path, size: int, label: str, progress: bool, repo_id: str) -> tuple[int, int]:
-    """Fill ``<blob>.incomplete`` up to ``size`` bytes, resuming what is there.
-    Returns (bytes kept from before, bytes fetched now)."""
+def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: bool, repo_id: str) -> tuple[int, int, str]:
+    """Fill ``<blob>.incomplete`` up to ``size`` bytes, resuming what is there,
+    hashing as the bytes arrive (the kept part is hashed first), so the file is
+    read once. Returns (bytes kept from before, bytes fetched now, the digest)."""
     import httpx2
     from huggingface_hub import get_session
     from huggingface_hub.utils import build_hf_headers
@@ -237,6 +238,7 @@ def _download(url: str, blob: Path, size: int, label: str, progress: bool, repo_
         part.unlink()
         have = 0
     kept = have
+    digest = hf_cache.hash_file(part, etag, size) if have else hf_cache.hasher(etag, size)
     _check_space(part.parent, size - have)
     bar = tqdm(total=size, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=label[-40:], file=sys.stderr, disable=not progress, leave=True)
     retries = _RETRIES
@@ -254,12 +256,14 @@ def _download(url: str, blob: Path, size: int, label: str, progress: bool, repo_
                             out.truncate()
                             bar.reset(total=size)
                             kept = have = 0
+                            digest = hf_cache.hasher(etag, size)
                         elif resp.status_code not in (200, 206):
                             resp.read()
                             with _hub_errors(repo_id, label):
                                 _raise_for_status(resp)
                         for data in resp.iter_bytes(_CHUNK):
                             out.write(data)
+                            digest.update(data)
                             have += len(data)
                             bar.update(len(data))
                             retries = _RETRIES
@@ -284,7 +288,7 @@ def _download(url: str, blob: Path, size: int, label: str, progress: bool, repo_
         print(f"localllm: interrupted: {_mb(have)} of {_mb(size)} kept; run the same command to resume", file=sys.stderr)
         raise
     bar.close()
-    return kept, have - kept
+    return kept, have - kept, digest.hexdigest()
 
 
 def _gib(n: int) -> str:
