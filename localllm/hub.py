@@ -201,7 +201,7 @@ def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: 
         dest = hf_cache.link(cache, repo_id, revision, commit, filename, blob)
     registry.record_pull(repo_id, filename, revision, commit, etag, size, stored=verified)
     name = _registry_name(repo_id, filename)
-    return PullResult(repo_id, filename, revision, commit, str(dest), size, etag, name, downloaded, resumed, verified, downloaded == 0, reason)
+    return PullResult(repo_id, filename, revision, commit, str(dest), size, etag, name, downloaded, resumed, verified, not verified, reason)
 
 
 def _from_cache(cache: Path, repo_id: str, filename: str, revision: str, reason: str) -> PullResult:
