@@ -4,6 +4,7 @@ exactly; Esc stops; sessions survive; settings reload."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -139,6 +140,9 @@ async def test_settings_change_reloads(synth_model: Path) -> None:
 
 
 async def test_models_screen_lists_and_judges_fit(synth_model: Path) -> None:
+    from tests.test_store import _ollama_store
+
+    _ollama_store(Path(os.environ["OLLAMA_MODELS"]), synth_model, "tinyllama", "1b")  # the registry names Ollama's blob
     app, _ = scripted_app(synth_model)
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_idle(app, pilot)
@@ -147,6 +151,8 @@ async def test_models_screen_lists_and_judges_fit(synth_model: Path) -> None:
         table = app.screen.query_one("#models")
         first = [str(c) for c in table.get_row_at(0)]
         assert first[0] == f"{synth_model.name} (loaded)" and first[2] == "F32" and first[4] == "yes"
+        rows = {str(table.get_row_at(i)[0]): [str(c) for c in table.get_row_at(i)] for i in range(table.row_count)}
+        assert rows["tinyllama:1b"][5] == "ollama" and rows["smollm2"][5] == "embedded"
         assert "synthetic-llama" in str(app.screen.query_one("#details").render())
 
 

@@ -126,18 +126,13 @@ class SessionsScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-def local_models() -> list[Path]:
+def local_models() -> list[registry.ModelEntry]:
     """Every model on disk the registry names: built-in, pulled, the Hugging Face
     cache, LM Studio, Ollama, added folders, localllm's models directory."""
     try:
-        entries = registry.discover()
-    except LocalLLMError:  # an unreadable registry.json: the built-ins still work
-        entries = []
-    found: list[Path] = []
-    for e in entries:
-        if e.present and e.path not in found:
-            found.append(e.path)
-    return found
+        return [e for e in registry.discover() if e.present]
+    except LocalLLMError:  # an unreadable registry.json: show the loaded model alone
+        return []
 
 
 class ModelsScreen(Screen[Path | None]):
@@ -174,10 +169,13 @@ class ModelsScreen(Screen[Path | None]):
     def refresh_models(self) -> None:
         table = self.query_one(DataTable)
         table.clear(columns=True)
-        table.add_columns("model", "size", "quant", "context", "fits")
-        found = local_models() + self.made
+        table.add_columns("model", "size", "quant", "context", "fits", "source")
+        entries = local_models()
+        labels = {e.path: (e.name, e.source) for e in reversed(entries)}  # the first name a file has wins
+        found = [e.path for e in entries] + self.made
         self.models = [self.current] + [p for i, p in enumerate(found) if p != self.current and p not in found[:i]]
         for p in self.models:
+            name, source = labels.get(p, (p.name, "file"))
             try:
                 header = read_header(p)
                 info = describe(header)
@@ -186,10 +184,10 @@ class ModelsScreen(Screen[Path | None]):
                 hw = self.hardware
                 fit = planner.fit(shape, cfg, gpu_budget=hw.gpu_budget, ram=hw.ram_available_bytes)
                 fits = "yes" if fit.fits and fit.reason == "fits as asked" else ("with changes" if fit.fits else "no")
-                table.add_row(p.name + (" (loaded)" if p == self.current else ""), fmt.size(info.size_bytes), info.file_type,
-                              f"{info.context_length:,}", fits)
+                table.add_row(name + (" (loaded)" if p == self.current else ""), fmt.size(info.size_bytes), info.file_type,
+                              f"{info.context_length:,}", fits, source)
             except LocalLLMError as exc:
-                table.add_row(p.name, "?", "?", "?", f"unreadable: {exc}")
+                table.add_row(name, "?", "?", "?", f"unreadable: {exc}", source)
 
     @on(DataTable.RowHighlighted)
     def _details(self, event: DataTable.RowHighlighted) -> None:
