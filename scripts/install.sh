@@ -41,6 +41,12 @@ if [ "$os" = "Linux" ] && [ "$arch" = "x86_64" ]; then
   export CXXFLAGS="${CXXFLAGS:-} $noamx"
 fi
 export CMAKE_ARGS="${CMAKE_ARGS:-}"
+# llama.cpp's RPC backend (localllm worker, --rpc): on for every build, CPU,
+# CUDA or Metal, unless the user's CMAKE_ARGS already say otherwise.
+case "$CMAKE_ARGS" in
+  *GGML_RPC*) ;;
+  *) CMAKE_ARGS="${CMAKE_ARGS:+$CMAKE_ARGS }-DGGML_RPC=ON" ;;
+esac
 
 key="$(printf '%s|%s|%s|%s|%s|%s|%s' "$LLAMA_CPP_PYTHON_VERSION" "${CFLAGS:-}" "${CXXFLAGS:-}" \
   "$CMAKE_ARGS" "$os" "$arch" "$("$py" -c 'import sys; print(sys.version_info[:2])')" \
