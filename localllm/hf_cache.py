@@ -20,11 +20,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from localllm.errors import UsageError
+from localllm.errors import InputError, UsageError
 
 _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# C0 and C1 control characters and DEL: a name carrying them could move the
+# cursor or forge a line on the user's terminal when printed.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_MAX_NAME = 1024
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -44,25 +48,75 @@ def check_repo_id(repo_id: str) -> str:
     return repo_id
 
 
+def unsafe_filename(filename: str) -> str | None:
+    """Why ``filename`` cannot be a path inside a repo's snapshot folder, or None.
+
+    File names come from the user (``--file``) and from the server (its listing);
+    both are checked the same way: no absolute paths, ``..`` or empty parts,
+    backslashes, ``~`` or control characters."""
+    if not filename or len(filename) > _MAX_NAME:
+        return "empty or too long"
+    if _CONTROL.search(filename):
+        return "control characters"
+    if "\\" in filename or filename.startswith("~") or PurePosixPath(filename).is_absolute():
+        return "an absolute path or a backslash"
+    if any(part in ("", ".", "..") for part in filename.split("/")):
+        return "'..' or empty parts"
+    return None
+
+
 def check_filename(filename: str) -> str:
-    """Refuse file names that would escape the snapshot folder: absolute paths,
-    ``..`` parts, backslashes, empty parts."""
-    p = PurePosixPath(filename)
-    if (
-        not filename
-        or "\\" in filename
-        or "\0" in filename
-        or p.is_absolute()
-        or filename.startswith("~")
-        or any(part in ("", ".", "..") for part in filename.split("/"))
-    ):
-        raise UsageError(f"'{filename}' is not a file name inside a repo (no absolute paths or '..')")
+    """A file name the user gave: refused (usage error) when it would escape the
+    snapshot folder."""
+    if unsafe_filename(filename) is not None:
+        raise UsageError(f"{safe(filename)} is not a file name inside a repo (no absolute paths, '..' or control characters)")
     return filename
 
 
+def check_remote_filename(filename: str) -> str:
+    """A file name the server sent: refused (input error, exit 1) when unsafe."""
+    why = unsafe_filename(filename)
+    if why is not None:
+        raise InputError(f"the server sent an unsafe file name {safe(filename)} ({why}); nothing was written")
+    return filename
+
+
+def check_commit(commit: str) -> str:
+    """A commit id the server sent must be 40 hex digits: it becomes a folder name."""
+    if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
+        raise InputError(f"the server sent an invalid commit id {safe(str(commit))}: expected 40 hex digits; nothing was written")
+    return commit
+
+
+def safe(text: str, limit: int = 400) -> str:
+    """``text`` quoted for a terminal: control characters escaped, length bounded."""
+    shown = text if len(text) <= limit else text[:limit] + "…"
+    return "'" + _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", shown) + "'"
+
+
+def inside(root: Path, path: Path) -> bool:
+    """Whether ``path`` (symlinks along it resolved) lies inside ``root``."""
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
+def _require_inside(root: Path, path: Path) -> Path:
+    if not inside(root, path):
+        raise InputError(f"refusing to write {safe(str(path))}: it resolves outside {root}")
+    return path
+
+
 def check_revision(revision: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", revision) or ".." in revision:
-        raise UsageError(f"'{revision}' is not a branch, tag or commit")
+    if (
+        not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", revision)
+        or ".." in revision
+        or "//" in revision
+        or revision.endswith("/")
+        or len(revision) > 200
+    ):
+        raise UsageError(f"{safe(revision)} is not a branch, tag or commit")
     return revision
 
 
@@ -156,9 +210,10 @@ def _mtime(p: Path) -> float:
 
 
 def blob_path(cache: Path, repo_id: str, etag: str) -> Path:
-    if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", etag):
-        raise UsageError(f"the server gave an unusable checksum '{etag[:80]}'")
-    return repo_folder(cache, repo_id) / "blobs" / etag
+    if not isinstance(etag, str) or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", etag):
+        raise InputError(f"the server gave an unusable checksum {safe(str(etag))}; nothing was written")
+    folder = repo_folder(cache, repo_id)
+    return _require_inside(folder, folder / "blobs" / etag)
 
 
 def hasher(etag: str, size: int) -> "hashlib._Hash":
@@ -181,13 +236,33 @@ def hash_file(path: Path, etag: str, size: int | None = None, chunk: int = 1 << 
     return h
 
 
+def snapshot_path(cache: Path, repo_id: str, commit: str, filename: str) -> Path:
+    """``snapshots/<commit>/<filename>``, checked: the commit and name as the
+    server may send them, and the folder resolving inside the repo's (a link
+    planted in the cache cannot send the write elsewhere). Called before the
+    download starts, and again before the link is made."""
+    check_repo_id(repo_id)
+    check_commit(commit)
+    check_remote_filename(filename)
+    folder = repo_folder(cache, repo_id)
+    dest = folder / "snapshots" / commit / filename
+    _require_inside(folder / "snapshots", dest.parent)
+    return dest
+
+
 def link(cache: Path, repo_id: str, revision: str, commit: str, filename: str, blob: Path) -> Path:
     """Point ``snapshots/<commit>/<filename>`` at the blob (relative symlink) and
     record ``refs/<revision>``, as huggingface_hub does. Where symlinks are not
-    allowed the blob moves into the snapshot (huggingface_hub's own fallback)."""
+    allowed the blob moves into the snapshot (huggingface_hub's own fallback).
+
+    The commit and file name come from the server: both are checked, and every
+    path is checked to resolve inside the repo's folder (a symlink planted in
+    the cache cannot redirect the write) before anything is created."""
     folder = repo_folder(cache, repo_id)
-    dest = folder / "snapshots" / commit / filename
+    _require_inside(folder / "blobs", blob)
+    dest = snapshot_path(cache, repo_id, commit, filename)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _require_inside(folder / "snapshots", dest.parent)
     if dest.is_symlink() or dest.exists():
         dest.unlink()
     try:
@@ -195,8 +270,11 @@ def link(cache: Path, repo_id: str, revision: str, commit: str, filename: str, b
     except OSError:
         os.replace(blob, dest)
     if revision != commit:
+        check_revision(revision)
         ref = folder / "refs" / revision
+        _require_inside(folder / "refs", ref.parent)
         ref.parent.mkdir(parents=True, exist_ok=True)
+        _require_inside(folder / "refs", ref)
         ref.write_text(commit, encoding="utf-8")
     return dest
 
@@ -210,9 +288,11 @@ def remove(cache: Path, entry: CachedFile) -> list[Path]:
         p for p in (folder / "snapshots").rglob("*")
         if p != entry.path and p.is_symlink() and _points_to(p, entry.blob)
     ]
+    if not inside(folder / "snapshots", entry.path.parent):
+        raise InputError(f"refusing to delete {safe(str(entry.path))}: it resolves outside {folder}")
     entry.path.unlink(missing_ok=True)
     deleted.append(entry.path)
-    if not others and entry.blob.is_relative_to(folder / "blobs") and entry.blob.exists():
+    if not others and inside(folder / "blobs", entry.blob) and entry.blob.exists():
         entry.blob.unlink()
         deleted.append(entry.blob)
     # prune empty folders up to the snapshot root, then refs to vanished commits

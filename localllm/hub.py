@@ -84,13 +84,29 @@ def list_ggufs(repo_id: str, revision: str) -> list[RemoteFile]:
         with _hub_errors(repo_id):
             resp = get_session().get(url, headers=build_hf_headers())
             _raise_for_status(resp)
-        items += resp.json()
+        try:
+            page = resp.json()
+        except ValueError:
+            raise InputError(f"{endpoint_name()} sent a file list for {repo_id} that is not JSON") from None
+        items += page if isinstance(page, list) else [None]
         url = resp.links.get("next", {}).get("url")
+    if not isinstance(items, list):
+        raise InputError(f"{endpoint_name()} sent a file list for {repo_id} that is not a list")
     out = []
+    skipped = 0
     for it in items:
-        name = str(it.get("path", ""))
-        if it.get("type") == "file" and name.lower().endswith(".gguf") and not is_projector(name):
-            out.append(RemoteFile(name, int(it.get("size") or 0), quant_of(name)))
+        if not isinstance(it, dict):
+            continue
+        name = it.get("path")
+        if not isinstance(name, str) or it.get("type") != "file" or not name.lower().endswith(".gguf") or is_projector(name):
+            continue
+        size = it.get("size")
+        if hf_cache.unsafe_filename(name) is not None or not isinstance(size, int) or size < 0:
+            skipped += 1  # the server's listing is untrusted: such a name never becomes a path
+            continue
+        out.append(RemoteFile(name, size, quant_of(name)))
+    if skipped:
+        print(f"localllm: skipped {skipped} file(s) of {repo_id} whose names or sizes are unsafe", file=sys.stderr)
     return out
 
 
@@ -158,10 +174,17 @@ def remote_header(repo_id: str, revision: str, f: RemoteFile):
     n = 4 << 20
     while True:
         headers = {**build_hf_headers(), "Range": f"bytes=0-{min(n, f.size) - 1}", "Accept-Encoding": "identity"}
-        with _hub_errors(repo_id, f.filename):
-            resp = get_session().get(url, headers=headers, follow_redirects=True)
-            _raise_for_status(resp)
-        header = parse_prefix(f"{repo_id}/{f.filename}", resp.content, f.size)
+        data = bytearray()
+        with _hub_errors(repo_id, f.filename), get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=_timeout()) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                _raise_for_status(resp)
+            # a server that ignores the Range would send the whole file: read what was asked for only
+            for chunk in resp.iter_bytes(_CHUNK):
+                data += chunk
+                if len(data) >= n:
+                    break
+        header = parse_prefix(f"{repo_id}/{f.filename}", bytes(data[:n]), f.size)
         if header is not None:
             return header
         if n >= f.size:
@@ -174,6 +197,10 @@ def remote_header(repo_id: str, revision: str, f: RemoteFile):
 
 def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: str, offline_mode: bool) -> PullResult:
     cache = paths.hf_hub_cache()
+    # Every code path (--file, REPO:QUANT, --vram picks) ends here: check again.
+    hf_cache.check_repo_id(repo_id)
+    hf_cache.check_revision(revision)
+    hf_cache.check_remote_filename(filename)
     if offline_mode:
         return _from_cache(cache, repo_id, filename, revision, reason)
     from filelock import FileLock
@@ -183,7 +210,14 @@ def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: 
         meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision))
     if not meta.commit_hash or not meta.etag or meta.size is None:
         raise InputError(f"the server sent no commit, checksum or size for {repo_id}/{filename}; cannot store it safely")
-    etag, commit, size = meta.etag, meta.commit_hash, int(meta.size)
+    etag, commit = meta.etag, hf_cache.check_commit(meta.commit_hash)
+    try:
+        size = int(meta.size)
+    except (TypeError, ValueError):
+        size = -1
+    if size < 0:
+        raise InputError(f"the server sent an invalid size for {repo_id}/{filename}; nothing was written")
+    hf_cache.snapshot_path(cache, repo_id, commit, filename)  # refuse before downloading, not after
     blob = hf_cache.blob_path(cache, repo_id, etag)
     blob.parent.mkdir(parents=True, exist_ok=True)
     lock = cache / ".locks" / hf_cache.repo_folder(cache, repo_id).name / f"{etag}.lock"
@@ -237,6 +271,8 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
     from tqdm import tqdm
 
     part = blob.with_name(blob.name + ".incomplete")
+    if part.is_symlink() or not hf_cache.inside(blob.parent, part):
+        raise InputError(f"refusing to write {hf_cache.safe(str(part))}: it is a link or resolves outside {blob.parent}")
     have = part.stat().st_size if part.exists() else 0
     if have > size:
         part.unlink()
@@ -266,12 +302,20 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
                             with _hub_errors(repo_id, label):
                                 _raise_for_status(resp)
                         for data in resp.iter_bytes(_CHUNK):
+                            if have + len(data) > size:
+                                out.close()
+                                part.unlink(missing_ok=True)
+                                raise InputError(
+                                    f"the server sent more than the {size} bytes it announced for {hf_cache.safe(label)}; the partial file was removed"
+                                )
                             out.write(data)
                             digest.update(data)
                             have += len(data)
                             bar.update(len(data))
                             retries = _RETRIES
                     out.flush()
+                except httpx2.TooManyRedirects:
+                    raise InputError(f"the download of {hf_cache.safe(label)} redirected too many times (a redirect loop?); {_mb(have)} of {_mb(size)} kept") from None
                 except (httpx2.TransportError, httpx2.TimeoutException) as exc:
                     out.flush()
                     retries -= 1
@@ -324,7 +368,7 @@ class _hub_errors:
     """Turn huggingface_hub's and the network's errors into one line."""
 
     def __init__(self, repo_id: str, filename: str | None = None) -> None:
-        self.what = f"{repo_id}/{filename}" if filename else repo_id
+        self.what = hf_cache.safe(f"{repo_id}/{filename}" if filename else repo_id)
         self.repo_id = repo_id
 
     def __enter__(self) -> None:
@@ -347,6 +391,8 @@ class _hub_errors:
             raise InputError(f"{self.repo_id} has no such revision") from None
         if isinstance(exc, e.EntryNotFoundError):
             raise InputError(f"{self.what} does not exist: see the repo's files, or use --quant") from None
+        if isinstance(exc, httpx2.TooManyRedirects):
+            raise InputError(f"{endpoint} redirected too many times for {self.what} (a redirect loop?)") from None
         if isinstance(exc, e.HfHubHTTPError):
             status = getattr(getattr(exc, "response", None), "status_code", "?")
             raise InputError(f"{endpoint} answered HTTP {status} for {self.what}") from None
@@ -359,6 +405,10 @@ def _timeout() -> float:
     from huggingface_hub import constants
 
     return float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
+
+
+def endpoint_name() -> str:
+    return hf_cache.safe(_endpoint())
 
 
 def _endpoint() -> str:

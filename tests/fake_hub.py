@@ -10,6 +10,12 @@
 Knobs for the tests: ``trickle`` (seconds between 64 KiB chunks, so a client can
 be interrupted mid-file), ``corrupt`` (serve wrong bytes for a file), ``cut_after``
 (drop the connection after N bytes, once). Every request is logged in ``requests``.
+
+A hostile hub, for the tests that hold that its answers cannot write outside the
+cache: ``commit`` can be any string (a traversal), ``extra_tree`` adds raw entries
+to the listing (traversal or escape-sequence names), ``size_delta`` announces a
+size other than what is served, ``redirect_loop`` makes the CDN (``"cdn"``) or the
+resolve endpoint (``"resolve"``, a relative redirect) point at itself forever.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ class FakeHub:
     trickle: float = 0.0
     corrupt: set[str] = field(default_factory=set)
     cut_after: int | None = None
+    extra_tree: list[dict] = field(default_factory=list)
+    size_delta: int = 0
+    redirect_loop: str | None = None
     server: ThreadingHTTPServer | None = None
 
     def add(self, repo_id: str, filename: str, path: Path) -> Served:
@@ -106,7 +115,7 @@ class FakeHub:
                     {"type": "file", "oid": hashlib.sha1(s.sha256.encode()).hexdigest(), "size": s.size, "path": s.filename,
                      "lfs": {"oid": s.sha256, "size": s.size, "pointerSize": 134}}
                     for (r, _), s in hub.files.items() if r == repo_id
-                ]
+                ] + list(hub.extra_tree)
                 if not items:
                     return self._send(404, {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"}, b'{"error":"Repository not found"}', head)
                 self._send(200, {"Content-Type": "application/json"}, json.dumps(items).encode(), head)
@@ -117,16 +126,20 @@ class FakeHub:
                     known = any(r == repo_id for r, _ in hub.files)
                     code = "EntryNotFound" if known else "RepoNotFound"
                     return self._send(404, {"X-Error-Code": code, "X-Repo-Commit": hub.commit}, b"{}", head)
+                if hub.redirect_loop == "resolve":
+                    return self._send(302, {"Location": self.path}, b"", head)
                 cdn = f"http://localhost:{hub.port}/cdn/{s.sha256}"
                 self._send(302, {
                     "Location": cdn, "X-Repo-Commit": hub.commit, "X-Linked-Etag": f'"{s.sha256}"',
-                    "X-Linked-Size": str(s.size), "ETag": '"a-git-oid"',
+                    "X-Linked-Size": str(s.size + hub.size_delta), "ETag": '"a-git-oid"',
                 }, b"", head)
 
             def _cdn(self, sha: str, head: bool) -> None:
                 s = next((f for f in hub.files.values() if f.sha256 == sha), None)
                 if s is None:
                     return self._send(404, {}, b"", head)
+                if hub.redirect_loop == "cdn":
+                    return self._send(302, {"Location": self.path}, b"", head)
                 data = s.path.read_bytes()
                 if s.filename in hub.corrupt:
                     data = bytes(len(data))
