@@ -22,13 +22,13 @@ class BenchRow:
     prompt_tokens: int
     gen_tokens: int
     reps: int
-    pp_tokens_per_s: float
-    pp_std: float
-    tg_tokens_per_s: float
-    tg_std: float
-    ttft_ms: float
-    itl_p50_ms: float
-    itl_p95_ms: float
+    pp_tokens_per_s: float | None
+    pp_std: float | None  # None with one repetition: a spread needs two
+    tg_tokens_per_s: float | None  # None with --gen-tokens 1: no single-token evaluation
+    tg_std: float | None
+    ttft_ms: float | None
+    itl_p50_ms: float | None
+    itl_p95_ms: float | None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,8 +87,8 @@ def run_bench(
                 tg_tokens_per_s=tg_m,
                 tg_std=tg_s,
                 ttft_ms=mean_std(ttft)[0],
-                itl_p50_ms=percentile(gaps, 50),
-                itl_p95_ms=percentile(gaps, 95),
+                itl_p50_ms=percentile(gaps, 50) if gaps else None,
+                itl_p95_ms=percentile(gaps, 95) if gaps else None,
             )
         )
     return rows

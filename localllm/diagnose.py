@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localllm import fmt
 from localllm.metrics import GenerationStats
 
 
@@ -26,9 +27,9 @@ class Verdict:
 
 
 def verdict(s: GenerationStats) -> Verdict | None:
-    if s.generated_tokens == 0 and s.ttft_ms == 0:
+    if s.ttft_ms is None:
         return None
-    stream_ms = s.tpot_ms * max(s.generated_tokens - 1, 0)
+    stream_ms = (s.tpot_ms or 0.0) * max(s.generated_tokens - 1, 0)
     total = s.ttft_ms + stream_ms
     if total <= 0:
         return None
@@ -38,11 +39,11 @@ def verdict(s: GenerationStats) -> Verdict | None:
             "prefill",
             prefill_share,
             "slow start: prefill-bound",
-            f"{s.prompt_tokens} prompt tokens at {s.prefill_tokens_per_s:.0f} t/s; TTFT is {100 * prefill_share:.0f}% of the reply",
+            f"{s.prompt_tokens} prompt tokens at {fmt.num(s.prefill_tokens_per_s, 0)} t/s; TTFT is {100 * prefill_share:.0f}% of the reply",
         )
     return Verdict(
         "decode",
         1 - prefill_share,
         "slow stream: decode-bound",
-        f"ITL p50 {s.itl_ms.p50:.1f} ms, {s.decode_tokens_per_s:.1f} t/s; streaming is {100 * (1 - prefill_share):.0f}% of the reply",
+        f"ITL p50 {fmt.num(s.itl_ms.p50, 1, ' ms')}, {fmt.num(s.decode_tokens_per_s, 1)} t/s; streaming is {100 * (1 - prefill_share):.0f}% of the reply",
     )

@@ -31,6 +31,10 @@ class Action:
     expected: str
     why: str
     gain: float  # expected speed-up factor of the bottleneck phase, for ranking
+    # where the gain comes from: "measured" (on this machine, this prompt),
+    # "derived" (arithmetic on the file and the plan: bytes read per token), or
+    # "rule of thumb" (a typical figure, not measured here)
+    basis: str = "rule of thumb"
 
 
 @dataclass
@@ -43,10 +47,10 @@ class DoctorReport:
     itl_p95_ms: float
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
-    bandwidth_gb_per_s: float
+    bandwidth_gb_per_s: float  # the CPU's, measured with the decode's thread count
     bytes_per_token: int
-    decode_ceiling_tokens_per_s: float
-    decode_efficiency: float
+    decode_ceiling_tokens_per_s: float | None  # None: the GPU's bandwidth is unknown
+    decode_efficiency: float | None
     kv_cache_bytes: int
     kv_share_of_memory: float
     concurrency_at_full_context: int
@@ -54,6 +58,9 @@ class DoctorReport:
     bits_per_weight: float
     speculative_gain: float | None = None  # measured tokens/s with prompt-lookup drafts over without
     speculative_acceptance: float | None = None
+    bandwidth_by_threads_gb_per_s: dict[int, float] = field(default_factory=dict)
+    gpu_bandwidth_gb_per_s: float | None = None  # None: no GPU, or none we know the figure of
+    gpu_bytes_per_token: int = 0  # of bytes_per_token, what offloaded layers read from GPU memory
     settings: dict[str, Any] = field(default_factory=dict)
     kv_types: dict[str, dict[str, Any]] = field(default_factory=dict)  # per cache type: largest context that fits, measured KL
     verdict: str = ""
@@ -77,14 +84,25 @@ def examine(
     hw: Hardware,
     bandwidth: float,
     kv_q8_kl: float | None,
-    spec: tuple[float, float] | None = None,
+    spec: tuple[float | None, float] | None = None,
+    *,
+    gpu_bandwidth: float | None = None,
+    bandwidth_by_threads: dict[int, float] | None = None,
 ) -> DoctorReport:
+    """``bandwidth``: the CPU's, measured with the decode's threads;
+    ``gpu_bandwidth``: the GPU's (hardware.gpu_memory_bandwidth), for the bytes
+    the offloaded layers read."""
     shape = planner.ModelShape.from_header(header)
     model = describe(header)
     gpu = hw.gpu_budget is not None and info.gpu_offload_supported
     plan = planner.plan_memory(shape, run_config(cfg), gpu=gpu)
     kv_now = planner.kv_bytes_in_use(plan, stats.context_used)
-    rf: Roofline = roofline(bandwidth, weights_read_per_token(shape), kv_now, stats.decode_tokens_per_s)
+    gpu_share = plan.kv_gpu_bytes / plan.kv_cache_bytes if plan.kv_cache_bytes else 0.0
+    gpu_read = plan.weights_gpu_bytes + int(kv_now * gpu_share)
+    rf: Roofline = roofline(
+        bandwidth, weights_read_per_token(shape), kv_now, stats.decode_tokens_per_s or None,
+        gpu_bytes=gpu_read, gpu_bandwidth=gpu_bandwidth,
+    )
     weights = plan.weights_gpu_bytes + plan.weights_cpu_bytes
     total = weights + plan.kv_cache_bytes + plan.compute_bytes + plan.output_bytes
     budget = hw.gpu_budget if gpu else hw.ram_available_bytes
@@ -125,6 +143,9 @@ def examine(
         verdict=v.text if v else "",
         speculative_gain=spec[0] if spec else None,
         speculative_acceptance=spec[1] if spec else None,
+        bandwidth_by_threads_gb_per_s={n: b / 1e9 for n, b in (bandwidth_by_threads or {}).items()},
+        gpu_bandwidth_gb_per_s=gpu_bandwidth / 1e9 if gpu_bandwidth else None,
+        gpu_bytes_per_token=rf.gpu_bytes_per_token,
     )
     report.actions = _actions(report, shape, plan, rf, kv_now, kv_q8_kl)[:3]
     return report
@@ -147,19 +168,20 @@ def _actions(r: DoctorReport, shape: planner.ModelShape, plan: planner.MemoryPla
             out.append(Action(
                 f"use a Q4_K_M file (localllm quantize --type Q4_K_M, from an F16 source) instead of {r.file_type}",
                 f"decode ceiling x{gain:.2f} ({fmt_bytes(w + kv_now)} -> {fmt_bytes(w4 + kv_now)} read per token)",
-                "decode is memory-bound: fewer bits per weight, fewer bytes per token", gain))
+                "decode is memory-bound: fewer bits per weight, fewer bytes per token", gain, "derived"))
         if s["type_k"] == "f16" and kv_now:
             gain = (w + kv_now) / (w + kv_now // 2)
             cost = f"measured mean KL {kl:.4f} against f16" if kl is not None else "quality cost: see scripts/kv_cache_quality.py"
             out.append(Action(
                 "--kv-type q8_0 (a quantized KV cache)",
                 f"KV read per token halves (x{gain:.2f} at this length, more at long contexts); {cost}",
-                f"the KV cache is {100 * kv_now / (w + kv_now):.0f}% of the bytes read per token now and {fmt_bytes(plan.kv_cache_bytes)} at full context", gain))
-        if r.decode_efficiency < 0.5:
+                f"the KV cache is {100 * kv_now / (w + kv_now):.0f}% of the bytes read per token now and {fmt_bytes(plan.kv_cache_bytes)} at full context", gain, "derived"))
+        if r.decode_efficiency is not None and r.decode_efficiency < 0.5:
             out.append(Action(
                 f"check threads ({s['threads']}, {s['physical_cores']} physical cores) and other load on the machine",
                 f"decode runs at {100 * r.decode_efficiency:.0f}% of its {r.decode_ceiling_tokens_per_s:.0f} t/s ceiling",
-                "far below the memory roofline, the bottleneck is not bandwidth: compute, threads or contention", 1 / max(r.decode_efficiency, 0.05) ** 0.5))
+                "far below the memory roofline, the bottleneck is not bandwidth: compute, threads or contention",
+                1 / max(r.decode_efficiency, 0.05) ** 0.5, "rule of thumb"))
     else:
         out.append(Action(
             "shorten the prompt, or keep it as a chat prefix (localllm chat reuses the cached history each turn)",
@@ -173,7 +195,7 @@ def _actions(r: DoctorReport, shape: planner.ModelShape, plan: planner.MemoryPla
         out.append(Action(
             "--speculate lookup --temp 0 (prompt-lookup speculative decoding)",
             f"measured x{r.speculative_gain:.2f} tokens/s on this prompt ({100 * (r.speculative_acceptance or 0):.0f}% of drafts accepted)",
-            "the reply repeats the prompt, so drafts from it are often right", r.speculative_gain))
+            "the reply repeats the prompt, so drafts from it are often right", r.speculative_gain, "measured"))
     if s["gpu_offload_supported"] and s["n_gpu_layers"] < shape.n_layer + 1:
         out.append(Action(f"offload more layers (--ngl, now {s['n_gpu_layers']} of {shape.n_layer + 1})",
                           "GPU memory bandwidth and compute are several times the CPU's", "layers are running on the CPU", 3.0))
@@ -181,7 +203,8 @@ def _actions(r: DoctorReport, shape: planner.ModelShape, plan: planner.MemoryPla
         out.append(Action(f"--threads {s['physical_cores']}", "llama.cpp scales with physical cores, not hyper-threads",
                           f"threads {s['threads']} vs {s['physical_cores']} physical cores", 1.1))
     if not out:
-        out.append(Action("nothing obvious to change", f"decode at {100 * r.decode_efficiency:.0f}% of its roofline", "already near the limit", 1.0))
+        eff = "n/a" if r.decode_efficiency is None else f"{100 * r.decode_efficiency:.0f}%"
+        out.append(Action("nothing obvious to change", f"decode at {eff} of its roofline", "already near the limit", 1.0, "measured"))
     return sorted(out, key=lambda a: -a.gain)
 
 
@@ -213,4 +236,4 @@ def measure_speculation(backend, prompt: str, *, gen_tokens: int, chat: bool) ->
     for _ in generate(backend, tokens, PromptLookup(), max_tokens=gen_tokens, k=8, stop_at_eog=False):
         pass
     spec = backend.last_stats.tpot_ms
-    return (plain / spec if spec else 0.0), backend.last_spec.acceptance
+    return (plain / spec if spec and plain else None), backend.last_spec.acceptance

@@ -65,8 +65,32 @@ def default_threads() -> int:
 
 
 def gpu_offload_supported() -> bool:
+    """Whether this build has a GPU (or integrated GPU) device to offload to.
+
+    Not ``llama_supports_gpu_offload()``: that is true in every build with the
+    RPC backend compiled in (src/llama.cpp: ``... || llama_supports_rpc()``),
+    GPU or not, and our builds have it. A worker added with ``--rpc`` shows up
+    as a GPU-type device, so it counts once it is there."""
     install_log_router()
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    lib = _ggml_lib()
+    if lib is None:
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    by_type = lib.ggml_backend_dev_by_type
+    by_type.restype = ctypes.c_void_p
+    by_type.argtypes = [ctypes.c_int]
+    return any(by_type(t) for t in (_DEV_GPU, _DEV_IGPU))
+
+
+_DEV_GPU, _DEV_IGPU = 1, 2  # enum ggml_backend_dev_type (ggml/include/ggml-backend.h)
+
+
+def _ggml_lib() -> ctypes.CDLL | None:
+    """llama-cpp-python's own libggml (already loaded by llama_cpp: same handle)."""
+    libdir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
+        if (libdir / name).exists():
+            return ctypes.CDLL(str(libdir / name))
+    return None
 
 
 def system_info() -> str:
@@ -151,7 +175,7 @@ class LlamaCppBackend:
             type_k=config.type_k,
             type_v=config.type_v,
             flash_attn=flash,
-            gpu_offload_supported=bool(llama_cpp.llama_supports_gpu_offload()),
+            gpu_offload_supported=gpu_offload_supported(),
         )
         return self.info
 
@@ -489,6 +513,15 @@ class LlamaCppBackend:
                 context_used=len(self.cache_tokens),
                 shifts=shifts,
             )
+
+    def bos_token(self) -> int | None:
+        """The beginning-of-sequence token when the vocabulary adds one to a text
+        (llama_vocab_get_add_bos), else None."""
+        self._require()
+        if not llama_cpp.llama_vocab_get_add_bos(self.vocab):
+            return None
+        bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        return bos if bos >= 0 else None
 
     def logits(self, tokens: Sequence[int]):
         """Logits at every position of ``tokens``, evaluated from an empty cache

@@ -28,8 +28,24 @@ def count(n: float) -> str:
     return str(int(n))
 
 
-def ms(x: float) -> str:
+NA = "n/a"
+
+
+def ms(x: float | None) -> str:
+    """Milliseconds; "n/a" for a figure that was not measured."""
+    if x is None:
+        return NA
     return f"{x / 1000:.2f} s" if x >= 10_000 else f"{x:.2f} ms"
+
+
+def num(x: float | None, digits: int = 2, unit: str = "") -> str:
+    """A number with ``digits`` decimals and a unit; "n/a" when not measured."""
+    return NA if x is None else f"{x:.{digits}f}{unit}"
+
+
+def mean_pm(m: float | None, s: float | None, digits: int = 2) -> str:
+    """``m ± s`` as llama-bench prints it; the spread of one run is "n/a"."""
+    return f"{num(m, digits)} ± {num(s, digits)}"
 
 
 def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

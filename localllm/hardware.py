@@ -86,3 +86,51 @@ def detect(vram: int | None = None) -> Hardware:
         share = 2 / 3 if vm.total <= 36 * 1024**3 else 3 / 4
         return Hardware("Apple Silicon (unified memory)", int(vm.total * share), None, "apple-unified", vm.total, vm.available)
     return Hardware(None, None, None, "none", vm.total, vm.available)
+
+
+def physical_cores() -> int:
+    """Physical cores: llama.cpp's default thread count, and the roofline's."""
+    import os
+
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def gpu_memory_bandwidth() -> float | None:
+    """Peak memory bandwidth of the GPU the layers are offloaded to, bytes/s:
+    NVIDIA from NVML (memory bus width x maximum memory clock x 2), Apple from
+    the chip's published figure; None where neither is known (the roofline then
+    says n/a for the GPU's part instead of guessing)."""
+    from localllm import roofline
+
+    try:
+        import pynvml
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+        except Exception:  # no driver / no NVIDIA GPU: NVML raises its own error types
+            pass
+        else:
+            try:
+                if pynvml.nvmlDeviceGetCount() >= 1:
+                    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+                    bus = int(pynvml.nvmlDeviceGetMemoryBusWidth(h))
+                    clock = int(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM))
+                    if bus > 0 and clock > 0:
+                        return roofline.nvidia_bandwidth(bus, clock)
+            except Exception:  # an NVML without these queries: unknown, not a guess
+                return None
+            finally:
+                pynvml.nvmlShutdown()
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        import subprocess
+
+        try:
+            chip = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return roofline.apple_bandwidth(chip)
+    return None

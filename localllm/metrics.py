@@ -11,6 +11,10 @@ Definitions (the seeds' vocabulary, and what llama.cpp's perf counters count):
   (llama_perf_context's t_p_eval_ms).
 - decode rate: single-token evaluations / the time they took (t_eval_ms). The
   last sampled token is never evaluated, so there is one fewer than generated.
+
+A figure that was not measured (no gap between tokens after one token, no
+decode after ``-n 1``, a standard deviation of one repetition) is None, shown
+as "n/a" and written as null: never 0, which reads as a measurement.
 """
 
 from __future__ import annotations
@@ -33,27 +37,28 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (llama-bench reports avg ± stddev)."""
-    if not values:
-        return 0.0, 0.0
-    m = sum(values) / len(values)
+def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (llama-bench reports avg ± stddev).
+    None where not measured: no values (or any missing), or one value's spread."""
+    if not values or any(v is None for v in values):
+        return None, None
+    m = sum(values) / len(values)  # type: ignore[arg-type]
     if len(values) < 2:
-        return m, 0.0
-    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
+        return m, None
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)  # type: ignore[operator]
     return m, math.sqrt(var)
 
 
 @dataclass(frozen=True)
 class ITL:
-    p50: float
-    p95: float
-    max: float
+    p50: float | None  # None: fewer than two tokens, no gap to measure
+    p95: float | None
+    max: float | None
 
     @classmethod
     def from_gaps(cls, gaps_ms: Sequence[float]) -> "ITL":
         if not gaps_ms:
-            return cls(0.0, 0.0, 0.0)
+            return cls(None, None, None)
         return cls(percentile(gaps_ms, 50), percentile(gaps_ms, 95), float(max(gaps_ms)))
 
 
@@ -76,14 +81,14 @@ class GenerationStats:
     prompt_tokens: int
     generated_tokens: int
     load_ms: float
-    ttft_ms: float
+    ttft_ms: float | None  # None: no token came
     itl_ms: ITL
-    tpot_ms: float
+    tpot_ms: float | None  # None: fewer than two tokens
     prefill_ms: float
     decode_ms: float
     decode_evals: int
-    prefill_tokens_per_s: float
-    decode_tokens_per_s: float
+    prefill_tokens_per_s: float | None  # None: no prompt was evaluated (all of it came from the cache)
+    decode_tokens_per_s: float | None  # None: no single-token evaluation (-n 1)
     total_ms: float
     stop_reason: str = "length"
     n_ctx: int = 0
@@ -123,14 +128,14 @@ def compute_stats(
         prompt_tokens=prompt_tokens,
         generated_tokens=n,
         load_ms=load_ms,
-        ttft_ms=times_ms[0] if times_ms else 0.0,
+        ttft_ms=times_ms[0] if times_ms else None,
         itl_ms=ITL.from_gaps(gaps),
-        tpot_ms=(times_ms[-1] - times_ms[0]) / (n - 1) if n > 1 else 0.0,
+        tpot_ms=(times_ms[-1] - times_ms[0]) / (n - 1) if n > 1 else None,
         prefill_ms=prefill_ms,
         decode_ms=decode_ms,
         decode_evals=decode_evals,
-        prefill_tokens_per_s=prompt_tokens / prefill_ms * 1000 if prefill_ms > 0 else 0.0,
-        decode_tokens_per_s=decode_evals / decode_ms * 1000 if decode_ms > 0 else 0.0,
+        prefill_tokens_per_s=prompt_tokens / prefill_ms * 1000 if prefill_ms > 0 and prompt_tokens else None,
+        decode_tokens_per_s=decode_evals / decode_ms * 1000 if decode_ms > 0 and decode_evals else None,
         total_ms=(end_ns - start_ns) / 1e6,
         stop_reason=stop_reason,
         n_ctx=n_ctx,

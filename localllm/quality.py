@@ -2,7 +2,7 @@
 
 The statistics ``llama-perplexity --kl-divergence`` reports, computed the same
 way: the text is cut into chunks of ``chunk`` tokens, each chunk is evaluated
-from an empty cache, and only the second half of each chunk is scored (every
+from an empty cache with the model's BOS token as its first token, and only the second half of each chunk is scored (every
 scored token then has at least chunk/2 tokens of context). For each scored
 position: the negative log-likelihood of the true next token (perplexity), the
 KL divergence KL(reference || candidate) of the next-token distributions, and
@@ -49,8 +49,20 @@ class QualityReport:
         return asdict(self)
 
 
-def compare(reference: LogitsFn, candidates: Mapping[str, LogitsFn], tokens: Sequence[int], chunk: int = 256) -> list[QualityReport]:
-    """Score every candidate against the reference on ``tokens``."""
+def compare(
+    reference: LogitsFn,
+    candidates: Mapping[str, LogitsFn],
+    tokens: Sequence[int],
+    chunk: int = 256,
+    bos: int | None = None,
+) -> list[QualityReport]:
+    """Score every candidate against the reference on ``tokens``.
+
+    ``bos``: the model's beginning-of-sequence token when its vocabulary adds
+    one. llama-perplexity puts it in place of each chunk's first token
+    (tools/perplexity/perplexity.cpp: ``if (add_bos && j == 0) tokens[batch_start]
+    = llama_vocab_bos(vocab)``); without it a model such as Gemma 3 reads every
+    chunk but the first as a text cut mid-stream, and its perplexity triples."""
     if len(tokens) < chunk:
         raise ValueError(f"need at least {chunk} tokens of text, got {len(tokens)}")
     ref_nll: list[float] = []
@@ -60,6 +72,8 @@ def compare(reference: LogitsFn, candidates: Mapping[str, LogitsFn], tokens: Seq
     first = chunk // 2
     for start in range(0, len(tokens) - chunk + 1, chunk):
         window = list(tokens[start : start + chunk])
+        if bos is not None:
+            window[0] = bos
         targets = np.asarray(window[first + 1 :])
         ref = log_softmax(reference(window)[first:-1])
         ref_nll.extend((-ref[np.arange(len(targets)), targets]).tolist())

@@ -156,6 +156,9 @@ def generate(engine, prompt_tokens: Sequence[int], drafter: Drafter, *, max_toke
             decode_ns=decode_ns, decode_evals=evals, load_ms=engine.info.load_ms if engine.info else 0.0,
             end_ns=time.perf_counter_ns(), stop_reason=stop, n_ctx=engine.n_ctx, context_used=len(engine.cache_tokens),
         )
-        # Tokens per second of decoding: every emitted token after the first, over the batches' time.
-        stats.decode_tokens_per_s = (n - 1) / (decode_ns / 1e9) if decode_ns and n > 1 else 0.0
+        # The effective decode rate: every emitted token after the first, over the
+        # wall time from the first token to the last, so drafting (a draft
+        # model's own decodes) counts, not only the checking batches.
+        span_ns = token_ns[-1] - token_ns[0] if n > 1 else 0
+        stats.decode_tokens_per_s = (n - 1) / (span_ns / 1e9) if span_ns > 0 else None
         engine.last_stats = stats

@@ -34,7 +34,7 @@ def evaluate(source: Path, candidates: Sequence[Path], *, max_tokens: int | None
         tokens = ref.tokenize(eval_text())
         if max_tokens:
             tokens = tokens[:max_tokens]
-        return compare(ref.logits, {name: b.logits for name, b in loaded.items()}, tokens, chunk=CHUNK)
+        return compare(ref.logits, {name: b.logits for name, b in loaded.items()}, tokens, chunk=CHUNK, bos=ref.bos_token())
     finally:
         ref.close()
         for b in loaded.values():

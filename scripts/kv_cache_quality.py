@@ -31,7 +31,7 @@ def main() -> None:
         b.load(path, LoadConfig(n_ctx=CHUNK, n_batch=CHUNK, n_ubatch=CHUNK, n_outputs_max=0, type_k=kv, type_v=kv, flash_attn="on"))
         backends[kv] = b
     tokens = backends["f16"].tokenize(eval_text())[: a.tokens]
-    rows = compare(backends["f16"].logits, {k: backends[k].logits for k in ("q8_0", "q4_0")}, tokens, chunk=CHUNK)
+    rows = compare(backends["f16"].logits, {k: backends[k].logits for k in ("q8_0", "q4_0")}, tokens, chunk=CHUNK, bos=backends["f16"].bos_token())
     print(f"{path.name}: f16 cache perplexity {rows[0].reference_perplexity:.3f} on {rows[0].positions} scored tokens")
     print(f"{'cache':<6} {'PPL':>8} {'KL mean':>9} {'KL p99':>8} {'top-1':>7}")
     for r in rows:

@@ -30,6 +30,20 @@ def test_bench_json(synth_model: Path) -> None:
         assert r["pp_std"] >= 0 and r["tg_std"] >= 0
 
 
+def test_missing_figures_are_null_and_na_not_zero(synth_model: Path) -> None:
+    """--reps 1 has no spread and --gen-tokens 1 no decode: null in JSON, n/a in
+    the table, never 0 (issue 12)."""
+    proc = run_cli("bench", str(synth_model), "--prompt-tokens", "16", "--gen-tokens", "1", "--reps", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["pp_std"] is None and row["tg_std"] is None and row["tg_tokens_per_s"] is None
+    assert row["itl_p50_ms"] is None and row["pp_tokens_per_s"] > 0
+    table = run_cli("bench", str(synth_model), "--prompt-tokens", "16", "--gen-tokens", "1", "--reps", "1")
+    assert table.returncode == 0, table.stderr
+    line = next(ln for ln in table.stdout.splitlines() if ln.startswith("| 16 |"))
+    assert "± n/a" in line and "n/a ± n/a" in line and "0.00" not in line, line
+
+
 @pytest.mark.slow
 def test_bench_table_on_default_model() -> None:
     proc = run_cli("bench", "--prompt-tokens", "32", "--gen-tokens", "8", "--reps", "2")

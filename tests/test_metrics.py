@@ -21,7 +21,7 @@ def test_mean_std_matches_statistics() -> None:
     m, s = mean_std(xs)
     assert m == pytest.approx(statistics.mean(xs))
     assert s == pytest.approx(statistics.stdev(xs))
-    assert mean_std([4.0]) == (4.0, 0.0)
+    assert mean_std([4.0]) == (4.0, None)  # one value has no spread: not measured
 
 
 def test_compute_stats_from_stamps() -> None:
@@ -52,4 +52,17 @@ def test_compute_stats_from_stamps() -> None:
 
 def test_no_tokens() -> None:
     s = compute_stats(start_ns=0, token_ns=[], prompt_tokens=3, prefill_ns=0, decode_ns=0, decode_evals=0, load_ms=0, end_ns=5, stop_reason="stop")
-    assert s.generated_tokens == 0 and s.ttft_ms == 0 and s.decode_tokens_per_s == 0
+    # nothing was measured: None (null, "n/a"), never a 0 that reads as a measurement
+    assert s.generated_tokens == 0 and s.ttft_ms is None and s.decode_tokens_per_s is None and s.tpot_ms is None
+    assert s.prefill_tokens_per_s is None and s.itl_ms == ITL(None, None, None)
+    d = s.to_dict()
+    assert d["ttft_ms"] is None and d["itl_ms"] == {"p50": None, "p95": None, "max": None}
+
+
+def test_one_repetition_has_no_spread() -> None:
+    from localllm.metrics import mean_std
+
+    assert mean_std([12.0]) == (12.0, None)
+    assert mean_std([10.0, None]) == (None, None)
+    m, s = mean_std([10.0, 14.0])
+    assert m == 12.0 and s == pytest.approx(2 ** 0.5 * 2)

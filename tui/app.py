@@ -97,6 +97,7 @@ class LocalLLMApp(App):
         self.saved: sessions.SavedSession | None = None
         self.footprint: Footprint | None = None
         self.bandwidth: float | None = None  # bytes/s, measured once, for the decode roofline
+        self.gpu_bandwidth: float | None = None  # the GPU's, where hardware.gpu_memory_bandwidth knows it
         self.load_config: LoadConfig | None = None
         # Every llama.cpp call runs on this one thread. Measured here: decoding on
         # a second thread after llama.cpp computed on another ran at 33 t/s
@@ -175,7 +176,10 @@ class LocalLLMApp(App):
             if self.bandwidth is None:
                 from localllm.roofline import measure_bandwidth
 
-                self.bandwidth = measure_bandwidth(mib=128, passes=3)
+                from localllm.hardware import gpu_memory_bandwidth, physical_cores
+
+                self.bandwidth = measure_bandwidth(mib=128, passes=3, threads=cfg.n_threads or physical_cores())
+                self.gpu_bandwidth = gpu_memory_bandwidth()
             self.post_message(ModelLoaded(cfg, note))
         except LocalLLMError as exc:
             self.post_message(ModelLoaded(LoadConfig(), "", error=str(exc)))
@@ -324,7 +328,11 @@ class LocalLLMApp(App):
 
                 fp = self.footprint
                 kv = planner.kv_bytes_in_use(fp.plan, s.context_used)
-                latency.ceiling_tps = roofline(self.bandwidth, weights_read_per_token(fp.shape), kv, s.decode_tokens_per_s).ceiling_tokens_per_s
+                gpu_read = fp.plan.weights_gpu_bytes  # offloaded layers: read at the GPU's speed, unknown here
+                latency.ceiling_tps = roofline(
+                    self.bandwidth, weights_read_per_token(fp.shape), kv, s.decode_tokens_per_s,
+                    gpu_bytes=gpu_read, gpu_bandwidth=self.gpu_bandwidth,
+                ).ceiling_tokens_per_s
             for shift in s.context_shifts:
                 view.add("note", f"context shift: dropped {shift.dropped} tokens, kept {shift.kept} ({shift.method}, {shift.ms:.1f} ms)")
         self._update_footprint()

@@ -15,8 +15,8 @@ def table(rows: list[BenchRow], header: str) -> str:
     lines = [header, "", "| prompt | gen | pp t/s | tg t/s | TTFT | ITL p50 | ITL p95 |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r.prompt_tokens} | {r.gen_tokens} | {r.pp_tokens_per_s:.2f} ± {r.pp_std:.2f} | "
-            f"{r.tg_tokens_per_s:.2f} ± {r.tg_std:.2f} | {fmt.ms(r.ttft_ms)} | {fmt.ms(r.itl_p50_ms)} | {fmt.ms(r.itl_p95_ms)} |"
+            f"| {r.prompt_tokens} | {r.gen_tokens} | {fmt.mean_pm(r.pp_tokens_per_s, r.pp_std)} | "
+            f"{fmt.mean_pm(r.tg_tokens_per_s, r.tg_std)} | {fmt.ms(r.ttft_ms)} | {fmt.ms(r.itl_p50_ms)} | {fmt.ms(r.itl_p95_ms)} |"
         )
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ from localllm.metrics import GenerationStats
 
 def summary(s: GenerationStats, shifts_total: int) -> str:
     return (
-        f"TTFT {fmt.ms(s.ttft_ms)} · {s.decode_tokens_per_s:.1f} tokens/s · ITL p50 {fmt.ms(s.itl_ms.p50)} p95 {fmt.ms(s.itl_ms.p95)}"
+        f"TTFT {fmt.ms(s.ttft_ms)} · {fmt.num(s.decode_tokens_per_s, 1)} tokens/s · ITL p50 {fmt.ms(s.itl_ms.p50)} p95 {fmt.ms(s.itl_ms.p95)}"
         f" · context {s.context_used}/{s.n_ctx} · shifts {shifts_total}"
     )
 

@@ -39,11 +39,25 @@ def _kv_kl(path: Path, threads: int | None) -> dict[str, float]:
             b.load(path, LoadConfig(n_ctx=256, n_batch=256, n_ubatch=256, n_outputs_max=0, type_k=kv, type_v=kv, flash_attn="on", n_threads=threads))
             backends.append(b)
         tokens = backends[0].tokenize(eval_text())[:256]
-        rows = compare(backends[0].logits, {"q8_0": backends[1].logits, "q4_0": backends[2].logits}, tokens, chunk=256)
+        rows = compare(backends[0].logits, {"q8_0": backends[1].logits, "q4_0": backends[2].logits}, tokens, chunk=256, bos=backends[0].bos_token())
         return {r.name: r.kl_mean for r in rows}
     finally:
         for b in backends:
             b.close()
+
+
+def _roofline_line(r) -> str:
+    """Bandwidth per thread count, bytes per token split by device, the ceiling."""
+    by_threads = ", ".join(f"{n} thread{'s' if n > 1 else ''} {bw:.1f}" for n, bw in sorted(r.bandwidth_by_threads_gb_per_s.items()))
+    cpu_bytes = r.bytes_per_token - r.gpu_bytes_per_token
+    reads = f"{fmt.size(cpu_bytes)} from RAM at {r.bandwidth_gb_per_s:.1f} GB/s"
+    if r.gpu_bytes_per_token:
+        gbw = "n/a (unknown GPU bandwidth)" if r.gpu_bandwidth_gb_per_s is None else f"{r.gpu_bandwidth_gb_per_s:.0f} GB/s"
+        reads += f" + {fmt.size(r.gpu_bytes_per_token)} from GPU memory at {gbw}"
+    ceiling = fmt.num(r.decode_ceiling_tokens_per_s, 0)
+    eff = "n/a" if r.decode_efficiency is None else f"{100 * r.decode_efficiency:.0f}%"
+    return (f"   roofline     memory bandwidth GB/s by threads: {by_threads}\n"
+            f"                per token {reads} = {ceiling} t/s ceiling; decode at {eff} of it")
 
 
 def render(r, name: str) -> str:
@@ -52,10 +66,9 @@ def render(r, name: str) -> str:
         f"doctor · {name} · {r.file_type} ({r.bits_per_weight:.2f} bits per weight)",
         "",
         f"1. input        {r.prompt_tokens} prompt tokens",
-        f"2. TTFT         {fmt.ms(r.ttft_ms)} (prefill {r.prefill_tokens_per_s:.1f} t/s)",
-        f"3. ITL          p50 {fmt.ms(r.itl_p50_ms)}, p95 {fmt.ms(r.itl_p95_ms)} (decode {r.decode_tokens_per_s:.1f} t/s)",
-        f"   roofline     {r.bandwidth_gb_per_s:.1f} GB/s ÷ {fmt.size(r.bytes_per_token)} per token = {r.decode_ceiling_tokens_per_s:.0f} t/s ceiling; "
-        f"decode at {100 * r.decode_efficiency:.0f}% of it",
+        f"2. TTFT         {fmt.ms(r.ttft_ms)} (prefill {fmt.num(r.prefill_tokens_per_s, 1)} t/s)",
+        f"3. ITL          p50 {fmt.ms(r.itl_p50_ms)}, p95 {fmt.ms(r.itl_p95_ms)} (decode {fmt.num(r.decode_tokens_per_s, 1)} t/s)",
+        _roofline_line(r),
         f"4. KV cache     {fmt.size(r.kv_cache_bytes)} at full context ({100 * r.kv_share_of_memory:.0f}% of the memory); "
         f"{r.concurrency_at_full_context} more full-context sequences would fit",
         f"5. quantization {r.file_type} weights, {s['type_k']}/{s['type_v']} KV cache; largest context that fits by cache type: "
@@ -71,7 +84,7 @@ def render(r, name: str) -> str:
         "what to change, largest expected effect first:",
     ]
     for i, a in enumerate(r.actions, 1):
-        lines.append(f"  {i}. {a.action}\n     {a.expected}\n     why: {a.why}")
+        lines.append(f"  {i}. {a.action}\n     {a.expected} [{a.basis}]\n     why: {a.why}")
     return "\n".join(lines)
 
 
@@ -80,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
 
     from localllm.doctor import examine, measure, measure_speculation
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
-    from localllm.roofline import measure_bandwidth
+    from localllm.hardware import gpu_memory_bandwidth
+    from localllm.roofline import measure_by_threads
 
     path = catalog.resolve(args.model)
     prompt = _prompt(args)
@@ -99,12 +113,16 @@ def run(args: argparse.Namespace) -> int:
             say("measuring prompt-lookup speculative decoding")
             spec = measure_speculation(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
     say("measuring memory bandwidth")
-    bandwidth = measure_bandwidth()
+    threads = info.n_threads or 1
+    by_threads = measure_by_threads([1, threads])
+    bandwidth = by_threads[threads]  # what the decode's threads can pull from memory
+    gpu_bw = gpu_memory_bandwidth() if info.gpu_offload_supported else None
     kl: dict[str, float] = {}
     if fitted.config.type_k == "f16" and not args.no_quality:
         say("measuring what q8_0 and q4_0 KV caches cost")
         kl = _kv_kl(path, args.threads)
-    report = examine(header, info, fitted.config, stats, fitted.hardware, bandwidth, kl.get("q8_0"), spec)
+    report = examine(header, info, fitted.config, stats, fitted.hardware, bandwidth, kl.get("q8_0"), spec,
+                     gpu_bandwidth=gpu_bw, bandwidth_by_threads=by_threads)
     report.kv_types = {
         t: {"max_ctx": fitted.fit.max_ctx_by_kv_type.get(t, 0), "kl_mean": kl.get(t, 0.0 if t == "f16" else None)}
         for t in ("f16", "q8_0", "q4_0")

