@@ -86,6 +86,7 @@ class GGUFHeader:
     fields: dict[str, Any] = field(default_factory=dict)
     tensors: list[TensorInfo] = field(default_factory=list)
     data_offset: int = 0
+    header_end: int = 0  # where the tensor table ends, before the padding up to data_offset
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
@@ -232,6 +233,7 @@ def _parse(p: Path, buf: memoryview, size: int, limit: int | None = None) -> GGU
             raise ValueError(f"bad alignment {align}")
         data_offset = (cur.pos + align - 1) // align * align
         header.data_offset = data_offset
+        header.header_end = cur.pos
         for name, shape, ttype, offset in tensors:
             try:
                 qtype = GGMLQuantizationType(ttype)

@@ -27,13 +27,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from localllm.errors import InputError, UsageError
-from localllm.gguf_file import read_header
+from localllm.gguf_file import GGUFHeader, read_header
 from localllm.model_info import TensorTypeStat, describe
 
 TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "IQ4_NL", "IQ4_XS", "Q3_K_M", "Q3_K_S", "Q2_K", "F16", "BF16", "F32")
 SOURCE_TYPES = ("F32", "F16", "BF16")
 _PROGRESS = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
 _SIZE = re.compile(r"(model|quant) size\s+=\s+([\d.]+) MiB")
+# a dry run's tensor line ends "size = 54.00 MiB -> 28.69 MiB (q8_0)" when the type changes
+_NEW_TYPE = re.compile(r"->\s+[\d.]+ MiB \((\w+)\)\s*$")
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class Job:
             raise UsageError(f"the output directory {self.dst.parent} does not exist")
 
 
-def _run_child(job: Job, dst: Path, dry: bool) -> Iterator[Progress | tuple[str, float]]:
+def _run_child(job: Job, dst: Path, dry: bool, tensor_lines: bool = False) -> Iterator[Progress | tuple]:
     """Run ``python -m quantize.worker`` and turn its log lines into events. The
     child gets its own session, so Ctrl+C reaches only us; we then kill it."""
     args = {
@@ -118,6 +120,9 @@ def _run_child(job: Job, dst: Path, dry: bool) -> Iterator[Progress | tuple[str,
             m = _PROGRESS.match(payload)
             if m:
                 yield Progress(int(m.group(1)), int(m.group(2)), m.group(3))
+                t = _NEW_TYPE.search(payload) if tensor_lines else None
+                if t:
+                    yield ("tensor", m.group(3), t.group(1))
             s = _SIZE.search(payload)
             if s:
                 yield (s.group(1), float(s.group(2)))
@@ -131,12 +136,51 @@ def _run_child(job: Job, dst: Path, dry: bool) -> Iterator[Progress | tuple[str,
 
 
 def dry_run_size(job: Job) -> int:
-    """The output size llama.cpp computes without writing (bytes of tensor data)."""
-    size = 0.0
-    for event in _run_child(job, job.dst.with_name(job.dst.name + ".dryrun"), dry=True):
-        if isinstance(event, tuple) and event[0] == "quant":
-            size = event[1]
-    return int(size * 1024 * 1024)
+    """The size of the file llama.cpp will write, in bytes, without writing it.
+
+    llama.cpp's dry run prints each tensor's new type (``... -> 0.12 MiB (q4_K)``)
+    and a total of tensor data in MiB to two decimals; the file also holds the
+    metadata, the tensor table and alignment padding (3.5% of a small file). So
+    the size is rebuilt from llama.cpp's per-tensor choices and the GGUF layout
+    (src/llama-quant.cpp writes the source's key/values, general.file_type and
+    general.quantization_version, then each tensor padded to the alignment)."""
+    return predicted_sizes(job)[0]
+
+
+def predicted_sizes(job: Job) -> tuple[int, int]:
+    """(file bytes, tensor data bytes) of the output, from a dry run."""
+    new_types: dict[str, str] = {}
+    for event in _run_child(job, job.dst.with_name(job.dst.name + ".dryrun"), dry=True, tensor_lines=True):
+        if isinstance(event, tuple) and event[0] == "tensor":
+            new_types[event[1]] = event[2]
+    return predicted_file_size(read_header(job.src), new_types)
+
+
+def predicted_file_size(src: GGUFHeader, new_types: dict[str, str]) -> tuple[int, int]:
+    """(file bytes, tensor data bytes) when ``src``'s tensors take ``new_types``
+    (name -> ggml type name; a tensor not named keeps its type)."""
+    from localllm.planner import row_bytes
+
+    align = int(src.get("general.alignment", 32))
+    pad = lambda n: (n + align - 1) // align * align  # noqa: E731
+    added = 0
+    for key in ("general.quantization_version", "general.file_type"):
+        if key not in src.fields:
+            added += 8 + len(key) + 4 + 4  # key (u64 length + bytes), value type (u32), u32 value
+    for key, value_bytes in (("split.no", 2), ("split.count", 2), ("split.tensors.count", 4)):
+        if key in src.fields:  # removed from the output
+            added -= 8 + len(key) + 4 + value_bytes
+    data = raw = 0
+    for t in src.tensors:
+        name = new_types.get(t.name)
+        if name is None:
+            nbytes = t.n_bytes
+        else:
+            ne0 = t.shape[0] if t.shape else 1
+            nbytes = (t.n_elements // ne0) * row_bytes(name, ne0)
+        data += pad(nbytes)
+        raw += nbytes
+    return pad(src.header_end + added) + data, raw
 
 
 def run(job: Job) -> Iterator[Progress | Report]:
@@ -177,7 +221,7 @@ def report(src: Path, dst: Path, qtype: str, seconds: float) -> Report:
 def dry_report(job: Job) -> Report:
     job.check()
     t0 = time.perf_counter()
-    size = dry_run_size(job)
-    n_params = describe(read_header(job.src)).n_params
-    return Report(str(job.src), None, job.qtype, job.src.stat().st_size, size, round(size * 8 / n_params, 4) if n_params else 0.0,
+    size, data = predicted_sizes(job)
+    n_params = describe(read_header(job.src)).n_params  # bits per weight: of the tensor data, as llama.cpp counts it
+    return Report(str(job.src), None, job.qtype, job.src.stat().st_size, size, round(data * 8 / n_params, 4) if n_params else 0.0,
                   time.perf_counter() - t0, True, [])
