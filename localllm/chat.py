@@ -10,6 +10,7 @@ Each shift is recorded (tokens dropped, time taken, in place or re-processed).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol, Sequence
@@ -42,7 +43,9 @@ class ChatBackend(Protocol):
 
     def load_state(self, path: Path) -> bool: ...
 
-    def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True) -> Iterator[TokenEvent]: ...
+    def extend(
+        self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True, start_ns: int | None = None
+    ) -> Iterator[TokenEvent]: ...
 
 
 @dataclass
@@ -122,15 +125,18 @@ class ChatSession:
             return rest
         return head_tokens + rest
 
-    def send(self, text: str) -> Iterator[TokenEvent]:
-        """Stream the reply to ``text``; the turn is recorded when it ends."""
+    def send(self, text: str, start_ns: int | None = None) -> Iterator[TokenEvent]:
+        """Stream the reply to ``text``; the turn is recorded when it ends.
+        ``start_ns``: when the user submitted it (TTFT's clock; now by default),
+        so rendering, tokenizing and a prompt-cache load count in TTFT."""
+        start = start_ns if start_ns is not None else time.perf_counter_ns()
         messages = self.messages + [{"role": "user", "content": text}]
         rendered = self.backend.render_chat(messages, add_generation_prompt=True)
         tokens = self._new_tokens(rendered)
         pieces: list[str] = []
         try:
             n_keep = self.n_keep if self.keep_override is None else self.keep_override
-            for event in self.backend.extend(tokens, self.sampling, n_keep=n_keep, shift=self.sliding_window):
+            for event in self.backend.extend(tokens, self.sampling, n_keep=n_keep, shift=self.sliding_window, start_ns=start):
                 pieces.append(event.text)
                 yield event
         finally:

@@ -112,7 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
-    p = sub.add_parser("run", help="generate a reply and show TTFT, ITL and throughput")
+    p = sub.add_parser(
+        "run", help="generate a reply and show TTFT, ITL and throughput",
+        description="TTFT runs from the prompt's submission (after the model load) to the first token that prints text: "
+        "template, tokenizing, prefill and sampling included; the prefill time is shown on its own.",
+    )
     _add_model(p)
     p.add_argument("-p", "--prompt", default=None, help="the prompt (default: read stdin)")
     p.add_argument("-n", "--n-predict", type=_gen_tokens, default=-1, metavar="N", help="tokens to generate, -1 until the model stops (default)")

@@ -312,7 +312,13 @@ class LlamaCppBackend:
         self.cache_tokens = []
 
     def stream(
-        self, prompt: str | Sequence[int], sampling: SamplingConfig, *, chat: bool = True, n_keep: int | None = None
+        self,
+        prompt: str | Sequence[int],
+        sampling: SamplingConfig,
+        *,
+        chat: bool = True,
+        n_keep: int | None = None,
+        start_ns: int | None = None,
     ) -> Iterator[TokenEvent]:
         """A fresh generation from ``prompt`` (the cache is cleared first).
 
@@ -320,9 +326,10 @@ class LlamaCppBackend:
         generation stops at a full context (``stop_reason='context'``).
         ``n_keep``: tokens at the front that a context shift never drops. By
         default the whole prompt when it takes at most half the context, else
-        just the BOS token, so that ``run -n`` can go past ``n_ctx``."""
+        just the BOS token, so that ``run -n`` can go past ``n_ctx``.
+        ``start_ns``: when the user submitted the prompt (TTFT's clock); now by default."""
         self._require()
-        start = time.perf_counter_ns()
+        start = start_ns if start_ns is not None else time.perf_counter_ns()
         tokens = self.prompt_tokens(prompt, chat=chat) if isinstance(prompt, str) else list(prompt)
         if not tokens:
             raise UsageError("the prompt is empty")
@@ -335,9 +342,12 @@ class LlamaCppBackend:
         self.reset()
         return self._generate(tokens, sampling, n_keep=n_keep, start=start)
 
-    def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True) -> Iterator[TokenEvent]:
+    def extend(
+        self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True, start_ns: int | None = None
+    ) -> Iterator[TokenEvent]:
         """Append ``tokens`` to what the cache holds and generate (a chat turn).
-        With ``shift=False`` a full context is an error instead of a shift."""
+        With ``shift=False`` a full context is an error instead of a shift.
+        ``start_ns``: when the user submitted the message (TTFT's clock)."""
         self._require()
         if not tokens:
             raise UsageError("nothing to add to the conversation")
@@ -345,7 +355,8 @@ class LlamaCppBackend:
             raise UsageError(f"the message is {len(tokens)} tokens; the context holds {self.n_ctx} with {n_keep} kept: try a larger --ctx")
         if not shift and len(self.cache_tokens) + len(tokens) >= self.n_ctx:
             raise EngineError(f"the context is full ({len(self.cache_tokens)} of {self.n_ctx} tokens): clear the chat, or turn the sliding window on")
-        return self._generate(list(tokens), sampling, n_keep=n_keep, start=time.perf_counter_ns(), shift=shift)
+        start = start_ns if start_ns is not None else time.perf_counter_ns()
+        return self._generate(list(tokens), sampling, n_keep=n_keep, start=start, shift=shift)
 
     def prefill(self, tokens: Sequence[int]) -> float:
         """Evaluate ``tokens`` into the cache after what it holds, generating
@@ -468,6 +479,7 @@ class LlamaCppBackend:
         self.last_stats = None
         prefill_ns = decode_ns = decode_evals = 0
         token_ns: list[int] = []
+        first_text_ns: int | None = None
         shifts: list[ShiftRecord] = []
         stop = "length"
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -486,7 +498,10 @@ class LlamaCppBackend:
                 token_ns.append(now)
                 last = i == sampling.max_tokens - 1
                 # A character split across tokens is emitted whole, with the token that completes it.
-                yield TokenEvent(i, tok, utf8.decode(self.token_bytes(tok), final=last), now)
+                text = utf8.decode(self.token_bytes(tok), final=last)
+                if first_text_ns is None and text:
+                    first_text_ns = now
+                yield TokenEvent(i, tok, text, now)
                 i += 1
                 if last:
                     break
@@ -512,6 +527,7 @@ class LlamaCppBackend:
                 n_ctx=self.n_ctx,
                 context_used=len(self.cache_tokens),
                 shifts=shifts,
+                first_text_ns=first_text_ns,
             )
 
     def bos_token(self) -> int | None:

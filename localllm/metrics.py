@@ -2,8 +2,12 @@
 
 Definitions (the seeds' vocabulary, and what llama.cpp's perf counters count):
 
-- TTFT: from the start of the request to the moment the first token is sampled.
-  Bound by prefill (reading the prompt), which is compute-bound.
+- TTFT: from the moment the user's message is submitted (``run`` hands over
+  the prompt, Enter in the cockpit, a line in ``chat``) to the first token
+  that prints text; everything between counts: chat template, tokenizing,
+  prompt-cache reuse or load, prefill, sampling. One clock everywhere. Bound
+  by prefill (reading the prompt), which is compute-bound; the prefill time
+  is shown on its own as well.
 - ITL: the gaps between consecutive tokens' timestamps, as the user sees them
   (decode + sampling + detokenization). Bound by memory bandwidth.
 - TPOT: (last - first) / (generated - 1), the mean of the ITL gaps.
@@ -117,9 +121,14 @@ def compute_stats(
     n_ctx: int = 0,
     context_used: int = 0,
     shifts: Sequence[ShiftRecord] = (),
+    first_text_ns: int | None = None,
 ) -> GenerationStats:
-    """Build the stats from raw monotonic stamps (``time.perf_counter_ns``)."""
+    """Build the stats from raw monotonic stamps (``time.perf_counter_ns``).
+    ``first_text_ns``: when the first token that prints text came (a token that
+    is half a character prints nothing yet); by default the first token's."""
     times_ms = [(t - start_ns) / 1e6 for t in token_ns]
+    if first_text_ns is None and token_ns:
+        first_text_ns = token_ns[0]
     gaps = [b - a for a, b in zip(times_ms, times_ms[1:])]
     n = len(times_ms)
     prefill_ms = prefill_ns / 1e6
@@ -128,7 +137,7 @@ def compute_stats(
         prompt_tokens=prompt_tokens,
         generated_tokens=n,
         load_ms=load_ms,
-        ttft_ms=times_ms[0] if times_ms else None,
+        ttft_ms=(first_text_ns - start_ns) / 1e6 if first_text_ns is not None else None,
         itl_ms=ITL.from_gaps(gaps),
         tpot_ms=(times_ms[-1] - times_ms[0]) / (n - 1) if n > 1 else None,
         prefill_ms=prefill_ms,

@@ -63,8 +63,10 @@ class ScriptedBackend:
         self.cache_tokens = [int(t) for t in path.read_text().split()]
         return True
 
-    def extend(self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True) -> Iterator[TokenEvent]:
-        start = time.perf_counter_ns()
+    def extend(
+        self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True, start_ns: int | None = None
+    ) -> Iterator[TokenEvent]:
+        start = start_ns if start_ns is not None else time.perf_counter_ns()
         self.cache_tokens.extend(tokens)
         n = self.tokens if sampling.max_tokens < 0 else min(self.tokens, sampling.max_tokens)
         stamps: list[int] = []

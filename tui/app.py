@@ -42,9 +42,10 @@ PANEL_NS = int(float(os.environ.get("LOCALLLM_TUI_PANEL_MS", "500")) * 1e6)  # n
 
 
 class TokenBatch(Message):
-    def __init__(self, text: str, stamps: list[int], start_ns: int) -> None:
+    def __init__(self, text: str, stamps: list[int], start_ns: int, first_text_ns: int | None) -> None:
         super().__init__()
         self.text, self.stamps, self.start_ns = text, stamps, start_ns
+        self.first_text_ns = first_text_ns  # the first token that printed text: TTFT's end
 
 
 class ReplyDone(Message):
@@ -256,26 +257,31 @@ class LocalLLMApp(App):
         self._last_stamp = None
         self._stop.clear()
         self.busy = True
-        self._generate(text)
+        self._generate(text, time.perf_counter_ns())
 
     @work(thread=True, exclusive=True, group="reply")
-    def _generate(self, text: str) -> None:
-        self._engine.submit(self._generate_on_engine_thread, text).result()
+    def _generate(self, text: str, submitted_ns: int) -> None:
+        self._engine.submit(self._generate_on_engine_thread, text, submitted_ns).result()
 
-    def _generate_on_engine_thread(self, text: str) -> None:
+    def _generate_on_engine_thread(self, text: str, submitted_ns: int) -> None:
+        """TTFT runs from Enter (``submitted_ns``) to the first token that prints
+        text, on the same clock for the live figure and the final stats."""
         assert self.chat is not None
-        start = time.perf_counter_ns()
+        start = submitted_ns
+        first_text: int | None = None
         pieces: list[str] = []
         stamps: list[int] = []
         last_post = 0  # the first token is posted at once: it is the TTFT the user waits for
         stopped = False
         error = None
         try:
-            for event in self.chat.send(text):
+            for event in self.chat.send(text, start_ns=start):
                 pieces.append(event.text)
                 stamps.append(event.t_ns)
+                if first_text is None and event.text:
+                    first_text = event.t_ns
                 if event.t_ns - last_post >= BATCH_NS:
-                    self.post_message(TokenBatch("".join(pieces), stamps, start))
+                    self.post_message(TokenBatch("".join(pieces), stamps, start, first_text))
                     pieces, stamps, last_post = [], [], event.t_ns
                 if self._stop.is_set():
                     stopped = True
@@ -283,7 +289,7 @@ class LocalLLMApp(App):
         except LocalLLMError as exc:
             error = str(exc)
         if pieces:
-            self.post_message(TokenBatch("".join(pieces), stamps, start))
+            self.post_message(TokenBatch("".join(pieces), stamps, start, first_text))
         stats = self.backend.last_stats if self.backend is not None else None
         self.post_message(ReplyDone(stats if error is None else None, stopped, error))
 
@@ -292,10 +298,10 @@ class LocalLLMApp(App):
         if self._reply is not None:
             self._reply.append(msg.text)
         latency = self.query_one(LatencyPanel)
+        if latency.ttft_ms is None and msg.first_text_ns is not None:
+            latency.ttft_ms = (msg.first_text_ns - msg.start_ns) / 1e6
         for t in msg.stamps:
-            if self._last_stamp is None:
-                latency.ttft_ms = (t - msg.start_ns) / 1e6
-            else:
+            if self._last_stamp is not None:
                 self._gaps.append((t - self._last_stamp) / 1e6)
             self._last_stamp = t
         now = time.perf_counter_ns()

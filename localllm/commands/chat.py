@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from localllm import catalog, fmt
 from localllm.backend import SamplingConfig
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
             if interactive:
                 print(">>> ", end="", file=sys.stderr, flush=True)
             line = sys.stdin.readline()
+            submitted = time.perf_counter_ns()  # TTFT's clock starts when the line arrives
             if not line:
                 break
             text = line.rstrip("\n")
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             if text.strip() == "/clear":
                 session.clear()
                 continue
-            for event in session.send(text):
+            for event in session.send(text, start_ns=submitted):
                 if not args.json:
                     sys.stdout.write(event.text)
                     sys.stdout.flush()
