@@ -1,0 +1,158 @@
+"""The planner against llama.cpp's own rules, architecture by architecture.
+
+Header-only rules are checked against figures worked out by hand from the
+vendored llama.cpp source; the conformance cases load tiny synthetic GGUFs of
+each architecture in llama.cpp and compare the plan with the buffers it logs
+(scripts/plan_conformance.py prints the full table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from localllm.arch_rules import cache_rule
+from localllm.gguf_file import read_header
+from localllm.planner import MiB, ModelShape, RunConfig, plan_memory
+from scripts.plan_conformance import CASES, QUICK, Setting, measure
+from scripts.synth_gguf import SynthSpec, write_gguf
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("conformance")
+
+
+def _write(d: Path, name: str, spec: SynthSpec) -> Path:
+    p = d / f"{name.replace('+', '-')}.gguf"
+    return p if p.exists() else write_gguf(p, spec)
+
+
+def _shape(d: Path, name: str, spec: SynthSpec | None = None) -> ModelShape:
+    return ModelShape.from_header(read_header(_write(d, name, spec or CASES[name])))
+
+
+# -- rules from the header alone ----------------------------------------------------------
+
+
+def test_phi3_window_key_turns_swa_off(synth_dir: Path) -> None:
+    """models/phi3.cpp: a sliding_window key disables SWA; the cache is the full context on every layer."""
+    with_key = _shape(synth_dir, "phi3+window")
+    without = _shape(synth_dir, "phi3")
+    assert with_key.swa_layers == frozenset() and with_key.n_swa == 0 and with_key.verified
+    cfg = RunConfig(n_ctx=4096)
+    # 2 layers x 4096 cells x (4 KV heads x 64) x K and V x 2 bytes = 8 MiB, with or without the key.
+    assert plan_memory(with_key, cfg).kv_cache_bytes == plan_memory(without, cfg).kv_cache_bytes == 2 * 4096 * 256 * 2 * 2 == 8 * MiB
+
+
+def test_gemma2_has_a_window_without_the_key(synth_dir: Path) -> None:
+    """models/gemma2.cpp: window 4096 by default, every other layer (pattern 2) slides."""
+    spec = SynthSpec(arch="gemma2", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, tied_output=True)
+    s = _shape(synth_dir, "gemma2-nokey", spec)
+    assert s.n_swa == 4096 and s.swa_layers == frozenset({0, 2})
+    p = plan_memory(s, RunConfig(n_ctx=16384))
+    assert p.kv_swa_cells == 4096 + 512  # n_swa + n_ubatch, padded to 256 (llama-kv-cache-iswa.cpp)
+
+
+def test_exaone4_window_only_for_the_64_layer_model(synth_dir: Path) -> None:
+    """models/exaone4.cpp: SWA (pattern 4) only when n_layer == 64; the key alone does nothing."""
+    assert _shape(synth_dir, "exaone4").swa_layers == frozenset()
+    big = _shape(synth_dir, "exaone4-64L")
+    assert big.swa_layers == frozenset(i for i in range(64) if i % 4 < 3) and big.n_swa == 512
+
+
+def test_olmo2_and_gemma3_patterns(synth_dir: Path) -> None:
+    assert _shape(synth_dir, "olmo2").swa_layers == frozenset({0, 1, 2})  # pattern 4: layer 3 is global
+    assert _shape(synth_dir, "gemma3").swa_layers == frozenset({0, 1, 2, 3, 4})  # pattern 6
+
+
+def test_lfm2_recurrent_layers_hold_a_state_not_a_cache(synth_dir: Path) -> None:
+    """models/lfm2.cpp: layers with n_head_kv 0 are short convolutions; llama-hparams.cpp n_embd_r = n_embd * (L - 1)."""
+    s = _shape(synth_dir, "lfm2")
+    assert s.recurrent_layers == frozenset({0, 1, 3}) and not s.has_kv(0) and s.has_kv(2)
+    p = plan_memory(s, RunConfig(n_ctx=4096))
+    assert [layer.layer for layer in p.kv_layers] == [2]
+    assert p.kv_cache_bytes == 4096 * 128 * 2 * 2  # one attention layer, 2 KV heads x 64
+    assert p.rs_bytes == 3 * 256 * 2 * 4  # 3 conv layers x n_embd x (l_cache - 1) f32
+    w = _shape(synth_dir, "lfm2+window")
+    assert w.swa_layers == frozenset({1, 3}) and w.recurrent_layers == frozenset({0, 2})
+
+
+def test_mla_cache_holds_the_latent(synth_dir: Path) -> None:
+    """deepseek2 with key_length_mla: K is kv_lora_rank + rope per cell, no V (llama-kv-cache.cpp has_v)."""
+    s = _shape(synth_dir, "deepseek2")
+    p = plan_memory(s, RunConfig(n_ctx=1024))
+    assert s.mla and p.kv_cache_bytes == 2 * 1024 * (128 + 64) * 2 and all(layer.v_bytes == 0 for layer in p.kv_layers)
+
+
+def test_moe_reads_only_the_used_experts(synth_dir: Path) -> None:
+    s = _shape(synth_dir, "qwen3moe")
+    h = read_header(_write(synth_dir, "qwen3moe", CASES["qwen3moe"]))
+    experts = sum(t.n_bytes for t in h.tensors if t.name.startswith("blk.0.") and "_exps." in t.name)
+    assert s.layer_bytes[0] - s.active_layer_bytes[0] == experts - experts * 2 // 8
+
+
+def test_v_rows_padded_without_flash_attention(synth_dir: Path) -> None:
+    """[TAG_V_CACHE_VARIABLE]: without flash attention every V row is as wide as the widest layer's."""
+    s = _shape(synth_dir, "lfm2")
+    on = plan_memory(s, RunConfig(n_ctx=1024, flash_attn=True))
+    off = plan_memory(s, RunConfig(n_ctx=1024, flash_attn=False))
+    assert on.kv_cache_bytes == off.kv_cache_bytes  # one attention layer: nothing to pad
+
+
+def _unknown_arch(path: Path) -> Path:
+    w = gguf.GGUFWriter(str(path), "mystery")
+    w.add_block_count(2)
+    w.add_context_length(1024)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_token_list(["<unk>", "a", "b"])
+    w.add_tensor("token_embd.weight", np.zeros((3, 64), dtype=np.float32))
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_unknown_architecture_is_planned_dense_and_says_so(tmp_path: Path) -> None:
+    path = _unknown_arch(tmp_path / "mystery.gguf")
+    rule = cache_rule(read_header(path))
+    assert not rule.verified and rule.swa_layers == frozenset()
+    proc = run_cli("plan", str(path), "--ctx", "1024", "--json")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["verified"] is False and d["kv_cache_bytes"] == 2 * 1024 * 64 * 2 * 2
+    text = run_cli("plan", str(path), "--ctx", "1024")
+    assert text.returncode == 0 and "(unverified architecture)" in text.stdout
+
+
+def test_known_architecture_is_verified_in_json(synth_dir: Path) -> None:
+    proc = run_cli("plan", str(_write(synth_dir, "phi3+window", CASES["phi3+window"])), "--ctx", "4096", "--json")
+    d = json.loads(proc.stdout)
+    assert proc.returncode == 0 and d["verified"] is True and d["kv_cache_bytes"] == 8 * MiB
+    assert d["cache_rule_source"] == "models/phi3.cpp"
+
+
+# -- conformance: the plan against llama.cpp's log -------------------------------------------
+
+_FAST = [Setting(1000, 512, "f16", True, False), Setting(1000, 128, "q8_0", True, True), Setting(1000, 512, "f16", False, False)]
+
+
+@pytest.mark.parametrize("case", QUICK)
+def test_plan_matches_llama_cpp(case: str, synth_dir: Path) -> None:
+    """KV (and recurrent state) equal to what llama.cpp prints; compute and output within 5%."""
+    path = _write(synth_dir, case, CASES[case])
+    swa = bool(_shape(synth_dir, case).swa_layers)
+    rows = [measure(case, path, s) for s in _FAST if swa or not s.swa_full]
+    for r in rows:
+        assert not r.error, r.error
+        assert r.kv_ok, (r.setting, r.kv_plan, r.kv_llama, r.rs_plan, r.rs_llama)
+        assert r.compute_ok, (r.setting, r.compute_plan, r.compute_llama)
+        assert r.output_ok, (r.setting, r.output_plan, r.output_llama)
