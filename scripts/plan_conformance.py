@@ -26,7 +26,7 @@ from scripts.synth_gguf import SynthSpec, write_gguf
 MiB = 1024 * 1024
 COMPUTE_TOL = 0.05
 
-_D = dict(n_embd=256, n_head=4, n_head_kv=2, n_ff=768, dtype="f16")
+_D = dict(n_embd=256, n_head=4, n_head_kv=2, n_ff=768, dtype="f16", n_vocab=16384)
 
 # label -> spec. Dimensions are small but in realistic proportion (head 64,
 # GQA 2, ffn 3x) so that no single buffer term dominates by accident.
@@ -42,7 +42,7 @@ CASES: dict[str, SynthSpec] = {
     "granite": SynthSpec(arch="granite", n_layer=2, name="synthetic-granite", **_D),
     "exaone4": SynthSpec(arch="exaone4", n_layer=4, sliding_window=512, name="synthetic-exaone4", **_D),
     "exaone4-64L": SynthSpec(arch="exaone4", n_layer=64, sliding_window=512, name="synthetic-exaone4-64",
-                             n_embd=128, n_head=2, n_head_kv=1, n_ff=256, dtype="f16"),
+                             n_embd=128, n_head=2, n_head_kv=1, n_ff=256, dtype="f16", n_vocab=16384),
     "lfm2": SynthSpec(arch="lfm2", n_layer=4, conv_layers=(0, 1, 3), name="synthetic-lfm2", **_D),
     "lfm2+window": SynthSpec(arch="lfm2", n_layer=4, conv_layers=(0, 2), sliding_window=512, name="synthetic-lfm2-swa", **_D),
     "qwen3moe": SynthSpec(arch="qwen3moe", n_layer=2, n_expert=8, n_expert_used=2, n_ff_exp=256, name="synthetic-qwen3moe", **_D),
@@ -59,9 +59,11 @@ class Setting:
     kv: str
     flash: bool
     swa_full: bool
+    n_outputs_max: int = 1  # 0: every row of the ubatch is an output (perplexity), llama.cpp's default
 
     def label(self) -> str:
-        return f"ctx {self.n_ctx} ub {self.n_ubatch} {self.kv} fa {'on' if self.flash else 'off'}" + (" swa-full" if self.swa_full else "")
+        return (f"ctx {self.n_ctx} ub {self.n_ubatch} {self.kv} fa {'on' if self.flash else 'off'}" + (" swa-full" if self.swa_full else "")
+                + (" all-logits" if self.n_outputs_max == 0 else ""))
 
 
 def settings(quick: bool, has_swa: bool) -> list[Setting]:
@@ -74,6 +76,8 @@ def settings(quick: bool, has_swa: bool) -> list[Setting]:
                         continue  # llama.cpp refuses a quantized V cache without flash attention
                     for swa_full in ((False, True) if has_swa else (False,)):
                         out.append(Setting(n_ctx, ub, kv, flash, swa_full))
+            if not quick:
+                out.append(Setting(n_ctx, ub, "f16", True, False, 0))
     return out
 
 
@@ -117,7 +121,7 @@ def measure(case: str, path: Path, s: Setting) -> Row:
     from localllm.gguf_file import read_header
 
     lc = LoadConfig(n_ctx=s.n_ctx, n_threads=1, n_batch=512, n_ubatch=s.n_ubatch, type_k=s.kv, type_v=s.kv,
-                    flash_attn="on" if s.flash else "off", swa_full=s.swa_full, n_outputs_max=1)
+                    flash_attn="on" if s.flash else "off", swa_full=s.swa_full, n_outputs_max=s.n_outputs_max)
     plan = planner.plan_memory(planner.ModelShape.from_header(read_header(path)), run_config(lc))
     kv_plan = [round(b / MiB, 2) for b in plan.kv_buffer_bytes()]
     row = Row(case, s, kv_plan, [], plan.rs_bytes / MiB, 0.0, plan.compute_bytes / MiB, None, plan.output_bytes / MiB, None)

@@ -41,6 +41,7 @@ class SynthSpec:
     rope_dim: int = 0
     conv_layers: tuple[int, ...] = ()  # lfm2: layers that are short convolutions (n_head_kv 0)
     l_cache: int = 3  # lfm2: short-convolution length
+    n_vocab: int = 0  # pad the vocabulary with unused tokens up to this size (0: the natural ~360)
 
 
 # Architectures write_gguf can write; the tensors each needs follow its
@@ -48,8 +49,10 @@ class SynthSpec:
 ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granite", "exaone4", "lfm2", "qwen3moe", "deepseek2")
 
 
-def vocabulary() -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and token types: control tokens, 256 byte tokens, test words."""
+def vocabulary(n_vocab: int = 0) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and token types: control tokens, 256 byte tokens, test words,
+    and (with ``n_vocab``) filler tokens that no text ever maps to (their
+    prefixes are not tokens, so SentencePiece never merges up to them)."""
     tokens = ["<unk>", "<s>", "</s>"]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
@@ -65,6 +68,10 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     tokens += list(pieces)
     types += [gguf.TokenType.NORMAL] * len(pieces)
     scores = [0.0] * 259 + [float(len(p)) for p in pieces]
+    n_fill = max(n_vocab - len(tokens), 0)
+    tokens += [f"<fill{i}>" for i in range(n_fill)]
+    types += [gguf.TokenType.UNUSED] * n_fill
+    scores += [-1000.0] * n_fill
     return tokens, scores, [int(t) for t in types]
 
 
@@ -80,7 +87,7 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
         raise ValueError(f"unsupported synthetic architecture {spec.arch}")
     path = Path(path)
     rng = np.random.default_rng(spec.seed)
-    tokens, scores, types = vocabulary()
+    tokens, scores, types = vocabulary(spec.n_vocab)
     n_vocab = len(tokens)
     a = spec.arch
     E = spec.n_embd
