@@ -81,6 +81,7 @@ class ModelShape:
     head_dim_v_swa: int = 0
     n_expert: int = 0
     n_expert_used: int = 0
+    n_ff_exp: int = 0  # a MoE expert's feed-forward width (expert_feed_forward_length)
     layer_active_bytes: list[int] | None = None  # weights a token reads per layer (MoE: the used experts only)
 
     @classmethod
@@ -152,6 +153,7 @@ class ModelShape:
             head_dim_v_swa=hv_swa,
             n_expert=n_expert,
             n_expert_used=n_used,
+            n_ff_exp=max(per_layer("expert_feed_forward_length", 0) or [0]),
             layer_active_bytes=active,
         )
 
@@ -346,6 +348,20 @@ def plan_memory(shape: ModelShape, cfg: RunConfig, *, gpu: bool = False) -> Memo
     )
 
 
+# What else is live beside the feed-forward peak (3 n_ff): how many n_embd-wide
+# activations, and whether a Q-sized one is still held. Llama-style graphs keep
+# 3 n_embd and Q (the default); these graphs differ, as measured against
+# llama.cpp's log by scripts/plan_conformance.py (a fit to ggml-alloc's peak on
+# synthetic models, not derived from the graph).
+_FFN_LIVE: dict[str, tuple[int, bool]] = {
+    "qwen3": (2, False),
+    "deepseek2": (2, False),
+    "phi3": (3, False),
+    "lfm2": (3, False),
+    "qwen3moe": (4, False),
+}
+
+
 def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> int:
     """Peak of the worst-case graph llama.cpp reserves (see the module docstring).
 
@@ -364,31 +380,45 @@ def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int)
     t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
     E = shape.n_embd
     F = max(shape.n_ff) if shape.n_ff else 4 * E
+    if shape.n_expert and shape.n_ff_exp:
+        # A MoE layer computes gate/up/down for the n_expert_used experts each
+        # token is routed to (llama-graph.cpp build_moe_ffn, ggml_mul_mat_id).
+        F = shape.n_ff_exp * max(shape.n_expert_used, 1)
     H = max(shape.n_head) if shape.n_head else 1
     Hkv = max(shape.n_head_kv) if shape.n_head_kv else H
     q = H * shape.head_dim_k
     kv = Hkv * (shape.head_dim_k + shape.head_dim_v)
     mask_bytes = 2 if cfg.flash_attn else 4
     has_swa = bool(shape.swa_layers and shape.n_swa)
-    masks = cells * T * mask_bytes + (swa_cells * T * mask_bytes if has_swa else 0)
+    # One mask per cache that exists: a hybrid whose attention layers all slide
+    # (lfm2 with a window) has no full-attention cache and no mask for it.
+    kv_layers = [il for il in range(shape.n_layer) if shape.has_kv(il)]
+    has_base = any(il not in shape.swa_layers or not has_swa for il in kv_layers)
+    has_swa_kv = has_swa and any(il in shape.swa_layers for il in kv_layers)
+    masks = (cells * T * mask_bytes if has_base else 0) + (swa_cells * T * mask_bytes if has_swa_kv else 0)
     logits = (t_out * shape.n_vocab + 2 * E * T) * 4
     # One Q-sized activation is still live at the peak with an f16/f32 K cache,
     # with a Q norm, or when the ubatch fills the whole context and every row is
     # an output: found by measuring llama.cpp's log (tests/test_planner.py).
     q_live = q if (cfg.type_k in ("f16", "f32", "bf16") or shape.q_norm or (t_out >= T and T >= cells)) else 0
-    ffn = 3 * F + 3 * E + q_live + 8
+    n_e, keeps_q = _FFN_LIVE.get(shape.architecture, (3, True))
+    ffn = 3 * F + n_e * E + (q_live if keeps_q else 0) + 8
     if cfg.flash_attn:
         attn = 3 * E + q + kv + H * shape.head_dim_v
     else:
-        n_kv = cells if (not has_swa or len(shape.swa_layers) < shape.n_layer) else swa_cells
-        attn = 3 * E + q + kv + n_kv * H
+        # The n_kv x n_head score matrix (f32) and the attention output before
+        # its permute (n_head x head_dim_v), measured against llama.cpp's log.
+        n_kv = cells if has_base else swa_cells
+        attn = 3 * E + q + kv + H * shape.head_dim_v + n_kv * H
+        if shape.architecture == "phi3":
+            attn -= 2 * E  # fused QKV: Q, K and V are views of one tensor (measured)
     # A quantized cache whose head dim is a multiple of 64 is written through a
     # Hadamard rotation (llama-kv-cache.cpp attn_rot_k/v): a head_dim x head_dim
     # f32 matrix for K and one for V are graph inputs, live all along.
     rot = 0
     if cfg.type_k not in ("f16", "f32", "bf16") and shape.head_dim_k % 64 == 0:
         rot += shape.head_dim_k**2 * 4
-    if cfg.type_v not in ("f16", "f32", "bf16") and shape.head_dim_v % 64 == 0:
+    if cfg.type_v not in ("f16", "f32", "bf16") and shape.head_dim_v % 64 == 0 and not shape.mla:  # MLA: no V cache
         rot += shape.head_dim_v**2 * 4
     layer = max(ffn, attn) * T * 4 + masks + rot
     return max(logits, layer)
