@@ -17,7 +17,7 @@ import pytest
 from localllm.arch_rules import cache_rule
 from localllm.gguf_file import read_header
 from localllm.planner import MiB, ModelShape, RunConfig, plan_memory
-from scripts.plan_conformance import CASES, QUICK, Setting, measure
+from scripts.plan_conformance import CASES, Setting, measure
 from scripts.synth_gguf import SynthSpec, write_gguf
 from tests.conftest import run_cli
 
@@ -142,17 +142,45 @@ def test_known_architecture_is_verified_in_json(synth_dir: Path) -> None:
 
 # -- conformance: the plan against llama.cpp's log -------------------------------------------
 
-_FAST = [Setting(1000, 512, "f16", True, False), Setting(1000, 128, "q8_0", True, True), Setting(1000, 512, "f16", False, False)]
+_FAST = {
+    "f16": Setting(1000, 512, "f16", True, False),  # n_ctx not a multiple of 256
+    "q8_0-ub128-swafull": Setting(1000, 128, "q8_0", True, True),
+    "f16-no-fa": Setting(1000, 512, "f16", False, False),
+}
+# Compute buffers the planner's model misses by more than 5% (see
+# notes/conformance.txt): ggml-alloc's peak on these graphs is not yet modelled.
+_COMPUTE_MISSES = {
+    ("exaone4-64L", "f16"), ("exaone4-64L", "q8_0-ub128-swafull"),
+    ("qwen3moe", "q8_0-ub128-swafull"), ("deepseek2", "q8_0-ub128-swafull"), ("deepseek2", "f16-no-fa"),
+    ("gemma3", "f16"), ("gemma3", "f16-no-fa"),
+}
+_ROWS: dict[tuple[str, str], object] = {}
 
 
-@pytest.mark.parametrize("case", QUICK)
-def test_plan_matches_llama_cpp(case: str, synth_dir: Path) -> None:
-    """KV (and recurrent state) equal to what llama.cpp prints; compute and output within 5%."""
-    path = _write(synth_dir, case, CASES[case])
-    swa = bool(_shape(synth_dir, case).swa_layers)
-    rows = [measure(case, path, s) for s in _FAST if swa or not s.swa_full]
-    for r in rows:
-        assert not r.error, r.error
-        assert r.kv_ok, (r.setting, r.kv_plan, r.kv_llama, r.rs_plan, r.rs_llama)
-        assert r.compute_ok, (r.setting, r.compute_plan, r.compute_llama)
-        assert r.output_ok, (r.setting, r.output_plan, r.output_llama)
+def _row(case: str, setting: str, d: Path):
+    if (case, setting) not in _ROWS:
+        s = _FAST[setting]
+        if s.swa_full and not _shape(d, case).swa_layers:
+            s = Setting(s.n_ctx, s.n_ubatch, s.kv, s.flash, False)
+        _ROWS[case, setting] = measure(case, _write(d, case, CASES[case]), s)
+    return _ROWS[case, setting]
+
+
+@pytest.mark.parametrize("setting", list(_FAST))
+@pytest.mark.parametrize("case", list(CASES))
+def test_kv_and_output_match_llama_cpp(case: str, setting: str, synth_dir: Path) -> None:
+    """KV (and recurrent state) equal to the MiB llama.cpp prints, per cache; output buffer within 5%."""
+    r = _row(case, setting, synth_dir)
+    assert not r.error, r.error
+    assert r.kv_llama and r.kv_ok, (r.kv_plan, r.kv_llama, r.rs_plan, r.rs_llama)
+    assert r.output_ok, (r.output_plan, r.output_llama)
+
+
+@pytest.mark.parametrize("setting", list(_FAST))
+@pytest.mark.parametrize("case", list(CASES))
+def test_compute_within_5_percent(case: str, setting: str, synth_dir: Path, request: pytest.FixtureRequest) -> None:
+    if (case, setting) in _COMPUTE_MISSES:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="compute peak not modelled for this graph yet"))
+    r = _row(case, setting, synth_dir)
+    assert not r.error, r.error
+    assert r.compute_ok, (r.compute_plan, r.compute_llama)
