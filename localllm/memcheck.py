@@ -117,9 +117,9 @@ def check(plan, allocations: dict[str, list[tuple[str, int]]], tol: float = TOLE
     names = ["kv", "kv_swa"] if len(planned_kv) == 2 or len(caches) == 2 else ["kv"]
     for i, name in enumerate(names):
         checks.append(_cmp(name, planned_kv[i] if i < len(planned_kv) else None, caches[i] if i < len(caches) else None, tol))
-    rs = sum(n for _, n in allocations.get("RS", []))
-    if plan.rs_bytes or rs:
-        checks.append(_cmp("rs", plan.rs_bytes or None, rs or None, tol))
+    rs_lines = allocations.get("RS", [])
+    if plan.rs_bytes or rs_lines:
+        checks.append(_cmp("rs", plan.rs_bytes if plan.rs_bytes else None, sum(n for _, n in rs_lines) if rs_lines else None, tol))
     compute = [n for _, n in allocations.get("compute", [])]
     checks.append(_cmp("compute", plan.compute_bytes, max(compute) if compute else None, tol))
     output = sum(n for _, n in allocations.get("output", []))

@@ -170,7 +170,8 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
             w.add_tensor(f"{b}.attn_v_b.weight", mat(H, hd, r))
             w.add_tensor(f"{b}.attn_output.weight", mat(E, H * hd))
         elif conv:
-            w.add_tensor(f"{b}.shortconv.conv.weight", mat(E, spec.l_cache))
+            # ggml_ssm_conv reads the kernel as f32 (ggml-cpu ops.cpp asserts it)
+            w.add_tensor(f"{b}.shortconv.conv.weight", mat(E, spec.l_cache).astype(np.float32))
             w.add_tensor(f"{b}.shortconv.in_proj.weight", mat(3 * E, E))
             w.add_tensor(f"{b}.shortconv.out_proj.weight", mat(E, E))
         elif a == "phi3":
