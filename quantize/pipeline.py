@@ -34,6 +34,9 @@ TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S",
 SOURCE_TYPES = ("F32", "F16", "BF16")
 _PROGRESS = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
 _SIZE = re.compile(r"(model|quant) size\s+=\s+([\d.]+) MiB")
+# llama-quant.cpp's per-tensor line: "[ i/ n] name - [ne0, ne1, ne2, ne3], type = f16, size = a MiB -> b MiB (q4_0)"
+# (no "(type)" at the end when the tensor keeps its type).
+_TENSOR = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+-\s+\[([\d,\s]+)\],\s+type\s+=\s+(\w+),.*?size\s*=[^(]*(?:\((\w+)\))?\s*$")
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ class Job:
             raise UsageError(f"the output directory {self.dst.parent} does not exist")
 
 
-def _run_child(job: Job, dst: Path, dry: bool) -> Iterator[Progress | tuple[str, float]]:
+def _run_child(job: Job, dst: Path, dry: bool) -> Iterator[Progress | tuple]:
     """Run ``python -m quantize.worker`` and turn its log lines into events. The
     child gets its own session, so Ctrl+C reaches only us; we then kill it."""
     args = {
@@ -118,6 +121,10 @@ def _run_child(job: Job, dst: Path, dry: bool) -> Iterator[Progress | tuple[str,
             m = _PROGRESS.match(payload)
             if m:
                 yield Progress(int(m.group(1)), int(m.group(2)), m.group(3))
+            t = _TENSOR.match(payload)
+            if t:
+                shape = tuple(int(x) for x in t.group(2).replace(" ", "").split(",") if x)
+                yield ("tensor", shape, t.group(4) or t.group(3))
             s = _SIZE.search(payload)
             if s:
                 yield (s.group(1), float(s.group(2)))
@@ -131,12 +138,51 @@ def _run_child(job: Job, dst: Path, dry: bool) -> Iterator[Progress | tuple[str,
 
 
 def dry_run_size(job: Job) -> int:
-    """The output size llama.cpp computes without writing (bytes of tensor data)."""
-    size = 0.0
+    """The size of the file llama.cpp would write: its dry run names each
+    tensor's output type; each tensor is ``nrows * ggml_row_size(type, ne0)``
+    bytes padded to the file's alignment (llama-quant.cpp writes the zeros),
+    after a header that copies the input's metadata and tensor table and sets
+    general.quantization_version and general.file_type (llama-quant.cpp)."""
+    src = read_header(job.src)
+    align = int(src.get("general.alignment", 32) or 32)
+    data = 0
+    quant_mib = 0.0
     for event in _run_child(job, job.dst.with_name(job.dst.name + ".dryrun"), dry=True):
-        if isinstance(event, tuple) and event[0] == "quant":
-            size = event[1]
-    return int(size * 1024 * 1024)
+        if isinstance(event, tuple) and event[0] == "tensor":
+            data += _pad(_tensor_bytes(event[1], event[2]), align)
+        elif isinstance(event, tuple) and event[0] == "quant":
+            quant_mib = event[1]
+    if not data:  # no per-tensor lines: fall back to llama.cpp's total of tensor data
+        return int(quant_mib * 1024 * 1024)
+    return _output_header_bytes(src, align) + data
+
+
+def _pad(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+def _tensor_bytes(shape: tuple[int, ...], type_name: str) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name.upper()]]
+    rows = 1
+    for d in shape[1:]:
+        rows *= d
+    return rows * (shape[0] // block * size)
+
+
+def _output_header_bytes(src, align: int) -> int:
+    """The input's header (metadata and tensor table: the same names, shapes,
+    one type field each) plus the two keys llama-quant.cpp adds when absent,
+    less the split keys it removes."""
+    n = src.data_offset
+    for key in ("general.quantization_version", "general.file_type"):
+        if key not in src.fields:
+            n += 8 + len(key) + 4 + 4  # key length, key, value type, u32 value
+    for key, size in (("split.no", 2), ("split.count", 2), ("split.tensors.count", 4)):
+        if key in src.fields:
+            n -= 8 + len(key) + 4 + size
+    return _pad(n, align)
 
 
 def run(job: Job) -> Iterator[Progress | Report]:
