@@ -600,6 +600,13 @@ def _why_not(first: MemoryPlan, smallest: MemoryPlan, gpu_budget: int | None, ra
     return f"needs {_gib(first.total_gpu_bytes)} of GPU memory, budget {_gib(gpu_budget or 0)}"
 
 
+def weights_read_per_token(shape: ModelShape) -> int:
+    """Weight bytes one decoded token reads: every layer (of a MoE layer only the
+    experts it is routed to) and the output matrix; the token embedding is a
+    one-row lookup unless it doubles as the output matrix."""
+    return sum(shape.active_layer_bytes) + shape.output_bytes + shape.tied_bytes
+
+
 def kv_bytes_in_use(plan: MemoryPlan, n_tokens: int) -> int:
     """Bytes of KV cache holding ``n_tokens`` tokens now: each layer's per-cell
     cost times the cells in use (a sliding-window layer holds at most its own
