@@ -94,6 +94,10 @@ def test_moe_reads_only_the_used_experts(synth_dir: Path) -> None:
     h = read_header(_write(synth_dir, "qwen3moe", CASES["qwen3moe"]))
     experts = sum(t.n_bytes for t in h.tensors if t.name.startswith("blk.0.") and "_exps." in t.name)
     assert s.layer_bytes[0] - s.active_layer_bytes[0] == experts - experts * 2 // 8
+    from localllm.planner import weights_read_per_token
+
+    dense_read = sum(s.layer_bytes) + s.output_bytes + s.tied_bytes
+    assert weights_read_per_token(s) == dense_read - 2 * (experts - experts * 2 // 8)
 
 
 def test_v_rows_padded_without_flash_attention(synth_dir: Path) -> None:
