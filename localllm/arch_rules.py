@@ -76,18 +76,28 @@ class CacheRule:
         return self.swa_type != "none" and bool(self.swa_layers)
 
 
+def _num(v: Any, default: int) -> int:
+    """A header value as a non-negative int; anything else (a string, a float
+    NaN, a negative count from a damaged file) counts as absent."""
+    try:
+        out = int(v)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    return out if out >= 0 else default
+
+
 def _int(v: Any, default: int = 0) -> int:
     if isinstance(v, list):
-        return int(v[0]) if v else default
-    return default if v is None else int(v)
+        return _num(v[0], default) if v else default
+    return default if v is None else _num(v, default)
 
 
 def _arr(v: Any, n: int, default: int) -> list[int]:
     """llama_model_loader::get_key_or_arr: a scalar for every layer, or one per layer."""
     if isinstance(v, list):
-        out = [int(x) for x in v[:n]]
+        out = [_num(x, default) for x in v[:n]]
         return out + [default] * (n - len(out))
-    return [default if v is None else int(v)] * n
+    return [default if v is None else _num(v, default)] * n
 
 
 def _pattern(header: GGUFHeader, n_layer: int, n_pattern: int, dense_first: bool = False) -> list[bool]:
