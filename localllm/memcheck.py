@@ -9,9 +9,8 @@ test of the planner. Pure Python: the lines come from ``llamalog.ROUTER``.
 
 For the cockpit (or any caller that loads a model):
 
-    mark = ROUTER.mark(); backend.load(path, cfg)
-    mc = memcheck.check_load(path, cfg, ROUTER.lines_since(mark))
-    mc.ok, mc.mismatch_lines(), mc.to_dict()
+    info, mc = memcheck.load_checked(backend, path, cfg)   # mc is None when unreadable
+    mc.ok, mc.report_lines(), mc.to_dict()
 """
 
 from __future__ import annotations
@@ -158,3 +157,13 @@ def check_after_load(path: str | Path, load_config, lines: Iterable[str | tuple[
         return check_load(path, load_config, lines)
     except Exception:  # noqa: BLE001 - a check of the plan must never break a run
         return None
+
+
+def load_checked(backend, path: str | Path, load_config):
+    """``backend.load(path, load_config)`` and the memory check of that load:
+    (the backend's LoadInfo, a MemoryCheck or None). For run, doctor and the cockpit."""
+    from localllm.llamalog import ROUTER
+
+    mark = ROUTER.mark()
+    info = backend.load(path, load_config)
+    return info, check_after_load(path, load_config, ROUTER.lines_since(mark))

@@ -90,13 +90,9 @@ def run(args: argparse.Namespace) -> int:
     say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
     with LlamaCppBackend() as backend:
         # Room for 9 rows of logits, so the same context can check speculative drafts.
-        from localllm.llamalog import ROUTER
-        from localllm.memcheck import check_after_load
+        from localllm.memcheck import load_checked
 
-        mark = ROUTER.mark()
-        load_cfg = replace(fitted.config, n_outputs_max=9)
-        info = backend.load(path, load_cfg)
-        memory_check = check_after_load(path, load_cfg, ROUTER.lines_since(mark))
+        info, memory_check = load_checked(backend, path, replace(fitted.config, n_outputs_max=9))
         say("measuring prefill and decode")
         stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
         header = backend.header

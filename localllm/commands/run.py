@@ -65,12 +65,9 @@ def run(args: argparse.Namespace) -> int:
             from dataclasses import replace
 
             cfg = replace(cfg, n_outputs_max=args.draft_k + 1)
-        from localllm.llamalog import ROUTER
-        from localllm.memcheck import check_after_load
+        from localllm.memcheck import load_checked
 
-        mark = ROUTER.mark()
-        backend.load(path, cfg)
-        memory_check = check_after_load(path, cfg, ROUTER.lines_since(mark))
+        _, memory_check = load_checked(backend, path, cfg)
         if getattr(args, "verbose", False) and not args.json:
             for line in memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]:
                 say(line)
