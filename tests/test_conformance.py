@@ -242,3 +242,50 @@ def test_doctor_reports_the_memory_check(synth_dir: Path, tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     mc = json.loads(proc.stdout)["memory_check"]
     assert mc["ok"] is True and {b["buffer"] for b in mc["buffers"]} >= {"kv", "compute", "output"}
+
+
+def _header_only(path: Path, arch: str, n_layer: int, **keys: object) -> Path:
+    """A GGUF with hyperparameters only (cache_rule reads nothing else)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_embedding_length(256)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    for key, value in keys.items():
+        if isinstance(value, list):
+            w.add_array(f"{arch}.{key}", value)
+        else:
+            w.add_uint32(f"{arch}.{key}", int(value))
+    w.add_tensor("token_embd.weight", np.zeros((4, 256), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gemma3n_layers_past_20_reuse_earlier_caches(tmp_path: Path) -> None:
+    """models/gemma3n.cpp: n_layer_kv_from_start = 20, SWA pattern 5 (every 5th layer global)."""
+    r = cache_rule(read_header(_header_only(tmp_path / "g3n.gguf", "gemma3n", 30, **{"attention.sliding_window": 512})))
+    assert r.kv_layers == frozenset(range(20)) and r.verified
+    assert r.swa_layers == frozenset(i for i in range(30) if i % 5 < 4)
+
+
+def test_gemma4_shared_kv_layers_and_swa_head_size(tmp_path: Path) -> None:
+    """models/gemma4.cpp: the last shared_kv_layers layers have no cache; SWA layers may have their own head size."""
+    pattern = [True, True, False, True, True, False]
+    path = _header_only(tmp_path / "g4.gguf", "gemma4", 6, **{"attention.sliding_window": 512, "attention.sliding_window_pattern": pattern,
+                                                              "attention.shared_kv_layers": 2, "attention.key_length": 128,
+                                                              "attention.value_length": 128, "attention.key_length_swa": 64,
+                                                              "attention.value_length_swa": 64})
+    r = cache_rule(read_header(path))
+    assert r.kv_layers == frozenset(range(4)) and r.swa_layers == frozenset({0, 1, 3, 4})
+    assert r.head_dim_k == (64, 64, 128, 64, 64, 128)
+
+
+def test_llama4_chunked_attention_unless_window_zero(tmp_path: Path) -> None:
+    """models/llama4.cpp: chunked attention (8192-token chunks, pattern 4) unless sliding_window = 0."""
+    r = cache_rule(read_header(_header_only(tmp_path / "l4.gguf", "llama4", 8)))
+    assert r.swa_type == "chunked" and r.n_swa == 8192 and r.swa_layers == frozenset({0, 1, 2, 4, 5, 6})
+    off = cache_rule(read_header(_header_only(tmp_path / "l4-off.gguf", "llama4", 8, **{"attention.sliding_window": 0})))
+    assert off.swa_type == "none" and not off.swa_layers
