@@ -220,6 +220,7 @@ def test_memcheck_names_both_figures_when_the_plan_is_wrong(synth_dir: Path) -> 
     assert kv and "8.00 MiB" in kv[0] and "planned 0.00 MiB" not in kv[0]
 
 
+@pytest.mark.slow
 def test_run_json_and_verbose_carry_the_memory_check(synth_dir: Path) -> None:
     path = str(_write(synth_dir, "lfm2", CASES["lfm2"]))
     proc = run_cli("run", path, "--raw", "-p", "The capital", "-n", "2", "--temp", "0", "--json")
@@ -234,6 +235,7 @@ def test_run_json_and_verbose_carry_the_memory_check(synth_dir: Path) -> None:
     assert "memory check: the plan matches llama.cpp's allocations within 1%" in v.stderr
 
 
+@pytest.mark.slow
 def test_doctor_reports_the_memory_check(synth_dir: Path, tmp_path: Path) -> None:
     prompt = tmp_path / "p.txt"
     prompt.write_text("The capital of France is " * 8)
