@@ -349,16 +349,17 @@ def plan_memory(shape: ModelShape, cfg: RunConfig, *, gpu: bool = False) -> Memo
 
 
 # What else is live beside the feed-forward peak (3 n_ff): how many n_embd-wide
-# activations, and whether a Q-sized one is still held. Llama-style graphs keep
-# 3 n_embd and Q (the default); these graphs differ, as measured against
+# activations, whether a Q-sized one is still held, and whether a Q norm keeps
+# it held with a quantized K cache. Llama-style graphs keep 3 n_embd and Q (the
+# default, exact on SmolLM2 and Gemma 3 270M); these graphs differ, as measured against
 # llama.cpp's log by scripts/plan_conformance.py (a fit to ggml-alloc's peak on
 # synthetic models, not derived from the graph).
-_FFN_LIVE: dict[str, tuple[int, bool]] = {
-    "qwen3": (2, False),
-    "deepseek2": (2, False),
-    "phi3": (3, False),
-    "lfm2": (3, False),
-    "qwen3moe": (4, False),
+_FFN_LIVE: dict[str, tuple[int, bool, bool]] = {
+    "qwen3": (2, False, False),
+    "deepseek2": (2, False, False),
+    "phi3": (3, False, False),
+    "lfm2": (3, False, False),
+    "qwen3moe": (3, True, False),
 }
 
 
@@ -400,8 +401,8 @@ def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int)
     # One Q-sized activation is still live at the peak with an f16/f32 K cache,
     # with a Q norm, or when the ubatch fills the whole context and every row is
     # an output: found by measuring llama.cpp's log (tests/test_planner.py).
-    q_live = q if (cfg.type_k in ("f16", "f32", "bf16") or shape.q_norm or (t_out >= T and T >= cells)) else 0
-    n_e, keeps_q = _FFN_LIVE.get(shape.architecture, (3, True))
+    n_e, keeps_q, q_norm_keeps = _FFN_LIVE.get(shape.architecture, (3, True, True))
+    q_live = q if (cfg.type_k in ("f16", "f32", "bf16") or (shape.q_norm and q_norm_keeps) or (t_out >= T and T >= cells)) else 0
     ffn = 3 * F + n_e * E + (q_live if keeps_q else 0) + 8
     if cfg.flash_attn:
         attn = 3 * E + q + kv + H * shape.head_dim_v
