@@ -420,12 +420,12 @@ def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int)
     # size; V's is always 64 x 64, and MLA has no V.
     rot = 0
     hk, hv = shape.head_dim_k, shape.head_dim_v
-    if cfg.type_k not in ("f16", "f32", "bf16") and hk % 64 == 0:
+    if cfg.type_k not in ("f16", "f32", "bf16") and hk > 0 and hk % 64 == 0:  # n_embd_head_k_all > 0
         nrot = 64
         while hk % (nrot * 2) == 0:
             nrot *= 2
         rot += nrot * nrot * 4
-    if cfg.type_v not in ("f16", "f32", "bf16") and hv % 64 == 0 and not shape.mla:
+    if cfg.type_v not in ("f16", "f32", "bf16") and hv > 0 and hv % 64 == 0 and not shape.mla:
         rot += 64 * 64 * 4
     rot *= int(has_base) + int(has_swa_kv)
     layer = max(ffn, attn) * T * 4 + masks + rot
