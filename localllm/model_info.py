@@ -13,14 +13,8 @@ from typing import Any
 
 from gguf import LlamaFileType
 
+from localllm.arch_rules import cache_rule
 from localllm.gguf_file import ArrayInfo, GGUFHeader, read_header
-
-# Architectures whose sliding-window layout llama.cpp hard-codes when the GGUF
-# has no ``<arch>.attention.sliding_window_pattern`` key: every n-th layer is
-# dense (global attention), the others use the window (llama-model.cpp,
-# ``hparams.set_swa_pattern(n)``).
-_SWA_PATTERN_BY_ARCH = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
-
 
 @dataclass(frozen=True)
 class TensorTypeStat:
@@ -53,6 +47,9 @@ class ModelInfo:
     n_vocab: int
     chat_template: bool
     n_head_kv_per_layer: list[int] = field(default_factory=list)
+    swa_type: str = "none"  # none | standard | chunked (llama4) | symmetric
+    cache_rule_verified: bool = True  # False: llama.cpp's cache rule for this architecture is not known here
+    cache_rule_source: str = ""  # the vendored llama.cpp file the rule follows
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,17 +70,12 @@ def _per_layer(value: Any, n_layer: int) -> list[int]:
     return [int(value or 0)] * n_layer
 
 
-def swa_layers(header: GGUFHeader, n_layer: int) -> list[int]:
-    """Indices of the layers that use the sliding window, the way llama.cpp decides."""
-    if not header.arch_key("attention.sliding_window"):
-        return []
-    pattern = header.arch_key("attention.sliding_window_pattern")
-    if isinstance(pattern, list):
-        return [i for i, is_swa in enumerate(pattern) if bool(is_swa)]
-    n = int(pattern) if pattern else _SWA_PATTERN_BY_ARCH.get(header.architecture, 0)
-    if n <= 0:
-        return list(range(n_layer))
-    return [i for i in range(n_layer) if i % n < n - 1]
+def swa_layers(header: GGUFHeader, n_layer: int | None = None) -> list[int]:
+    """Indices of the layers that use the sliding window (or chunked attention),
+    the way llama.cpp decides per architecture (``arch_rules``; e.g. phi3 turns
+    a GGUF's window off, gemma2 has one without the key). ``n_layer`` is kept
+    for callers; the header's block count decides."""
+    return sorted(cache_rule(header).swa_layers)
 
 
 def _file_type_name(header: GGUFHeader, mix: list[TensorTypeStat]) -> str:
@@ -127,7 +119,7 @@ def describe(header: GGUFHeader) -> ModelInfo:
     n_head_kv = _first_int(kv_raw, n_head)
     head_dim_k = int(header.arch_key("attention.key_length", 0) or (n_embd // n_head if n_head else 0))
     head_dim_v = int(header.arch_key("attention.value_length", 0) or (n_embd // n_head if n_head else 0))
-    window = header.arch_key("attention.sliding_window")
+    rule = cache_rule(header)
     return ModelInfo(
         path=str(header.path),
         architecture=header.architecture,
@@ -145,13 +137,16 @@ def describe(header: GGUFHeader) -> ModelInfo:
         head_dim_k=head_dim_k,
         head_dim_v=head_dim_v,
         context_length=int(header.arch_key("context_length", 0) or 0),
-        sliding_window=int(window) if window else None,
-        swa_layers=swa_layers(header, n_layer),
+        sliding_window=rule.n_swa if rule.has_swa else None,
+        swa_layers=sorted(rule.swa_layers),
         n_vocab=_n_vocab(header),
         chat_template=isinstance(header.get("tokenizer.chat_template"), str),
         n_head_kv_per_layer=_per_layer(kv_raw if kv_raw is not None else n_head, n_layer)
         if isinstance(kv_raw, list)
         else [],
+        swa_type=rule.swa_type if rule.has_swa else "none",
+        cache_rule_verified=rule.verified,
+        cache_rule_source=rule.source,
     )
 
 

@@ -48,7 +48,11 @@ def row_bytes(type_name: str, n: int) -> int:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the planner needs from a model, read from its header."""
+    """What the planner needs from a model, read from its header.
+
+    The cache layout (which layers slide, which have a cache of their own, which
+    are recurrent, per-layer head sizes) comes from ``arch_rules.cache_rule``,
+    llama.cpp's own rules per architecture."""
 
     architecture: str
     n_layer: int
@@ -67,10 +71,25 @@ class ModelShape:
     tied_bytes: int  # token_embd again, when there is no output.weight: llama.cpp copies it to the output's device
     mla: bool = False  # DeepSeek-style latent attention: K holds the latent, no V cache
     q_norm: bool = False  # per-head Q norm (Gemma 3, Qwen 3): one more Q-sized activation
+    verified: bool = True  # False: no llama.cpp cache rule known for this architecture (planned as dense)
+    rule_source: str = ""  # the vendored llama.cpp file the cache rule follows
+    kv_layers: frozenset[int] | None = None  # layers with their own KV cache; None: every layer
+    recurrent_layers: frozenset[int] = frozenset()  # hybrid models: layers with a recurrent state instead
+    n_embd_r: int = 0  # recurrent conv state per layer, f32 values (llama_hparams::n_embd_r)
+    n_embd_s: int = 0  # recurrent SSM state per layer, f32 values (llama_hparams::n_embd_s)
+    head_dim_k_swa: int = 0  # SWA layers' head sizes where they differ (key_length_swa); 0: the same
+    head_dim_v_swa: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0  # a MoE expert's feed-forward width (expert_feed_forward_length)
+    layer_active_bytes: list[int] | None = None  # weights a token reads per layer (MoE: the used experts only)
 
     @classmethod
     def from_header(cls, header: GGUFHeader) -> "ModelShape":
+        from localllm.arch_rules import cache_rule
+
         info = describe(header)
+        rule = cache_rule(header)
         n_layer = info.n_layer
 
         def per_layer(key: str, default: int) -> list[int]:
@@ -79,7 +98,9 @@ class ModelShape:
                 return [int(x) for x in v]
             return [int(v if v is not None else default)] * n_layer
 
+        n_expert, n_used = rule.n_expert, rule.n_expert_used
         layer_bytes = [0] * n_layer
+        active = [0] * n_layer
         input_bytes = output_bytes = 0
         token_embd = 0
         has_output = False
@@ -88,6 +109,10 @@ class ModelShape:
                 il = int(t.name.split(".")[1])
                 if il < n_layer:
                     layer_bytes[il] += t.n_bytes
+                    # A token reads n_expert_used of the n_expert experts
+                    # (ggml_mul_mat_id over *_exps tensors, llama-graph.cpp build_moe_ffn).
+                    expert = "_exps." in t.name and n_expert > 0
+                    active[il] += t.n_bytes * n_used // n_expert if expert else t.n_bytes
             elif t.name.startswith("output"):
                 output_bytes += t.n_bytes
                 has_output = has_output or t.name == "output.weight"
@@ -95,34 +120,78 @@ class ModelShape:
                 input_bytes += t.n_bytes
                 if t.name == "token_embd.weight":
                     token_embd = t.n_bytes
+        n_head_kv = per_layer("attention.head_count_kv", info.n_head_kv)
+        if header.arch_key("attention.head_count_kv") is None:
+            n_head_kv = per_layer("attention.head_count", info.n_head)
+        hk_swa = int(header.arch_key("attention.key_length_swa", 0) or 0)
+        hv_swa = int(header.arch_key("attention.value_length_swa", 0) or 0)
         return cls(
             architecture=info.architecture,
             n_layer=n_layer,
             n_embd=info.n_embd,
             n_ff=per_layer("feed_forward_length", 4 * info.n_embd),
             n_head=per_layer("attention.head_count", info.n_head),
-            n_head_kv=per_layer("attention.head_count_kv", info.n_head_kv),
+            n_head_kv=n_head_kv,
             head_dim_k=info.head_dim_k,
             head_dim_v=info.head_dim_v,
             n_vocab=info.n_vocab,
-            n_swa=int(info.sliding_window or 0),
-            swa_layers=frozenset(info.swa_layers),
+            n_swa=rule.n_swa if rule.has_swa else 0,
+            swa_layers=rule.swa_layers if rule.has_swa else frozenset(),
             layer_bytes=layer_bytes,
             input_bytes=input_bytes,
             output_bytes=output_bytes,
             tied_bytes=0 if has_output else token_embd,
-            mla=bool(header.arch_key("attention.key_length_mla")) and bool(header.arch_key("attention.value_length_mla")),
+            mla=rule.mla,
             q_norm=any(t.name.endswith("attn_q_norm.weight") for t in header.tensors),
+            verified=rule.verified,
+            rule_source=rule.source,
+            kv_layers=rule.kv_layers,
+            recurrent_layers=rule.recurrent_layers,
+            n_embd_r=rule.n_embd_r,
+            n_embd_s=rule.n_embd_s,
+            head_dim_k_swa=hk_swa,
+            head_dim_v_swa=hv_swa,
+            n_expert=n_expert,
+            n_expert_used=n_used,
+            n_ff_exp=max(per_layer("expert_feed_forward_length", 0) or [0]),
+            layer_active_bytes=active,
         )
 
-    def kv_dims(self, il: int) -> tuple[int, int]:
+    def has_kv(self, il: int) -> bool:
+        """Layer ``il`` has a KV cache of its own (llama-kv-cache.cpp: has_kv and
+        the memory's layer filter; recurrent layers of a hybrid have none)."""
+        if il in self.recurrent_layers:
+            return False
+        return self.kv_layers is None or il in self.kv_layers
+
+    def head_dims(self, il: int) -> tuple[int, int]:
+        """(K, V) head sizes of layer ``il`` (llama_hparams::n_embd_head_k/v: SWA layers may differ)."""
+        if il in self.swa_layers:
+            return self.head_dim_k_swa or self.head_dim_k, self.head_dim_v_swa or self.head_dim_v
+        return self.head_dim_k, self.head_dim_v
+
+    def kv_dims(self, il: int, v_trans: bool = False) -> tuple[int, int]:
         """(K, V) values per cell for layer ``il``. With MLA (the GGUF has
         ``key_length_mla``/``value_length_mla``) ``key_length`` is the latent
         width (kv_lora_rank + rope dims) with one KV head, and llama.cpp keeps no
-        separate V cache: V is read from the latent (llama-kv-cache.cpp, has_v)."""
+        separate V cache: V is read from the latent (llama-kv-cache.cpp, has_v).
+        Without flash attention V is stored transposed, and when the layers' V
+        widths differ every V row is padded to the widest
+        (llama-kv-cache.cpp [TAG_V_CACHE_VARIABLE])."""
+        hk, hv = self.head_dims(il)
+        k = hk * self.n_head_kv[il]
         if self.mla:
-            return self.head_dim_k * self.n_head_kv[il], 0
-        return self.head_dim_k * self.n_head_kv[il], self.head_dim_v * self.n_head_kv[il]
+            return k, 0
+        v = hv * self.n_head_kv[il]
+        if v_trans:
+            v = max(self.head_dims(i)[1] * self.n_head_kv[i] for i in range(self.n_layer))
+        return k, v
+
+    @property
+    def active_layer_bytes(self) -> list[int]:
+        """Weights one token reads per layer: every tensor, but of a MoE layer's
+        experts only the ``n_expert_used`` it is routed to."""
+        return self.layer_active_bytes if self.layer_active_bytes is not None else self.layer_bytes
 
 
 @dataclass(frozen=True)
@@ -170,19 +239,31 @@ class MemoryPlan:
     output_bytes: int
     compute_on_gpu: bool
     kv_layers: list[KVLayer] = field(default_factory=list, repr=False)
+    rs_bytes: int = 0  # recurrent state of hybrid models (llama-memory-recurrent.cpp), all devices
+    rs_gpu_bytes: int = 0
+    verified: bool = True  # False: the architecture's cache rule is unknown, planned as dense
+    swa_type: str = "none"
 
     @property
     def total_gpu_bytes(self) -> int:
-        return self.weights_gpu_bytes + self.kv_gpu_bytes + (self.compute_bytes if self.compute_on_gpu else 0)
+        return self.weights_gpu_bytes + self.kv_gpu_bytes + self.rs_gpu_bytes + (self.compute_bytes if self.compute_on_gpu else 0)
 
     @property
     def total_cpu_bytes(self) -> int:
         return (
             self.weights_cpu_bytes
             + (self.kv_cache_bytes - self.kv_gpu_bytes)
+            + (self.rs_bytes - self.rs_gpu_bytes)
             + (0 if self.compute_on_gpu else self.compute_bytes)
             + self.output_bytes
         )
+
+    def kv_buffer_bytes(self) -> list[int]:
+        """The KV buffers llama.cpp allocates, in the order it logs them ('KV
+        buffer size'): the full-attention cache, then the sliding-window cache
+        (llama-kv-cache-iswa.cpp), each summed over devices; empty caches omitted."""
+        out = [sum(l.k_bytes + l.v_bytes for l in self.kv_layers if l.swa == swa) for swa in (False, True)]
+        return [b for b in out if b]
 
     def to_dict(self, with_layers: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -217,14 +298,25 @@ def plan_memory(shape: ModelShape, cfg: RunConfig, *, gpu: bool = False) -> Memo
     cells, swa_cells = kv_cells(shape, cfg)
     n_stream = max(cfg.n_seq, 1)
     gpu_layers, output_on_gpu, ngl = offload(shape, cfg.n_gpu_layers, gpu)
+    v_trans = not cfg.flash_attn
     layers = []
+    per_token = 0
     for il in range(shape.n_layer):
+        if not shape.has_kv(il):
+            continue  # shares another layer's cache, or is recurrent
         swa = il in shape.swa_layers and bool(shape.n_swa)
         n = (swa_cells if swa else cells) * n_stream
-        dk, dv = shape.kv_dims(il)
-        layers.append(KVLayer(il, swa, n, row_bytes(cfg.type_k, dk) * n, row_bytes(cfg.type_v, dv) * n, il in gpu_layers))
+        dk, dv = shape.kv_dims(il, v_trans)
+        k_row, v_row = row_bytes(cfg.type_k, dk), row_bytes(cfg.type_v, dv)
+        per_token += k_row + v_row
+        layers.append(KVLayer(il, swa, n, k_row * n, v_row * n, il in gpu_layers))
     kv_total = sum(layer.k_bytes + layer.v_bytes for layer in layers)
-    per_token = sum(row_bytes(cfg.type_k, shape.kv_dims(i)[0]) + row_bytes(cfg.type_v, shape.kv_dims(i)[1]) for i in range(shape.n_layer))
+    # Recurrent state (llama-memory-recurrent.cpp): per recurrent layer one f32
+    # row of n_embd_r and one of n_embd_s per sequence, whatever the context.
+    rs_rows = max(cfg.n_seq, 1)
+    rs_layer = (shape.n_embd_r + shape.n_embd_s) * 4 * rs_rows
+    rs_total = rs_layer * len(shape.recurrent_layers)
+    rs_gpu = rs_layer * len(shape.recurrent_layers & gpu_layers)
     w_gpu = sum(shape.layer_bytes[i] for i in gpu_layers)
     w_cpu = sum(shape.layer_bytes) - w_gpu + shape.input_bytes
     if output_on_gpu:
@@ -249,7 +341,26 @@ def plan_memory(shape: ModelShape, cfg: RunConfig, *, gpu: bool = False) -> Memo
         output_bytes=shape.n_vocab * 4 * max(cfg.n_seq, 1),
         compute_on_gpu=bool(gpu_layers) or output_on_gpu,
         kv_layers=layers,
+        rs_bytes=rs_total,
+        rs_gpu_bytes=rs_gpu,
+        verified=shape.verified,
+        swa_type="none" if not (shape.swa_layers and shape.n_swa) else ("chunked" if shape.architecture == "llama4" else "standard"),
     )
+
+
+# What else is live beside the feed-forward peak (3 n_ff): how many n_embd-wide
+# activations, whether a Q-sized one is still held, and whether a Q norm keeps
+# it held with a quantized K cache. Llama-style graphs keep 3 n_embd and Q (the
+# default, exact on SmolLM2 and Gemma 3 270M); these graphs differ, as measured against
+# llama.cpp's log by scripts/plan_conformance.py (a fit to ggml-alloc's peak on
+# synthetic models, not derived from the graph).
+_FFN_LIVE: dict[str, tuple[int, bool, bool]] = {
+    "qwen3": (2, False, False),
+    "deepseek2": (2, False, False),
+    "phi3": (3, False, False),
+    "lfm2": (3, False, False),
+    "qwen3moe": (3, True, False),
+}
 
 
 def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> int:
@@ -270,32 +381,53 @@ def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int)
     t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
     E = shape.n_embd
     F = max(shape.n_ff) if shape.n_ff else 4 * E
+    if shape.n_expert and shape.n_ff_exp:
+        # A MoE layer computes gate/up/down for the n_expert_used experts each
+        # token is routed to (llama-graph.cpp build_moe_ffn, ggml_mul_mat_id).
+        F = shape.n_ff_exp * max(shape.n_expert_used, 1)
     H = max(shape.n_head) if shape.n_head else 1
     Hkv = max(shape.n_head_kv) if shape.n_head_kv else H
     q = H * shape.head_dim_k
     kv = Hkv * (shape.head_dim_k + shape.head_dim_v)
     mask_bytes = 2 if cfg.flash_attn else 4
     has_swa = bool(shape.swa_layers and shape.n_swa)
-    masks = cells * T * mask_bytes + (swa_cells * T * mask_bytes if has_swa else 0)
+    # One mask per cache that exists: a hybrid whose attention layers all slide
+    # (lfm2 with a window) has no full-attention cache and no mask for it.
+    kv_layers = [il for il in range(shape.n_layer) if shape.has_kv(il)]
+    has_base = any(il not in shape.swa_layers or not has_swa for il in kv_layers)
+    has_swa_kv = has_swa and any(il in shape.swa_layers for il in kv_layers)
+    masks = (cells * T * mask_bytes if has_base else 0) + (swa_cells * T * mask_bytes if has_swa_kv else 0)
     logits = (t_out * shape.n_vocab + 2 * E * T) * 4
     # One Q-sized activation is still live at the peak with an f16/f32 K cache,
     # with a Q norm, or when the ubatch fills the whole context and every row is
     # an output: found by measuring llama.cpp's log (tests/test_planner.py).
-    q_live = q if (cfg.type_k in ("f16", "f32", "bf16") or shape.q_norm or (t_out >= T and T >= cells)) else 0
-    ffn = 3 * F + 3 * E + q_live + 8
+    n_e, keeps_q, q_norm_keeps = _FFN_LIVE.get(shape.architecture, (3, True, True))
+    q_live = q if (cfg.type_k in ("f16", "f32", "bf16") or (shape.q_norm and q_norm_keeps) or (t_out >= T and T >= cells)) else 0
+    ffn = 3 * F + n_e * E + (q_live if keeps_q else 0) + 8
     if cfg.flash_attn:
         attn = 3 * E + q + kv + H * shape.head_dim_v
     else:
-        n_kv = cells if (not has_swa or len(shape.swa_layers) < shape.n_layer) else swa_cells
-        attn = 3 * E + q + kv + n_kv * H
+        # The n_kv x n_head score matrix (f32) and the attention output before
+        # its permute (n_head x head_dim_v), measured against llama.cpp's log.
+        n_kv = cells if has_base else swa_cells
+        attn = 3 * E + q + kv + H * shape.head_dim_v + n_kv * H
+        if shape.architecture == "phi3":
+            attn -= 2 * E  # fused QKV: Q, K and V are views of one tensor (measured)
     # A quantized cache whose head dim is a multiple of 64 is written through a
-    # Hadamard rotation (llama-kv-cache.cpp attn_rot_k/v): a head_dim x head_dim
-    # f32 matrix for K and one for V are graph inputs, live all along.
+    # Hadamard rotation (llama-kv-cache.cpp attn_rot_k/v, build_input_k_rot /
+    # build_input_v_rot): an f32 graph input, live all along, per cache. K's is
+    # nrot x nrot with nrot the largest power of two (>= 64) dividing the head
+    # size; V's is always 64 x 64, and MLA has no V.
     rot = 0
-    if cfg.type_k not in ("f16", "f32", "bf16") and shape.head_dim_k % 64 == 0:
-        rot += shape.head_dim_k**2 * 4
-    if cfg.type_v not in ("f16", "f32", "bf16") and shape.head_dim_v % 64 == 0:
-        rot += shape.head_dim_v**2 * 4
+    hk, hv = shape.head_dim_k, shape.head_dim_v
+    if cfg.type_k not in ("f16", "f32", "bf16") and hk > 0 and hk % 64 == 0:  # n_embd_head_k_all > 0
+        nrot = 64
+        while hk % (nrot * 2) == 0:
+            nrot *= 2
+        rot += nrot * nrot * 4
+    if cfg.type_v not in ("f16", "f32", "bf16") and hv > 0 and hv % 64 == 0 and not shape.mla:
+        rot += 64 * 64 * 4
+    rot *= int(has_base) + int(has_swa_kv)
     layer = max(ffn, attn) * T * 4 + masks + rot
     return max(logits, layer)
 
@@ -474,6 +606,13 @@ def _why_not(first: MemoryPlan, smallest: MemoryPlan, gpu_budget: int | None, ra
     if ram is not None and smallest.total_cpu_bytes > ram:
         return f"needs {_gib(smallest.total_cpu_bytes)} of RAM at the smallest settings, {_gib(ram)} available: a smaller quant is needed"
     return f"needs {_gib(first.total_gpu_bytes)} of GPU memory, budget {_gib(gpu_budget or 0)}"
+
+
+def weights_read_per_token(shape: ModelShape) -> int:
+    """Weight bytes one decoded token reads: every layer (of a MoE layer only the
+    experts it is routed to) and the output matrix; the token embedding is a
+    one-row lookup unless it doubles as the output matrix."""
+    return sum(shape.active_layer_bytes) + shape.output_bytes + shape.tied_bytes
 
 
 def kv_bytes_in_use(plan: MemoryPlan, n_tokens: int) -> int:

@@ -29,14 +29,30 @@ class SynthSpec:
     n_ctx_train: int = 2048
     dtype: str = "f32"  # f32 or f16 for the 2-D weights
     seed: int = 0
-    name: str = "synthetic-llama"
+    name: str = "synthetic-llama"  # never "phi3" in it: llama.cpp then wants Phi's special tokens (llama-vocab.cpp)
     head_dim: int | None = None  # default n_embd // n_head
-    sliding_window: int | None = None  # gemma3: window size (every 6th layer is global)
+    sliding_window: int | None = None  # written as <arch>.attention.sliding_window when set
+    swa_pattern: int | None = None  # <arch>.attention.sliding_window_pattern (an integer) when set
     tied_output: bool = False  # no output.weight: llama.cpp reuses token_embd
+    n_expert: int = 0  # MoE (qwen3moe): experts per layer and how many a token uses
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    kv_lora_rank: int = 0  # deepseek2 (MLA): latent width and the rope part of a head
+    rope_dim: int = 0
+    conv_layers: tuple[int, ...] = ()  # lfm2: layers that are short convolutions (n_head_kv 0)
+    l_cache: int = 3  # lfm2: short-convolution length
+    n_vocab: int = 0  # pad the vocabulary with unused tokens up to this size (0: the natural ~360)
 
 
-def vocabulary() -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and token types: control tokens, 256 byte tokens, test words."""
+# Architectures write_gguf can write; the tensors each needs follow its
+# load_arch_tensors in llama.cpp's src/models/<arch>.cpp.
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granite", "exaone4", "lfm2", "qwen3moe", "deepseek2")
+
+
+def vocabulary(n_vocab: int = 0) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and token types: control tokens, 256 byte tokens, test words,
+    and (with ``n_vocab``) filler tokens that no text ever maps to (their
+    prefixes are not tokens, so SentencePiece never merges up to them)."""
     tokens = ["<unk>", "<s>", "</s>"]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
@@ -52,43 +68,78 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     tokens += list(pieces)
     types += [gguf.TokenType.NORMAL] * len(pieces)
     scores = [0.0] * 259 + [float(len(p)) for p in pieces]
+    n_fill = max(n_vocab - len(tokens), 0)
+    tokens += [f"<fill{i}>" for i in range(n_fill)]
+    types += [gguf.TokenType.UNUSED] * n_fill
+    scores += [-1000.0] * n_fill
     return tokens, scores, [int(t) for t in types]
 
 
 def write_llama_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
-    """Write a GGUF and return its path. ``spec.arch`` is ``llama`` (GQA when
-    n_head_kv < n_head) or ``gemma3`` (Q/K norms, post-norms, sliding-window layers)."""
-    if spec.arch not in ("llama", "gemma3"):
+    """Write a GGUF and return its path (any architecture in ``ARCHS``; the name
+    is kept from when there were two)."""
+    return write_gguf(path, spec)
+
+
+def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
+    """Write a GGUF of ``spec.arch`` with random weights and return its path."""
+    if spec.arch not in ARCHS:
         raise ValueError(f"unsupported synthetic architecture {spec.arch}")
     path = Path(path)
     rng = np.random.default_rng(spec.seed)
-    tokens, scores, types = vocabulary()
+    tokens, scores, types = vocabulary(spec.n_vocab)
     n_vocab = len(tokens)
-    hd = spec.head_dim or spec.n_embd // spec.n_head
-    gemma = spec.arch == "gemma3"
+    a = spec.arch
+    E = spec.n_embd
+    hd = spec.head_dim or E // spec.n_head
     wdtype = np.float16 if spec.dtype == "f16" else np.float32
 
-    def mat(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) * 0.02).astype(wdtype)
+    def mat(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(wdtype)
 
-    def norm() -> np.ndarray:
-        return np.ones(spec.n_embd, dtype=np.float32)
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
 
-    w = gguf.GGUFWriter(str(path), spec.arch)
+    w = gguf.GGUFWriter(str(path), a)
     w.add_name(spec.name)
     w.add_block_count(spec.n_layer)
     w.add_context_length(spec.n_ctx_train)
-    w.add_embedding_length(spec.n_embd)
+    w.add_embedding_length(E)
     w.add_feed_forward_length(spec.n_ff)
     w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
+    if a == "lfm2":
+        w.add_head_count_kv([0 if i in spec.conv_layers else spec.n_head_kv for i in range(spec.n_layer)])
+        w.add_uint32(f"{a}.shortconv.l_cache", spec.l_cache)
+    else:
+        w.add_head_count_kv(spec.n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(hd)
-    if spec.head_dim:
-        w.add_key_length(hd)
-        w.add_value_length(hd)
-    if spec.sliding_window:
+    if a == "deepseek2":
+        r, rope = spec.kv_lora_rank, spec.rope_dim
+        w.add_rope_dimension_count(rope)
+        w.add_key_length(r + rope)  # the cache holds the latent plus the rope part, one "head"
+        w.add_value_length(r)
+        w.add_uint32(f"{a}.attention.key_length_mla", hd)
+        w.add_uint32(f"{a}.attention.value_length_mla", hd)
+        w.add_q_lora_rank(0)
+        w.add_kv_lora_rank(r)
+        w.add_leading_dense_block_count(spec.n_layer)
+        w.add_expert_feed_forward_length(spec.n_ff)
+        w.add_expert_shared_count(0)
+    else:
+        w.add_rope_dimension_count(hd)
+        if spec.head_dim:
+            w.add_key_length(hd)
+            w.add_value_length(hd)
+    if spec.sliding_window is not None:
         w.add_sliding_window(spec.sliding_window)
+    if spec.swa_pattern is not None:
+        w.add_uint32(f"{a}.attention.sliding_window_pattern", spec.swa_pattern)
+    if a == "granite":
+        w.add_logit_scale(1.0)
+    if spec.n_expert:
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
+        w.add_expert_feed_forward_length(spec.n_ff_exp)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if spec.dtype == "f16" else gguf.LlamaFileType.ALL_F32)
@@ -103,25 +154,64 @@ def write_llama_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     w.add_add_eos_token(False)
 
     # numpy shapes are (rows, cols); GGUF stores ne reversed: {cols, rows}.
-    w.add_tensor("token_embd.weight", mat(n_vocab, spec.n_embd))
+    w.add_tensor("token_embd.weight", mat(n_vocab, E))
+    H, Hkv, F = spec.n_head, spec.n_head_kv, spec.n_ff
     for i in range(spec.n_layer):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", norm())
-        w.add_tensor(f"blk.{i}.attn_q.weight", mat(spec.n_head * hd, spec.n_embd))
-        w.add_tensor(f"blk.{i}.attn_k.weight", mat(spec.n_head_kv * hd, spec.n_embd))
-        w.add_tensor(f"blk.{i}.attn_v.weight", mat(spec.n_head_kv * hd, spec.n_embd))
-        w.add_tensor(f"blk.{i}.attn_output.weight", mat(spec.n_embd, spec.n_head * hd))
-        if gemma:
-            w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(hd, dtype=np.float32))
-            w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(hd, dtype=np.float32))
-            w.add_tensor(f"blk.{i}.post_attention_norm.weight", norm())
-            w.add_tensor(f"blk.{i}.post_ffw_norm.weight", norm())
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", norm())
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(spec.n_ff, spec.n_embd))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(spec.n_ff, spec.n_embd))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(spec.n_embd, spec.n_ff))
-    w.add_tensor("output_norm.weight", norm())
-    if not spec.tied_output:
-        w.add_tensor("output.weight", mat(n_vocab, spec.n_embd))
+        b = f"blk.{i}"
+        conv = a == "lfm2" and i in spec.conv_layers
+        if a not in ("olmo2", "exaone4"):
+            w.add_tensor(f"{b}.attn_norm.weight", ones(E))
+        if a == "deepseek2":
+            r, rope = spec.kv_lora_rank, spec.rope_dim
+            w.add_tensor(f"{b}.attn_kv_a_norm.weight", ones(r))
+            w.add_tensor(f"{b}.attn_q.weight", mat(H * hd, E))
+            w.add_tensor(f"{b}.attn_kv_a_mqa.weight", mat(r + rope, E))
+            w.add_tensor(f"{b}.attn_k_b.weight", mat(H, r, hd - rope))
+            w.add_tensor(f"{b}.attn_v_b.weight", mat(H, hd, r))
+            w.add_tensor(f"{b}.attn_output.weight", mat(E, H * hd))
+        elif conv:
+            # ggml_ssm_conv reads the kernel as f32 (ggml-cpu ops.cpp asserts it)
+            w.add_tensor(f"{b}.shortconv.conv.weight", mat(E, spec.l_cache).astype(np.float32))
+            w.add_tensor(f"{b}.shortconv.in_proj.weight", mat(3 * E, E))
+            w.add_tensor(f"{b}.shortconv.out_proj.weight", mat(E, E))
+        elif a == "phi3":
+            w.add_tensor(f"{b}.attn_qkv.weight", mat(H * hd + 2 * Hkv * hd, E))
+            w.add_tensor(f"{b}.attn_output.weight", mat(E, H * hd))
+        else:
+            w.add_tensor(f"{b}.attn_q.weight", mat(H * hd, E))
+            w.add_tensor(f"{b}.attn_k.weight", mat(Hkv * hd, E))
+            w.add_tensor(f"{b}.attn_v.weight", mat(Hkv * hd, E))
+            w.add_tensor(f"{b}.attn_output.weight", mat(E, H * hd))
+            if a == "qwen2":
+                for t, n in (("q", H * hd), ("k", Hkv * hd), ("v", Hkv * hd)):
+                    w.add_tensor(f"{b}.attn_{t}.bias", np.zeros(n, dtype=np.float32))
+        if a in ("gemma3", "qwen3", "exaone4", "qwen3moe") or (a == "lfm2" and not conv):
+            w.add_tensor(f"{b}.attn_q_norm.weight", ones(hd))
+            w.add_tensor(f"{b}.attn_k_norm.weight", ones(hd))
+        if a == "olmo2":
+            w.add_tensor(f"{b}.attn_q_norm.weight", ones(H * hd))
+            w.add_tensor(f"{b}.attn_k_norm.weight", ones(Hkv * hd))
+        if a in ("gemma2", "gemma3", "olmo2", "exaone4"):
+            w.add_tensor(f"{b}.post_attention_norm.weight", ones(E))
+            w.add_tensor(f"{b}.post_ffw_norm.weight", ones(E))
+        if a not in ("olmo2", "exaone4"):
+            w.add_tensor(f"{b}.ffn_norm.weight", ones(E))
+        if a == "qwen3moe":
+            X, Fx = spec.n_expert, spec.n_ff_exp
+            w.add_tensor(f"{b}.ffn_gate_inp.weight", mat(X, E))
+            w.add_tensor(f"{b}.ffn_gate_exps.weight", mat(X, Fx, E))
+            w.add_tensor(f"{b}.ffn_up_exps.weight", mat(X, Fx, E))
+            w.add_tensor(f"{b}.ffn_down_exps.weight", mat(X, E, Fx))
+        elif a == "phi3":
+            w.add_tensor(f"{b}.ffn_up.weight", mat(2 * F, E))
+            w.add_tensor(f"{b}.ffn_down.weight", mat(E, F))
+        else:
+            w.add_tensor(f"{b}.ffn_gate.weight", mat(F, E))
+            w.add_tensor(f"{b}.ffn_up.weight", mat(F, E))
+            w.add_tensor(f"{b}.ffn_down.weight", mat(E, F))
+    w.add_tensor("token_embd_norm.weight" if a == "lfm2" else "output_norm.weight", ones(E))
+    if not spec.tied_output and a != "gemma2":  # gemma2 always reads token_embd (models/gemma2.cpp)
+        w.add_tensor("output.weight", mat(n_vocab, E))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -138,9 +228,12 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--ff", type=int, default=128)
     ap.add_argument("--dtype", choices=("f32", "f16"), default="f32")
+    ap.add_argument("--arch", choices=ARCHS, default="llama")
+    ap.add_argument("--sliding-window", type=int, default=None)
     a = ap.parse_args()
-    spec = SynthSpec(n_layer=a.layers, n_embd=a.embd, n_head=a.heads, n_head_kv=a.kv_heads, n_ff=a.ff, dtype=a.dtype)
-    print(write_llama_gguf(a.out, spec))
+    spec = SynthSpec(arch=a.arch, n_layer=a.layers, n_embd=a.embd, n_head=a.heads, n_head_kv=a.kv_heads, n_ff=a.ff, dtype=a.dtype,
+                     sliding_window=a.sliding_window, name=f"synthetic-{a.arch.replace('phi3', 'p3')}")
+    print(write_gguf(a.out, spec))
 
 
 if __name__ == "__main__":

@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
     with LlamaCppBackend() as backend:
         # Room for 9 rows of logits, so the same context can check speculative drafts.
-        info = backend.load(path, replace(fitted.config, n_outputs_max=9))
+        from localllm.memcheck import load_checked
+
+        info, memory_check = load_checked(backend, path, replace(fitted.config, n_outputs_max=9))
         say("measuring prefill and decode")
         stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
         header = backend.header
@@ -130,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         d = report.to_dict()
         d["kv_q8_0_kl_mean"] = kl.get("q8_0")
+        d["memory_check"] = memory_check.to_dict() if memory_check else None
         fmt.print_json(d)
     else:
         print(render(report, path.name))
+        print("\n" + "\n".join(memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]))
     return 0

@@ -9,19 +9,21 @@ from localllm.commands._common import fit_config
 from localllm.errors import EXIT_ERROR
 
 
-def render(f) -> str:
+def render(f, architecture: str = "") -> str:
     r = f.fit
     p = r.plan
     hw = f.hardware
     gpu = r.budget_bytes is not None
     lines = [
         f"context {p.n_ctx} tokens · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
-        + (f" · sliding-window layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
-        + (f" · {p.n_gpu_layers} layers on the GPU" if gpu else ""),
+        + (f" · {'chunked' if p.swa_type == 'chunked' else 'sliding-window'} layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
+        + (f" · {p.n_gpu_layers} layers on the GPU" if gpu else "")
+        + ("" if p.verified else " (unverified architecture)"),
         "",
         f"{'':<10}{'GPU':>12}{'CPU':>12}",
         f"{'weights':<10}{fmt.size(p.weights_gpu_bytes):>12}{fmt.size(p.weights_cpu_bytes):>12}",
         f"{'KV cache':<10}{fmt.size(p.kv_gpu_bytes):>12}{fmt.size(p.kv_cache_bytes - p.kv_gpu_bytes):>12}",
+        *([f"{'recurrent':<10}{fmt.size(p.rs_gpu_bytes):>12}{fmt.size(p.rs_bytes - p.rs_gpu_bytes):>12}"] if p.rs_bytes else []),
         f"{'compute':<10}{fmt.size(p.compute_bytes if p.compute_on_gpu else 0):>12}{fmt.size(0 if p.compute_on_gpu else p.compute_bytes):>12}",
         f"{'output':<10}{fmt.size(0):>12}{fmt.size(p.output_bytes):>12}",
         f"{'total':<10}{fmt.size(p.total_gpu_bytes):>12}{fmt.size(p.total_cpu_bytes):>12}",
@@ -35,6 +37,9 @@ def render(f) -> str:
         lines.append("no GPU: everything runs from RAM")
     lines.append(f"RAM available {fmt.size(r.ram_bytes or 0)}")
     lines.append(("fits: " + r.reason) if r.fits else ("does not fit: " + r.reason))
+    if not p.verified:
+        lines.append(f"(unverified architecture) localllm knows no llama.cpp cache rule for '{architecture}': planned as dense, "
+                     "every layer with its own full-context cache; check with localllm run -v")
     if f.shift_extra_bytes is None:
         lines.append("context shift: in place (the cache can shift without re-reading)")
     else:
@@ -48,6 +53,9 @@ def render(f) -> str:
 def run(args: argparse.Namespace) -> int:
     path = catalog.resolve(args.model)
     f = fit_config(args, path, args.ctx)
+    from localllm.model_info import inspect_model
+
+    info = inspect_model(path)
     if args.json:
         d = f.fit.plan.to_dict()
         d.update(
@@ -59,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
             max_ctx_by_kv_type=f.fit.max_ctx_by_kv_type,
             shiftable_cache_extra_bytes=f.shift_extra_bytes,
             hardware=f.hardware.to_dict(),
+            architecture=info.architecture,
+            cache_rule_source=info.cache_rule_source if info.cache_rule_verified else None,
         )
         fmt.print_json(d)
     else:
-        print(render(f))
+        print(render(f, info.architecture))
     return 0 if f.fit.fits else EXIT_ERROR

@@ -65,7 +65,12 @@ def run(args: argparse.Namespace) -> int:
             from dataclasses import replace
 
             cfg = replace(cfg, n_outputs_max=args.draft_k + 1)
-        backend.load(path, cfg)
+        from localllm.memcheck import load_checked
+
+        _, memory_check = load_checked(backend, path, cfg)
+        if getattr(args, "verbose", False) and not args.json:
+            for line in memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]:
+                say(line)
         pieces: list[str] = []
         if args.speculate:
             events = _speculative(backend, prompt, args)
@@ -80,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         assert stats is not None
         spec = backend.last_spec if args.speculate else None
         if args.json:
-            out = {"model": str(path), "text": "".join(pieces), **stats.to_dict()}
+            out = {"model": str(path), "text": "".join(pieces), **stats.to_dict(),
+                   "memory_check": memory_check.to_dict() if memory_check else None}
             if spec is not None:
                 out["speculative"] = {"mode": args.speculate, "drafted": spec.drafted, "accepted": spec.accepted, "acceptance": spec.acceptance}
             fmt.print_json(out)
