@@ -71,9 +71,16 @@ class DoctorReport:
 
 
 def weights_read_per_token(shape: planner.ModelShape) -> int:
-    """Every layer's weights and the output matrix are read per token; the token
-    embedding is a lookup of one row (unless it doubles as the output matrix)."""
-    return sum(shape.layer_bytes) + shape.output_bytes + shape.tied_bytes
+    """The planner's count (a MoE layer reads only its routed experts)."""
+    return planner.weights_read_per_token(shape)
+
+
+def gpu_weights_read_per_token(shape: planner.ModelShape, plan: planner.MemoryPlan, gpu: bool) -> int:
+    """Of the weights one token reads, those in GPU memory: the offloaded layers
+    (their routed experts) and the output matrix when it went too."""
+    layers, output_on_gpu, _ = planner.offload(shape, plan.n_gpu_layers, gpu)
+    read = sum(shape.active_layer_bytes[i] for i in layers)
+    return read + (shape.output_bytes + shape.tied_bytes if output_on_gpu else 0)
 
 
 def examine(
@@ -98,7 +105,7 @@ def examine(
     plan = planner.plan_memory(shape, run_config(cfg), gpu=gpu)
     kv_now = planner.kv_bytes_in_use(plan, stats.context_used)
     gpu_share = plan.kv_gpu_bytes / plan.kv_cache_bytes if plan.kv_cache_bytes else 0.0
-    gpu_read = plan.weights_gpu_bytes + int(kv_now * gpu_share)
+    gpu_read = gpu_weights_read_per_token(shape, plan, gpu) + int(kv_now * gpu_share)
     rf: Roofline = roofline(
         bandwidth, weights_read_per_token(shape), kv_now, stats.decode_tokens_per_s or None,
         gpu_bytes=gpu_read, gpu_bandwidth=gpu_bandwidth,
