@@ -110,6 +110,7 @@ class LlamaCppBackend:
         n_threads = config.n_threads or default_threads()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if config.n_gpu_layers < 0 else config.n_gpu_layers
+        keep = _set_devices(mparams, config)  # noqa: F841  (the arrays must outlive the load)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = config.n_ctx
         cparams.n_batch = min(config.n_batch, config.n_ctx)
@@ -532,6 +533,30 @@ class LlamaCppBackend:
             "n_p_eval": d.n_p_eval,
             "n_eval": d.n_eval,
         }
+
+
+def _set_devices(mparams, config: LoadConfig) -> list[object]:
+    """With RPC workers: the workers' devices (probed first, with a timeout), then
+    this machine's GPUs, as llama.cpp orders them by default; and the planner's
+    split. Returns the ctypes arrays, which must stay alive through the load."""
+    keep: list[object] = []
+    if config.rpc_servers:
+        from localllm import engine_rpc
+        from localllm.rpc import parse_endpoints
+
+        devs = engine_rpc.add_servers(parse_endpoints(",".join(config.rpc_servers)))
+        n_local = len(config.tensor_split) - len(devs) if config.tensor_split else None
+        devs += engine_rpc.local_gpus()[:n_local]
+        engine_rpc.on_abort()  # a worker that dies mid-generation: one line and exit 1, not a backtrace
+        arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+        mparams.devices = ctypes.addressof(arr)
+        keep.append(arr)
+    if config.tensor_split:
+        n = llama_cpp.llama_max_devices()
+        split = (ctypes.c_float * n)(*config.tensor_split[:n])
+        mparams.tensor_split = split
+        keep.append(split)
+    return keep
 
 
 def _round_up(n: int, k: int) -> int:
