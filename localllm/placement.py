@@ -34,6 +34,7 @@ from typing import Any
 
 from localllm import planner
 from localllm.fmt import size
+from localllm.gguf_file import GGUFHeader
 from localllm.planner import MemoryPlan, ModelShape, RunConfig
 
 
@@ -54,6 +55,7 @@ class DeviceUse:
     kv_bytes: int
     compute_bytes: int
     output_bytes: int  # the logits buffer (host memory: the CPU's)
+    mapped_bytes: int | None = None  # the CPU's: the file range llama.cpp maps for its weights (see cpu_mapped_span)
 
     @property
     def total_bytes(self) -> int:
@@ -71,6 +73,7 @@ class DeviceUse:
             "output_bytes": self.output_bytes,
             "total_bytes": self.total_bytes,
             "free_bytes": self.device.free_bytes,
+            "mapped_bytes": self.mapped_bytes,
         }
 
 
@@ -108,9 +111,12 @@ def layer_devices(n_layer: int, n_gpu_layers: int, split: list[float]) -> list[i
     return out
 
 
-def place(shape: ModelShape, cfg: RunConfig, devices: list[Device], cpu: Device, split: list[float] | None = None) -> Placement:
+def place(
+    shape: ModelShape, cfg: RunConfig, devices: list[Device], cpu: Device, split: list[float] | None = None, header: GGUFHeader | None = None
+) -> Placement:
     """Per-device weights, KV cache, compute and output bytes for ``cfg`` over
-    the offload ``devices`` (llama.cpp's order) and the CPU."""
+    the offload ``devices`` (llama.cpp's order) and the CPU. With the ``header``,
+    also the file range the CPU maps (``mapped_bytes``)."""
     if split is None:
         split = [float(d.free_bytes or 0) for d in devices]
         if devices and not any(split):
@@ -139,6 +145,8 @@ def place(shape: ModelShape, cfg: RunConfig, devices: list[Device], cpu: Device,
     else:
         out.weights_bytes += shape.output_bytes + shape.tied_bytes
     cpu_use.output_bytes = plan.output_bytes
+    if header is not None:
+        cpu_use.mapped_bytes = cpu_mapped_span(header, set(cpu_use.layers), cpu_use.output_layer)
     _compute(shape, cfg, plan, uses)
     rules = [
         "layers split over the offload devices in proportion to their free memory (llama-model.cpp load_tensors), passed as tensor_split",
@@ -147,25 +155,117 @@ def place(shape: ModelShape, cfg: RunConfig, devices: list[Device], cpu: Device,
     return Placement(plan, uses, tuple(split), rules)
 
 
+def _q_live(shape: ModelShape, cfg: RunConfig, cells: int) -> int:
+    """Values per token of the Q-sized activation planner.compute_bytes counts
+    live at the feed-forward peak (its ``q_live``), when that peak is the layer
+    phase's largest; 0 otherwise. Mirrors planner.compute_bytes' terms."""
+    T = min(cells, cfg.n_ubatch)
+    t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
+    E = shape.n_embd
+    F = max(shape.n_ff) if shape.n_ff else 4 * E
+    H = max(shape.n_head) if shape.n_head else 1
+    Hkv = max(shape.n_head_kv) if shape.n_head_kv else H
+    q = H * shape.head_dim_k
+    if not (cfg.type_k in ("f16", "f32", "bf16") or shape.q_norm or (t_out >= T and T >= cells)):
+        return 0
+    ffn = 3 * F + 3 * E + q + 8
+    kv = Hkv * (shape.head_dim_k + shape.head_dim_v)
+    attn = 3 * E + q + kv + (H * shape.head_dim_v if cfg.flash_attn else cells * H)
+    return min(q, max(0, ffn - attn))
+
+
+def cpu_mapped_span(header: GGUFHeader, cpu_layers: set[int], output_on_cpu: bool) -> int:
+    """What llama.cpp prints as ``CPU_Mapped model buffer size``: with mmap the
+    CPU's weights are one mapping of the file from the first to the last byte of
+    the tensors it keeps (llama-model-loader.cpp ``get_mapping_range``), so the
+    tensors of offloaded layers that lie between count too (files often store
+    blk.0, blk.1, blk.10, ...). Only the pages of the CPU's own tensors are read."""
+    lo, hi = None, 0
+    for t in header.tensors:
+        if t.name.startswith("blk."):
+            keep = int(t.name.split(".")[1]) in cpu_layers
+        elif t.name.startswith("output"):
+            keep = output_on_cpu
+        else:
+            keep = True
+        if keep:
+            lo = t.offset if lo is None else min(lo, t.offset)
+            hi = max(hi, t.offset + t.n_bytes)
+    return hi - (lo or 0)
+
+
+def pipeline_parallel(n_devices: int, shape: ModelShape, cfg: RunConfig) -> bool:
+    """llama-context.cpp: with more than one offload device and every layer
+    offloaded (n_gpu_layers > n_layer), and devices with async compute and events
+    (RPC devices have both), the scheduler keeps GGML_SCHED_MAX_COPIES (4) copies
+    of each split's inputs, to overlap the devices' work."""
+    n_all = shape.n_layer + 1
+    ngl = n_all if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
+    return n_devices > 1 and ngl > shape.n_layer
+
+
+SCHED_COPIES = 4  # ggml-backend.cpp GGML_SCHED_MAX_COPIES
+
+
 def _compute(shape: ModelShape, cfg: RunConfig, plan: MemoryPlan, uses: list[DeviceUse]) -> None:
-    """Compute buffer per device. Each device that holds layers runs their part of
-    the graph, and its buffer is that part's peak: the planner's layer-phase peak
-    (planner.compute_bytes without the logits). The device with the output layer
-    also runs the logits phase, so it gets the planner's full peak. The CPU, when
-    it holds no layer, still computes the input embeddings (``get_rows`` of
-    token_embd: n_embd x n_ubatch f32) and keeps the graph inputs it hands over."""
+    """Compute buffer per device: ggml_backend_sched gives each backend the peak
+    of its own part of the worst-case graph (``n_ubatch`` tokens T, full cache).
+    A model, fitted to llama.cpp's log on this machine (tests/test_rpc.py), in
+    terms of planner.compute_bytes' layer phase P (no logits) and:
+
+    - I, the inputs a device's part copies in: the attention masks (and the
+      Hadamard matrices of a quantized cache) plus one n_embd x T f32 activation;
+    - a device holding layers: P less the n_embd x T input activation the CPU
+      holds instead, and, when some layers stay on the CPU, less the Q-sized
+      activation planner.compute_bytes counts live at the feed-forward peak;
+    - the device with the output layer: also the logits phase,
+      t_out x (n_vocab + n_embd) f32;
+    - the CPU with no layer: the input embeddings and I (2 n_embd x T + masks);
+      with layers: P, as when it runs everything;
+    - with pipeline parallelism (see ``pipeline_parallel``) every device keeps
+      its inputs in 4 copies: P + 3 I, and the logits phase 4 I more.
+    """
     cells, swa_cells = planner.kv_cells(shape, cfg)
-    full = planner.compute_bytes(shape, cfg, cells, swa_cells)
-    no_logits = planner.compute_bytes(replace(shape, n_vocab=0), cfg, cells, swa_cells)
-    n_ctx = cells
-    T = min(n_ctx, cfg.n_ubatch)
-    for u in uses:
-        if u.output_layer:
-            u.compute_bytes = full
-        elif u.layers:
-            u.compute_bytes = no_logits
-        elif u.device.kind == "cpu":
-            u.compute_bytes = shape.n_embd * T * 4
+    P = planner.compute_bytes(replace(shape, n_vocab=0), cfg, cells, swa_cells)
+    T = min(cells, cfg.n_ubatch)
+    t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
+    et = shape.n_embd * T * 4
+    mask_bytes = 2 if cfg.flash_attn else 4
+    has_swa = bool(shape.swa_layers and shape.n_swa)
+    full_mask, swa_mask = cells * T * mask_bytes, (swa_cells * T * mask_bytes if has_swa else 0)
+    rot = 0
+    for t, d in ((cfg.type_k, shape.head_dim_k), (cfg.type_v, shape.head_dim_v)):
+        if t not in ("f16", "f32", "bf16") and d % 64 == 0:
+            rot += d * d * 4
+
+    def masks(layers: list[int]) -> int:
+        """The masks a device's layers read: a device with only sliding-window
+        layers (or none) gets no full-attention mask, and the other way round."""
+        swa = [il in shape.swa_layers for il in layers] if has_swa else [False] * len(layers)
+        return (full_mask if not all(swa) else 0) + (swa_mask if any(swa) else 0)
+
+    all_masks = full_mask + swa_mask
+    logits = t_out * (shape.n_vocab + shape.n_embd) * 4
+    offload = [u for u in uses if u.device.kind != "cpu"]
+    cpu = uses[-1]
+    pp = pipeline_parallel(sum(1 for u in offload if u.layers or u.output_layer), shape, cfg)
+    copies = SCHED_COPIES if pp else 1
+    for u in offload:
+        if not (u.layers or u.output_layer):
+            continue
+        m = masks(u.layers) if u.layers else all_masks
+        inputs = m + rot + et
+        p_dev = P - all_masks + m
+        if pp:
+            layer = p_dev + (copies - 1) * inputs
+        else:
+            layer = p_dev - et - (_q_live(shape, cfg, cells) * T * 4 if cpu.layers else 0)
+        out = logits + (copies * inputs if pp else 0)
+        u.compute_bytes = max(layer if u.layers else 0, out if u.output_layer else 0)
+    if cpu.layers:
+        cpu.compute_bytes = P if not cpu.output_layer else planner.compute_bytes(shape, cfg, cells, swa_cells)
+    else:
+        cpu.compute_bytes = et + copies * (all_masks + rot + et)
 
 
 # -- fitting the devices' budgets ------------------------------------------------------
