@@ -97,6 +97,7 @@ class LlamaCppBackend:
         self.last_verify_ns = 0
         self._n_outputs_max = 1
         self.last_spec = None  # speculative.SpecStats of the last speculative generation
+        self.logged_buffers: dict[str, dict[str, list[float]]] = {}  # device -> kind -> MiB, from llama.cpp's log at load
         self._chat_formatters: dict[bool, object] = {}
 
     # -- load / close -----------------------------------------------------------
@@ -140,6 +141,9 @@ class LlamaCppBackend:
             reason = ROUTER.first_error_since(mark) or "unknown reason"
             raise EngineError(f"llama.cpp could not create a context of {config.n_ctx} tokens: {reason}")
         load_ms = (time.perf_counter_ns() - t0) / 1e6
+        from localllm.placement import logged_buffers
+
+        self.logged_buffers = logged_buffers([line for _, line in ROUTER.lines_since(mark)])
         self.model, self.ctx = model, ctx
         self._n_outputs_max = config.n_outputs_max or cparams.n_batch
         self.vocab = llama_cpp.llama_model_get_vocab(model)

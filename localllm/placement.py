@@ -29,6 +29,7 @@ llama.cpp's rules (the vendored llama.cpp of llama-cpp-python 0.3.36):
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,6 +56,7 @@ class DeviceUse:
     kv_bytes: int
     compute_bytes: int
     output_bytes: int  # the logits buffer (host memory: the CPU's)
+    kv_by_cache: list[int] = field(default_factory=list)  # one figure per KV buffer llama.cpp makes here: full-attention, then sliding-window
     mapped_bytes: int | None = None  # the CPU's: the file range llama.cpp maps for its weights (see cpu_mapped_span)
 
     @property
@@ -69,6 +71,7 @@ class DeviceUse:
             "output_layer": self.output_layer,
             "weights_bytes": self.weights_bytes,
             "kv_bytes": self.kv_bytes,
+            "kv_by_cache": self.kv_by_cache,
             "compute_bytes": self.compute_bytes,
             "output_bytes": self.output_bytes,
             "total_bytes": self.total_bytes,
@@ -136,6 +139,9 @@ def place(
         u.weights_bytes += shape.layer_bytes[il]
     for kl in plan.kv_layers:
         uses[slot(kl.layer)].kv_bytes += kl.k_bytes + kl.v_bytes
+    for i, u in enumerate(uses):
+        per = [sum(kl.k_bytes + kl.v_bytes for kl in plan.kv_layers if slot(kl.layer) == i and kl.swa == swa) for swa in (False, True)]
+        u.kv_by_cache = [b for b in per if b]
     out = uses[slot(shape.n_layer)]
     out.output_layer = True
     cpu_use = uses[-1]
@@ -303,6 +309,7 @@ def fit_across(
     kv_fixed: bool = False,
     ngl_fixed: bool = False,
     ctx_limit: int | None = None,
+    header: GGUFHeader | None = None,
 ) -> tuple[planner.FitResult, Placement]:
     """planner.fit's policies over several devices: cheaper cache types first,
     then fewer offloaded layers (``offload``) or a smaller context (``ctx``). Each
@@ -345,7 +352,7 @@ def fit_across(
                 break
     fits = chosen is not None
     cfg = chosen or want
-    p = place(shape, cfg, devices, cpu)
+    p = place(shape, cfg, devices, cpu, header=header)
     if not fits:
         over = [u for u in p.uses if not _fits(Placement(p.plan, [u], p.split), ram)]
         reason = "does not fit even at the smallest settings: " + ", ".join(
@@ -373,3 +380,21 @@ def _describe_change(want: RunConfig, got: RunConfig, n_all: int) -> str:
     if got.n_gpu_layers != want.n_gpu_layers and not (got.n_gpu_layers >= n_all and want.n_gpu_layers < 0):
         parts.append(f"{min(got.n_gpu_layers, n_all)} of {n_all} layers offloaded")
     return "; ".join(parts) or "fits as asked"
+
+
+_BUFFER_RE = re.compile(r"(\S+) +(model|KV|compute|output) buffer size = +([\d.]+) MiB")
+
+
+def logged_buffers(lines: list[str]) -> dict[str, dict[str, list[float]]]:
+    """llama.cpp's allocation lines ('RPC0[host:port] model buffer size = 92.10 MiB',
+    'CPU_Mapped model buffer size', 'KV buffer size', 'compute buffer size',
+    'output buffer size') by device and kind, in MiB as printed. The CPU's buffer
+    types (CPU, CPU_Mapped, CPU_REPACK, CPU_Host) are the CPU's."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for line in lines:
+        m = _BUFFER_RE.search(line)
+        if m:
+            name, kind, mib = m.groups()
+            dev = "CPU" if name.startswith("CPU") else name
+            out.setdefault(dev, {}).setdefault(kind, []).append(float(mib))
+    return out

@@ -134,3 +134,142 @@ def test_layer_split_follows_llama_cpp() -> None:
     assert where[:19] == [None] * 19 and where[19:] == [0] * 12  # the last 12 of 31: 11 layers and the output
     assert layer_devices(30, 0, [1.0]) == [None] * 31
     assert layer_devices(30, -1, [3.0, 1.0]).count(0) == 24  # float32 3/4 of 31 -> layers 0..23
+
+
+# -- placement against what llama.cpp allocates on each device ----------------------
+
+
+def _load_and_log(path: Path, cfg, eps: list[str], split: tuple[float, ...]):
+    from localllm.backend import LoadConfig
+    from localllm.engine import LlamaCppBackend
+
+    with LlamaCppBackend() as b:
+        b.load(path, LoadConfig(**{**cfg.to_dict(), "rpc_servers": tuple(eps), "tensor_split": split}))
+        return b.logged_buffers
+
+
+def _compare(path: Path, cfg, eps: list[str]) -> list[str]:
+    """Weights and KV per device equal to llama.cpp's printed figure (0.01 MiB),
+    compute within 5%; returns what differs."""
+    from localllm.backend import run_config
+
+    header = read_header(path)
+    shape = ModelShape.from_header(header)
+    split = (1.0,) * len(eps)
+    devices = [Device(f"RPC0[{ep}]", "rpc", None) for ep in eps]
+    pl = place(shape, run_config(cfg), devices, Device("CPU", "cpu", None), list(split), header=header)
+    logged = _load_and_log(path, cfg, eps, split)
+    wrong = []
+    for u in pl.uses:
+        got = logged.get(u.device.name, {})
+        if u.device.kind == "cpu":
+            # CPU_Mapped first; a CPU_REPACK copy (the CPU's instruction set decides) is not planned.
+            weights = [round(u.mapped_bytes / MiB, 2)]
+            printed_w = got.get("model", [])[:1]
+        else:
+            weights = [round(u.weights_bytes / MiB, 2)] if u.weights_bytes else []
+            printed_w = got.get("model", [])
+        kv = [round(b / MiB, 2) for b in u.kv_by_cache]
+        if weights != printed_w or kv != got.get("KV", []):
+            wrong.append(f"{u.device.name}: weights {weights} vs {printed_w}, KV {kv} vs {got.get('KV', [])}")
+        printed_c = got.get("compute", [0.0])[0]
+        est = u.compute_bytes / MiB
+        if abs(est - printed_c) > 0.05 * printed_c or (printed_c == 0 and est > 0.01):
+            wrong.append(f"{u.device.name}: compute {est:.2f} vs {printed_c} MiB")
+        if u.device.kind == "cpu" and [round(u.output_bytes / MiB, 2)] != got.get("output"):
+            wrong.append(f"CPU: output {u.output_bytes / MiB:.2f} vs {got.get('output')}")
+    return wrong
+
+
+SMOL_CASES = [  # (n_gpu_layers, workers, cache type, n_outputs_max, n_ctx, n_ubatch)
+    (-1, 1, "f16", 1, 4096, 512),  # everything on one worker, the output layer too
+    (-1, 2, "f16", 1, 4096, 512),  # split in two: pipeline parallelism
+    (-1, 2, "q8_0", 0, 1000, 512),  # a quantized cache; every row an output
+    (12, 1, "f16", 1, 4096, 512),  # partial: 11 layers and the output layer remote
+    (12, 2, "f16", 0, 4096, 512),  # partial over two workers
+    (1, 2, "f16", 1, 4096, 512),  # only the output layer offloaded
+    (0, 1, "f16", 1, 4096, 512),  # nothing offloaded: the worker holds nothing
+]
+GEMMA_CASES = [
+    (-1, 1, "f16", 1, 4096, 512),
+    (-1, 2, "q8_0", 1, 4096, 512),
+    (12, 2, "f16", 1, 4096, 128),
+    (7, 2, "q8_0", 0, 1000, 512),  # the first worker holds only sliding-window layers
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2", "gemma"])
+def test_placement_matches_llama_cpp_per_device(model: str, workers, smollm2: Path, gemma: Path) -> None:
+    from localllm.backend import LoadConfig
+
+    path, cases = (smollm2, SMOL_CASES) if model == "smollm2" else (gemma, GEMMA_CASES)
+    eps = [str(w.ep) for w in workers]
+    wrong = []
+    for ngl, n_workers, kv, n_out, n_ctx, ub in cases:
+        cfg = LoadConfig(n_ctx=n_ctx, n_ubatch=ub, n_gpu_layers=ngl, type_k=kv, type_v=kv, n_outputs_max=n_out, flash_attn="on", n_threads=1)
+        wrong += [f"ngl {ngl} x{n_workers} {kv} out {n_out} ctx {n_ctx} ub {ub}: {w}" for w in _compare(path, cfg, eps[:n_workers])]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.slow
+def test_plan_and_run_over_two_workers(workers, smollm2: Path) -> None:
+    """plan --rpc shows each worker's device with its free memory; run --rpc
+    answers, and its --json devices agree with llama.cpp's log."""
+    rpc = ",".join(str(w.ep) for w in workers)
+    proc = run_cli("plan", "--rpc", rpc, "--ctx", "2048", "--json")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    names = [x["name"] for x in d["devices"]]
+    assert names == [f"RPC0[{w.ep}]" for w in workers] + ["CPU"]
+    assert all(x["free_bytes"] > 0 for x in d["devices"]) and d["fits"] is True
+    assert sum(x["layers"] for x in d["devices"]) == 30 and d["devices"][1]["output_layer"] is True
+
+    text = run_cli("plan", "--rpc", rpc, "--ctx", "2048").stdout
+    assert f"RPC0[{workers[0].ep}]" in text and "free" in text
+
+    proc = run_cli("run", "--rpc", rpc, "--ctx", "2048", "--raw", "-p", "The capital of France is", "-n", "3", "--temp", "0", "--json", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "Paris" in out["text"]
+    for dev in out["devices"]:
+        logged = dev["logged_mib"]
+        if dev["kind"] == "rpc":
+            assert logged["model"] == [round(dev["weights_bytes"] / MiB, 2)]
+            assert logged["KV"] == [round(b / MiB, 2) for b in dev["kv_by_cache"]]
+        assert abs(dev["compute_bytes"] / MiB - logged["compute"][0]) <= 0.05 * logged["compute"][0]
+
+
+@pytest.mark.slow
+def test_worker_dies_mid_generation(smollm2: Path) -> None:
+    """The reply ends with one line and exit 1; chat saves the conversation."""
+    w = WorkerProc()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localllm", "chat", "--rpc", str(w.ep), "--ctx", "2048", "-n", "-1", "--temp", "0", "--threads", "1", "--no-stats"],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("Write a very long story about a lighthouse keeper, with many chapters.\n")
+    proc.stdin.flush()
+    first = proc.stdout.read(20)  # the reply has started
+    assert first
+    w.proc.kill()  # the worker dies mid-reply
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("localllm: error: a worker stopped answering"), err
+    assert "the chat is saved in" in lines[0]
+    saved = Path(lines[0].rsplit("the chat is saved in ", 1)[1])
+    data = json.loads(saved.read_text())
+    assert data["messages"][0]["role"] == "user" and data["messages"][1]["content"].startswith(first)
+
+
+@pytest.mark.slow
+def test_worker_stops_on_ctrl_c() -> None:
+    w = WorkerProc()
+    rc, err = w.stop(signal.SIGINT)
+    assert rc == 130 and "Traceback" not in err and "worker stopped" in err

@@ -56,7 +56,7 @@ def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None) -> Fitte
     hw = hardware.detect(getattr(args, "vram", None))
     placement = None
     if getattr(args, "rpc", None):
-        result, placement = _fit_rpc(args, shape, run_config(want), hw, max(want.n_ctx, info.context_length or 0))
+        result, placement = _fit_rpc(args, shape, run_config(want), hw, max(want.n_ctx, info.context_length or 0), header)
     else:
         result = planner.fit(
             shape,
@@ -90,7 +90,7 @@ def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None) -> Fitte
     return Fitted(chosen, result, hw, info.context_length, extra, placement)
 
 
-def _fit_rpc(args: argparse.Namespace, shape, want, hw, ctx_limit: int):
+def _fit_rpc(args: argparse.Namespace, shape, want, hw, ctx_limit: int, header):
     """With --rpc: probe every worker (one line and exit 1 for one that is down,
     before anything loads), then fit layers across the workers' devices, a local
     GPU and the CPU."""
@@ -111,6 +111,7 @@ def _fit_rpc(args: argparse.Namespace, shape, want, hw, ctx_limit: int):
         kv_fixed=bool(args.kv_type or args.k_type or args.v_type),
         ngl_fixed=args.ngl is not None,
         ctx_limit=ctx_limit,
+        header=header,
     )
 
 
@@ -122,3 +123,25 @@ def _has_local_gpu() -> bool:
 
 def say(msg: str) -> None:
     print(f"localllm: {msg}", file=sys.stderr, flush=True)
+
+
+def device_table(fitted: Fitted, path: Path, logged: dict | None = None) -> list[dict]:
+    """Per device (workers' devices, a local GPU, the CPU): the planned weights,
+    KV, compute and output bytes and the free memory; with ``logged`` (the engine's
+    ``logged_buffers``) also what llama.cpp printed for each, in MiB."""
+    from localllm import placement, planner
+    from localllm.backend import run_config
+    from localllm.gguf_file import read_header
+
+    pl = fitted.placement
+    if pl is None:
+        header = read_header(path)
+        shape = planner.ModelShape.from_header(header)
+        hw = fitted.hardware
+        devices = [placement.Device(hw.gpu_name or "GPU", "gpu", hw.gpu_budget, hw.gpu_total_bytes)] if hw.gpu_budget is not None else []
+        cpu = placement.Device("CPU", "cpu", hw.ram_available_bytes, hw.ram_total_bytes)
+        pl = placement.place(shape, run_config(fitted.config), devices, cpu, header=header)
+    rows = pl.to_list()
+    for r in rows:
+        r["logged_mib"] = (logged or {}).get(r["name"]) if logged is not None else None
+    return rows

@@ -65,6 +65,7 @@ def render_devices(f) -> str:
         head,
         row("layers", lambda u: f"{len(u.layers)}" + ("+out" if u.output_layer else "")),
         row("weights", lambda u: fmt.size(u.weights_bytes)),
+        row(" mapped", lambda u: fmt.size(u.mapped_bytes) if u.mapped_bytes is not None else ""),
         row("KV cache", lambda u: fmt.size(u.kv_bytes)),
         row("compute", lambda u: fmt.size(u.compute_bytes)),
         row("output", lambda u: fmt.size(u.output_bytes)),
@@ -73,6 +74,7 @@ def render_devices(f) -> str:
         "",
         "split: " + ", ".join(f"{u.device.name} {s / sum(pl.split):.0%}" for u, s in zip(uses, pl.split)) if pl.split else "no offload device",
         *pl.rules,
+        "mapped: the file range llama.cpp maps for the CPU's weights (its 'CPU_Mapped model buffer size'); only the CPU's own tensors are read from it",
         ("fits: " + r.reason) if r.fits else ("does not fit: " + r.reason),
         "largest context that fits: " + ", ".join(f"{k} {v:,}" if v else f"{k} none" for k, v in r.max_ctx_by_kv_type.items()),
     ]

@@ -7,7 +7,7 @@ import sys
 
 from localllm import catalog, fmt
 from localllm.backend import SamplingConfig
-from localllm.commands._common import fit_config, say
+from localllm.commands._common import device_table, fit_config, say
 from localllm.errors import InputError, UsageError
 from localllm.metrics import GenerationStats
 
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         assert stats is not None
         spec = backend.last_spec if args.speculate else None
         if args.json:
-            out = {"model": str(path), "text": "".join(pieces), **stats.to_dict()}
+            out = {"model": str(path), "text": "".join(pieces), **stats.to_dict(), "devices": device_table(fitted, path, backend.logged_buffers)}
             if spec is not None:
                 out["speculative"] = {"mode": args.speculate, "drafted": spec.drafted, "accepted": spec.accepted, "acceptance": spec.acceptance}
             fmt.print_json(out)
