@@ -154,10 +154,15 @@ def place(
     if header is not None:
         cpu_use.mapped_bytes = cpu_mapped_span(header, set(cpu_use.layers), cpu_use.output_layer)
     _compute(shape, cfg, plan, uses)
-    rules = [
-        "layers split over the offload devices in proportion to their free memory (llama-model.cpp load_tensors), passed as tensor_split",
-        "RPC devices first, then local GPUs (llama.cpp llama_prepare_model_devices); token embeddings and the logits buffer stay on the CPU",
-    ]
+    rules = []
+    if len(devices) > 1:
+        rules.append("layers split over the offload devices in proportion to their free memory (llama-model.cpp load_tensors), passed to llama.cpp as tensor_split")
+    if any(d.kind == "rpc" for d in devices):
+        rules.append("workers' devices first, then local GPUs (llama.cpp llama_prepare_model_devices); the token embeddings and the logits buffer stay on the CPU")
+        if out is not cpu_use and out.device.kind == "rpc":
+            rules.append("the output layer is offloaded first (as to a GPU): every token's logits come back over the network")
+    if pipeline_parallel(sum(1 for u in uses[:-1] if u.layers or u.output_layer), shape, cfg):
+        rules.append("pipeline parallelism (llama-context.cpp: more than one device, all layers offloaded): each device keeps 4 copies of its inputs")
     return Placement(plan, uses, tuple(split), rules)
 
 

@@ -273,3 +273,28 @@ def test_worker_stops_on_ctrl_c() -> None:
     w = WorkerProc()
     rc, err = w.stop(signal.SIGINT)
     assert rc == 130 and "Traceback" not in err and "worker stopped" in err
+
+
+def test_fit_across_keeps_every_device_within_its_memory(smollm2: Path) -> None:
+    """Two small workers: the policies give up context or layers until each
+    device's total fits its free memory less the head-room."""
+    from localllm.placement import fit_across
+    from localllm.planner import default_margin
+
+    shape = ModelShape.from_header(read_header(smollm2))
+    small = [Device("RPC0[a:1]", "rpc", 300 * MiB), Device("RPC0[b:1]", "rpc", 300 * MiB)]
+    cpu = Device("CPU", "cpu", 8 * 1024 * MiB)
+    want = RunConfig(n_ctx=8192, n_outputs_max=1)  # generation: one row of logits, as the CLI loads
+    r, p = fit_across(shape, want, small, cpu, ram=8 * 1024 * MiB, policy="ctx")
+    assert r.fits and p.plan.n_gpu_layers == 31
+    assert (r.config.n_ctx, r.config.type_k) != (8192, "f16")  # something gave way
+    for u in p.uses[:-1]:
+        assert u.total_bytes <= u.device.free_bytes - default_margin(u.device.free_bytes)
+    o, po = fit_across(shape, want, small, cpu, ram=8 * 1024 * MiB, policy="offload", kv_fixed=True)
+    assert o.fits and o.config.n_ctx == 8192 and o.config.n_gpu_layers < 31
+    assert sum(len(u.layers) for u in po.uses[:-1]) < 30 and po.uses[-1].layers
+    big = [Device("RPC0[a:1]", "rpc", 8 * 1024 * MiB)]
+    b, pb = fit_across(shape, want, big, cpu, ram=8 * 1024 * MiB)
+    assert b.fits and b.reason == "fits as asked" and [len(u.layers) for u in pb.uses] == [30, 0]
+    none, _ = fit_across(shape, want, small, cpu, ram=10 * MiB)
+    assert not none.fits and "CPU needs" in none.reason
