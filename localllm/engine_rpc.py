@@ -193,7 +193,7 @@ def on_abort(hook: Callable[[str], str | None] | None = None) -> None:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
                 what = "a worker stopped answering" if "RPC" in detail else "llama.cpp aborted"
-                sys.stderr.write(f"localllm: error: {what} ({detail}): the reply is cut short" + "".join(f"; {e}" for e in extra) + "\n")
+                sys.stderr.write(f"localllm: error: {what} ({detail})" + "".join(f"; {e}" for e in extra) + "\n")
                 sys.stderr.flush()
             finally:
                 os._exit(1)

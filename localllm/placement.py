@@ -161,7 +161,7 @@ def place(
         rules.append("workers' devices first, then local GPUs (llama.cpp llama_prepare_model_devices); the token embeddings and the logits buffer stay on the CPU")
         if out is not cpu_use and out.device.kind == "rpc":
             rules.append("the output layer is offloaded first (as to a GPU): every token's logits come back over the network")
-    if pipeline_parallel(sum(1 for u in uses[:-1] if u.layers or u.output_layer), shape, cfg):
+    if pipeline_parallel(len(devices), shape, cfg):
         rules.append("pipeline parallelism (llama-context.cpp: more than one device, all layers offloaded): each device keeps 4 copies of its inputs")
     return Placement(plan, uses, tuple(split), rules)
 
@@ -259,7 +259,7 @@ def _compute(shape: ModelShape, cfg: RunConfig, plan: MemoryPlan, uses: list[Dev
     logits = t_out * (shape.n_vocab + shape.n_embd) * 4
     offload = [u for u in uses if u.device.kind != "cpu"]
     cpu = uses[-1]
-    pp = pipeline_parallel(sum(1 for u in offload if u.layers or u.output_layer), shape, cfg)
+    pp = pipeline_parallel(len(offload), shape, cfg)  # llama.cpp counts the model's devices, used or not
     copies = SCHED_COPIES if pp else 1
     for u in offload:
         if not (u.layers or u.output_layer):

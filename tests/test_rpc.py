@@ -39,7 +39,7 @@ class WorkerProc:
         self.ep = Endpoint("127.0.0.1", self.port)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "localllm", "worker", "--port", str(self.port), "--threads", "1", *extra],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,  # stdout: llama.cpp's per-client lines
         )
         deadline = time.monotonic() + 60
         while True:

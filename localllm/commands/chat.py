@@ -96,6 +96,7 @@ def _save_if_a_worker_dies(path, args: argparse.Namespace, cfg, session, turn_no
         saved = sessions.SavedSession.new(str(path), args.system, cfg.to_dict())
         saved.messages = messages
         where = sessions.save(saved)
-        return f"the chat is saved in {where}"
+        cut = "the reply is cut short; " if turn_now["user"] is not None else ""
+        return f"{cut}the chat is saved in {where}"
 
     engine_rpc.on_abort(save)

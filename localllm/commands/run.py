@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if fitted.fit.steps or args.vram is not None:
         c = fitted.config
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx}, KV {c.type_k}/{c.type_v}, "
-            f"{fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.reason})")
+            f"{fitted.fit.plan.n_gpu_layers} layers {'offloaded' if c.rpc_servers else 'on the GPU'} ({fitted.fit.reason})")
     with LlamaCppBackend() as backend:
         cfg = fitted.config
         if args.speculate:
