@@ -214,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=lambda t: [d for d in t.split(",") if d], default=None, metavar="DEV[,DEV]", help="devices to serve, e.g. CUDA0 or CPU (default: the GPUs, else the CPU)")
     p.add_argument("--i-understand-this-is-open", action="store_true",
                    help="allow a --host other than loopback: the RPC protocol has no authentication, anyone who reaches the port can use this machine's devices and memory")
+    p.add_argument("--json", action="store_true", help="one JSON line on stdout when the worker is ready (endpoint, devices)")
     return parser
 
 

@@ -269,10 +269,26 @@ def test_worker_dies_mid_generation(smollm2: Path) -> None:
 
 
 @pytest.mark.slow
-def test_worker_stops_on_ctrl_c() -> None:
-    w = WorkerProc()
-    rc, err = w.stop(signal.SIGINT)
-    assert rc == 130 and "Traceback" not in err and "worker stopped" in err
+def test_worker_json_then_ctrl_c() -> None:
+    """--json: one line on stdout when ready (llama.cpp's own chatter goes to
+    stderr); Ctrl+C stops it at once with 130 and no traceback."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "localllm", "worker", "--port", str(port), "--threads", "1", "--json"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["endpoint"] == f"127.0.0.1:{port}" and ready["devices"][0]["name"] == "CPU" and ready["devices"][0]["free_bytes"] > 0
+        assert probe(Endpoint("127.0.0.1", port)).devices[0].name == f"RPC0[127.0.0.1:{port}]"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err and "worker stopped" in err
+    assert out == ""
 
 
 def test_fit_across_keeps_every_device_within_its_memory(smollm2: Path) -> None:

@@ -11,6 +11,7 @@ shutdown would wait on nothing useful).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -58,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
     if host != "127.0.0.1" and not host.startswith("127."):
         _say(OPEN_WARNING.format(ep=ep))
     names = [f"{engine_rpc.dev_name(d)} ({engine_rpc.dev_description(d)}, {engine_rpc.dev_memory(d)[0] / 1024**3:.1f} GiB free)" for d in devices]
+    # llama.cpp's server prints its banner and a line per client on C's stdout:
+    # send that to stderr, so that stdout carries only our --json line.
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
 
     done = threading.Event()
 
@@ -86,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
         if done.is_set():
             raise InputError(f"llama.cpp's RPC server could not listen on {ep} (see its message above)")
         _say(f"worker ready on {ep}, serving {'; '.join(names)} with {threads} threads")
+        if args.json:
+            devs = [{"name": engine_rpc.dev_name(d), "description": engine_rpc.dev_description(d),
+                     "free_bytes": engine_rpc.dev_memory(d)[0], "total_bytes": engine_rpc.dev_memory(d)[1]} for d in devices]
+            out.write(json.dumps({"endpoint": str(ep), "threads": threads, "devices": devs}) + "\n")
+            out.flush()
         _say(f"on the other machine: localllm run --rpc {'THIS-MACHINE-IP' if host == '0.0.0.0' else host}:{ep.port} ...   (Ctrl+C stops the worker)")
         while not done.wait(0.5):
             pass
