@@ -66,6 +66,11 @@ class LoadConfig:
     # 1 instead of the default n_batch saves 490 MiB on Gemma 3 (262k vocabulary).
     # 0 means n_batch (needed to score every position, e.g. perplexity).
     n_outputs_max: int = 1
+    # llama.cpp RPC workers ("host:port") whose devices join this machine's, and
+    # the share of the offloaded layers each device takes (workers' devices first,
+    # then local GPUs; llama_model_params.tensor_split). Empty: llama.cpp's defaults.
+    rpc_servers: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

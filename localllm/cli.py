@@ -67,7 +67,7 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="a name from localllm list (smollm2, gemma3-270m, llama-3.2-1b-instruct:q4_k_m, ...) or a path to a .gguf file; default: smollm2")
 
 
-def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fit: bool = True) -> None:
+def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fit: bool = True, rpc: bool = True) -> None:
     g = p.add_argument_group("load options")
     g.add_argument("--ctx", type=_int_at_least(1, "--ctx"), default=ctx_default, metavar="N", help="context size in tokens (default: %(default)s)")
     g.add_argument("--threads", type=_int_at_least(1, "--threads"), default=None, metavar="N", help="CPU threads (default: physical cores)")
@@ -79,9 +79,21 @@ def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fi
     g.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers (more memory; the cache can shift)")
     g.add_argument("--batch", type=_int_at_least(1, "--batch"), default=512, metavar="N", help="logical batch for prompt processing (default: 512)")
     g.add_argument("--ubatch", type=_int_at_least(1, "--ubatch"), default=512, metavar="N", help="physical batch: sizes the compute buffer (default: 512)")
+    if rpc:
+        g.add_argument("--rpc", type=_rpc, default=None, metavar="HOST:PORT[,...]", help="also use the devices of these workers (localllm worker on each machine); no authentication: trusted networks only")
     if fit:
         g.add_argument("--vram", type=_size, default=None, metavar="SIZE", help="GPU memory budget, e.g. 4GiB or 6GB (default: detected)")
         g.add_argument("--policy", choices=("ctx", "offload"), default="ctx", help="when it does not fit: shrink the context first (ctx, default) or offload fewer layers (offload)")
+
+
+def _rpc(text: str):
+    from localllm.errors import UsageError
+    from localllm.rpc import parse_endpoints
+
+    try:
+        return parse_endpoints(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _size(text: str) -> int:
@@ -106,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system prompt (default: a helpful assistant)")
     p.add_argument("-n", "--n-predict", type=_gen_tokens, default=512, metavar="N", help="most tokens per reply (default: 512)")
     p.add_argument("--temp", type=_nonneg_float, default=0.7, metavar="T", help="temperature (default: 0.7)")
-    _add_load_options(p, ctx_default=None)
+    _add_load_options(p, ctx_default=None, rpc=False)  # the cockpit does not load over RPC yet
 
     p = sub.add_parser("inspect", help="what a GGUF model is, from its header (no load)")
     _add_model(p)
@@ -198,7 +210,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=_int_at_least(1, "--reps"), default=3, metavar="N", help="repetitions per prompt length (default: 3)")
     _add_load_options(p, ctx_default=None, fit=False)
     p.add_argument("--json", action="store_true", help="a JSON list of rows")
+
+    p = sub.add_parser("worker", help="serve this machine's devices to another machine's --rpc (llama.cpp's RPC server)")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="IPv4 address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=_port, default=50052, metavar="N", help="TCP port (default: 50052)")
+    p.add_argument("--threads", type=_int_at_least(1, "--threads"), default=None, metavar="N", help="CPU threads for a CPU device (default: physical cores)")
+    p.add_argument("--device", type=lambda t: [d for d in t.split(",") if d], default=None, metavar="DEV[,DEV]", help="devices to serve, e.g. CUDA0 or CPU (default: the GPUs, else the CPU)")
+    p.add_argument("--i-understand-this-is-open", action="store_true",
+                   help="allow a --host other than loopback: the RPC protocol has no authentication, anyone who reaches the port can use this machine's devices and memory")
+    p.add_argument("--json", action="store_true", help="one JSON line on stdout when the worker is ready (endpoint, devices)")
     return parser
+
+
+def _port(text: str) -> int:
+    value = _int_at_least(1, "--port")(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"--port must be at most 65535, got {value}")
+    return value
 
 
 def _setup_logging(verbose: bool) -> None:

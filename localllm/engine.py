@@ -121,6 +121,7 @@ class LlamaCppBackend:
         self.last_verify_ns = 0
         self._n_outputs_max = 1
         self.last_spec = None  # speculative.SpecStats of the last speculative generation
+        self.logged_buffers: dict[str, dict[str, list[float]]] = {}  # device -> kind -> MiB, from llama.cpp's log at load
         self._chat_formatters: dict[bool, object] = {}
 
     # -- load / close -----------------------------------------------------------
@@ -134,6 +135,7 @@ class LlamaCppBackend:
         n_threads = config.n_threads or default_threads()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if config.n_gpu_layers < 0 else config.n_gpu_layers
+        keep = _set_devices(mparams, config)  # noqa: F841  (the arrays must outlive the load)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = config.n_ctx
         cparams.n_batch = min(config.n_batch, config.n_ctx)
@@ -163,6 +165,9 @@ class LlamaCppBackend:
             reason = ROUTER.first_error_since(mark) or "unknown reason"
             raise EngineError(f"llama.cpp could not create a context of {config.n_ctx} tokens: {reason}")
         load_ms = (time.perf_counter_ns() - t0) / 1e6
+        from localllm.placement import logged_buffers
+
+        self.logged_buffers = logged_buffers([line for _, line in ROUTER.lines_since(mark)])
         self.model, self.ctx = model, ctx
         self._n_outputs_max = config.n_outputs_max or cparams.n_batch
         self.vocab = llama_cpp.llama_model_get_vocab(model)
@@ -581,6 +586,30 @@ class LlamaCppBackend:
             "n_p_eval": d.n_p_eval,
             "n_eval": d.n_eval,
         }
+
+
+def _set_devices(mparams, config: LoadConfig) -> list[object]:
+    """With RPC workers: the workers' devices (probed first, with a timeout), then
+    this machine's GPUs, as llama.cpp orders them by default; and the planner's
+    split. Returns the ctypes arrays, which must stay alive through the load."""
+    keep: list[object] = []
+    if config.rpc_servers:
+        from localllm import engine_rpc
+        from localllm.rpc import parse_endpoints
+
+        devs = engine_rpc.add_servers(parse_endpoints(",".join(config.rpc_servers)))
+        n_local = len(config.tensor_split) - len(devs) if config.tensor_split else None
+        devs += engine_rpc.local_gpus()[:n_local]
+        engine_rpc.on_abort()  # a worker that dies mid-generation: one line and exit 1, not a backtrace
+        arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+        mparams.devices = ctypes.addressof(arr)
+        keep.append(arr)
+    if config.tensor_split:
+        n = llama_cpp.llama_max_devices()
+        split = (ctypes.c_float * n)(*config.tensor_split[:n])
+        mparams.tensor_split = split
+        keep.append(split)
+    return keep
 
 
 def _round_up(n: int, k: int) -> int:

@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
             sampling=SamplingConfig(temperature=args.temp, seed=args.seed, max_tokens=args.n_predict),
             prompt_cache=cache,
         )
+        turn_now: dict[str, object] = {"user": None, "pieces": []}
+        if cfg.rpc_servers:
+            _save_if_a_worker_dies(path, args, cfg, session, turn_now)
         while True:
             if interactive:
                 print(">>> ", end="", file=sys.stderr, flush=True)
@@ -65,10 +68,13 @@ def run(args: argparse.Namespace) -> int:
             if text.strip() == "/clear":
                 session.clear()
                 continue
+            turn_now.update(user=text, pieces=[])
             for event in session.send(text, start_ns=submitted):
+                turn_now["pieces"].append(event.text)  # type: ignore[union-attr]
                 if not args.json:
                     sys.stdout.write(event.text)
                     sys.stdout.flush()
+            turn_now["user"] = None
             turn = session.turns[-1]
             if args.json:
                 print(json.dumps({"user": text, "reply": turn.reply, "prompt_cache_hit": session.prompt_cache_hit, **turn.stats.to_dict()}), flush=True)
@@ -78,3 +84,21 @@ def run(args: argparse.Namespace) -> int:
                 if not args.no_stats:
                     print(summary(turn.stats, len(session.shifts)), file=sys.stderr, flush=True)
     return 0
+
+
+def _save_if_a_worker_dies(path, args: argparse.Namespace, cfg, session, turn_now: dict) -> None:
+    """With --rpc, llama.cpp aborts when a worker dies mid-reply: save the chat
+    so far (the cut reply included) where the cockpit's sessions live."""
+    from localllm import engine_rpc, sessions
+
+    def save(_detail: str) -> str:
+        messages = list(session.messages)
+        if turn_now["user"] is not None:
+            messages += [{"role": "user", "content": turn_now["user"]}, {"role": "assistant", "content": "".join(turn_now["pieces"])}]
+        saved = sessions.SavedSession.new(str(path), args.system, cfg.to_dict())
+        saved.messages = messages
+        where = sessions.save(saved)
+        cut = "the reply is cut short; " if turn_now["user"] is not None else ""
+        return f"{cut}the chat is saved in {where}"
+
+    engine_rpc.on_abort(save)

@@ -50,6 +50,42 @@ def render(f, architecture: str = "") -> str:
     return "\n".join(lines)
 
 
+def render_devices(f) -> str:
+    """One column per device (with --rpc): the workers' devices, a local GPU, the CPU."""
+    r = f.fit
+    p = r.plan
+    pl = f.placement
+    uses = pl.uses
+    w = max(12, *(len(u.device.name) + 2 for u in uses))
+    head = f"{'':<10}" + "".join(f"{u.device.name:>{w}}" for u in uses)
+
+    def row(label: str, get) -> str:
+        return f"{label:<10}" + "".join(f"{get(u):>{w}}" for u in uses)
+
+    lines = [
+        f"context {p.n_ctx} tokens · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
+        + (f" · sliding-window layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
+        + f" · {p.n_gpu_layers} of {sum(len(u.layers) for u in uses) + 1} layers offloaded",
+        "",
+        head,
+        row("layers", lambda u: f"{len(u.layers)}" + ("+out" if u.output_layer else "")),
+        row("weights", lambda u: fmt.size(u.weights_bytes)),
+        row(" mapped", lambda u: fmt.size(u.mapped_bytes) if u.mapped_bytes is not None else ""),
+        row("KV cache", lambda u: fmt.size(u.kv_bytes)),
+        row("compute", lambda u: fmt.size(u.compute_bytes)),
+        row("output", lambda u: fmt.size(u.output_bytes)),
+        row("total", lambda u: fmt.size(u.total_bytes)),
+        row("free", lambda u: fmt.size(u.device.free_bytes) if u.device.free_bytes is not None else "n/a"),
+        "",
+        "split: " + ", ".join(f"{u.device.name} {s / sum(pl.split):.0%}" for u, s in zip(uses, pl.split)) if pl.split else "no offload device",
+        *pl.rules,
+        "mapped: the file range llama.cpp maps for the CPU's weights (its 'CPU_Mapped model buffer size'); only the CPU's own tensors are read from it",
+        ("fits: " + r.reason) if r.fits else ("does not fit: " + r.reason),
+        "largest context that fits: " + ", ".join(f"{k} {v:,}" if v else f"{k} none" for k, v in r.max_ctx_by_kv_type.items()),
+    ]
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     path = catalog.resolve(args.model)
     f = fit_config(args, path, args.ctx)
@@ -70,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
             architecture=info.architecture,
             cache_rule_source=info.cache_rule_source if info.cache_rule_verified else None,
         )
+        if f.placement is not None:
+            d.update(devices=f.placement.to_list(), tensor_split=list(f.placement.split), placement_rules=f.placement.rules)
         fmt.print_json(d)
+    elif f.placement is not None:
+        print(render_devices(f))
     else:
         print(render(f, info.architecture))
     return 0 if f.fit.fits else EXIT_ERROR

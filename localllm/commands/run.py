@@ -7,7 +7,7 @@ import sys
 
 from localllm import catalog, fmt
 from localllm.backend import SamplingConfig
-from localllm.commands._common import fit_config, say
+from localllm.commands._common import device_table, fit_config, say
 from localllm.errors import InputError, UsageError
 from localllm.metrics import GenerationStats
 
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if fitted.fit.steps or args.vram is not None:
         c = fitted.config
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx}, KV {c.type_k}/{c.type_v}, "
-            f"{fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.reason})")
+            f"{fitted.fit.plan.n_gpu_layers} layers {'offloaded' if c.rpc_servers else 'on the GPU'} ({fitted.fit.reason})")
     with LlamaCppBackend() as backend:
         cfg = fitted.config
         if args.speculate:
@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         spec = backend.last_spec if args.speculate else None
         if args.json:
             out = {"model": str(path), "text": "".join(pieces), **stats.to_dict(),
-                   "memory_check": memory_check.to_dict() if memory_check else None}
+                   "memory_check": memory_check.to_dict() if memory_check else None,
+                   "devices": device_table(fitted, path, backend.logged_buffers)}
             if spec is not None:
                 out["speculative"] = {"mode": args.speculate, "drafted": spec.drafted, "accepted": spec.accepted, "acceptance": spec.acceptance}
             fmt.print_json(out)

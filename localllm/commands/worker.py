@@ -1,0 +1,107 @@
+"""``localllm worker``: serve this machine's devices to another machine's
+``--rpc``, through llama.cpp's own RPC server (no separate binary).
+
+The C server (``ggml_backend_rpc_start_server``) blocks forever inside one
+ctypes call, where Python cannot deliver Ctrl+C; so it runs on a daemon thread
+and the main thread waits for the signal, then exits at once with 130
+(``os._exit``: the server thread never returns, and a normal interpreter
+shutdown would wait on nothing useful).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from localllm.errors import EXIT_INTERRUPTED, InputError
+from localllm.rpc import Endpoint, check_bind_host, probe
+
+OPEN_WARNING = (
+    "WARNING: llama.cpp's RPC protocol has no authentication and no encryption. Anyone who can reach {ep} "
+    "can run computations on this machine's devices and read or write their memory buffers. "
+    "Serve only on a network you trust, and stop the worker when you are done."
+)
+
+
+def _say(msg: str) -> None:
+    print(f"localllm: {msg}", file=sys.stderr, flush=True)
+
+
+def _port_free(ep: Endpoint) -> None:
+    """Fail early, with the fix, when the port is taken (the C server only prints
+    'Failed to create server socket')."""
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((ep.host, ep.port))
+    except OSError as exc:
+        raise InputError(f"cannot listen on {ep}: {exc.strerror or exc} (another worker there? try --port {ep.port + 1})") from None
+    finally:
+        s.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from localllm import engine_rpc
+    from localllm.engine import default_threads
+
+    host = check_bind_host(args.host, args.i_understand_this_is_open)
+    ep = Endpoint(host, args.port)
+    devices = engine_rpc.server_devices(args.device or [])
+    threads = args.threads or default_threads()
+    _port_free(ep)
+    if host != "127.0.0.1" and not host.startswith("127."):
+        _say(OPEN_WARNING.format(ep=ep))
+    names = [f"{engine_rpc.dev_name(d)} ({engine_rpc.dev_description(d)}, {engine_rpc.dev_memory(d)[0] / 1024**3:.1f} GiB free)" for d in devices]
+    # llama.cpp's server prints its banner and a line per client on C's stdout:
+    # send that to stderr, so that stdout carries only our --json line.
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+
+    done = threading.Event()
+
+    def serve() -> None:
+        try:
+            engine_rpc.start_server(ep, devices, threads)
+        finally:
+            done.set()
+
+    # SIGTERM ends the worker like Ctrl+C does (exit 130 is for SIGINT; 0 for TERM).
+    signal.signal(signal.SIGTERM, lambda *_: (_say("worker stopped"), os._exit(0)))
+    thread = threading.Thread(target=serve, name="rpc-server", daemon=True)
+    try:
+        thread.start()
+        # Ready when it answers a HELLO (it serves one client at a time, so this
+        # probe is a client like any other and is gone before the first real one).
+        deadline = time.monotonic() + 30
+        while not done.is_set():
+            try:
+                probe(Endpoint("127.0.0.1" if host == "0.0.0.0" else host, ep.port), timeout=1.0)
+                break
+            except InputError:
+                if time.monotonic() > deadline:
+                    raise InputError(f"the worker did not start listening on {ep} within 30 s") from None
+                time.sleep(0.05)
+        if done.is_set():
+            raise InputError(f"llama.cpp's RPC server could not listen on {ep} (see its message above)")
+        _say(f"worker ready on {ep}, serving {'; '.join(names)} with {threads} threads")
+        if args.json:
+            devs = [{"name": engine_rpc.dev_name(d), "description": engine_rpc.dev_description(d),
+                     "free_bytes": engine_rpc.dev_memory(d)[0], "total_bytes": engine_rpc.dev_memory(d)[1]} for d in devices]
+            out.write(json.dumps({"endpoint": str(ep), "threads": threads, "devices": devs}) + "\n")
+            out.flush()
+        _say(f"on the other machine: localllm run --rpc {'THIS-MACHINE-IP' if host == '0.0.0.0' else host}:{ep.port} ...   (Ctrl+C stops the worker)")
+        while not done.wait(0.5):
+            pass
+        raise InputError(f"llama.cpp's RPC server on {ep} stopped")
+    except KeyboardInterrupt:
+        _say("worker stopped")
+        sys.stdout.flush()
+        os._exit(EXIT_INTERRUPTED)
