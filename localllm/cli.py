@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature, 0 for greedy (default: 0.8)")
     p.add_argument("--seed", type=_int_at_least(0, "--seed"), default=None, metavar="N", help="sampling seed (default: random)")
     p.add_argument("--raw", action="store_true", help="complete the prompt as-is, without the chat template")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-generation token (as llama.cpp's --ignore-eos; with -n N)")
     p.add_argument("--no-stats", action="store_true", help="do not print the stats block")
     p.add_argument("--speculate", choices=("lookup", "draft"), default=None, help="speculative decoding (greedy, --temp 0): prompt lookup, or a --draft model")
     p.add_argument("--draft", default=None, metavar="MODEL", help="the draft model for --speculate draft (same vocabulary)")

@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     path = catalog.resolve(args.model)
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
-    sampling = SamplingConfig(temperature=args.temp, seed=args.seed, max_tokens=args.n_predict)
+    if args.ignore_eos and args.n_predict < 0:
+        raise UsageError("--ignore-eos needs -n N: without an end-of-generation token nothing stops the reply")
+    sampling = SamplingConfig(temperature=args.temp, seed=args.seed, max_tokens=args.n_predict, ignore_eos=args.ignore_eos)
     if args.speculate and args.temp != 0:
         raise UsageError("speculative decoding here is greedy: add --temp 0")
     if args.speculate == "draft" and not args.draft:
