@@ -1,0 +1,189 @@
+"""localllm serve against the anchors, side by side in one run.
+
+For 1, 2, 4 and 8 concurrent streaming clients (``localllm.loadtest``, the
+same client as ``localllm bench --url``): aggregate tokens/s, TTFT and ITL
+p50/p95, for
+
+- ``localllm serve`` (continuous batching, ``--parallel`` = most clients);
+- llama-cpp-python's server (``python -m llama_cpp.server``; one request at a time);
+- llama.cpp's ``llama-server`` (``-np`` = ``--parallel``, unified KV cache like ours)
+  when it is built under ~/.cache/localllm/llama.cpp-tools/bin;
+
+and ``localllm run``'s decode rate for one client. Same model file, threads,
+context per sequence, greedy, ``ignore_eos`` so every request generates the
+same number of tokens. Targets (issue 15): 8 clients >= 2.5x one client on
+the same server, >= 0.9x llama-server; 1 client >= 0.95x ``localllm run``.
+
+    python scripts/bench_serve.py [--quick] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from localllm.loadtest import measure  # noqa: E402
+
+LLAMA_SERVER = Path.home() / ".cache/localllm/llama.cpp-tools/bin/llama-server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(proc: subprocess.Popen, base: str, timeout: float = 180) -> None:
+    import httpx2
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}")
+        try:
+            if httpx2.get(base + "/v1/models", timeout=2).status_code == 200:
+                return
+        except Exception:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("not ready in time")
+
+
+def run_server(name: str, cmd: list[str], port: int, args, log_dir: Path) -> list[dict] | str:
+    base = f"http://127.0.0.1:{port}"
+    log = open(log_dir / f"{name}.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        wait_ready(proc, base)
+        model, rows = asyncio.run(measure(base, model=None, concurrency=args.clients, requests=None if not args.per_client else None,
+                                          prompt_tokens=[args.prompt_tokens], gen_tokens=args.gen_tokens, api_key=None,
+                                          progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True)))
+        return [r.to_dict() for r in rows]
+    except Exception as exc:
+        return f"failed: {exc}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def run_decode(args, model_path: str) -> float | None:
+    """localllm run's decode rate (llama.cpp's own eval time), best of 2."""
+    rates = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-m", "localllm", "run", model_path, "--raw", "-p", "1, 2, 3, 4, 5,", "-n", str(args.gen_tokens),
+                            "--temp", "0", "--ctx", str(args.ctx), "--threads", str(args.threads), "--json"],
+                           capture_output=True, text=True, cwd=REPO, timeout=600)
+        if p.returncode == 0:
+            rates.append(json.loads(p.stdout)["decode_tokens_per_s"])
+    return max(rates) if rates else None
+
+
+def fmt(x, spec=".1f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--gen-tokens", type=int, default=96)
+    ap.add_argument("--ctx", type=int, default=512, help="context per sequence")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--quick", action="store_true", help="CI: 1,4 clients, 24 tokens, localllm serve only")
+    ap.add_argument("--per-client", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help="also write the report here")
+    args = ap.parse_args()
+    if args.quick:
+        args.clients, args.gen_tokens = "1,4", 24
+    args.clients = [int(x) for x in args.clients.split(",")]
+    from localllm.catalog import resolve
+
+    path = str(resolve(args.model))
+    np_ = max(args.clients)
+    log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_serve_logs"
+    log_dir.mkdir(exist_ok=True)
+    results: dict[str, list[dict] | str] = {}
+    port = free_port()
+    results["localllm serve"] = run_server("localllm", [sys.executable, "-m", "localllm", "serve", path, "--port", str(port), "--parallel", str(np_),
+                                                        "--ctx", str(args.ctx), "--threads", str(args.threads)], port, args, log_dir)
+    if not args.quick:
+        port = free_port()
+        try:
+            import llama_cpp.server  # noqa: F401
+
+            results["llama_cpp.server"] = run_server("llama_cpp_server", [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port),
+                                                                          "--n_ctx", str(args.ctx), "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)],
+                                                     port, args, log_dir)
+        except ImportError as exc:
+            results["llama_cpp.server"] = f"not installed ({exc})"
+        if LLAMA_SERVER.exists():
+            port = free_port()
+            results["llama-server"] = run_server("llama_server", [str(LLAMA_SERVER), "-m", path, "--port", str(port), "-np", str(np_), "-c", str(args.ctx * np_),
+                                                                  "-kvu", "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"], port, args, log_dir)
+        else:
+            results["llama-server"] = f"not built ({LLAMA_SERVER} missing)"
+    run_rate = run_decode(args, path)
+    lines = [f"bench_serve: {Path(path).name}, prompt ~{args.prompt_tokens} tokens, {args.gen_tokens} generated per request (greedy, ignore_eos), "
+             f"ctx {args.ctx} per sequence, {args.threads} threads, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+             f"machine: {os.cpu_count()} CPUs shared with other jobs: figures are noisy, compare within one run only.", "",
+             "| server | clients | reqs | errors | tok/s (all) | per-stream tok/s p50 | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, rows in results.items():
+        if isinstance(rows, str):
+            lines.append(f"| {name} | {rows} | | | | | | | | |")
+            continue
+        for r in rows:
+            lines.append(f"| {name} | {r['concurrency']} | {r['requests']} | {r['errors']} | {fmt(r['tokens_per_s'], '.2f')} | {fmt(r['stream_tok_per_s_p50'], '.2f')} | "
+                         f"{fmt(r['ttft_p50_ms'])} ms | {fmt(r['ttft_p95_ms'])} ms | {fmt(r['itl_p50_ms'])} ms | {fmt(r['itl_p95_ms'])} ms |")
+    lines.append(f"| localllm run | 1 | | | | {fmt(run_rate, '.2f')} (llama.cpp eval rate) | | | | |")
+
+    def tps(server: str, c: int, key: str = "tokens_per_s"):
+        rows = results.get(server)
+        if isinstance(rows, list):
+            for r in rows:
+                if r["concurrency"] == c:
+                    return r[key]
+        return None
+
+    lines.append("")
+    top = max(args.clients)
+    ours1, oursN = tps("localllm serve", 1), tps("localllm serve", top)
+    lsN = tps("llama-server", top)
+    stream1 = tps("localllm serve", 1, "stream_tok_per_s_p50")
+
+    def ratio(a, b):
+        return None if a is None or b is None or b == 0 else a / b
+
+    checks = [
+        (f"localllm serve: {top} clients / 1 client (target >= 2.5)", ratio(oursN, ours1), 2.5),
+        (f"localllm serve / llama-server at {top} clients (target >= 0.9)", ratio(oursN, lsN), 0.9),
+        ("localllm serve 1-client stream decode / localllm run decode (target >= 0.95)", ratio(stream1, run_rate), 0.95),
+    ]
+    for label, value, target in checks:
+        verdict = "n/a" if value is None else ("met" if value >= target else "NOT met")
+        lines.append(f"- {label}: {fmt(value, '.2f')} ({verdict})")
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
