@@ -88,7 +88,7 @@ def test_bench_url_unreachable() -> None:
 def test_bench_url_against_localllm_serve(tmp_path) -> None:
     from tests.test_serve import Server
 
-    server = Server("smollm2", "--parallel", "2", "--ctx", "256", env={"LOCALLLM_HOME": str(tmp_path)})
+    server = Server("smollm2", "--parallel", "2", "--ctx", "256", "--threads", "1", env={"LOCALLLM_HOME": str(tmp_path)})
     try:
         proc = run_cli("bench", "--url", server.base, "--concurrency", "1,2", "--requests", "2", "--prompt-tokens", "16",
                        "--gen-tokens", "8", "--json")
