@@ -67,7 +67,7 @@ class Server:
 def server(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("serve-home")
     # One thread: llama.cpp's spinning thread barriers crawl on a busy shared CI machine.
-    s = Server("smollm2", "--parallel", "4", "--ctx", "512", "--max-queue", "4", "--threads", "1", "--api-key", KEY, env={"LOCALLLM_HOME": str(home)})
+    s = Server("smollm2", "--parallel", "4", "--ctx", "512", "--max-queue", "4", "--prefill-chunk", "16", "--threads", "1", "--api-key", KEY, env={"LOCALLLM_HOME": str(home)})
     yield s
     s.stop()
 
@@ -156,6 +156,36 @@ def test_four_concurrent_streams_match_sequential_greedy(server) -> None:
         t.join(300)
     assert [results[i] for i in range(4)] == sequential
     assert len(set(sequential)) == 4 and all(sequential)
+
+
+LONG = ("The old lighthouse keeper climbed the spiral stairs every evening, counting the steps as his father had taught him, "
+        "and at the top he wiped the salt from the great lens before lighting the lamp that guided the fishing boats home. ") * 3
+
+
+def _run_greedy(prompt: str, n: int) -> str:
+    ran = run_cli("run", "--raw", "-p", prompt, "--temp", "0", "-n", str(n), "--ctx", "512", "--threads", "1", "--json")
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout)["text"]
+
+
+def test_shared_prefix_and_chunked_prefill_match_single_sequence_runs(server) -> None:
+    """While A generates: B shares A's prompt cells (llama_memory_seq_cp) and reads only
+    its own tail; C's long new prompt is read 16 tokens per step beside A's tokens.
+    Both replies equal what one sequence alone (localllm run) produces."""
+    import httpx2
+
+    other = "Once upon a time in a small village by the sea, " * 8
+    with httpx2.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as c:
+        with c.stream("POST", "/v1/completions", json={"prompt": LONG + "Lamp", "max_tokens": 150, "ignore_eos": True, "stream": True}) as a:
+            lines = a.iter_lines()
+            next(lines)
+            b = c.post("/v1/completions", json={"prompt": LONG + "Storm", "max_tokens": 10, "temperature": 0}).json()
+            cc = c.post("/v1/completions", json={"prompt": other, "max_tokens": 10, "temperature": 0}).json()
+            assert b["usage"]["prompt_tokens_details"]["cached_tokens"] >= b["usage"]["prompt_tokens"] - 4
+            assert cc["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and cc["usage"]["prompt_tokens"] > 64
+            assert _metric(server, "localllm_requests_running") == 1  # A was generating all along
+    assert b["choices"][0]["text"] == _run_greedy(LONG + "Storm", 10)
+    assert cc["choices"][0]["text"] == _run_greedy(other, 10)
 
 
 def test_curl_sse_framing(server) -> None:
