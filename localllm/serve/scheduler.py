@@ -109,11 +109,20 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self) -> None:
+        """Cancel what is left (the HTTP server has drained by now) and wait for
+        the engine thread: at most the step in flight, so that the model can be
+        freed safely afterwards."""
         with self._cv:
             self._stop = True
+            for job in self.pending:
+                job.cancelled = True
+            for s in self.slots:
+                if s.job:
+                    s.job.cancelled = True
             self._cv.notify()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join()
 
     def submit(self, job: Job) -> bool:
         """Queue ``job``; False when the queue is full (the caller answers 429)."""
@@ -221,7 +230,7 @@ class Scheduler:
                 outputs.append((s, len(entries) - 1))
             cap -= len(s.chunk)
         try:
-            self.model.decode(entries)
+            self._decode(entries, active)
         except Exception as exc:
             for s in active:
                 s.chunk = []
@@ -237,6 +246,20 @@ class Scheduler:
             tok = self.model.sample(s.sampler, i)
             self._on_token(s, tok, time.perf_counter_ns())
         self.metrics.step(len(active), len(entries), sum(len(s.cache) for s in self.slots))
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]], active: list[Slot]) -> None:
+        try:
+            self.model.decode(entries)
+        except Exception:
+            # No room for the batch (llama.cpp restores the cache state): drop the
+            # prefixes idle slots keep for reuse and try once more.
+            idle = [s for s in self.slots if s.job is None and s.cache]
+            if not idle:
+                raise
+            for s in idle:
+                self.model.seq_rm(s.id)
+                s.cache = []
+            self.model.decode(entries)
 
     def _on_token(self, s: Slot, tok: int, now: int) -> None:
         job = s.job
