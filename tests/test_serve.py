@@ -21,7 +21,6 @@ import pytest
 from tests.conftest import REPO, run_cli
 
 KEY = "test-key-123"
-pytestmark = pytest.mark.slow
 
 
 class Server:
@@ -97,6 +96,7 @@ def _openai(server):
 PROMPTS = ["What is the capital of France?", "Name three colours.", "Write a haiku about the sea.", "Count from one to five."]
 
 
+@pytest.mark.slow
 def test_openai_client_chat_and_stream(server) -> None:
     client = _openai(server)
     models = client.models.list()
@@ -123,6 +123,7 @@ def test_openai_client_chat_and_stream(server) -> None:
     assert _wait_log(server, r"POST /v1/chat/completions 200 prompt=\d+ cached=[1-9]\d* gen=\d+ ttft=[\d.]+ms itl_p50=[\d.]+ms")
 
 
+@pytest.mark.slow
 def test_openai_completions_max_tokens_and_stop(server) -> None:
     client = _openai(server)
     r = client.completions.create(model="smollm2", prompt="1, 2, 3, 4,", max_tokens=5, temperature=0)
@@ -137,6 +138,7 @@ def test_openai_completions_max_tokens_and_stop(server) -> None:
     assert a == b
 
 
+@pytest.mark.slow
 def test_four_concurrent_streams_match_sequential_greedy(server) -> None:
     client = _openai(server)
 
@@ -168,6 +170,7 @@ def _run_greedy(prompt: str, n: int) -> str:
     return json.loads(ran.stdout)["text"]
 
 
+@pytest.mark.slow
 def test_shared_prefix_and_chunked_prefill_match_single_sequence_runs(server) -> None:
     """While A generates: B shares A's prompt cells (llama_memory_seq_cp) and reads only
     its own tail; C's long new prompt is read 16 tokens per step beside A's tokens.
@@ -188,6 +191,7 @@ def test_shared_prefix_and_chunked_prefill_match_single_sequence_runs(server) ->
     assert cc["choices"][0]["text"] == _run_greedy(other, 10)
 
 
+@pytest.mark.slow
 def test_curl_sse_framing(server) -> None:
     body = json.dumps({"model": "x", "prompt": "Hello", "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}})
     proc = subprocess.run(["curl", "-sS", "-N", "-i", "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
@@ -204,6 +208,7 @@ def test_curl_sse_framing(server) -> None:
     assert sum(1 for o in objs if o["choices"] and o["choices"][0]["text"]) >= 1
 
 
+@pytest.mark.slow
 def test_auth(server) -> None:
     import httpx2
 
@@ -217,6 +222,7 @@ def test_auth(server) -> None:
         assert c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
+@pytest.mark.slow
 def test_limits(server) -> None:
     with _client(server) as c:
         r = c.post("/v1/completions", content=b"{" + b" " * (1024 * 1024 + 10) + b"}", headers={"Content-Type": "application/json"})
@@ -242,6 +248,7 @@ def _metric(server, name: str) -> float:
     return float(m.group(1))
 
 
+@pytest.mark.slow
 def test_queue_limit_and_disconnect_frees_sequences(server) -> None:
     import httpx2
 
@@ -287,6 +294,7 @@ def test_queue_limit_and_disconnect_frees_sequences(server) -> None:
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
 
+@pytest.mark.slow
 def test_metrics(server) -> None:
     with _client(server) as c:
         text = c.get("/metrics").text
@@ -322,6 +330,7 @@ def _fuzz_cases(rng: random.Random) -> list[tuple[str, str, bytes]]:
     return cases
 
 
+@pytest.mark.slow
 def test_fuzz_leaves_server_answering(server) -> None:
     client = _openai(server)
     ask = dict(model="smollm2", messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=16, temperature=0)
@@ -350,6 +359,7 @@ def test_fuzz_leaves_server_answering(server) -> None:
     assert "Traceback" not in server.log
 
 
+@pytest.mark.slow
 def test_sigint_drains_then_exits(server) -> None:
     """Last test of the module: it stops the server."""
     import httpx2
@@ -371,3 +381,124 @@ def test_non_loopback_host_warns_without_key(tmp_path: Path) -> None:
     proc = run_cli("serve", str(tmp_path / "missing.gguf"), "--host", "0.0.0.0")
     assert proc.returncode == 1
     assert "warning: listening on 0.0.0.0 without --api-key" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -- the scheduler alone, on a stand-in model (no llama.cpp): its own rules ----------
+
+class _CountingModel:
+    """Predicts token t+1 after t; token k reads as chr(ord('a') + k % 26); 99 is end-of-generation."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[int, int, int, bool]]] = []
+        self.copies: list[tuple[int, int, int]] = []
+        self.last: dict[int, int] = {}
+
+    def seq_rm(self, seq, p0=0, p1=-1):
+        return True
+
+    def seq_cp(self, src, dst, n):
+        self.copies.append((src, dst, n))
+
+    def new_sampler(self, sampling):
+        return object()
+
+    def free_sampler(self, sampler):
+        pass
+
+    def decode(self, entries):
+        self.batches.append(list(entries))
+        self.rows = {i: tok for i, (tok, _, _, want) in enumerate(entries) if want}
+
+    def sample(self, sampler, i):
+        return self.rows[i] + 1
+
+    def is_eog(self, tok):
+        return tok == 99
+
+    def piece(self, tok):
+        return chr(ord("a") + tok % 26).encode()
+
+
+def _scheduler(model, **kw):
+    from localllm.serve.metrics import ServerMetrics
+    from localllm.serve.scheduler import Scheduler
+
+    args = dict(n_seq=2, n_ctx_seq=64, n_batch=32, prefix_reuse=True, max_queue=4, prefill_chunk=4, metrics=ServerMetrics())
+    args.update(kw)
+    return Scheduler(model, **args)
+
+
+def _job(tokens, max_tokens=5, stop=()):
+    from localllm.backend import SamplingConfig
+    from localllm.serve.scheduler import Job
+
+    events = []
+    job = Job(tokens=list(tokens), sampling=SamplingConfig(temperature=0, max_tokens=max_tokens), max_tokens=max_tokens,
+              emit=lambda kind, payload: events.append((kind, payload)), stop=tuple(stop))
+    return job, events
+
+
+def _drain(sched, steps=100):
+    for _ in range(steps):
+        sched._step()
+        if not sched.pending and not any(s.job for s in sched.slots):
+            return
+
+
+def test_scheduler_stop_string_across_tokens_is_cut_and_never_sent() -> None:
+    model = _CountingModel()
+    sched = _scheduler(model)
+    job, events = _job([0, 1, 2], max_tokens=10, stop=["fgh"])  # replies d e f g h ...
+    sched.submit(job)
+    _drain(sched)
+    texts = [p for k, p in events if k == "text"]
+    assert "".join(texts) == "de" and events[-1] == ("done", "stop")
+    assert not any("f" in t for t in texts)  # the held-back prefix of the stop string never went out
+
+
+def test_scheduler_length_eog_and_usage() -> None:
+    model = _CountingModel()
+    sched = _scheduler(model)
+    a, ea = _job([0, 1], max_tokens=3)
+    b, eb = _job([95, 96], max_tokens=10)  # 97, 98, then 99 = end of generation
+    sched.submit(a)
+    sched.submit(b)
+    _drain(sched)
+    assert "".join(p for k, p in ea if k == "text") == "cde" and ea[-1] == ("done", "length") and a.n_gen == 3
+    assert b.n_gen == 2 and eb[-1] == ("done", "stop")
+    assert a.usage()["total_tokens"] == 5
+
+
+def test_scheduler_chunked_prefill_and_prefix_sharing() -> None:
+    model = _CountingModel()
+    sched = _scheduler(model)
+    a, _ = _job(range(10), max_tokens=20)
+    sched.submit(a)
+    for _ in range(4):  # A reads its prompt (no one generates: whole prompt at once) and generates
+        sched._step()
+    assert len(model.batches[0]) == 10
+    b, eb = _job(list(range(8)) + [50, 51, 52, 53, 54, 55, 56, 57], max_tokens=2)
+    sched.submit(b)
+    _drain(sched)
+    # B shares A's first 8 cells (A is busy) and reads its 8 new tokens 4 per step beside A's token.
+    assert model.copies == [(0, 1, 8)] and b.n_cached == 8
+    mixed = [bt for bt in model.batches if any(seq == 1 for _, _, seq, _ in bt) and any(seq == 0 for _, _, seq, _ in bt)]
+    assert [sum(1 for e in bt if e[2] == 1) for bt in mixed[:2]] == [4, 4]
+    assert eb[-1] == ("done", "length")
+    # a repeat of B's prompt in its own idle slot: everything but the last token is reused
+    c, _ = _job(b.tokens, max_tokens=1)
+    sched.submit(c)
+    _drain(sched)
+    assert c.n_cached == len(b.tokens) - 1
+
+
+def test_scheduler_cancel_and_queue_limit() -> None:
+    model = _CountingModel()
+    sched = _scheduler(model, max_queue=1)
+    a, ea = _job([1, 2], max_tokens=50)
+    sched.submit(a)
+    sched._step()
+    sched.cancel(a)
+    sched._step()
+    assert all(s.job is None for s in sched.slots) and ea == [("text", "d")]
+    assert sched.submit(_job([1])[0]) and not sched.submit(_job([1])[0])
