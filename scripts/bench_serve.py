@@ -66,7 +66,7 @@ def run_server(name: str, cmd: list[str], port: int, args, log_dir: Path) -> lis
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     try:
         wait_ready(proc, base)
-        model, rows = asyncio.run(measure(base, model=None, concurrency=args.clients, requests=None if not args.per_client else None,
+        model, rows = asyncio.run(measure(base, model=None, concurrency=args.clients, requests=None,
                                           prompt_tokens=[args.prompt_tokens], gen_tokens=args.gen_tokens, api_key=None,
                                           progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True)))
         return [r.to_dict() for r in rows]
@@ -81,16 +81,21 @@ def run_server(name: str, cmd: list[str], port: int, args, log_dir: Path) -> lis
         log.close()
 
 
-def run_decode(args, model_path: str) -> float | None:
-    """localllm run's decode rate (llama.cpp's own eval time), best of 2."""
-    rates = []
+def run_decode(args, model_path: str) -> tuple[float | None, float | None]:
+    """localllm run at one client, best of 2: llama.cpp's eval rate (time in
+    llama_decode only) and the rate its tokens come out (1 / TPOT, what a
+    stream's reader sees: decode + sampling + detokenizing)."""
+    evals, seen = [], []
     for _ in range(2):
         p = subprocess.run([sys.executable, "-m", "localllm", "run", model_path, "--raw", "-p", "1, 2, 3, 4, 5,", "-n", str(args.gen_tokens),
                             "--temp", "0", "--ctx", str(args.ctx), "--threads", str(args.threads), "--json"],
                            capture_output=True, text=True, cwd=REPO, timeout=600)
         if p.returncode == 0:
-            rates.append(json.loads(p.stdout)["decode_tokens_per_s"])
-    return max(rates) if rates else None
+            d = json.loads(p.stdout)
+            evals.append(d["decode_tokens_per_s"])
+            if d.get("tpot_ms"):
+                seen.append(1000.0 / d["tpot_ms"])
+    return (max(evals) if evals else None, max(seen) if seen else None)
 
 
 def fmt(x, spec=".1f") -> str:
@@ -102,11 +107,10 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--prompt-tokens", type=int, default=32)
-    ap.add_argument("--gen-tokens", type=int, default=96)
+    ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=512, help="context per sequence")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--quick", action="store_true", help="CI: 1,4 clients, 24 tokens, localllm serve only")
-    ap.add_argument("--per-client", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="also write the report here")
     args = ap.parse_args()
     if args.quick:
@@ -138,7 +142,7 @@ def main() -> int:
                                                                   "-kvu", "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"], port, args, log_dir)
         else:
             results["llama-server"] = f"not built ({LLAMA_SERVER} missing)"
-    run_rate = run_decode(args, path)
+    run_eval, run_rate = run_decode(args, path)
     lines = [f"bench_serve: {Path(path).name}, prompt ~{args.prompt_tokens} tokens, {args.gen_tokens} generated per request (greedy, ignore_eos), "
              f"ctx {args.ctx} per sequence, {args.threads} threads, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"machine: {os.cpu_count()} CPUs shared with other jobs: figures are noisy, compare within one run only.", "",
@@ -151,7 +155,7 @@ def main() -> int:
         for r in rows:
             lines.append(f"| {name} | {r['concurrency']} | {r['requests']} | {r['errors']} | {fmt(r['tokens_per_s'], '.2f')} | {fmt(r['stream_tok_per_s_p50'], '.2f')} | "
                          f"{fmt(r['ttft_p50_ms'])} ms | {fmt(r['ttft_p95_ms'])} ms | {fmt(r['itl_p50_ms'])} ms | {fmt(r['itl_p95_ms'])} ms |")
-    lines.append(f"| localllm run | 1 | | | | {fmt(run_rate, '.2f')} (llama.cpp eval rate) | | | | |")
+    lines.append(f"| localllm run | 1 | | | | {fmt(run_rate, '.2f')} (1/TPOT; llama.cpp eval rate {fmt(run_eval, '.2f')}) | | | | |")
 
     def tps(server: str, c: int, key: str = "tokens_per_s"):
         rows = results.get(server)
@@ -173,7 +177,8 @@ def main() -> int:
     checks = [
         (f"localllm serve: {top} clients / 1 client (target >= 2.5)", ratio(oursN, ours1), 2.5),
         (f"localllm serve / llama-server at {top} clients (target >= 0.9)", ratio(oursN, lsN), 0.9),
-        ("localllm serve 1-client stream decode / localllm run decode (target >= 0.95)", ratio(stream1, run_rate), 0.95),
+        ("localllm serve 1-client stream decode / localllm run 1/TPOT (target >= 0.95)", ratio(stream1, run_rate), 0.95),
+        ("  the same against run's llama.cpp eval rate (decode time only, no sampling)", ratio(stream1, run_eval), 0.95),
     ]
     for label, value, target in checks:
         verdict = "n/a" if value is None else ("met" if value >= target else "NOT met")

@@ -54,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
         say(f"warning: listening on {args.host} without --api-key: anyone who can reach this address can use the model")
     path = catalog.resolve(args.model)
     parallel = args.parallel
+    if parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h)
+        raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")
+    if args.batch < parallel:
+        raise UsageError(f"--batch {args.batch} cannot hold one token of each of --parallel {parallel} sequences: raise --batch")
     fitted = fit_config(args, path, args.ctx * parallel if args.ctx else None)
     if args.ctx is None:  # fit_config chose a context for one sequence: give each sequence that much
         fitted = fit_config(args, path, fitted.config.n_ctx * parallel)

@@ -16,7 +16,7 @@ from typing import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -98,11 +98,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if int(length) > limit:
             raise RequestError(413, f"the body is over {limit} bytes", code="request_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"the body is over {limit} bytes", code="request_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(413, f"the body is over {limit} bytes", code="request_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise RequestError(400, "the client went away before sending the whole body") from None
     return b"".join(chunks)
 
 

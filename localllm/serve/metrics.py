@@ -100,7 +100,7 @@ class ServerMetrics:
             out.append(f"localllm_generated_tokens_total {self.generated_tokens}")
             head("localllm_decode_steps_total", "counter", "llama_decode calls (one batch each)")
             out.append(f"localllm_decode_steps_total {self.steps}")
-            head("localllm_time_to_first_token_seconds", "histogram", "from request admission to the first sampled token")
+            head("localllm_time_to_first_token_seconds", "histogram", "from queueing the tokenized request to its first sampled token")
             out.extend(self.ttft.lines("localllm_time_to_first_token_seconds"))
             head("localllm_inter_token_latency_seconds", "histogram", "gap between consecutive tokens of one sequence")
             out.extend(self.itl.lines("localllm_inter_token_latency_seconds"))
