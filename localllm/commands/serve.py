@@ -58,9 +58,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")
     if args.batch < parallel:
         raise UsageError(f"--batch {args.batch} cannot hold one token of each of --parallel {parallel} sequences: raise --batch")
-    fitted = fit_config(args, path, args.ctx * parallel if args.ctx else None)
-    if args.ctx is None:  # fit_config chose a context for one sequence: give each sequence that much
-        fitted = fit_config(args, path, fitted.config.n_ctx * parallel)
+    ctx_seq = args.ctx
+    if ctx_seq is None:  # as run: the trained context, at most 4096, for each sequence
+        from localllm.model_info import inspect_model
+
+        ctx_seq = min(inspect_model(path).context_length or 4096, 4096)
+    fitted = fit_config(args, path, ctx_seq * parallel)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.reason}")
     n_ctx_seq = fitted.config.n_ctx // parallel
