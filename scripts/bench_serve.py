@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys

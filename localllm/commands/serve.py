@@ -18,7 +18,6 @@ from localllm import catalog, fmt
 from localllm.commands._common import fit_config, say
 from localllm.errors import InputError, UsageError
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _is_loopback(host: str) -> bool:

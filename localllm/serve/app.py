@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import sys
-import time
 from dataclasses import dataclass
 from typing import Callable
 
