@@ -51,7 +51,9 @@ def wait_ready(proc: subprocess.Popen, base: str, timeout: float = 180) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"exited with {proc.returncode}")
         try:
-            if httpx2.get(base + "/v1/models", timeout=2).status_code == 200:
+            # llama-server answers 503 on /health while it loads; llama_cpp.server has no /health.
+            health = httpx2.get(base + "/health", timeout=2).status_code
+            if health == 200 or (health == 404 and httpx2.get(base + "/v1/models", timeout=2).status_code == 200):
                 return
         except Exception:
             pass
@@ -59,25 +61,27 @@ def wait_ready(proc: subprocess.Popen, base: str, timeout: float = 180) -> None:
     raise RuntimeError("not ready in time")
 
 
-def run_server(name: str, cmd: list[str], port: int, args, log_dir: Path) -> list[dict] | str:
-    base = f"http://127.0.0.1:{port}"
+def start_server(name: str, cmd: list[str], port: int, log_dir: Path):
     log = open(log_dir / f"{name}.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), f"http://127.0.0.1:{port}"
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
     try:
-        wait_ready(proc, base)
-        model, rows = asyncio.run(measure(base, model=None, concurrency=args.clients, requests=None,
-                                          prompt_tokens=[args.prompt_tokens], gen_tokens=args.gen_tokens, api_key=None,
-                                          progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True)))
-        return [r.to_dict() for r in rows]
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def measure_level(name: str, base: str, c: int, args, first: bool) -> dict | str:
+    try:
+        _, rows = asyncio.run(measure(base, model=None, concurrency=[c], requests=None, prompt_tokens=[args.prompt_tokens],
+                                      gen_tokens=args.gen_tokens, api_key=None, warmup=first,
+                                      progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True)))
+        return rows[0].to_dict()
     except Exception as exc:
-        return f"failed: {exc}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        return f"failed: {type(exc).__name__}: {exc}"
 
 
 def run_decode(args, model_path: str) -> tuple[float | None, float | None]:
@@ -121,26 +125,49 @@ def main() -> int:
     np_ = max(args.clients)
     log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_serve_logs"
     log_dir.mkdir(exist_ok=True)
-    results: dict[str, list[dict] | str] = {}
+    servers: dict[str, tuple[list[str], int]] = {}
     port = free_port()
-    results["localllm serve"] = run_server("localllm", [sys.executable, "-m", "localllm", "serve", path, "--port", str(port), "--parallel", str(np_),
-                                                        "--ctx", str(args.ctx), "--threads", str(args.threads)], port, args, log_dir)
+    servers["localllm serve"] = ([sys.executable, "-m", "localllm", "serve", path, "--port", str(port), "--parallel", str(np_),
+                                  "--ctx", str(args.ctx), "--threads", str(args.threads)], port)
+    results: dict[str, list[dict] | str] = {}
     if not args.quick:
-        port = free_port()
         try:
-            import llama_cpp.server  # noqa: F401
+            import llama_cpp.server  # noqa: F401  (its 'server' extra is installed)
 
-            results["llama_cpp.server"] = run_server("llama_cpp_server", [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port),
-                                                                          "--n_ctx", str(args.ctx), "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)],
-                                                     port, args, log_dir)
+            port = free_port()
+            servers["llama_cpp.server"] = ([sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_ctx", str(args.ctx),
+                                            "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)], port)
         except ImportError as exc:
             results["llama_cpp.server"] = f"not installed ({exc})"
         if LLAMA_SERVER.exists():
             port = free_port()
-            results["llama-server"] = run_server("llama_server", [str(LLAMA_SERVER), "-m", path, "--port", str(port), "-np", str(np_), "-c", str(args.ctx * np_),
-                                                                  "-kvu", "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"], port, args, log_dir)
+            servers["llama-server"] = ([str(LLAMA_SERVER), "-m", path, "--port", str(port), "-np", str(np_), "-c", str(args.ctx * np_), "-kvu",
+                                        "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"], port)
         else:
             results["llama-server"] = f"not built ({LLAMA_SERVER} missing)"
+    # All servers up at once (idle ones cost no CPU); each concurrency level runs
+    # on every server in turn, so that a comparison spans minutes, not the whole run.
+    procs = {}
+    try:
+        for name, (cmd, port) in servers.items():
+            procs[name] = start_server(name.replace(" ", "_").replace(".", "_"), cmd, port, log_dir)
+        for name, (proc, base) in procs.items():
+            try:
+                wait_ready(proc, base)
+                results[name] = []
+            except RuntimeError as exc:
+                results[name] = f"failed to start: {exc}"
+        for i, c in enumerate(args.clients):
+            for name, (proc, base) in procs.items():
+                if isinstance(results[name], list):
+                    row = measure_level(name, base, c, args, first=i == 0)
+                    if isinstance(row, str):
+                        results[name] = row
+                    else:
+                        results[name].append(row)
+    finally:
+        for proc, _ in procs.values():
+            stop_server(proc)
     run_eval, run_rate = run_decode(args, path)
     lines = [f"bench_serve: {Path(path).name}, prompt ~{args.prompt_tokens} tokens, {args.gen_tokens} generated per request (greedy, ignore_eos), "
              f"ctx {args.ctx} per sequence, {args.threads} threads, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
