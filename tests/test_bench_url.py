@@ -88,7 +88,7 @@ def test_bench_url_unreachable() -> None:
 def test_bench_url_against_localllm_serve(tmp_path) -> None:
     from tests.test_serve import Server
 
-    server = Server("smollm2", "--parallel", "2", "--ctx", "256", "--threads", "1", env={"LOCALLLM_HOME": str(tmp_path)})
+    server = Server("smollm2", "--parallel", "2", "--ctx", "256", "--threads", "1", "--json", env={"LOCALLLM_HOME": str(tmp_path)})
     try:
         proc = run_cli("bench", "--url", server.base, "--concurrency", "1,2", "--requests", "2", "--prompt-tokens", "16",
                        "--gen-tokens", "8", "--json")
@@ -101,5 +101,9 @@ def test_bench_url_against_localllm_serve(tmp_path) -> None:
             assert r["tokens_per_s"] > 0 and r["ttft_p50_ms"] <= r["ttft_max_ms"] and r["itl_p50_ms"] <= r["itl_p95_ms"]
         text = run_cli("bench", "--url", server.base, "--concurrency", "2", "--requests", "2", "--prompt-tokens", "8", "--gen-tokens", "4")
         assert text.returncode == 0 and "| 2 | 2 | 0 |" in text.stdout and "usage |" in text.stdout
+        # serve --json: the request log is one JSON object per line
+        logged = [json.loads(line) for line in server.lines if line.startswith("{")]
+        gens = [e for e in logged if e["path"] == "/v1/completions" and e["status"] == 200 and e["generated_tokens"] == 8]
+        assert len(gens) >= 4 and all(e["ttft_ms"] > 0 and e["itl_p50_ms"] > 0 for e in gens)
     finally:
         server.stop()

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics)
         name = args.alias or (path.stem if args.model and catalog.looks_like_path(args.model) else args.model or catalog.DEFAULT_MODEL)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
-                           tokenize=_tokenizer(model), api_key=api_key)
+                           tokenize=_tokenizer(model), api_key=api_key, json_log=args.json)
         scheduler.start()
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host

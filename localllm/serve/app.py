@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -39,7 +40,28 @@ class ServeState:
     tokenize: Callable[[object], list[int]]
     api_key: str | None = None
     max_body: int = MAX_BODY
-    log: Callable[[str], None] = lambda line: print(f"localllm: {line}", file=sys.stderr, flush=True)
+    json_log: bool = False  # one JSON object per request line instead of text
+
+    def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
+        """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
+        fields: dict = {"method": method, "path": path[:200], "status": int(status)}
+        if job is not None:
+            fields.update(prompt_tokens=len(job.tokens), cached_tokens=job.n_cached, generated_tokens=job.n_gen,
+                          ttft_ms=job.ttft_ms, itl_p50_ms=job.itl_p50_ms, finish_reason=job.finish_reason)
+        if note:
+            fields["note"] = note[:300]
+        if self.json_log:
+            line = json.dumps(fields)
+        else:
+            line = f"{method} {fields['path']} {status}"
+            if job is not None:
+                ttft, itl = job.ttft_ms, job.itl_p50_ms
+                line += (f" prompt={len(job.tokens)} cached={job.n_cached} gen={job.n_gen} "
+                         f"ttft={'n/a' if ttft is None else f'{ttft:.1f}ms'} itl_p50={'n/a' if itl is None else f'{itl:.1f}ms'} "
+                         f"finish={job.finish_reason or '-'}")
+            if note:
+                line += f" {fields['note']}"
+        print(f"localllm: {line}" if not self.json_log else line, file=sys.stderr, flush=True)
 
 
 def _error(status: int, message: str, **kw) -> JSONResponse:
@@ -72,11 +94,11 @@ class Guard:
                 resp = _error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", kind="authentication_error", code="invalid_api_key")
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 await resp(scope, receive, send_wrapper)
-                self.state.log(f"{scope.get('method', '?')} {endpoint} 401")
+                self.state.log(scope.get("method", "?"), endpoint, 401)
                 return
             await self.app(scope, receive, send_wrapper)
             if not scope.get("localllm.logged"):
-                self.state.log(f"{scope.get('method', '?')} {endpoint} {status_box[0]}")
+                self.state.log(scope.get("method", "?"), endpoint, status_box[0])
         finally:
             self.state.metrics.request_done(endpoint, status_box[0])
 
@@ -129,7 +151,7 @@ def build_app(state: ServeState) -> Starlette:
                                    param="messages" if chat else "prompt", code="context_length_exceeded")
         except RequestError as exc:
             request.scope["localllm.logged"] = True
-            state.log(f"{method} {path} {exc.status} {exc.message}"[:300])
+            state.log(method, path, exc.status, exc.message)
             return JSONResponse(exc.body(), status_code=exc.status)
         room = state.n_ctx_seq - len(tokens)
         max_tokens = min(params.max_tokens or room, room)
@@ -146,17 +168,12 @@ def build_app(state: ServeState) -> Starlette:
         job = Job(tokens=tokens, sampling=sampling, max_tokens=max_tokens, emit=emit, stop=params.stop)
         if not state.scheduler.submit(job):
             request.scope["localllm.logged"] = True
-            state.log(f"{method} {path} 429 queue full")
+            state.log(method, path, 429, "queue full")
             return _error(429, "too many requests are waiting: retry later", kind="rate_limit_error", code="queue_full")
         shaper = Shaper(chat, state.model_name)
 
         def log_done(status: str) -> None:
-            ttft, itl = job.ttft_ms, job.itl_p50_ms
-            state.log(
-                f"{method} {path} {status} prompt={len(tokens)} cached={job.n_cached} gen={job.n_gen} "
-                f"ttft={'n/a' if ttft is None else f'{ttft:.1f}ms'} itl_p50={'n/a' if itl is None else f'{itl:.1f}ms'} "
-                f"finish={job.finish_reason or '-'}"
-            )
+            state.log(method, path, status, job=job)
 
         request.scope["localllm.logged"] = True
         if params.stream:
@@ -206,7 +223,7 @@ def build_app(state: ServeState) -> Starlette:
         return _error(exc.status_code, f"{msg}: {request.method} {request.url.path}"[:300])
 
     async def internal_error(request: Request, exc: Exception) -> Response:
-        state.log(f"{request.method} {request.url.path} 500 internal error: {type(exc).__name__}: {exc}")
+        state.log(request.method, request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}")
         return _error(500, "internal error", kind="server_error")
 
     routes = [
