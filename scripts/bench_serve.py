@@ -115,6 +115,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--quick", action="store_true", help="CI: 1,4 clients, 24 tokens, localllm serve only")
     ap.add_argument("--out", default=None, help="also write the report here")
+    ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER, help="llama.cpp's llama-server binary (default: %(default)s)")
     args = ap.parse_args()
     if args.quick:
         args.clients, args.gen_tokens = "1,4", 24
@@ -139,12 +140,12 @@ def main() -> int:
                                             "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)], port)
         except ImportError as exc:
             results["llama_cpp.server"] = f"not installed ({exc})"
-        if LLAMA_SERVER.exists():
+        if args.llama_server.exists():
             port = free_port()
-            servers["llama-server"] = ([str(LLAMA_SERVER), "-m", path, "--port", str(port), "-np", str(np_), "-c", str(args.ctx * np_), "-kvu",
+            servers["llama-server"] = ([str(args.llama_server), "-m", path, "--port", str(port), "-np", str(np_), "-c", str(args.ctx * np_), "-kvu",
                                         "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"], port)
         else:
-            results["llama-server"] = f"not built ({LLAMA_SERVER} missing)"
+            results["llama-server"] = f"not built ({args.llama_server} missing)"
     # All servers up at once (idle ones cost no CPU); each concurrency level runs
     # on every server in turn, so that a comparison spans minutes, not the whole run.
     procs = {}
