@@ -115,6 +115,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--quick", action="store_true", help="CI: 1,4 clients, 24 tokens, localllm serve only")
     ap.add_argument("--out", default=None, help="also write the report here")
+    ap.add_argument("--skip-llama-cpp-python", action="store_true", help="leave llama-cpp-python's server out (it serves one request at a time: slow)")
     ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER, help="llama.cpp's llama-server binary (default: %(default)s)")
     args = ap.parse_args()
     if args.quick:
@@ -133,6 +134,8 @@ def main() -> int:
     results: dict[str, list[dict] | str] = {}
     if not args.quick:
         try:
+            if args.skip_llama_cpp_python:
+                raise ImportError("left out with --skip-llama-cpp-python")
             import llama_cpp.server  # noqa: F401  (its 'server' extra is installed)
 
             port = free_port()
