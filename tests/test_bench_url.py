@@ -4,6 +4,7 @@ server that omits ``usage`` (the client then counts the stream and says so)."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import threading
 import time
@@ -105,5 +106,9 @@ def test_bench_url_against_localllm_serve(tmp_path) -> None:
         logged = [json.loads(line) for line in server.lines if line.startswith("{")]
         gens = [e for e in logged if e["path"] == "/v1/completions" and e["status"] == 200 and e["generated_tokens"] == 8]
         assert len(gens) >= 4 and all(e["ttft_ms"] > 0 and e["itl_p50_ms"] > 0 for e in gens)
+        server.proc.send_signal(signal.SIGTERM)  # like SIGINT: drain, clean up, exit 0
+        assert server.proc.wait(60) == 0
+        time.sleep(0.2)
+        assert "stopped after" in server.log
     finally:
         server.stop()

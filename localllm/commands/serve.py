@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import ipaddress
 import os
+import signal
 import socket
 from dataclasses import replace
 
@@ -111,11 +112,20 @@ def _serve(app, sock: socket.socket) -> int:
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=30,
                             limit_concurrency=512, server_header=False, date_header=False)
     server = uvicorn.Server(config)
+    # uvicorn re-raises the signal it caught once it has drained: make SIGTERM's
+    # an exception too (its default would end the process before we clean up).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         asyncio.run(server.serve(sockets=[sock]))
-    except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has drained
+    except KeyboardInterrupt:
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return int(server.server_state.total_requests)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _tokenizer(model):
