@@ -45,6 +45,13 @@ def _gen_tokens(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    value = _int_at_least(0, "--port")(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"--port must be at most 65535, got {value}")
+    return value
+
+
 def _nonneg_float(text: str) -> float:
     try:
         value = float(text)
@@ -204,12 +211,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH", help="a .gguf file or a folder")
     p.add_argument("--json", action="store_true", help="a JSON list of the models it names")
 
-    p = sub.add_parser("bench", help="prefill and decode throughput (llama-bench style)")
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (loopback by default)")
     _add_model(p)
-    p.add_argument("--prompt-tokens", type=_int_list, default=[128, 512, 2048], metavar="N,N", help="prompt lengths (default: 128,512,2048)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; another one warns without --api-key)")
+    p.add_argument("--port", type=_port, default=8080, help="TCP port, 0 for any free one (default: 8080)")
+    p.add_argument("--parallel", type=_int_at_least(1, "--parallel"), default=4, metavar="N", help="sequences decoded together; the KV cache holds N x --ctx (default: 4)")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY' (also: LOCALLLM_API_KEY)")
+    p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: the name given)")
+    p.add_argument("--max-queue", type=_int_at_least(1, "--max-queue"), default=64, metavar="N", help="requests waiting for a slot before 429 (default: 64)")
+    p.add_argument("--prefill-chunk", type=_int_at_least(1, "--prefill-chunk"), default=128, metavar="N", help="prompt tokens per step while others generate (default: 128)")
+    _add_load_options(p, ctx_default=None)
+    p.add_argument("--json", action="store_true", help="the request log as one JSON object per line (stderr)")
+
+    p = sub.add_parser("bench", help="prefill and decode throughput (llama-bench style); --url measures an OpenAI-compatible server")
+    _add_model(p)
+    p.add_argument("--prompt-tokens", type=_int_list, default=None, metavar="N,N", help="prompt lengths (default: 128,512,2048; 128 with --url)")
     p.add_argument("--gen-tokens", type=_int_at_least(1, "--gen-tokens"), default=128, metavar="N", help="tokens to generate per run (default: 128)")
     p.add_argument("--reps", type=_int_at_least(1, "--reps"), default=3, metavar="N", help="repetitions per prompt length (default: 3)")
     _add_load_options(p, ctx_default=None, fit=False)
+    u = p.add_argument_group("server options (--url)")
+    u.add_argument("--url", default=None, metavar="URL", help="measure this OpenAI-compatible server instead, e.g. http://127.0.0.1:8080/v1")
+    u.add_argument("--model", dest="served_model", default=None, metavar="NAME", help="model name to ask for (default: the server's first in /v1/models)")
+    u.add_argument("--concurrency", type=_int_list, default=[1, 4, 8], metavar="N,N", help="concurrent streaming clients (default: 1,4,8)")
+    u.add_argument("--requests", type=_int_at_least(1, "--requests"), default=None, metavar="N", help="requests per concurrency level (default: 2 x concurrency, at least 4)")
+    u.add_argument("--api-key", default=None, metavar="KEY", help="sent as 'Authorization: Bearer KEY' (also: OPENAI_API_KEY)")
+    u.add_argument("--timeout", type=_nonneg_float, default=300.0, metavar="S", help="seconds per request (default: 300)")
     p.add_argument("--json", action="store_true", help="a JSON list of rows")
 
     p = sub.add_parser("worker", help="serve this machine's devices to another machine's --rpc (llama.cpp's RPC server)")

@@ -22,6 +22,11 @@ def table(rows: list[BenchRow], header: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url:
+        from localllm.loadtest import run_url
+
+        return run_url(args)
+    args.prompt_tokens = args.prompt_tokens or [128, 512, 2048]
     path = catalog.resolve(args.model)
     info = inspect_model(path)
     need = max(args.prompt_tokens) + args.gen_tokens

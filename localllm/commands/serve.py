@@ -1,0 +1,148 @@
+"""``localllm serve``: the fitted model behind an OpenAI-compatible HTTP API.
+
+The KV cache is one pool of ``--ctx`` x ``--parallel`` cells (llama.cpp's
+unified cache, ``n_seq_max`` = ``--parallel``), planned and fitted as ``run``
+plans a context of that many tokens; each request may use up to ``--ctx``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import os
+import signal
+import socket
+from dataclasses import replace
+
+from localllm import catalog, fmt
+from localllm.commands._common import fit_config, say
+from localllm.errors import InputError, UsageError
+
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host}: {exc.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}: pick another --port") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    api_key = args.api_key or os.environ.get("LOCALLLM_API_KEY") or None
+    if not _is_loopback(args.host) and not api_key:
+        say(f"warning: listening on {args.host} without --api-key: anyone who can reach this address can use the model")
+    path = catalog.resolve(args.model)
+    parallel = args.parallel
+    if parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h)
+        raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")
+    if args.batch < parallel:
+        raise UsageError(f"--batch {args.batch} cannot hold one token of each of --parallel {parallel} sequences: raise --batch")
+    ctx_seq = args.ctx
+    if ctx_seq is None:  # as run: the trained context, at most 4096, for each sequence
+        from localllm.model_info import inspect_model
+
+        ctx_seq = min(inspect_model(path).context_length or 4096, 4096)
+    fitted = fit_config(args, path, ctx_seq * parallel)
+    if not fitted.fit.fits:
+        raise InputError(f"does not fit: {fitted.fit.reason}")
+    n_ctx_seq = fitted.config.n_ctx // parallel
+    if n_ctx_seq < 16:
+        raise InputError(f"{parallel} sequences leave {n_ctx_seq} tokens each: lower --parallel or raise --vram")
+    if fitted.fit.steps or args.vram is not None:
+        c = fitted.config
+        say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx} ({n_ctx_seq} per sequence), "
+            f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.reason})")
+    sock = _bind(args.host, args.port)
+    from localllm.batch_engine import BatchModel  # lazy: loads llama.cpp
+    from localllm.serve.app import ServeState, build_app
+    from localllm.serve.metrics import ServerMetrics
+    from localllm.serve.scheduler import Scheduler
+
+    model = BatchModel()
+    try:
+        info = model.load(path, replace(fitted.config, n_ctx=n_ctx_seq * parallel), parallel)
+        metrics = ServerMetrics()
+        metrics.kv_cells_total = info.n_ctx
+        scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
+                              max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics)
+        name = args.alias or (path.stem if args.model and catalog.looks_like_path(args.model) else args.model or catalog.DEFAULT_MODEL)
+        state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
+                           tokenize=_tokenizer(model), api_key=api_key, json_log=args.json)
+        scheduler.start()
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        say(f"serving {name} on http://{shown}:{port}/v1 ({parallel} parallel, {n_ctx_seq} tokens per request, "
+            f"KV pool {info.n_ctx} cells {info.type_k}/{info.type_v}, prefix reuse {'on' if info.prefix_reuse else 'off'}"
+            f"{', API key required' if api_key else ''}); Ctrl+C stops")
+        served = _serve(build_app(state), sock)
+        scheduler.stop()
+        say(f"stopped after {served} request(s)")
+    finally:
+        model.close()
+        sock.close()
+    return 0
+
+
+def _serve(app, sock: socket.socket) -> int:
+    """Run uvicorn on our socket; SIGINT/SIGTERM stop accepting, let running
+    requests finish (up to 30 s), then return."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=30,
+                            limit_concurrency=512, server_header=False, date_header=False)
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal it caught once it has drained: make SIGTERM's
+    # an exception too (its default would end the process before we clean up).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return int(server.server_state.total_requests)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _tokenizer(model):
+    from localllm.serve.protocol import RequestError
+
+    tok = model.tok
+
+    def tokenize(params) -> list[int]:
+        if params.chat:
+            if tok.has_chat_template:
+                return tok.tokenize(tok.render_chat(params.messages), add_special=False, parse_special=True)
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in params.messages) + "assistant:"
+            return tok.tokenize(text, add_special=True, parse_special=False)
+        if isinstance(params.prompt, list):
+            return list(params.prompt)
+        if not isinstance(params.prompt, str):
+            raise RequestError(400, "no prompt")
+        return tok.tokenize(params.prompt, add_special=True, parse_special=False)
+
+    return tokenize

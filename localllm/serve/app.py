@@ -1,0 +1,281 @@
+"""The Starlette application: OpenAI routes, bearer auth, body limits, errors as JSON.
+
+Every answer to a bad request is OpenAI's error shape
+(``{"error": {"message", "type", "param", "code"}}``), never a traceback: an
+unexpected exception is logged as one line and answered 500 "internal error".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from localllm.backend import SamplingConfig
+from localllm.serve.metrics import ServerMetrics
+from localllm.serve.protocol import RequestError, Shaper, error_body, parse_gen, parse_json, sse
+from localllm.serve.scheduler import Job, Scheduler
+
+MAX_BODY = 1024 * 1024
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+
+
+@dataclass
+class ServeState:
+    scheduler: Scheduler
+    metrics: ServerMetrics
+    model_name: str
+    n_ctx_seq: int
+    n_vocab: int
+    # text -> tokens, run in a worker thread: (params) -> token ids
+    tokenize: Callable[[object], list[int]]
+    api_key: str | None = None
+    max_body: int = MAX_BODY
+    json_log: bool = False  # one JSON object per request line instead of text
+
+    def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
+        """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
+        fields: dict = {"method": method, "path": path[:200], "status": int(status)}
+        if job is not None:
+            fields.update(prompt_tokens=len(job.tokens), cached_tokens=job.n_cached, generated_tokens=job.n_gen,
+                          ttft_ms=job.ttft_ms, itl_p50_ms=job.itl_p50_ms, finish_reason=job.finish_reason)
+        if note:
+            fields["note"] = note[:300]
+        if self.json_log:
+            line = json.dumps(fields)
+        else:
+            line = f"{method} {fields['path']} {status}"
+            if job is not None:
+                ttft, itl = job.ttft_ms, job.itl_p50_ms
+                line += (f" prompt={len(job.tokens)} cached={job.n_cached} gen={job.n_gen} "
+                         f"ttft={'n/a' if ttft is None else f'{ttft:.1f}ms'} itl_p50={'n/a' if itl is None else f'{itl:.1f}ms'} "
+                         f"finish={job.finish_reason or '-'}")
+            if note:
+                line += f" {fields['note']}"
+        print(f"localllm: {line}" if not self.json_log else line, file=sys.stderr, flush=True)
+
+
+def _error(status: int, message: str, **kw) -> JSONResponse:
+    return JSONResponse(error_body(message, **kw), status_code=status)
+
+
+class Guard:
+    """ASGI middleware: bearer-token auth (constant-time) on all but /health,
+    and the request counter by endpoint and status."""
+
+    def __init__(self, app, state: ServeState) -> None:
+        self.app, self.state = app, state
+        self._key = state.api_key.encode() if state.api_key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        endpoint = path if path in ENDPOINTS else "other"  # bounded label values
+        status_box = [0]
+
+        async def send_wrapper(message) -> None:
+            if message["type"] == "http.response.start":
+                status_box[0] = message["status"]
+            await send(message)
+
+        try:
+            if self._key is not None and path != "/health" and not self._authorized(scope):
+                resp = _error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", kind="authentication_error", code="invalid_api_key")
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                await resp(scope, receive, send_wrapper)
+                self.state.log(scope.get("method", "?"), endpoint, 401)
+                return
+            await self.app(scope, receive, send_wrapper)
+            if not scope.get("localllm.logged"):
+                self.state.log(scope.get("method", "?"), endpoint, status_box[0])
+        finally:
+            self.state.metrics.request_done(endpoint, status_box[0])
+
+    def _authorized(self, scope) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    return hmac.compare_digest(token.strip(), self._key)
+        return False
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise RequestError(400, "bad Content-Length")
+        if int(length) > limit:
+            raise RequestError(413, f"the body is over {limit} bytes", code="request_too_large")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(413, f"the body is over {limit} bytes", code="request_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise RequestError(400, "the client went away before sending the whole body") from None
+    return b"".join(chunks)
+
+
+def build_app(state: ServeState) -> Starlette:
+    from starlette.concurrency import run_in_threadpool
+
+    async def generate(request: Request, chat: bool) -> Response:
+        method, path = request.method, request.url.path
+        try:
+            body = parse_json(await _read_body(request, state.max_body))
+            params = parse_gen(body, chat=chat, n_vocab=state.n_vocab)
+            try:
+                tokens = await run_in_threadpool(state.tokenize, params)
+            except RequestError:
+                raise
+            except Exception as exc:  # a chat template that refuses these messages (jinja raises)
+                raise RequestError(400, f"the chat template refused these messages: {type(exc).__name__}: {exc}"[:500]) from None
+            if not tokens:
+                raise RequestError(400, "the prompt is empty")
+            if len(tokens) >= state.n_ctx_seq:
+                raise RequestError(400, f"the prompt is {len(tokens)} tokens but a request's context holds {state.n_ctx_seq}: shorten it, or restart the server with a larger --ctx",
+                                   param="messages" if chat else "prompt", code="context_length_exceeded")
+        except RequestError as exc:
+            request.scope["localllm.logged"] = True
+            state.log(method, path, exc.status, exc.message)
+            return JSONResponse(exc.body(), status_code=exc.status)
+        room = state.n_ctx_seq - len(tokens)
+        max_tokens = min(params.max_tokens or room, room)
+        sampling = SamplingConfig(temperature=params.temperature, top_p=params.top_p, seed=params.seed, max_tokens=max_tokens, ignore_eos=params.ignore_eos)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def emit(kind: str, payload: object) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
+            except RuntimeError:  # the loop is closed: the server is gone
+                pass
+
+        job = Job(tokens=tokens, sampling=sampling, max_tokens=max_tokens, emit=emit, stop=params.stop)
+        if not state.scheduler.submit(job):
+            request.scope["localllm.logged"] = True
+            state.log(method, path, 429, "queue full")
+            return _error(429, "too many requests are waiting: retry later", kind="rate_limit_error", code="queue_full")
+        shaper = Shaper(chat, state.model_name)
+
+        def log_done(status: str) -> None:
+            state.log(method, path, status, job=job)
+
+        request.scope["localllm.logged"] = True
+        if params.stream:
+            return StreamingResponse(_stream(request, job, queue, shaper, params.include_usage, state, log_done), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        parts: list[str] = []
+        watch = asyncio.create_task(_watch_disconnect(request, queue))
+        try:
+            while True:
+                kind, payload = await queue.get()
+                if kind == "text":
+                    parts.append(payload)
+                elif kind == "gone":
+                    state.scheduler.cancel(job)
+                    log_done("499")
+                    return Response(status_code=499)
+                elif kind == "error":
+                    log_done("500")
+                    return _error(500, f"the engine failed: {payload}", kind="server_error")
+                else:
+                    break
+        except asyncio.CancelledError:
+            state.scheduler.cancel(job)
+            raise
+        finally:
+            watch.cancel()
+        log_done("200")
+        return JSONResponse(shaper.full("".join(parts), job.finish_reason, job.usage()))
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, True)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, False)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "localllm"}]})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        msg = {404: "no such endpoint", 405: "method not allowed here"}.get(exc.status_code, str(exc.detail))
+        return _error(exc.status_code, f"{msg}: {request.method} {request.url.path}"[:300])
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        state.log(request.method, request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}")
+        return _error(500, "internal error", kind="server_error")
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
+    return Guard(app, state)
+
+
+async def _watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
+    """The body is read: the next message is http.disconnect when the client goes."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            queue.put_nowait(("gone", None))
+            return
+
+
+async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shaper, include_usage: bool, state: ServeState, log_done):
+    """SSE: a role chunk, one chunk per piece of text, the finish chunk, usage if asked, [DONE]."""
+    status = "200"
+    finished = False
+    watch = asyncio.create_task(_watch_disconnect(request, queue))
+    try:
+        if shaper.chat:
+            yield sse(shaper.chunk("", first=True))
+        while True:
+            kind, payload = await queue.get()
+            if kind == "text":
+                yield sse(shaper.chunk(payload))
+            elif kind == "gone":
+                break
+            elif kind == "error":
+                status = "500"
+                finished = True
+                yield sse(error_body(f"the engine failed: {payload}", kind="server_error"))
+                break
+            else:
+                finished = True
+                yield sse(shaper.chunk(None, job.finish_reason))
+                if include_usage:
+                    yield sse(shaper.usage_chunk(job.usage()))
+                break
+        if finished:
+            yield sse("[DONE]")
+    finally:
+        watch.cancel()
+        if not finished:
+            status = "499"  # the client went away: free its sequence at the next step
+            state.scheduler.cancel(job)
+        log_done(status)

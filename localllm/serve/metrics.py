@@ -1,0 +1,119 @@
+"""Server metrics in the Prometheus text exposition format (version 0.0.4).
+
+Written by hand rather than with prometheus_client: a few counters, gauges and
+two histograms do not justify a dependency. The engine thread records, the
+/metrics route renders; a lock keeps a histogram's buckets and sum consistent.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from typing import Sequence
+
+# Seconds. TTFT spans prefill (tens of ms to seconds); ITL is one decode step.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
+
+
+class Histogram:
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.bounds = tuple(buckets)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last is +Inf
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def lines(self, name: str) -> list[str]:
+        out, acc = [], 0
+        for bound, c in zip(self.bounds, self.counts):
+            acc += c
+            out.append(f'{name}_bucket{{le="{bound:g}"}} {acc}')
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.n}')
+        out.append(f"{name}_sum {self.total:.6f}")
+        out.append(f"{name}_count {self.n}")
+        return out
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[tuple[str, int], int] = {}
+        self.prompt_tokens = 0
+        self.prompt_tokens_cached = 0
+        self.generated_tokens = 0
+        self.steps = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.batch_sequences = 0
+        self.batch_tokens = 0
+        self.kv_cells_used = 0
+        self.kv_cells_total = 0
+        self.running = 0
+        self.queued = 0
+
+    def request_done(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            key = (endpoint, status)
+            self.requests[key] = self.requests.get(key, 0) + 1
+
+    def step(self, sequences: int, tokens: int, kv_used: int) -> None:
+        with self._lock:
+            self.steps += 1
+            self.batch_sequences, self.batch_tokens, self.kv_cells_used = sequences, tokens, kv_used
+
+    def tokens_out(self, itl_s: float | None) -> None:
+        with self._lock:
+            self.generated_tokens += 1
+            if itl_s is not None:
+                self.itl.observe(itl_s)
+
+    def first_token(self, ttft_s: float) -> None:
+        with self._lock:
+            self.ttft.observe(ttft_s)
+
+    def prompt(self, n: int, cached: int) -> None:
+        with self._lock:
+            self.prompt_tokens += n
+            self.prompt_tokens_cached += cached
+
+    def render(self) -> str:
+        with self._lock:
+            out: list[str] = []
+
+            def head(name: str, kind: str, text: str) -> None:
+                out.append(f"# HELP {name} {text}")
+                out.append(f"# TYPE {name} {kind}")
+
+            head("localllm_requests_total", "counter", "HTTP requests answered, by endpoint and status")
+            for (ep, status), n in sorted(self.requests.items()):
+                out.append(f'localllm_requests_total{{endpoint="{ep}",status="{status}"}} {n}')
+            head("localllm_prompt_tokens_total", "counter", "prompt tokens admitted")
+            out.append(f"localllm_prompt_tokens_total {self.prompt_tokens}")
+            head("localllm_prompt_tokens_cached_total", "counter", "prompt tokens reused from the KV cache instead of computed")
+            out.append(f"localllm_prompt_tokens_cached_total {self.prompt_tokens_cached}")
+            head("localllm_generated_tokens_total", "counter", "tokens generated")
+            out.append(f"localllm_generated_tokens_total {self.generated_tokens}")
+            head("localllm_decode_steps_total", "counter", "llama_decode calls (one batch each)")
+            out.append(f"localllm_decode_steps_total {self.steps}")
+            head("localllm_time_to_first_token_seconds", "histogram", "from queueing the tokenized request to its first sampled token")
+            out.extend(self.ttft.lines("localllm_time_to_first_token_seconds"))
+            head("localllm_inter_token_latency_seconds", "histogram", "gap between consecutive tokens of one sequence")
+            out.extend(self.itl.lines("localllm_inter_token_latency_seconds"))
+            head("localllm_batch_sequences", "gauge", "sequences in the last decoded batch")
+            out.append(f"localllm_batch_sequences {self.batch_sequences}")
+            head("localllm_batch_tokens", "gauge", "tokens in the last decoded batch")
+            out.append(f"localllm_batch_tokens {self.batch_tokens}")
+            head("localllm_kv_cells_used", "gauge", "KV cache positions held by all sequences (a shared prefix counts once per sequence)")
+            out.append(f"localllm_kv_cells_used {self.kv_cells_used}")
+            head("localllm_kv_cells_total", "gauge", "KV cache cells in the shared pool")
+            out.append(f"localllm_kv_cells_total {self.kv_cells_total}")
+            head("localllm_requests_running", "gauge", "requests holding a sequence slot")
+            out.append(f"localllm_requests_running {self.running}")
+            head("localllm_requests_queued", "gauge", "requests waiting for a slot")
+            out.append(f"localllm_requests_queued {self.queued}")
+            return "\n".join(out) + "\n"

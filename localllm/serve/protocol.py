@@ -1,0 +1,224 @@
+"""The OpenAI request and response shapes: validation of untrusted JSON bodies,
+and the objects and chunks we answer with. Pure Python.
+
+Unknown fields are ignored (clients send many optional ones); a known field of
+the wrong type or out of range is a 400 naming the field, as OpenAI answers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+MAX_STOP = 16
+MAX_STOP_CHARS = 128
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class RequestError(Exception):
+    """An error the client caused: an HTTP status and an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, kind: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+
+    def body(self) -> dict:
+        return error_body(self.message, kind=self.kind, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class GenParams:
+    chat: bool
+    messages: list[dict] | None  # chat
+    prompt: str | list[int] | None  # completions: text, or token ids
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool = False  # llama.cpp's and vLLM's extension, for benchmarks
+
+
+def _bad(field: str, what: str) -> RequestError:
+    return RequestError(400, f"'{field}' {what}", param=field)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        raise _bad(key, "must be a number")
+    if not lo <= v <= hi:
+        raise _bad(key, f"must be between {lo:g} and {hi:g}, got {v}")
+    return float(v)
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise RequestError(400, "the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, "the body must be a JSON object")
+    return body
+
+
+def _content(v: object, i: int) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        parts = []
+        for part in v:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise _bad(f"messages[{i}].content", "may hold only text parts ({\"type\": \"text\", \"text\": ...})")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _bad(f"messages[{i}].content", "must be a string or a list of text parts")
+
+
+def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
+    messages = prompt = None
+    if chat:
+        raw = body.get("messages")
+        if not isinstance(raw, list) or not raw:
+            raise _bad("messages", "must be a non-empty list")
+        messages = []
+        for i, m in enumerate(raw):
+            if not isinstance(m, dict):
+                raise _bad(f"messages[{i}]", "must be an object")
+            role = m.get("role")
+            if role not in ROLES:
+                raise _bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
+            messages.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), i)})
+        if body.get("tools"):
+            raise _bad("tools", "are not supported by this server")
+    else:
+        p = body.get("prompt")
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+            p = p[0]  # a batch of one
+        if isinstance(p, str):
+            if not p:
+                raise _bad("prompt", "is empty")
+            prompt = p
+        elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+            if not all(0 <= t < n_vocab for t in p):
+                raise _bad("prompt", f"holds token ids outside the vocabulary (0..{n_vocab - 1})")
+            prompt = list(p)
+        else:
+            raise _bad("prompt", "must be a non-empty string or list of token ids (one prompt per request)")
+        if body.get("echo") not in (None, False):
+            raise _bad("echo", "is not supported")
+        if body.get("suffix") not in (None, ""):
+            raise _bad("suffix", "is not supported")
+    key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(key)
+    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens <= 0):
+        raise _bad(key, "must be a whole number of at least 1")
+    if max_tokens is None and not chat:
+        max_tokens = 16  # OpenAI's default for completions
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise _bad("n", "must be 1 (one choice per request)")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise _bad("seed", "must be a whole number")
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,) if stop else ()
+    elif isinstance(stop, list) and len(stop) <= MAX_STOP and all(isinstance(x, str) for x in stop):
+        stops = tuple(x for x in stop if x)
+    else:
+        raise _bad("stop", f"must be a string or a list of at most {MAX_STOP} strings")
+    if any(len(x) > MAX_STOP_CHARS for x in stops):
+        raise _bad("stop", f"strings may be at most {MAX_STOP_CHARS} characters long")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("stream", "must be true or false")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise _bad("stream_options", "must be an object")
+    include_usage = bool(opts and opts.get("include_usage") is True)
+    for k in ("presence_penalty", "frequency_penalty"):
+        _number(body, k, 0.0, -2.0, 2.0)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", "must be a string")
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
+        raise _bad("logprobs", "are not supported")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _bad("ignore_eos", "must be true or false")
+    return GenParams(
+        ignore_eos=ignore_eos,
+        chat=chat,
+        messages=messages,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        seed=seed,
+        stop=stops,
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+class Shaper:
+    """Builds the response objects of one request."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat, self.model = chat, model
+        self.id = new_id(chat)
+        self.created = int(time.time())
+
+    def _base(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def full(self, text: str, finish: str | None, usage: dict) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+            return {**self._base("chat.completion"), "choices": [choice], "usage": usage}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**self._base("text_completion"), "choices": [choice], "usage": usage}
+
+    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False) -> dict:
+        if self.chat:
+            delta: dict = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            return {**self._base("chat.completion.chunk"), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        return {**self._base("text_completion"), "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+
+    def usage_chunk(self, usage: dict) -> dict:
+        return {**self._base("chat.completion.chunk" if self.chat else "text_completion"), "choices": [], "usage": usage}
+
+
+def sse(obj: dict | str) -> bytes:
+    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {data}\n\n".encode("utf-8")

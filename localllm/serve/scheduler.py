@@ -1,0 +1,337 @@
+"""Continuous batching: one engine thread, one ``llama_decode`` per step.
+
+Each step's batch carries the next token of every generating sequence plus a
+bounded chunk of the prompts still being read (chunked prefill: a long prompt
+adds at most ``prefill_chunk`` tokens to a step while others are generating,
+so it does not stall their inter-token latency). A request takes a free slot
+(a llama.cpp sequence id) as soon as one is free; a finished request's slot is
+free at once, a cancelled one (client gone) also drops its cells.
+
+Prefix reuse, as llama-server's slots do: a finished sequence's tokens stay in
+its slot's cache; a new request takes the free slot whose cache shares the
+longest prefix with its prompt and computes only the rest. When another slot
+(busy or not) holds a longer prefix, its cells are shared with
+``llama_memory_seq_cp`` (no copy in a unified cache) instead.
+
+Pure Python: the model is any object with ``batch_engine.BatchModel``'s methods.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from localllm.backend import SamplingConfig
+from localllm.metrics import percentile
+from localllm.serve.metrics import ServerMetrics
+
+
+@dataclass(eq=False)
+class Job:
+    """One generation request. ``emit(kind, payload)`` is called from the engine
+    thread: ("text", str), then ("done", finish_reason) or ("error", message)."""
+
+    tokens: list[int]
+    sampling: SamplingConfig
+    max_tokens: int
+    emit: Callable[[str, object], None]
+    stop: tuple[str, ...] = ()
+    cancelled: bool = False
+    submit_ns: int = field(default_factory=time.perf_counter_ns)
+    token_ns: list[int] = field(default_factory=list)
+    n_cached: int = 0
+    n_gen: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return (self.token_ns[0] - self.submit_ns) / 1e6 if self.token_ns else None
+
+    @property
+    def itl_p50_ms(self) -> float | None:
+        gaps = [(b - a) / 1e6 for a, b in zip(self.token_ns, self.token_ns[1:])]
+        return percentile(gaps, 50) if gaps else None
+
+    def usage(self) -> dict:
+        return {
+            "prompt_tokens": len(self.tokens),
+            "completion_tokens": self.n_gen,
+            "total_tokens": len(self.tokens) + self.n_gen,
+            "prompt_tokens_details": {"cached_tokens": self.n_cached},
+        }
+
+
+@dataclass(eq=False)
+class Slot:
+    id: int
+    cache: list[int] = field(default_factory=list)  # what the KV cache holds for this sequence
+    job: Job | None = None
+    sampler: object = None
+    last: int | None = None  # sampled, not yet evaluated; None while reading the prompt
+    chunk: list[int] = field(default_factory=list)
+    text: str = ""
+    emitted: int = 0
+    utf8: object = None
+    used_at: int = 0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Scheduler:
+    def __init__(self, model, *, n_seq: int, n_ctx_seq: int, n_batch: int, prefix_reuse: bool,
+                 max_queue: int, prefill_chunk: int, metrics: ServerMetrics) -> None:
+        self.model = model
+        self.n_ctx_seq = n_ctx_seq
+        self.n_batch = n_batch
+        self.prefix_reuse = prefix_reuse
+        self.max_queue = max_queue
+        self.prefill_chunk = max(1, min(prefill_chunk, n_batch))
+        self.metrics = metrics
+        self.slots = [Slot(i) for i in range(n_seq)]
+        self.pending: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._stop = False
+        self._clock = 0
+        self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
+
+    # -- the HTTP side ----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Cancel what is left (the HTTP server has drained by now) and wait for
+        the engine thread: at most the step in flight, so that the model can be
+        freed safely afterwards."""
+        with self._cv:
+            self._stop = True
+            for job in self.pending:
+                job.cancelled = True
+            for s in self.slots:
+                if s.job:
+                    s.job.cancelled = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def submit(self, job: Job) -> bool:
+        """Queue ``job``; False when the queue is full (the caller answers 429)."""
+        with self._cv:
+            if self._stop or len(self.pending) >= self.max_queue:
+                return False
+            self.pending.append(job)
+            self.metrics.queued = len(self.pending)
+            self._cv.notify()
+        return True
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone: the engine frees the sequence at its next step."""
+        with self._cv:
+            job.cancelled = True
+            self._cv.notify()
+
+    # -- the engine thread ------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self.pending and not any(s.job for s in self.slots):
+                    self._cv.wait()
+                if self._stop and not any(s.job for s in self.slots):
+                    break
+            try:
+                self._step()
+            except Exception as exc:  # an engine failure ends the running requests, not the server
+                print(f"localllm: engine error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                for s in self.slots:
+                    if s.job:
+                        self._release(s, error=str(exc))
+
+    def _reap(self) -> None:
+        for s in self.slots:
+            if s.job and s.job.cancelled:
+                self._release(s, drop=True)
+
+    def _admit(self) -> None:
+        while True:
+            with self._cv:
+                free = [s for s in self.slots if s.job is None]
+                if not free or not self.pending:
+                    self.metrics.queued = len(self.pending)
+                    return
+                job = self.pending.popleft()
+                self.metrics.queued = len(self.pending)
+            if not job.cancelled:
+                self._assign(job, free)
+
+    def _assign(self, job: Job, free: list[Slot]) -> None:
+        toks = job.tokens
+        limit = len(toks) - 1  # the last prompt token is always evaluated: its logits start the reply
+        if self.prefix_reuse:
+            own = {s.id: common_prefix(s.cache, toks) for s in free}
+            target = max(free, key=lambda s: (own[s.id], -s.used_at))
+            src = max(self.slots, key=lambda s: common_prefix(s.cache, toks))
+            best = common_prefix(src.cache, toks)
+            if best > own[target.id] and src is not target:
+                n = min(best, limit)
+                self.model.seq_rm(target.id)
+                self.model.seq_cp(src.id, target.id, n)
+            else:
+                n = min(own[target.id], limit)
+                if not self.model.seq_rm(target.id, n, -1):
+                    self.model.seq_rm(target.id)
+                    n = 0
+        else:
+            target = min(free, key=lambda s: s.used_at)
+            self.model.seq_rm(target.id)
+            n = 0
+        target.cache = toks[:n]
+        target.job = job
+        target.sampler = self.model.new_sampler(job.sampling)
+        target.last = None
+        target.text, target.emitted = "", 0
+        target.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        job.n_cached = n
+        self.metrics.prompt(len(toks), n)
+        self.metrics.running = sum(1 for s in self.slots if s.job)
+
+    def _step(self) -> None:
+        self._reap()
+        self._admit()
+        active = [s for s in self.slots if s.job]
+        if not active:
+            return
+        entries: list[tuple[int, int, int, bool]] = []
+        outputs: list[tuple[Slot, int]] = []
+        for s in active:
+            if s.last is not None:
+                outputs.append((s, len(entries)))
+                entries.append((s.last, len(s.cache), s.id, True))
+        room = self.n_batch - len(entries)
+        cap = min(room, self.prefill_chunk if entries else self.n_batch)
+        for s in sorted((s for s in active if s.last is None), key=lambda s: s.job.submit_ns):
+            if cap <= 0:
+                break
+            rest = s.job.tokens[len(s.cache):]
+            s.chunk = rest[:cap]
+            pos = len(s.cache)
+            entries.extend((t, pos + k, s.id, False) for k, t in enumerate(s.chunk))
+            if len(s.chunk) == len(rest):
+                entries[-1] = (entries[-1][0], entries[-1][1], s.id, True)
+                outputs.append((s, len(entries) - 1))
+            cap -= len(s.chunk)
+        try:
+            self._decode(entries, active)
+        except Exception as exc:
+            for s in active:
+                s.chunk = []
+                self._release(s, drop=True, error=str(exc))
+            return
+        for s in active:
+            if s.last is not None:
+                s.cache.append(s.last)
+            elif s.chunk:
+                s.cache.extend(s.chunk)
+                s.chunk = []
+        for s, i in outputs:
+            tok = self.model.sample(s.sampler, i)
+            self._on_token(s, tok, time.perf_counter_ns())
+        self.metrics.step(len(active), len(entries), sum(len(s.cache) for s in self.slots))
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]], active: list[Slot]) -> None:
+        try:
+            self.model.decode(entries)
+        except Exception:
+            # No room for the batch (llama.cpp restores the cache state): drop the
+            # prefixes idle slots keep for reuse and try once more.
+            idle = [s for s in self.slots if s.job is None and s.cache]
+            if not idle:
+                raise
+            for s in idle:
+                self.model.seq_rm(s.id)
+                s.cache = []
+            self.model.decode(entries)
+
+    def _on_token(self, s: Slot, tok: int, now: int) -> None:
+        job = s.job
+        assert job is not None
+        if not job.sampling.ignore_eos and self.model.is_eog(tok):
+            self._finish(s, "stop")
+            return
+        prev = job.token_ns[-1] if job.token_ns else None
+        job.token_ns.append(now)
+        job.n_gen += 1
+        if prev is None:
+            self.metrics.first_token((now - job.submit_ns) / 1e9)
+            self.metrics.tokens_out(None)
+        else:
+            self.metrics.tokens_out((now - prev) / 1e9)
+        s.text += s.utf8.decode(self.model.piece(tok))
+        if self._flush_text(s, final=False):
+            return
+        if job.n_gen >= job.max_tokens or len(s.cache) + 1 >= self.n_ctx_seq:
+            self._finish(s, "length")
+            return
+        s.last = tok
+
+    def _flush_text(self, s: Slot, *, final: bool) -> bool:
+        """Send what is safe to send; True when a stop string ended the reply."""
+        job = s.job
+        end = len(s.text)
+        if job.stop:
+            longest = max(len(x) for x in job.stop)
+            start = max(0, s.emitted - longest + 1)
+            hits = [i for i in (s.text.find(x, start) for x in job.stop) if i >= 0]
+            if hits:
+                cut = min(hits)
+                if cut > s.emitted:
+                    job.emit("text", s.text[s.emitted:cut])
+                s.emitted = cut
+                self._finish(s, "stop", flush=False)
+                return True
+            if not final:  # hold back a tail that may begin a stop string
+                for k in range(min(longest - 1, end - s.emitted), 0, -1):
+                    if any(x.startswith(s.text[end - k:]) for x in job.stop):
+                        end -= k
+                        break
+        if end > s.emitted:
+            job.emit("text", s.text[s.emitted:end])
+            s.emitted = end
+        return False
+
+    def _finish(self, s: Slot, reason: str, *, flush: bool = True) -> None:
+        if flush:
+            tail = s.utf8.decode(b"", final=True)
+            s.text += tail
+            if self._flush_text(s, final=True):
+                return
+        s.job.finish_reason = reason
+        self._release(s)
+
+    def _release(self, s: Slot, *, drop: bool = False, error: str | None = None) -> None:
+        job = s.job
+        if s.sampler is not None:
+            self.model.free_sampler(s.sampler)
+            s.sampler = None
+        if drop:
+            self.model.seq_rm(s.id)
+            s.cache = []
+        s.job, s.last, s.chunk = None, None, []
+        self._clock += 1
+        s.used_at = self._clock
+        self.metrics.running = sum(1 for x in self.slots if x.job)
+        if job is None or job.cancelled:
+            return
+        if error is not None:
+            job.emit("error", error)
+        else:
+            job.emit("done", job.finish_reason)

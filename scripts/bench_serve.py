@@ -1,0 +1,224 @@
+"""localllm serve against the anchors, side by side in one run.
+
+For 1, 2, 4 and 8 concurrent streaming clients (``localllm.loadtest``, the
+same client as ``localllm bench --url``): aggregate tokens/s, TTFT and ITL
+p50/p95, for
+
+- ``localllm serve`` (continuous batching, ``--parallel`` = most clients);
+- llama-cpp-python's server (``python -m llama_cpp.server``; one request at a time);
+- llama.cpp's ``llama-server`` (``-np`` = ``--parallel``, unified KV cache like ours)
+  when it is built under ~/.cache/localllm/llama.cpp-tools/bin;
+
+and ``localllm run``'s decode rate for one client. Same model file, threads,
+context per sequence, greedy, ``ignore_eos`` so every request generates the
+same number of tokens. Targets (issue 15): 8 clients >= 2.5x one client on
+the same server, >= 0.9x llama-server; 1 client >= 0.95x ``localllm run``.
+
+    python scripts/bench_serve.py [--quick] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from localllm.loadtest import measure  # noqa: E402
+
+LLAMA_SERVER = Path.home() / ".cache/localllm/llama.cpp-tools/bin/llama-server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(proc: subprocess.Popen, base: str, timeout: float = 180) -> None:
+    import httpx2
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}")
+        try:
+            # llama-server answers 503 on /health while it loads; llama_cpp.server has no /health.
+            health = httpx2.get(base + "/health", timeout=2).status_code
+            if health == 200 or (health == 404 and httpx2.get(base + "/v1/models", timeout=2).status_code == 200):
+                return
+        except Exception:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("not ready in time")
+
+
+def start_server(name: str, cmd: list[str], port: int, log_dir: Path):
+    log = open(log_dir / f"{name}.log", "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), f"http://127.0.0.1:{port}"
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def measure_level(name: str, base: str, c: int, args, first: bool) -> dict | str:
+    try:
+        _, rows = asyncio.run(measure(base, model=None, concurrency=[c], requests=None, prompt_tokens=[args.prompt_tokens],
+                                      gen_tokens=args.gen_tokens, api_key=None, warmup=first,
+                                      progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True)))
+        return rows[0].to_dict()
+    except Exception as exc:
+        return f"failed: {type(exc).__name__}: {exc}"
+
+
+def run_decode(args, model_path: str) -> tuple[float | None, float | None]:
+    """localllm run at one client, best of 2: llama.cpp's eval rate (time in
+    llama_decode only) and the rate its tokens come out (1 / TPOT, what a
+    stream's reader sees: decode + sampling + detokenizing)."""
+    evals, seen = [], []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-m", "localllm", "run", model_path, "--raw", "-p", "1, 2, 3, 4, 5,", "-n", str(args.gen_tokens),
+                            "--temp", "0", "--ctx", str(args.ctx), "--threads", str(args.threads), "--json"],
+                           capture_output=True, text=True, cwd=REPO, timeout=600)
+        if p.returncode == 0:
+            d = json.loads(p.stdout)
+            evals.append(d["decode_tokens_per_s"])
+            if d.get("tpot_ms"):
+                seen.append(1000.0 / d["tpot_ms"])
+    return (max(evals) if evals else None, max(seen) if seen else None)
+
+
+def fmt(x, spec=".1f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--ctx", type=int, default=512, help="context per sequence")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--quick", action="store_true", help="CI: 1,4 clients, 24 tokens, localllm serve only")
+    ap.add_argument("--out", default=None, help="also write the report here")
+    ap.add_argument("--skip-llama-cpp-python", action="store_true", help="leave llama-cpp-python's server out (it serves one request at a time: slow)")
+    ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER, help="llama.cpp's llama-server binary (default: %(default)s)")
+    args = ap.parse_args()
+    if args.quick:
+        args.clients, args.gen_tokens = "1,4", 24
+    args.clients = [int(x) for x in args.clients.split(",")]
+    from localllm.catalog import resolve
+
+    path = str(resolve(args.model))
+    np_ = max(args.clients)
+    log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_serve_logs"
+    log_dir.mkdir(exist_ok=True)
+    servers: dict[str, tuple[list[str], int]] = {}
+    port = free_port()
+    servers["localllm serve"] = ([sys.executable, "-m", "localllm", "serve", path, "--port", str(port), "--parallel", str(np_),
+                                  "--ctx", str(args.ctx), "--threads", str(args.threads)], port)
+    results: dict[str, list[dict] | str] = {}
+    if not args.quick:
+        try:
+            if args.skip_llama_cpp_python:
+                raise ImportError("left out with --skip-llama-cpp-python")
+            import llama_cpp.server  # noqa: F401  (its 'server' extra is installed)
+
+            port = free_port()
+            servers["llama_cpp.server"] = ([sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_ctx", str(args.ctx),
+                                            "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)], port)
+        except ImportError as exc:
+            results["llama_cpp.server"] = f"not installed ({exc})"
+        if args.llama_server.exists():
+            port = free_port()
+            servers["llama-server"] = ([str(args.llama_server), "-m", path, "--port", str(port), "-np", str(np_), "-c", str(args.ctx * np_), "-kvu",
+                                        "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"], port)
+        else:
+            results["llama-server"] = f"not built ({args.llama_server} missing)"
+    # All servers up at once (idle ones cost no CPU); each concurrency level runs
+    # on every server in turn, so that a comparison spans minutes, not the whole run.
+    procs = {}
+    try:
+        for name, (cmd, port) in servers.items():
+            procs[name] = start_server(name.replace(" ", "_").replace(".", "_"), cmd, port, log_dir)
+        for name, (proc, base) in procs.items():
+            try:
+                wait_ready(proc, base)
+                results[name] = []
+            except RuntimeError as exc:
+                results[name] = f"failed to start: {exc}"
+        for i, c in enumerate(args.clients):
+            for name, (proc, base) in procs.items():
+                if isinstance(results[name], list):
+                    row = measure_level(name, base, c, args, first=i == 0)
+                    if isinstance(row, str):
+                        results[name] = row
+                    else:
+                        results[name].append(row)
+    finally:
+        for proc, _ in procs.values():
+            stop_server(proc)
+    run_eval, run_rate = run_decode(args, path)
+    lines = [f"bench_serve: {Path(path).name}, prompt ~{args.prompt_tokens} tokens, {args.gen_tokens} generated per request (greedy, ignore_eos), "
+             f"ctx {args.ctx} per sequence, {args.threads} threads, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+             f"machine: {os.cpu_count()} CPUs shared with other jobs: figures are noisy, compare within one run only.", "",
+             "| server | clients | reqs | errors | tok/s (all) | per-stream tok/s p50 | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, rows in results.items():
+        if isinstance(rows, str):
+            lines.append(f"| {name} | {rows} | | | | | | | | |")
+            continue
+        for r in rows:
+            lines.append(f"| {name} | {r['concurrency']} | {r['requests']} | {r['errors']} | {fmt(r['tokens_per_s'], '.2f')} | {fmt(r['stream_tok_per_s_p50'], '.2f')} | "
+                         f"{fmt(r['ttft_p50_ms'])} ms | {fmt(r['ttft_p95_ms'])} ms | {fmt(r['itl_p50_ms'])} ms | {fmt(r['itl_p95_ms'])} ms |")
+    lines.append(f"| localllm run | 1 | | | | {fmt(run_rate, '.2f')} (1/TPOT; llama.cpp eval rate {fmt(run_eval, '.2f')}) | | | | |")
+
+    def tps(server: str, c: int, key: str = "tokens_per_s"):
+        rows = results.get(server)
+        if isinstance(rows, list):
+            for r in rows:
+                if r["concurrency"] == c:
+                    return r[key]
+        return None
+
+    lines.append("")
+    top = max(args.clients)
+    ours1, oursN = tps("localllm serve", 1), tps("localllm serve", top)
+    lsN = tps("llama-server", top)
+    stream1 = tps("localllm serve", 1, "stream_tok_per_s_p50")
+
+    def ratio(a, b):
+        return None if a is None or b is None or b == 0 else a / b
+
+    checks = [
+        (f"localllm serve: {top} clients / 1 client (target >= 2.5)", ratio(oursN, ours1), 2.5),
+        (f"localllm serve / llama-server at {top} clients (target >= 0.9)", ratio(oursN, lsN), 0.9),
+        ("localllm serve 1-client stream decode / localllm run 1/TPOT (target >= 0.95)", ratio(stream1, run_rate), 0.95),
+        ("  the same against run's llama.cpp eval rate (decode time only, no sampling)", ratio(stream1, run_eval), 0.95),
+    ]
+    for label, value, target in checks:
+        verdict = "n/a" if value is None else ("met" if value >= target else "NOT met")
+        lines.append(f"- {label}: {fmt(value, '.2f')} ({verdict})")
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
