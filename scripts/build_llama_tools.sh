@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own tools from the llama.cpp vendored in the pinned
 # llama-cpp-python sdist, for the benchmarks' anchors (llama-bench, llama-server,
-# llama-perplexity, llama-quantize, rpc-server). Same source as localllm's engine,
+# llama-perplexity, llama-quantize; the RPC server runs from Python: localllm worker). Same source as localllm's engine,
 # same AMX-off flags as scripts/install.sh, so a side-by-side figure compares
 # code with code and not two llama.cpp versions.
 #
@@ -14,7 +14,7 @@ set -euo pipefail
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 root="${XDG_CACHE_HOME:-$HOME/.cache}/localllm/llama.cpp-tools/$version"
 bin="$root/build/bin"
-tools=(llama-bench llama-server llama-perplexity llama-quantize rpc-server)
+tools=(llama-bench llama-server llama-perplexity llama-quantize)
 
 have_all=1
 for t in "${tools[@]}"; do [ -x "$bin/$t" ] || have_all=0; done
