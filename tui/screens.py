@@ -104,19 +104,25 @@ class SettingsScreen(ModalScreen[Settings | None]):
 
 
 class SessionsScreen(ModalScreen[str | None]):
-    """Saved chats, newest first; Enter reopens one."""
+    """Saved chats, newest first; Enter reopens one. Damaged files are listed
+    below as skipped, each with what is wrong."""
 
     DEFAULT_CSS = """
     SessionsScreen { align: center middle; }
-    SessionsScreen > Vertical { width: 80; height: 20; border: thick $primary; background: $surface; padding: 1 2; }
+    SessionsScreen > Vertical { width: 80; max-width: 100%; height: 20; max-height: 100%; border: thick $primary; background: $surface; padding: 1 2; }
+    SessionsScreen #skipped { color: $warning; height: auto; max-height: 5; }
     """
     BINDINGS = [("escape", "cancel", "Cancel")]
 
     def compose(self) -> ComposeResult:
-        saved = sessions.list_sessions()
+        from tui.saved import printable, scan
+
+        saved, skipped = scan()
         with Vertical():
             yield Label(f"Saved sessions ({len(saved)}) · Enter to open · Esc to go back")
-            yield OptionList(*[Option(f"{s.title}  ·  {Path(s.model).name}  ·  {len(s.messages)} messages", id=s.id) for s in saved])
+            yield OptionList(*[Option(printable(f"{s.title}  ·  {Path(s.model).name}  ·  {len(s.messages)} messages"), id=s.id) for s in saved])
+            if skipped:
+                yield Static(f"skipped {len(skipped)} damaged session file{'s' if len(skipped) > 1 else ''}: " + "; ".join(skipped), id="skipped")
 
     @on(OptionList.OptionSelected)
     def _pick(self, event: OptionList.OptionSelected) -> None:
