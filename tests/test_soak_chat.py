@@ -16,7 +16,7 @@ from tests.conftest import REPO
 
 @pytest.mark.slow
 def test_soak_quick_passes_and_reports_memory() -> None:
-    r = subprocess.run([sys.executable, "scripts/soak_chat.py", "--quick", "--json", "--threads", "2"],
+    r = subprocess.run([sys.executable, "scripts/soak_chat.py", "--quick", "--json", "--threads", "1"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])

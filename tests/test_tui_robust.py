@@ -60,7 +60,8 @@ async def test_model_without_template_opens_in_completion_mode(synth_model: Path
 
 @pytest.mark.slow
 async def test_base_gemma_continues_the_text(gemma: Path) -> None:
-    app = create_app(str(gemma), vram=4 * GiB, settings=Settings(n_ctx=512, temperature=0, max_tokens=8), bandwidth=20e9)
+    app = create_app(str(gemma), vram=4 * GiB, settings=Settings(n_ctx=512, temperature=0, max_tokens=8, threads=1),
+                     bandwidth=20e9)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
         assert app.chat is not None and app.chat.completion, notes(app)
@@ -141,17 +142,19 @@ async def test_session_whose_model_is_gone_keeps_the_current_model(synth_model: 
 
 @pytest.mark.slow
 async def test_load_refused_for_memory_keeps_the_model(smollm2: Path) -> None:
-    """A context llama.cpp cannot allocate (200M tokens of KV cache, ~4.6 TB for
-    SmolLM2): the load fails, the previous model is loaded again and answers."""
-    app = create_app(str(smollm2), vram=4 * GiB, settings=Settings(n_ctx=1024, temperature=0, max_tokens=16,
-                                                                    system_prompt="Answer in one short sentence."))
+    """A context llama.cpp cannot allocate (16M tokens: a 368 GB KV cache for
+    SmolLM2; larger ones spend minutes on llama.cpp's per-cell bookkeeping
+    first): the load fails, the previous model is loaded again and answers."""
+    # n_gpu_layers fixed: no auto-fit shrinks the context to the budget; llama.cpp is asked as typed.
+    app = create_app(str(smollm2), vram=4 * GiB, settings=Settings(n_ctx=1024, n_gpu_layers=0, threads=1, temperature=0, max_tokens=16,
+                                                                    system_prompt="Answer in one short sentence."), bandwidth=20e9)
     async with app.run_test(size=(140, 50)) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "What is the capital of France?")
         await settle(app, pilot)
         await pilot.press("f3")
         await pilot.pause(0.2)
-        app.screen.query_one("#n_ctx").value = "200000000"
+        app.screen.query_one("#n_ctx").value = "16000000"
         await pilot.click("#apply")
         await settle(app, pilot)
         assert any(n.startswith(f"could not load {smollm2.name}") and "still on" in n for n in notes(app)), notes(app)
