@@ -12,7 +12,7 @@ from tests.scripted import ScriptedBackend
 from tests.test_tui import send, wait_idle
 from tui.app import create_app
 from tui.settings import Settings
-from tui.widgets import LatencyPanel, MemoryPanel, StatusLine
+from tui.widgets import LatencyPanel, Lines, MemoryPanel, StatusLine
 
 GiB = 1024**3
 
@@ -50,3 +50,6 @@ async def test_input_never_covered_and_chat_keeps_room(synth_model: Path, size: 
         else:
             assert _visible(app.query_one(LatencyPanel)) and not _visible(status)
             assert app.query_one("#side").region.width == (50 if size[0] >= 120 else 42)
+            for block in app.query(Lines):  # every figure shown whole: no wrapped row cut off
+                if _visible(block) and block is not status:
+                    assert len(block._rows(block.size.width)) <= block.size.height, (block.id, block.lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.geometry import Size
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -86,9 +87,10 @@ class ChatView(Log):
 
 
 class Lines(Widget):
-    """A fixed-height block of text lines. Setting ``lines`` repaints this widget
-    only: unlike a Label update it never asks for a new layout, which would
-    re-render the whole screen (measured: ~17 ms a frame) while the model streams."""
+    """A block of text lines, each wrapped to the width. Setting ``lines`` repaints
+    this widget only: unlike a Label update it asks for a new layout (which would
+    re-render the whole screen, measured: ~17 ms a frame) only when the number
+    of wrapped rows changes, which the streaming figures never make it do."""
 
     DEFAULT_CSS = """
     Lines { height: auto; width: 100%; }
@@ -96,20 +98,32 @@ class Lines(Widget):
 
     lines: reactive[tuple[Text | str, ...]] = reactive(tuple, layout=False)
 
-    def __init__(self, n: int, **kw: object) -> None:
+    def __init__(self, n: int, *, max_rows: int | None = None, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
-        self.styles.height = n
+        self.min_rows, self.max_rows = n, max_rows
         self.set_reactive(Lines.lines, ("",) * n)
 
-    def render(self) -> Text:
-        """Each entry wraps to the width; the block keeps its fixed height."""
-        width = max(self.size.width, 10)
+    def _rows(self, width: int) -> list[Text]:
         rows: list[Text] = []
         for entry in self.lines:
             text = Text(entry) if isinstance(entry, str) else entry
-            rows.extend(text.wrap(self.app.console, width) if text.plain else [Text("")])
-        n = int(self.styles.height.value) if self.styles.height is not None else len(rows)
-        return Text("\n").join(rows[:n])
+            rows.extend(text.wrap(self.app.console, max(width, 10)) if text.plain else [Text("")])
+        return rows
+
+    def _height(self, width: int) -> int:
+        n = max(self.min_rows, len(self._rows(width)))
+        return n if self.max_rows is None else min(n, self.max_rows)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return self._height(width)
+
+    def watch_lines(self) -> None:
+        if self.size.width and self._height(self.size.width) != self.size.height:
+            self.refresh(layout=True)
+
+    def render(self) -> Text:
+        rows = self._rows(self.size.width)
+        return Text("\n").join(rows[: max(self.size.height, 1)])
 
 
 class StatusLine(Lines):
@@ -121,7 +135,7 @@ class StatusLine(Lines):
     """
 
     def __init__(self, **kw: object) -> None:
-        super().__init__(1, **kw)
+        super().__init__(1, max_rows=1, **kw)
 
     def show(self, latency: "LatencyPanel", memory: "MemoryPanel") -> None:
         gaps = latency.gaps_ms
