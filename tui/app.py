@@ -229,6 +229,8 @@ class LocalLLMApp(App):
 
     @on(ModelLoaded)
     def _loaded(self, msg: ModelLoaded) -> None:
+        if self._gone():
+            return
         view = self.query_one(ChatView)
         req = msg.request
         self.busy = False
@@ -371,12 +373,19 @@ class LocalLLMApp(App):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The last net: a worker that failed anyway shows why in the chat log."""
-        if event.state == WorkerState.ERROR:
+        if event.state == WorkerState.ERROR and not self._gone():
             self.query_one(ChatView).add("note", f"error: {reason(event.worker.error or RuntimeError('unknown'))}")
             self.busy = False
 
+    def _gone(self) -> bool:
+        """The chat screen is gone (the app is closing): the engine thread's last
+        messages may still arrive, and have nothing left to draw on."""
+        return not self.query(ChatView)
+
     @on(TokenBatch)
     def _tokens(self, msg: TokenBatch) -> None:
+        if self._gone():
+            return
         if self._reply is not None:
             self._reply.append(msg.text)
         latency = self.query_one(LatencyPanel)
@@ -396,6 +405,8 @@ class LocalLLMApp(App):
 
     @on(ReplyDone)
     def _done(self, msg: ReplyDone) -> None:
+        if self._gone():
+            return
         latency = self.query_one(LatencyPanel)
         view = self.query_one(ChatView)
         if msg.error:
