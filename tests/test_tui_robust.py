@@ -204,3 +204,15 @@ async def test_failing_backend_factory_is_reported(synth_model: Path) -> None:
         assert any("RuntimeError: no engine here" in n and "no model loaded" in n for n in notes(app)), notes(app)
         await send(app, pilot, "anyone?")
         assert app.is_running and notes(app)[-1] == "no model is loaded: F2 picks one"
+
+
+async def test_file_names_are_shown_escaped(synth_model: Path, tmp_path: Path) -> None:
+    """A model file whose name carries an escape sequence cannot draw on the screen."""
+    odd = tmp_path / "evil\x1b[2J\nname.gguf"
+    odd.write_bytes(synth_model.read_bytes())
+    app, _ = scripted(odd, ttft_ms=5, itl_ms=5, tokens=2)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        shown = [n for n in notes(app) if "evil" in n]
+        assert shown and all("\x1b" not in n and "\n" not in n for n in shown)
+        assert any("evil\\x1b[2J\\nname.gguf · context 1024" in n for n in shown), shown

@@ -86,10 +86,20 @@ class ModelLoaded(Message):
         self.footprint, self.bandwidth, self.error, self.kept = footprint, bandwidth, error, kept
 
 
+def shown(path: Path) -> str:
+    """A file's name as the screen may show it: control characters escaped, so a
+    model's name cannot move the cursor or forge a line."""
+    from tui.saved import printable
+
+    return printable(path.name)
+
+
 def reason(exc: BaseException) -> str:
     """An exception as one line for the chat log: our own errors are worded for
     the user; anything else is named by its type (a bug, not the user's fault)."""
-    text = " ".join(str(exc).split()) or "no message"
+    from tui.saved import printable
+
+    text = printable(" ".join(str(exc).split())) or "no message"
     return text if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {text}"
 
 
@@ -166,7 +176,7 @@ class LocalLLMApp(App):
         engine thread; they become current only once llama.cpp has loaded it."""
         req = LoadRequest(path or self.model_path, settings or self.settings, messages, saved, redraw)
         self.busy = True
-        self.query_one(ChatView).add("note", f"loading {req.path.name} …")
+        self.query_one(ChatView).add("note", f"loading {shown(req.path)} …")
         self._load(req)
 
     def _choose_config(self, path: Path, s: Settings) -> tuple[LoadConfig, str, Footprint]:
@@ -215,7 +225,7 @@ class LocalLLMApp(App):
                     old.load(old_path, old_cfg)
                     kept = True
                 except Exception as again:  # noqa: BLE001
-                    error += f"; reloading {old_path.name} failed too: {reason(again)}"
+                    error += f"; reloading {shown(old_path)} failed too: {reason(again)}"
             return ModelLoaded(req, error=error, kept=kept)
         bandwidth = self.bandwidth
         if bandwidth is None:
@@ -236,15 +246,16 @@ class LocalLLMApp(App):
         self.busy = False
         if msg.error is not None:
             if msg.kept:
-                view.add("note", f"could not load {req.path.name}: {msg.error} · still on {self.model_path.name}")
+                view.add("note", f"could not load {shown(req.path)}: {msg.error} · still on {shown(self.model_path)}")
+                self._update_footprint()  # reloaded as it was: its cache starts empty
             else:
                 self.backend = self.chat = self.load_config = self.footprint = None
                 self.model_name = ""
-                view.add("note", f"could not load {req.path.name}: {msg.error} · no model loaded: F2 picks one")
+                view.add("note", f"could not load {shown(req.path)}: {msg.error} · no model loaded: F2 picks one")
             return
         self.backend, self.footprint, self.bandwidth = msg.backend, msg.footprint, msg.bandwidth
         self.model_path, self.settings, self.load_config = req.path, req.settings, msg.config
-        self.model_name = req.path.name
+        self.model_name = shown(req.path)
         if req.redraw:
             view.clear_messages()
             for m in req.messages or []:
@@ -255,12 +266,12 @@ class LocalLLMApp(App):
             self.chat = self._new_chat(req.messages)
         except Exception as exc:  # noqa: BLE001
             self.chat = None
-            view.add("note", f"{req.path.name} loaded, but the chat could not start: {reason(exc)}")
+            view.add("note", f"{shown(req.path)} loaded, but the chat could not start: {reason(exc)}")
             return
         c = msg.config
         assert c is not None
         mode = " · completion mode: no chat template, so your text is continued" if self.chat.completion else ""
-        view.add("note", f"{req.path.name} · context {c.n_ctx} · KV {c.type_k}/{c.type_v}" + (f" · {msg.note}" if msg.note else "") + mode)
+        view.add("note", f"{shown(req.path)} · context {c.n_ctx} · KV {c.type_k}/{c.type_v}" + (f" · {msg.note}" if msg.note else "") + mode)
         self.query_one("#prompt", Input).placeholder = (
             "Text to continue (Enter to send, Esc to stop)" if self.chat.completion else "Message (Enter to send, Esc to stop)")
         self._show_plan()
