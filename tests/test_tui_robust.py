@@ -216,3 +216,11 @@ async def test_file_names_are_shown_escaped(synth_model: Path, tmp_path: Path) -
         shown = [n for n in notes(app) if "evil" in n]
         assert shown and all("\x1b" not in n and "\n" not in n for n in shown)
         assert any("evil\\x1b[2J\\nname.gguf · context 1024" in n for n in shown), shown
+
+
+def test_saved_settings_of_the_wrong_type_fall_back_to_defaults() -> None:
+    s = Settings.from_dict({"n_ctx": "huge", "temperature": -3, "type_k": 5, "threads": -2, "n_gpu_layers": -1,
+                            "max_tokens": 64, "system_prompt": None, "swa_full": True, "unknown": 1})
+    d = Settings()
+    assert (s.n_ctx, s.temperature, s.type_k, s.threads, s.system_prompt) == (d.n_ctx, d.temperature, d.type_k, d.threads, d.system_prompt)
+    assert (s.n_gpu_layers, s.max_tokens, s.swa_full) == (-1, 64, True)
