@@ -70,10 +70,11 @@ class ChatSession:
     keep_override: int | None = None  # tokens to keep at a shift; default: the system prompt's
     prompt_cache: Path | None = None  # where the system prompt's KV state is saved and loaded from
     prompt_cache_hit: bool = False  # the last fresh start loaded the system prompt from disk
+    completion: bool = False  # a base model (no chat template): the conversation is one text the model continues
     _cached_text: str = ""  # the rendered conversation the KV cache stands for
 
     def __post_init__(self) -> None:
-        if not self.backend.has_chat_template:
+        if not self.completion and not self.backend.has_chat_template:
             raise ValueError("this model has no chat template: use run --raw for completion")
         if self.system_prompt and not self.messages:
             self.messages.append({"role": "system", "content": self.system_prompt})
@@ -94,7 +95,22 @@ class ChatSession:
         self.turns.clear()
 
     def _tok(self, text: str) -> list[int]:
-        return self.backend.tokenize(text, add_special=False, parse_special=True)
+        # A template writes special tokens as text; typed text continued by a base model stays text.
+        return self.backend.tokenize(text, add_special=False, parse_special=not self.completion)
+
+    def _render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """The conversation as the model reads it: its chat template, or in
+        completion mode the plain text, each message continuing the last (a
+        space before typed text that would otherwise glue to the previous word)."""
+        if not self.completion:
+            return self.backend.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        text = ""
+        for m in messages:
+            piece = m["content"] + ("\n\n" if m["role"] == "system" else "")
+            if m["role"] == "user" and text and piece and not text[-1].isspace() and not piece[0].isspace():
+                piece = " " + piece
+            text += piece
+        return text
 
     def _new_tokens(self, rendered: str) -> list[int]:
         """Tokens to append for this turn. If the template's text extends what the
@@ -106,10 +122,12 @@ class ChatSession:
         self.backend.reset()
         head = ""
         if self.system_prompt:
-            head = self.backend.render_chat(self.messages[:1], add_generation_prompt=False)
+            head = self._render(self.messages[:1], add_generation_prompt=False)
             if not rendered.startswith(head):
                 head = ""
-        head_tokens = self._tok(head) if head else []
+        # In completion mode no template writes BOS: the tokenizer adds it where the model wants it.
+        bos = self.backend.tokenize("", add_special=True, parse_special=False) if self.completion else []
+        head_tokens = bos + (self._tok(head) if head else [])
         self.n_keep = len(head_tokens)
         rest = self._tok(rendered[len(head) :])
         if head_tokens and self.prompt_cache is not None:
@@ -131,7 +149,7 @@ class ChatSession:
         so rendering, tokenizing and a prompt-cache load count in TTFT."""
         start = start_ns if start_ns is not None else time.perf_counter_ns()
         messages = self.messages + [{"role": "user", "content": text}]
-        rendered = self.backend.render_chat(messages, add_generation_prompt=True)
+        rendered = self._render(messages, add_generation_prompt=True)
         tokens = self._new_tokens(rendered)
         pieces: list[str] = []
         try:

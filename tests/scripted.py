@@ -17,8 +17,12 @@ from localllm.metrics import GenerationStats, compute_stats
 
 
 class ScriptedBackend:
-    def __init__(self, *, ttft_ms: float = 300.0, itl_ms: float = 40.0, tokens: int = 10, word: str = "tok") -> None:
+    def __init__(self, *, ttft_ms: float = 300.0, itl_ms: float = 40.0, tokens: int = 10, word: str = "tok",
+                 fail_at: int | None = None, chat_template: bool = True) -> None:
         self.ttft_ms, self.itl_ms, self.tokens, self.word = ttft_ms, itl_ms, tokens, word
+        self.fail_at = fail_at  # raise a RuntimeError (a bug, not a LocalLLMError) before this token
+        self.chat_template = chat_template
+        self.stamps: list[int] = []  # every token's time, over all replies
         self.cache_tokens: list[int] = []
         self.last_stats: GenerationStats | None = None
         self.config: LoadConfig | None = None
@@ -38,7 +42,7 @@ class ScriptedBackend:
 
     @property
     def has_chat_template(self) -> bool:
-        return True
+        return self.chat_template
 
     def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
         text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
@@ -72,10 +76,13 @@ class ScriptedBackend:
         stamps: list[int] = []
         try:
             for i in range(n):
+                if self.fail_at is not None and i == self.fail_at:
+                    raise RuntimeError(f"scripted failure at token {i}")
                 t = start + int((self.ttft_ms + i * self.itl_ms) * 1e6)
                 while time.perf_counter_ns() < t:
                     time.sleep(min(0.005, max((t - time.perf_counter_ns()) / 1e9, 0)))
                 stamps.append(t)
+                self.stamps.append(t)
                 self.cache_tokens.append(i)
                 yield TokenEvent(i, i, f" {self.word}{i}", t)
         finally:

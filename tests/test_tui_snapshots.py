@@ -48,11 +48,28 @@ def test_main_screen_after_a_reply(snap_compare, fixed_model: Path) -> None:
     assert snap_compare(make_app(fixed_model), terminal_size=SIZE, run_before=run_before)
 
 
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+def test_main_screen_fits_the_terminal(snap_compare, fixed_model: Path, size: tuple[int, int]) -> None:
+    """80×24: the panels fold into one status line above a full-width input;
+    200×60: the panels at full size beside a wide chat."""
+
+    async def run_before(pilot) -> None:
+        app = pilot.app
+        await _settle(app, pilot)
+        await send(app, pilot, "Tell me something")
+        await wait_idle(app, pilot)
+
+    assert snap_compare(make_app(fixed_model), terminal_size=size, run_before=run_before)
+
+
 def test_settings_screen(snap_compare, fixed_model: Path) -> None:
     async def run_before(pilot) -> None:
         await _settle(pilot.app, pilot)
         await pilot.press("f3")
         await pilot.pause(0.3)
+        for box in pilot.app.screen.query("Input"):  # a blinking cursor would make the picture depend on timing
+            box.cursor_blink = False
+        await pilot.pause(0.1)
 
     assert snap_compare(make_app(fixed_model), terminal_size=(140, 50), run_before=run_before)
 

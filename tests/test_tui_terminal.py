@@ -73,3 +73,17 @@ def test_pull_shows_a_progress_bar_and_ctrl_c_keeps_the_part(_isolated_home, tmp
         assert hub.ranges() and hub.ranges()[-1] != "bytes=0-"
     finally:
         hub.stop()
+
+
+def test_bench_tui_quick_completes() -> None:
+    """scripts/bench_tui.py --quick: the cockpit and ``run`` each stream 32 tokens
+    in tmux, and the script prints both rates (it used to wait forever when a
+    line came between the decode rate and the verdict)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "scripts/bench_tui.py", "--quick"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tui = re.search(r"tui: ([\d.]+) t/s \((\d+) tokens in context\)", r.stdout)
+    run = re.search(r"run: ([\d.]+) t/s \((\d+) tokens in context\)", r.stdout)
+    assert tui and run and float(tui.group(1)) > 0 and float(run.group(1)) > 0, r.stdout
+    assert re.search(r"decode t/s, quick \(1 repetition, 32 tokens\): TUI [\d.]+ · run [\d.]+ · ratio [\d.]+", r.stdout)

@@ -22,6 +22,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Footer, Header, Input
+from textual.worker import Worker, WorkerState
 
 from localllm import planner, sessions
 from localllm.backend import LoadConfig, SamplingConfig, run_config
@@ -32,7 +33,7 @@ from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
 from localllm.metrics import GenerationStats
 from tui.settings import Settings
-from tui.widgets import ChatView, LatencyPanel, MemoryPanel, MessageView
+from tui.widgets import ChatView, LatencyPanel, MemoryPanel, MessageView, StatusLine
 
 # Redraws cost CPU that the decode threads need (on 2 cores, a 20 fps chat cost
 # 25% of decode speed, measured by scripts/bench_tui.py). So tokens reach the
@@ -54,12 +55,6 @@ class ReplyDone(Message):
         self.stats, self.stopped, self.error = stats, stopped, error
 
 
-class ModelLoaded(Message):
-    def __init__(self, config: LoadConfig, note: str, error: str | None = None) -> None:
-        super().__init__()
-        self.config, self.note, self.error = config, note, error
-
-
 @dataclass
 class Footprint:
     shape: planner.ModelShape
@@ -68,11 +63,54 @@ class Footprint:
     budget: int
 
 
+@dataclass
+class LoadRequest:
+    """A model to load, and what becomes current once it is loaded (nothing
+    changes before: a load that fails leaves the app as it was)."""
+
+    path: Path
+    settings: Settings
+    messages: list[dict[str, str]] | None  # the conversation to carry on (None: a new chat)
+    saved: sessions.SavedSession | None  # the saved session that conversation belongs to
+    redraw: bool  # show ``messages`` in the chat log instead of what it shows now
+
+
+class ModelLoaded(Message):
+    """The engine thread's answer to a LoadRequest: the loaded backend and its
+    numbers, or the error and whether the previous model is still loaded."""
+
+    def __init__(self, request: LoadRequest, *, backend: object = None, config: LoadConfig | None = None, note: str = "",
+                 footprint: Footprint | None = None, bandwidth: float | None = None, error: str | None = None,
+                 kept: bool = False) -> None:
+        super().__init__()
+        self.request, self.backend, self.config, self.note = request, backend, config, note
+        self.footprint, self.bandwidth, self.error, self.kept = footprint, bandwidth, error, kept
+        self.gpu_bandwidth: float | None = None  # the GPU's memory bandwidth, where it is known
+
+
+def shown(path: Path) -> str:
+    """A file's name as the screen may show it: control characters escaped, so a
+    model's name cannot move the cursor or forge a line."""
+    from tui.saved import printable
+
+    return printable(path.name)
+
+
+def reason(exc: BaseException) -> str:
+    """An exception as one line for the chat log: our own errors are worded for
+    the user; anything else is named by its type (a bug, not the user's fault)."""
+    from tui.saved import printable
+
+    text = printable(" ".join(str(exc).split())) or "no message"
+    return text if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {text}"
+
+
 class LocalLLMApp(App):
     """Chat with a local model and watch TTFT, ITL, the budget and the KV cache."""
 
     CSS_PATH = "localllm.tcss"
     TITLE = "localllm"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (120, "-wide")]
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f2", "models", "Models"),
@@ -107,11 +145,11 @@ class LocalLLMApp(App):
         # work to this executor and wait.
         self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
         self._stop = threading.Event()
+        self.stop_ns: int | None = None  # when the reply was asked to stop (perf_counter_ns)
         self._reply: MessageView | None = None
         self._gaps: list[float] = []
         self._last_stamp: int | None = None
         self._panel_ns = 0
-        self._pending_messages: list[dict[str, str]] | None = None
 
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -119,6 +157,7 @@ class LocalLLMApp(App):
         with Horizontal(id="main"):
             with Vertical(id="chat-pane"):
                 yield ChatView(id="chat")
+                yield StatusLine(id="status")
                 yield Input(placeholder="Message (Enter to send, Esc to stop)", id="prompt")
             with Vertical(id="side"):
                 yield LatencyPanel()
@@ -133,18 +172,21 @@ class LocalLLMApp(App):
         self.sub_title = name
 
     # -- loading -----------------------------------------------------------------
-    def reload_model(self, messages: list[dict[str, str]] | None = None) -> None:
+    def reload_model(self, path: Path | None = None, settings: Settings | None = None, *,
+                     messages: list[dict[str, str]] | None = None, saved: sessions.SavedSession | None = None,
+                     redraw: bool = False) -> None:
+        """Load ``path`` with ``settings`` (by default the current ones) in the
+        engine thread; they become current only once llama.cpp has loaded it."""
+        req = LoadRequest(path or self.model_path, settings or self.settings, messages, saved, redraw)
         self.busy = True
-        self._pending_messages = messages
-        self.query_one(ChatView).add("note", f"loading {self.model_path.name} …")
-        self._load()
+        self.query_one(ChatView).add("note", f"loading {shown(req.path)} …")
+        self._load(req)
 
-    def _choose_config(self) -> tuple[LoadConfig, str, Footprint]:
-        s = self.settings
+    def _choose_config(self, path: Path, s: Settings) -> tuple[LoadConfig, str, Footprint]:
         cfg = LoadConfig(n_ctx=s.n_ctx, n_threads=s.threads, n_gpu_layers=-1 if s.n_gpu_layers is None else s.n_gpu_layers,
                          type_k=s.type_k, type_v=s.type_v, swa_full=s.swa_full,
                          flash_attn="on" if s.type_v not in ("f16", "f32", "bf16") else "auto")
-        shape = planner.ModelShape.from_header(read_header(self.model_path))
+        shape = planner.ModelShape.from_header(read_header(path))
         hw = self.hardware
         note = ""
         if s.n_gpu_layers is None and hw.gpu_budget is not None:
@@ -161,57 +203,108 @@ class LocalLLMApp(App):
             fp = Footprint(shape, plan, "RAM", hw.ram_available_bytes)
         return cfg, note, fp
 
-    @work(thread=True, exclusive=True, group="load")
-    def _load(self) -> None:
-        self._engine.submit(self._load_on_engine_thread).result()
+    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
+    def _load(self, req: LoadRequest) -> None:
+        self.post_message(self._engine.submit(self._load_on_engine_thread, req).result())
 
-    def _load_on_engine_thread(self) -> None:
+    def _load_on_engine_thread(self, req: LoadRequest) -> ModelLoaded:
+        """Load the requested model. The previous one is closed first (two models
+        at once may not fit); if the new one fails, the previous one is loaded
+        again as it was, so a bad file or an absurd setting costs nothing."""
         try:
-            cfg, note, fp = self._choose_config()
-            if self.backend is not None:
-                self.backend.close()
+            cfg, note, fp = self._choose_config(req.path, req.settings)
+        except Exception as exc:  # noqa: BLE001 - a bad file must not end the app
+            return ModelLoaded(req, error=reason(exc), kept=self.backend is not None)
+        old, old_path, old_cfg = self.backend, self.model_path, self.load_config
+        if old is not None:
+            old.close()
+        try:
             backend = self.backend_factory()
-            backend.load(self.model_path, cfg)
-            self.backend = backend
-            self.footprint = fp
-            if self.bandwidth is None:
-                from localllm.roofline import measure_bandwidth
+            backend.load(req.path, cfg)
+        except Exception as exc:  # noqa: BLE001
+            error, kept = reason(exc), False
+            if old is not None and old_cfg is not None:
+                try:
+                    old.load(old_path, old_cfg)
+                    kept = True
+                except Exception as again:  # noqa: BLE001
+                    error += f"; reloading {shown(old_path)} failed too: {reason(again)}"
+            return ModelLoaded(req, error=error, kept=kept)
+        from localllm.hardware import gpu_memory_bandwidth
 
-                from localllm.hardware import gpu_memory_bandwidth, physical_cores
+        bandwidth = self.bandwidth
+        if bandwidth is None:
+            from localllm.hardware import physical_cores
+            from localllm.roofline import measure_bandwidth
 
-                self.bandwidth = measure_bandwidth(mib=128, passes=3, threads=cfg.n_threads or physical_cores())
-                self.gpu_bandwidth = gpu_memory_bandwidth()
-            self.post_message(ModelLoaded(cfg, note))
-        except LocalLLMError as exc:
-            self.post_message(ModelLoaded(LoadConfig(), "", error=str(exc)))
+            try:
+                bandwidth = measure_bandwidth(mib=128, passes=3, threads=cfg.n_threads or physical_cores())
+            except Exception:  # noqa: BLE001 - the roofline line is then left out
+                bandwidth = None
+        loaded = ModelLoaded(req, backend=backend, config=cfg, note=note, footprint=fp, bandwidth=bandwidth)
+        loaded.gpu_bandwidth = self.gpu_bandwidth if self.bandwidth is not None else gpu_memory_bandwidth()
+        return loaded
 
     @on(ModelLoaded)
     def _loaded(self, msg: ModelLoaded) -> None:
-        chat = self.query_one(ChatView)
-        if msg.error:
-            chat.add("note", f"could not load: {msg.error}")
-            self.busy = False
+        if self._gone():
             return
-        self.load_config = msg.config
-        self.model_name = self.model_path.name
-        s = self.settings
+        view = self.query_one(ChatView)
+        req = msg.request
+        self.busy = False
+        if msg.error is not None:
+            if msg.kept:
+                view.add("note", f"could not load {shown(req.path)}: {msg.error} · still on {shown(self.model_path)}")
+                self._update_footprint()  # reloaded as it was: its cache starts empty
+            else:
+                self.backend = self.chat = self.load_config = self.footprint = None
+                self.model_name = ""
+                view.add("note", f"could not load {shown(req.path)}: {msg.error} · no model loaded: F2 picks one")
+            return
+        self.backend, self.footprint, self.bandwidth = msg.backend, msg.footprint, msg.bandwidth
+        self.gpu_bandwidth = msg.gpu_bandwidth
+        self.model_path, self.settings, self.load_config = req.path, req.settings, msg.config
+        self.model_name = shown(req.path)
+        if req.redraw:
+            view.clear_messages()
+            for m in req.messages or []:
+                if m["role"] in ("user", "assistant"):
+                    view.add(m["role"], m["content"])
+            self.saved = req.saved
+        try:
+            self.chat = self._new_chat(req.messages)
+        except Exception as exc:  # noqa: BLE001
+            self.chat = None
+            view.add("note", f"{shown(req.path)} loaded, but the chat could not start: {reason(exc)}")
+            return
         c = msg.config
-        self.chat = ChatSession(
+        assert c is not None
+        mode = " · completion mode: no chat template, so your text is continued" if self.chat.completion else ""
+        view.add("note", f"{shown(req.path)} · context {c.n_ctx} · KV {c.type_k}/{c.type_v}" + (f" · {msg.note}" if msg.note else "") + mode)
+        self.query_one("#prompt", Input).placeholder = (
+            "Text to continue (Enter to send, Esc to stop)" if self.chat.completion else "Message (Enter to send, Esc to stop)")
+        self._show_plan()
+
+    def _new_chat(self, messages: list[dict[str, str]] | None) -> ChatSession:
+        """A chat on the loaded model. A model without a chat template (a base
+        model) gets completion mode: the conversation is one text it continues,
+        with no system prompt (a base model has no notion of one)."""
+        assert self.backend is not None and self.load_config is not None
+        s, c = self.settings, self.load_config
+        completion = not self.backend.has_chat_template
+        system = None if completion else (s.system_prompt or None)
+        chat = ChatSession(
             self.backend,
-            system_prompt=s.system_prompt or None,
+            system_prompt=system,
             sampling=SamplingConfig(temperature=s.temperature, max_tokens=s.max_tokens),
             sliding_window=s.sliding_window,
             keep_override=s.n_keep,
-            prompt_cache=prompt_cache_path(self.model_path, s.system_prompt, c.type_k, c.type_v, c.swa_full) if s.system_prompt else None,
+            completion=completion,
+            prompt_cache=prompt_cache_path(self.model_path, system, c.type_k, c.type_v, c.swa_full) if system else None,
         )
-        if self._pending_messages:
-            self.chat.messages = [m for m in self._pending_messages if m["role"] != "system" or not s.system_prompt]
-            if s.system_prompt:
-                self.chat.messages.insert(0, {"role": "system", "content": s.system_prompt})
-        self._pending_messages = None
-        chat.add("note", f"{self.model_path.name} · context {c.n_ctx} · KV {c.type_k}/{c.type_v}" + (f" · {msg.note}" if msg.note else ""))
-        self._show_plan()
-        self.busy = False
+        if messages:
+            chat.messages = ([{"role": "system", "content": system}] if system else []) + [m for m in messages if m["role"] != "system"]
+        return chat
 
     def _show_plan(self) -> None:
         fp = self.footprint
@@ -236,15 +329,19 @@ class LocalLLMApp(App):
         panel.context_used = used
         panel.kv_now_bytes = planner.kv_bytes_in_use(self.footprint.plan, used)
         panel.shifts = len(self.chat.shifts)
+        self.query_one(StatusLine).show(self.query_one(LatencyPanel), panel)
 
     # -- chatting ----------------------------------------------------------------
     @on(Input.Submitted, "#prompt")
     def _submit(self, event: Input.Submitted) -> None:
         text = event.value.strip()
-        if not text or self.busy or self.chat is None:
+        if not text or self.busy:
+            return
+        view = self.query_one(ChatView)
+        if self.chat is None:
+            view.add("note", "no model is loaded: F2 picks one")
             return
         event.input.value = ""
-        view = self.query_one(ChatView)
         view.add("user", text)
         self._reply = view.add("assistant", "")
         self._persist(extra_user=text)
@@ -256,17 +353,17 @@ class LocalLLMApp(App):
         self._gaps = []
         self._last_stamp = None
         self._stop.clear()
+        self.stop_ns = None
         self.busy = True
         self._generate(text, time.perf_counter_ns())
 
-    @work(thread=True, exclusive=True, group="reply")
+    @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
     def _generate(self, text: str, submitted_ns: int) -> None:
         self._engine.submit(self._generate_on_engine_thread, text, submitted_ns).result()
 
     def _generate_on_engine_thread(self, text: str, submitted_ns: int) -> None:
         """TTFT runs from Enter (``submitted_ns``) to the first token that prints
         text, on the same clock for the live figure and the final stats."""
-        assert self.chat is not None
         start = submitted_ns
         first_text: int | None = None
         pieces: list[str] = []
@@ -274,8 +371,11 @@ class LocalLLMApp(App):
         last_post = 0  # the first token is posted at once: it is the TTFT the user waits for
         stopped = False
         error = None
+        reply = None
         try:
-            for event in self.chat.send(text, start_ns=start):
+            assert self.chat is not None
+            reply = self.chat.send(text, start_ns=start)
+            for event in reply:
                 pieces.append(event.text)
                 stamps.append(event.t_ns)
                 if first_text is None and event.text:
@@ -283,18 +383,34 @@ class LocalLLMApp(App):
                 if event.t_ns - last_post >= BATCH_NS:
                     self.post_message(TokenBatch("".join(pieces), stamps, start, first_text))
                     pieces, stamps, last_post = [], [], event.t_ns
-                if self._stop.is_set():
+                if self._stop.is_set():  # Esc or quit: checked after every token
                     stopped = True
                     break
-        except LocalLLMError as exc:
-            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - shown in the chat log; the app goes on
+            error = reason(exc)
+        finally:
+            if reply is not None:
+                reply.close()  # ends the generation now and records the turn
         if pieces:
             self.post_message(TokenBatch("".join(pieces), stamps, start, first_text))
         stats = self.backend.last_stats if self.backend is not None else None
         self.post_message(ReplyDone(stats if error is None else None, stopped, error))
 
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The last net: a worker that failed anyway shows why in the chat log."""
+        if event.state == WorkerState.ERROR and not self._gone():
+            self.query_one(ChatView).add("note", f"error: {reason(event.worker.error or RuntimeError('unknown'))}")
+            self.busy = False
+
+    def _gone(self) -> bool:
+        """The chat screen is gone (the app is closing): the engine thread's last
+        messages may still arrive, and have nothing left to draw on."""
+        return not self.query(ChatView)
+
     @on(TokenBatch)
     def _tokens(self, msg: TokenBatch) -> None:
+        if self._gone():
+            return
         if self._reply is not None:
             self._reply.append(msg.text)
         latency = self.query_one(LatencyPanel)
@@ -314,10 +430,12 @@ class LocalLLMApp(App):
 
     @on(ReplyDone)
     def _done(self, msg: ReplyDone) -> None:
+        if self._gone():
+            return
         latency = self.query_one(LatencyPanel)
         view = self.query_one(ChatView)
         if msg.error:
-            view.add("note", msg.error)
+            view.add("note", f"error: {msg.error}")
         if msg.stopped:
             view.add("note", "(stopped)")
         s = msg.stats
@@ -345,14 +463,24 @@ class LocalLLMApp(App):
         self._persist()
         self.busy = False
 
+    async def action_quit(self) -> None:
+        self._stop_reply()  # a reply in flight ends at its next token, not at its last
+        self.exit()
+
+    def _stop_reply(self) -> None:
+        if self.stop_ns is None:
+            self.stop_ns = time.perf_counter_ns()
+        self._stop.set()
+
     def on_unmount(self) -> None:
+        self._stop_reply()
         if self.backend is not None:
             self._engine.submit(self.backend.close).result()
         self._engine.shutdown(wait=True)
 
     def action_stop(self) -> None:
         if self.busy:
-            self._stop.set()
+            self._stop_reply()
 
     def action_clear_chat(self) -> None:
         if self.busy or self.chat is None:
@@ -379,27 +507,25 @@ class LocalLLMApp(App):
         sessions.save(self.saved)
 
     def open_session(self, saved: sessions.SavedSession) -> None:
-        view = self.query_one(ChatView)
-        view.clear_messages()
-        for m in saved.messages:
-            if m["role"] in ("user", "assistant"):
-                view.add(m["role"], m["content"])
-        self.saved = saved
-        self.settings = Settings.from_dict(saved.settings) if saved.settings else self.settings
-        if Path(saved.model) != self.model_path:
-            self.model_path = Path(saved.model)
+        """Load the session's model with its settings and show its messages (once
+        the model is loaded: a session whose model is gone changes nothing)."""
         # An unanswered last message (the app died mid-reply) is dropped: the reply in flight is what is lost.
         msgs = list(saved.messages)
         if msgs and msgs[-1]["role"] == "user":
             msgs.pop()
-        self.reload_model(messages=msgs)
+        settings = Settings.from_dict(saved.settings) if saved.settings else self.settings
+        self.reload_model(Path(saved.model), settings, messages=msgs, saved=saved, redraw=True)
 
     def action_sessions(self) -> None:
+        from tui.saved import SessionError, load_session
         from tui.screens import SessionsScreen
 
         def chosen(session_id: str | None) -> None:
             if session_id:
-                self.open_session(sessions.load(session_id))
+                try:
+                    self.open_session(load_session(session_id))
+                except SessionError as exc:
+                    self.query_one(ChatView).add("note", f"session not opened: {exc}")
 
         if not self.busy:
             self.push_screen(SessionsScreen(), chosen)
@@ -411,12 +537,12 @@ class LocalLLMApp(App):
         def apply(new: Settings | None) -> None:
             if new is None or new == self.settings:
                 return
-            reload = new.needs_reload(self.settings)
-            self.settings = new
-            if reload:
+            if new.needs_reload(self.settings):
                 self.query_one(ChatView).add("note", "these settings need the model reloaded: reloading")
-                self.reload_model(messages=self.chat.messages if self.chat else None)
-            elif self.chat is not None:
+                self.reload_model(settings=new, messages=self.chat.messages if self.chat else None, saved=self.saved)
+                return
+            self.settings = new
+            if self.chat is not None:
                 self.chat.sampling = SamplingConfig(temperature=new.temperature, max_tokens=new.max_tokens)
                 self.chat.sliding_window = new.sliding_window
                 self.chat.keep_override = new.n_keep
@@ -433,11 +559,8 @@ class LocalLLMApp(App):
         from tui.screens import ModelsScreen
 
         def switch(path: Path | None) -> None:
-            if path and path != self.model_path:
-                self.model_path = path
-                self.saved = None
-                self.query_one(ChatView).clear_messages()
-                self.reload_model()
+            if path and (path != self.model_path or self.backend is None):
+                self.reload_model(path, redraw=True)
 
         if not self.busy:
             self.push_screen(ModelsScreen(self.model_path, self.hardware, self.settings), switch)

@@ -23,4 +23,6 @@ def run(args: argparse.Namespace) -> int:
     )
     app = create_app(getattr(args, "model", None), vram=getattr(args, "vram", None), settings=settings)
     app.run()
-    return 0
+    # Textual sets 1 when the app ended on an unhandled exception (a bug): the
+    # shell must not read that as success.
+    return app.return_code or 0

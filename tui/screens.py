@@ -11,9 +11,8 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, ProgressBar, Select, Static, Switch
 from textual.widgets.option_list import Option
 
-from localllm import fmt, paths, planner, registry, sessions
+from localllm import fmt, paths, planner, registry
 from localllm.backend import KV_CACHE_TYPES, LoadConfig, run_config
-from localllm.errors import LocalLLMError
 from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
 from localllm.model_info import describe
@@ -104,19 +103,25 @@ class SettingsScreen(ModalScreen[Settings | None]):
 
 
 class SessionsScreen(ModalScreen[str | None]):
-    """Saved chats, newest first; Enter reopens one."""
+    """Saved chats, newest first; Enter reopens one. Damaged files are listed
+    below as skipped, each with what is wrong."""
 
     DEFAULT_CSS = """
     SessionsScreen { align: center middle; }
-    SessionsScreen > Vertical { width: 80; height: 20; border: thick $primary; background: $surface; padding: 1 2; }
+    SessionsScreen > Vertical { width: 80; max-width: 100%; height: 20; max-height: 100%; border: thick $primary; background: $surface; padding: 1 2; }
+    SessionsScreen #skipped { color: $warning; height: auto; max-height: 5; }
     """
     BINDINGS = [("escape", "cancel", "Cancel")]
 
     def compose(self) -> ComposeResult:
-        saved = sessions.list_sessions()
+        from tui.saved import printable, scan
+
+        saved, skipped = scan()
         with Vertical():
             yield Label(f"Saved sessions ({len(saved)}) · Enter to open · Esc to go back")
-            yield OptionList(*[Option(f"{s.title}  ·  {Path(s.model).name}  ·  {len(s.messages)} messages", id=s.id) for s in saved])
+            yield OptionList(*[Option(printable(f"{s.title}  ·  {Path(s.model).name}  ·  {len(s.messages)} messages"), id=s.id) for s in saved])
+            if skipped:
+                yield Static(f"skipped {len(skipped)} damaged session file{'s' if len(skipped) > 1 else ''}: " + "; ".join(skipped), id="skipped")
 
     @on(OptionList.OptionSelected)
     def _pick(self, event: OptionList.OptionSelected) -> None:
@@ -131,7 +136,7 @@ def local_models() -> list[registry.ModelEntry]:
     cache, LM Studio, Ollama, added folders, localllm's models directory."""
     try:
         return [e for e in registry.discover() if e.present]
-    except LocalLLMError:  # an unreadable registry.json: show the loaded model alone
+    except Exception:  # noqa: BLE001 - an unreadable or malformed registry.json: show the loaded model alone
         return []
 
 
@@ -186,16 +191,16 @@ class ModelsScreen(Screen[Path | None]):
                 fits = "yes" if fit.fits and fit.reason == "fits as asked" else ("with changes" if fit.fits else "no")
                 table.add_row(name + (" (loaded)" if p == self.current else ""), fmt.size(info.size_bytes), info.file_type,
                               f"{info.context_length:,}", fits, source)
-            except LocalLLMError as exc:
-                table.add_row(name, "?", "?", "?", f"unreadable: {exc}", source)
+            except Exception as exc:  # noqa: BLE001 - one bad file is one row, never the end of the app
+                table.add_row(name, "?", "?", "?", f"unreadable: {_one_line(exc)}", source)
 
     @on(DataTable.RowHighlighted)
     def _details(self, event: DataTable.RowHighlighted) -> None:
         p = self.models[event.cursor_row]
         try:
             i = describe(read_header(p))
-        except LocalLLMError as exc:
-            self.query_one("#details", Static).update(str(exc))
+        except Exception as exc:  # noqa: BLE001
+            self.query_one("#details", Static).update(_one_line(exc))
             return
         self.query_one("#details", Static).update(
             f"{i.name} · {i.architecture} · {fmt.count(i.n_params)} params · {i.bits_per_weight:.2f} bpw\n"
@@ -223,7 +228,7 @@ class ModelsScreen(Screen[Path | None]):
         if src is not None:
             self._quantize(src, str(self.query_one("#qtype", Select).value))
 
-    @work(thread=True, exclusive=True, group="quantize")
+    @work(thread=True, exclusive=True, group="quantize", exit_on_error=False)
     def _quantize(self, src: Path, qtype: str) -> None:
         from quantize.naming import default_output
         from quantize.pipeline import Job, Progress, run
@@ -240,11 +245,17 @@ class ModelsScreen(Screen[Path | None]):
                     self.app.call_from_thread(bar.update, total=event.total, progress=event.index)
                 else:
                     self.app.call_from_thread(details.update, f"wrote {dst.name}: {fmt.size(event.output_bytes)}, {event.bits_per_weight:.2f} bpw in {event.seconds:.1f} s")
-        except LocalLLMError as exc:
-            self.app.call_from_thread(details.update, f"quantize failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - shown where the user looks; the app goes on
+            self.app.call_from_thread(details.update, f"quantize failed: {_one_line(exc)}")
             return
         self.made.append(dst)
         self.app.call_from_thread(self.refresh_models)
+
+
+def _one_line(exc: BaseException) -> str:
+    from tui.app import reason
+
+    return reason(exc)
 
 
 def _writable(d: Path) -> bool:

@@ -27,8 +27,25 @@ class Settings:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Settings":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """Settings from a saved session: a value of the wrong type (a hand edit,
+        an older version) falls back to its default instead of reaching llama.cpp."""
+        default = cls()
+        kept: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in d:
+                continue
+            v, want = d[f.name], getattr(default, f.name)
+            if f.name in ("n_keep", "n_gpu_layers", "threads"):
+                ok = v is None or (type(v) is int and v >= 0) or (f.name == "n_gpu_layers" and type(v) is int)
+            elif type(want) is float:
+                ok = type(v) in (int, float) and v >= 0
+            elif type(want) is int:
+                ok = type(v) is int and v >= 1
+            else:
+                ok = type(v) is type(want)
+            if ok:
+                kept[f.name] = float(v) if type(want) is float else v
+        return cls(**kept)
 
     def needs_reload(self, other: "Settings") -> bool:
         return any(getattr(self, f) != getattr(other, f) for f in RELOAD_FIELDS)

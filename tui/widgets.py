@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from rich.cells import cell_len
 from rich.text import Text
-from textual.geometry import Size
 from textual.app import ComposeResult
+from textual.geometry import Size
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -35,7 +34,10 @@ class ChatView(Log):
     A log, not a column of message widgets: appending to a growing message
     widget made Textual lay out and repaint the whole chat on every redraw
     (about 24 ms of CPU a frame here), and on a 2-core laptop that CPU comes
-    out of the decode threads. A log repaints only its new lines."""
+    out of the decode threads. A log repaints only its new lines, and through
+    its public ``write`` only: the text is wrapped here, so the log's width
+    never changes and its size (a layout change) changes only when a line is
+    added, not with every batch of tokens."""
 
     DEFAULT_CSS = """
     ChatView { height: 1fr; padding: 0 1; }
@@ -58,31 +60,6 @@ class ChatView(Log):
         self._write_wrapped(prefix)
         msg.append(text)
         return msg
-
-    def write(self, data: str, scroll_end: bool | None = None) -> "ChatView":
-        """Log.write, without a screen-wide layout on every new line.
-
-        ``virtual_size`` is a layout reactive: each line a reply adds would make
-        Textual lay out the whole screen again (the most expensive part of a
-        redraw, measured with scripts/bench_tui.py). A log's size is its own
-        business, so it is set quietly here and only this widget and its
-        scrollbars are refreshed."""
-        if data:
-            if not self._lines:
-                self._lines.append("")
-            parts = data.split("\n")
-            for i, part in enumerate(parts):
-                self._lines[-1] += part
-                self._width = max(self._width, cell_len(self._process_line(self._lines[-1])))
-                self.refresh_lines(len(self._lines) - 1)
-                if i < len(parts) - 1:
-                    self._lines.append("")
-            self.set_reactive(Log.virtual_size, Size(self._width, self.line_count))
-            self._refresh_scrollbars()
-            self.refresh()
-        if self.auto_scroll if scroll_end is None else scroll_end:
-            self.scroll_end(animate=False, immediate=True, x_axis=False)
-        return self
 
     def clear_messages(self) -> None:
         self.clear()
@@ -110,9 +87,10 @@ class ChatView(Log):
 
 
 class Lines(Widget):
-    """A fixed-height block of text lines. Setting ``lines`` repaints this widget
-    only: unlike a Label update it never asks for a new layout, which would
-    re-render the whole screen (measured: ~17 ms a frame) while the model streams."""
+    """A block of text lines, each wrapped to the width. Setting ``lines`` repaints
+    this widget only: unlike a Label update it asks for a new layout (which would
+    re-render the whole screen, measured: ~17 ms a frame) only when the number
+    of wrapped rows changes, which the streaming figures never make it do."""
 
     DEFAULT_CSS = """
     Lines { height: auto; width: 100%; }
@@ -120,20 +98,57 @@ class Lines(Widget):
 
     lines: reactive[tuple[Text | str, ...]] = reactive(tuple, layout=False)
 
-    def __init__(self, n: int, **kw: object) -> None:
+    def __init__(self, n: int, *, max_rows: int | None = None, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
-        self.styles.height = n
+        self.min_rows, self.max_rows = n, max_rows
         self.set_reactive(Lines.lines, ("",) * n)
 
-    def render(self) -> Text:
-        """Each entry wraps to the width; the block keeps its fixed height."""
-        width = max(self.size.width, 10)
+    def _rows(self, width: int) -> list[Text]:
         rows: list[Text] = []
         for entry in self.lines:
             text = Text(entry) if isinstance(entry, str) else entry
-            rows.extend(text.wrap(self.app.console, width) if text.plain else [Text("")])
-        n = int(self.styles.height.value) if self.styles.height is not None else len(rows)
-        return Text("\n").join(rows[:n])
+            rows.extend(text.wrap(self.app.console, max(width, 10)) if text.plain else [Text("")])
+        return rows
+
+    def _height(self, width: int) -> int:
+        n = max(self.min_rows, len(self._rows(width)))
+        return n if self.max_rows is None else min(n, self.max_rows)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return self._height(width)
+
+    def watch_lines(self) -> None:
+        if self.size.width and self._height(self.size.width) != self.size.height:
+            self.refresh(layout=True)
+
+    def render(self) -> Text:
+        rows = self._rows(self.size.width)
+        return Text("\n").join(rows[: max(self.size.height, 1)])
+
+
+class StatusLine(Lines):
+    """The panels' main figures on one line, shown instead of the panels when
+    the terminal is too narrow for them (see ``LocalLLMApp.HORIZONTAL_BREAKPOINTS``)."""
+
+    DEFAULT_CSS = """
+    StatusLine { height: 1; padding: 0 1; color: $text-muted; }
+    """
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(1, max_rows=1, **kw)
+
+    def show(self, latency: "LatencyPanel", memory: "MemoryPanel") -> None:
+        gaps = latency.gaps_ms
+        parts = [
+            "TTFT —" if latency.ttft_ms is None else f"TTFT {latency.ttft_ms:.0f} ms",
+            f"ITL {percentile(gaps, 50):.1f} ms" if gaps else "ITL —",
+            "— t/s" if latency.decode_tps is None else f"{latency.decode_tps:.1f} t/s",
+            f"ctx {memory.context_used}/{memory.n_ctx}",
+            f"KV {fmt.size(memory.kv_now_bytes)}",
+        ]
+        if memory.shifts:
+            parts.append(f"shifts {memory.shifts}")
+        self.lines = (" · ".join(parts),)
 
 
 class LatencyPanel(Vertical):

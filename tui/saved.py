@@ -1,0 +1,86 @@
+"""Saved sessions as the cockpit reads them: each file checked before use.
+
+A session file is outside data: an older version, a hand edit or a damaged disk
+can leave a message without ``content`` or a list where an object belongs. Such
+a file is skipped with a notice naming it and what is wrong; it is never
+deleted (it may be the user's only copy) and never ends the app.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from localllm import sessions
+
+ROLES = ("system", "user", "assistant")
+
+
+def printable(text: str) -> str:
+    """Control characters escaped, so a file name cannot draw on the screen."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+class SessionError(Exception):
+    """A saved session that cannot be used, and why (one line)."""
+
+
+def check(data: Any, name: str) -> sessions.SavedSession:
+    """A SavedSession from a file's JSON, or SessionError naming what is wrong.
+    Fields the cockpit can do without get a default; messages must be whole."""
+    if not isinstance(data, dict):
+        raise SessionError(f"{name}: not a JSON object")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise SessionError(f"{name}: no model path")
+    messages = data.get("messages", [])
+    if not isinstance(messages, list):
+        raise SessionError(f"{name}: 'messages' is not a list")
+    for i, m in enumerate(messages, 1):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise SessionError(f"{name}: message {i} has no valid role")
+        if not isinstance(m.get("content"), str):
+            raise SessionError(f"{name}: message {i} has no text content")
+    settings = data.get("settings")
+    system = data.get("system_prompt")
+    created = data.get("created")
+    updated = data.get("updated")
+    number = (int, float)
+    return sessions.SavedSession(
+        id=Path(name).stem,
+        model=model,
+        created=float(created) if isinstance(created, number) and not isinstance(created, bool) else 0.0,
+        updated=float(updated) if isinstance(updated, number) and not isinstance(updated, bool) else 0.0,
+        system_prompt=system if isinstance(system, str) else None,
+        messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+        settings=settings if isinstance(settings, dict) else {},
+    )
+
+
+def read(path: Path) -> sessions.SavedSession:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SessionError(f"{path.name}: unreadable ({exc.__class__.__name__})") from None
+    except ValueError as exc:
+        raise SessionError(f"{path.name}: not valid JSON ({exc})") from None
+    return check(data, path.name)
+
+
+def scan() -> tuple[list[sessions.SavedSession], list[str]]:
+    """Every usable saved session, newest first, and one notice per skipped file."""
+    d = sessions.sessions_dir()
+    good: list[sessions.SavedSession] = []
+    skipped: list[str] = []
+    if d.is_dir():
+        for p in sorted(d.glob("*.json")):
+            try:
+                good.append(read(p))
+            except SessionError as exc:
+                skipped.append(printable(str(exc)))
+    return sorted(good, key=lambda s: -s.updated), skipped
+
+
+def load_session(session_id: str) -> sessions.SavedSession:
+    return read(sessions.sessions_dir() / f"{session_id}.json")
