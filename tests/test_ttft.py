@@ -71,13 +71,13 @@ async def test_cockpit_live_ttft_is_the_final_ttft(synth_model: Path) -> None:
         await send(app, pilot, "hello")
         live = None
         for _ in range(200):  # read the panel while the reply is still streaming
-            m = re.search(r"TTFT ([\d.]+) ms", panel_text(app))
+            m = re.search(r"TTFT (\d+\.\d) ms", panel_text(app))
             if m and app.busy:
                 live = m.group(1)
                 break
             await asyncio.sleep(0.02)
         assert live is not None, "no live TTFT while streaming"
         await wait_idle(app, pilot)
-        final = re.search(r"TTFT ([\d.]+) ms", panel_text(app)).group(1)
+        final = re.search(r"TTFT (\d+\.\d) ms", panel_text(app)).group(1)
         assert live == final == f"{app.chat.turns[-1].stats.ttft_ms:.1f}"
         assert float(final) >= 250
