@@ -114,5 +114,5 @@ def run(args: argparse.Namespace) -> int:
         d["kv_q8_0_kl_mean"] = kl.get("q8_0")
         fmt.print_json(d)
     else:
-        print(render(report, path.name))
+        print(render(report, fmt.safe(path.name)))
     return 0

@@ -7,7 +7,7 @@ import sys
 
 from localllm import catalog, fmt
 from localllm.backend import SamplingConfig
-from localllm.commands._common import fit_config, say
+from localllm.commands._common import apply_template, fit_config, say
 from localllm.errors import InputError, UsageError
 from localllm.metrics import GenerationStats
 
@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
             cfg = replace(cfg, n_outputs_max=args.draft_k + 1)
         backend.load(path, cfg)
+        apply_template(backend, args)
         pieces: list[str] = []
         if args.speculate:
             events = _speculative(backend, prompt, args)
