@@ -270,7 +270,7 @@ def cases(base: Path, tag: str) -> list[Case]:
                   "attention.layer_norm_rms_eps", "rope.freq_base", "attention.sliding_window")
     for key in wrong_keys:
         for what, (vtype, raw) in wrong.items():
-            add(f"{key} as {what}", lambda key=key, vtype=vtype, raw=raw: _ser(_replace_kv(m, key, vtype, raw)))
+            add(f"{key} as {what}", lambda key=key, vtype=vtype, raw=raw: _ser(_replace_kv(m, key, vtype, raw, add=True)))
     # 5. non-UTF-8 and escape sequences in strings
     for key in ("general.name", "general.architecture", "tokenizer.ggml.model", "tokenizer.chat_template"):
         for what, raw in (("non-UTF-8", b"\xff\xfe\x80bad"), ("escape sequences", b"evil\x1b[2J\nlocalllm: forged line")):
