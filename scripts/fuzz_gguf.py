@@ -386,6 +386,7 @@ def run_case(case: Case, workdir: Path) -> Result | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--real", action="append", default=[], metavar="PATH", help="also mutate this real GGUF (repeatable)")
+    ap.add_argument("--no-synthetic", action="store_true", help="only the --real files")
     ap.add_argument("--sample", type=int, default=0, help="run this many cases, drawn with --seed (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fuzz-gguf-") as tmp:
         work = Path(tmp)
         synth = write_llama_gguf(work / "synth.gguf", SynthSpec(n_layer=2, n_embd=64, n_head=4, n_head_kv=2))
-        all_cases = cases(synth, "synthetic")
+        all_cases = [] if a.no_synthetic else cases(synth, "synthetic")
         for real in a.real:
             all_cases += cases(Path(real), Path(real).name)
         if a.match:

@@ -28,7 +28,7 @@ _KINDS = (
     "expert_used_count 2 without experts",
     "chat template that loops",
 )
-_DRAWN = 6
+_DRAWN = 2
 
 
 def _sample(synth_model: Path) -> list:
