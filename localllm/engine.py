@@ -158,7 +158,7 @@ class LlamaCppBackend:
         if not ctx:
             llama_cpp.llama_model_free(model)
             reason = ROUTER.first_error_since(mark) or "unknown reason"
-            raise EngineError(f"llama.cpp could not create a context of {config.n_ctx} tokens: {reason}")
+            raise EngineError(f"llama.cpp could not create a context of {config.n_ctx} tokens for {path}: {reason}")
         load_ms = (time.perf_counter_ns() - t0) / 1e6
         self.model, self.ctx = model, ctx
         self._n_outputs_max = config.n_outputs_max or cparams.n_batch
