@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -408,12 +408,15 @@ def main(argv: list[str] | None = None) -> int:
         results: list[Result] = []
         t0 = time.perf_counter()
         with ThreadPoolExecutor(a.jobs) as pool:
-            for r in pool.map(lambda c: run_case(c, work), chosen):
+            futures = [pool.submit(run_case, c, work) for c in chosen]
+            for fut in as_completed(futures):
+                r = fut.result()
                 if r is None:
                     continue
                 results.append(r)
-                if not r.ok:
-                    print(f"FAIL {r.case}: " + " | ".join(r.problems), flush=True)
+                failed_now = sum(not x.ok for x in results)
+                print(f"{'ok  ' if r.ok else 'FAIL'} [{len(results)} ran, {failed_now} failed] {r.case} ({r.seconds:.1f} s)"
+                      + ("" if r.ok else ": " + " | ".join(r.problems)), flush=True)
         failed = [r for r in results if not r.ok]
         print(f"fuzz: {len(results)} cases ran ({len(results) * len(COMMANDS)} commands), {len(results) - len(failed)} passed, "
               f"{len(failed)} failed, in {time.perf_counter() - t0:.0f} s", flush=True)
