@@ -226,7 +226,7 @@ def _parse(p: Path, buf: memoryview, size: int, limit: int | None = None) -> GGU
                 item = cur.unpack("<I")
                 cur.pos -= 4
             if key in header.fields:
-                raise ValueError(f"duplicate key {key!r}")
+                raise ValueError(f"duplicate key {_short(key)}")
             header.fields[key] = _read_value(cur, vtype)
             header.types[key] = (vtype, item)
         tensors: list[tuple[str, tuple[int, ...], int, int]] = []
@@ -234,7 +234,7 @@ def _parse(p: Path, buf: memoryview, size: int, limit: int | None = None) -> GGU
             name = cur.string()
             n_dims = cur.unpack("<I")
             if n_dims > 4:  # GGML_MAX_DIMS
-                raise ValueError(f"tensor {name!r} has {n_dims} dimensions (at most 4)")
+                raise ValueError(f"tensor {_short(name)} has {n_dims} dimensions (at most 4)")
             shape = tuple(cur.unpack("<Q") for _ in range(n_dims))
             ttype = cur.unpack("<I")
             offset = cur.unpack("<Q")
@@ -250,9 +250,9 @@ def _parse(p: Path, buf: memoryview, size: int, limit: int | None = None) -> GGU
             try:
                 qtype = GGMLQuantizationType(ttype)
             except ValueError:
-                raise InputError(f"{p}: tensor {name!r} has unknown type {ttype}; this GGUF needs a newer localllm") from None
+                raise InputError(f"{p}: tensor {_short(name)} has unknown type {ttype}; this GGUF needs a newer localllm") from None
             if qtype not in GGML_QUANT_SIZES:
-                raise InputError(f"{p}: tensor {name!r} has type {qtype.name}, which has no data layout") from None
+                raise InputError(f"{p}: tensor {_short(name)} has type {qtype.name}, which has no data layout") from None
             header.tensors.append(TensorInfo(name, shape, qtype, data_offset + offset))
     except _Truncated:
         raise
@@ -328,6 +328,8 @@ def check_bounds(header: GGUFHeader) -> None:
     arch = header.fields.get("general.architecture")
     if "general.architecture" in header.fields and not isinstance(arch, str):
         raise bad("general.architecture is not a string")
+    if isinstance(arch, str) and not 0 < len(arch) <= 64:
+        raise bad(f"general.architecture {_short(arch)} is not a name")
     for key in ("general.name", "tokenizer.chat_template", "tokenizer.ggml.model", "tokenizer.ggml.pre"):
         if key in header.fields and not isinstance(header.fields[key], str):
             raise bad(f"{key} is not a string")
@@ -369,8 +371,14 @@ def check_bounds(header: GGUFHeader) -> None:
         _check_experts(arch, values, bad)
         scaling = header.fields.get(f"{arch}.rope.scaling.type")
         if isinstance(scaling, str) and scaling not in ROPE_SCALING_TYPES:
-            raise bad(f"{arch}.rope.scaling.type is {scaling!r}, not one of {', '.join(ROPE_SCALING_TYPES)}")
+            raise bad(f"{arch}.rope.scaling.type is {_short(scaling)}, not one of {', '.join(ROPE_SCALING_TYPES)}")
     _check_tensors(header, n_layer, bad)
+
+
+def _short(name: str, limit: int = 60) -> str:
+    """A name from the file, quoted and cut short for a one-line message: a
+    damaged length field can make a "name" megabytes long."""
+    return repr(name[:limit]) + ("..." if len(name) > limit else "")
 
 
 def _type_name(vtype: int | None) -> str:
@@ -434,13 +442,13 @@ def _check_tensors(header: GGUFHeader, n_layer: int | None, bad: Any) -> None:
     seen: set[str] = set()
     for t in header.tensors:
         if t.name in seen:
-            raise bad(f"tensor {t.name!r} appears twice")
+            raise bad(f"tensor {_short(t.name)} appears twice")
         seen.add(t.name)
         if len(t.name.encode("utf-8", "surrogatepass")) > MAX_TENSOR_NAME:
-            raise bad(f"tensor name {t.name[:40]!r}... is longer than {MAX_TENSOR_NAME} bytes")
+            raise bad(f"tensor name {_short(t.name)} is longer than {MAX_TENSOR_NAME} bytes")
         if t.name.startswith("blk."):
             part = t.name.split(".")[1]
             if not part.isdigit() or not part.isascii():
-                raise bad(f"tensor {t.name!r} has no layer number after 'blk.'")
+                raise bad(f"tensor {_short(t.name)} has no layer number after 'blk.'")
             if n_layer is not None and int(part) >= n_layer:
-                raise bad(f"tensor {t.name!r} is for layer {int(part)}, but the model has {n_layer} layers")
+                raise bad(f"tensor {_short(t.name)} is for layer {int(part)}, but the model has {n_layer} layers")

@@ -404,3 +404,11 @@ def test_fmt_safe() -> None:
     assert safe("caf\udce9") == "caf\\udce9"  # an undecodable byte of a file name
     assert "\n" not in table(("A", "B"), [("x\ny", "z\r")]).splitlines()[1]
 
+
+
+def test_a_huge_name_from_a_damaged_length_stays_one_short_line(synth_model: Path, tmp_path: Path) -> None:
+    """A damaged length field made a tensor "name" of megabytes, which the error
+    message quoted whole (74 MB for SmolLM2: inspect took minutes)."""
+    f = _mutated(synth_model, tmp_path, "long.gguf", lambda m: _with_tensor(m, 1, name=b"blk.0." + b"\x01" * 8_000_000))
+    line = _one_line(run_cli("inspect", str(f), timeout=60), 1, str(f), "longer than 63 bytes")
+    assert len(line) < 600  # the path, the first 60 characters of the name, the reason
