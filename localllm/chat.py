@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 from localllm.backend import SamplingConfig, TokenEvent
+from localllm.errors import UsageError
 from localllm.metrics import GenerationStats, ShiftRecord
 
 
@@ -48,6 +49,11 @@ class ChatBackend(Protocol):
     ) -> Iterator[TokenEvent]: ...
 
 
+class NoChatTemplate(UsageError, ValueError):
+    """A base model (no chat template) cannot chat. Also a ValueError, which is
+    what callers caught before."""
+
+
 @dataclass
 class Turn:
     """One exchange, with the numbers the UI shows for it."""
@@ -71,11 +77,12 @@ class ChatSession:
     prompt_cache: Path | None = None  # where the system prompt's KV state is saved and loaded from
     prompt_cache_hit: bool = False  # the last fresh start loaded the system prompt from disk
     completion: bool = False  # a base model (no chat template): the conversation is one text the model continues
+    on_notice: Callable[[str], None] | None = None  # one-line notices (a prompt cache rebuilt); default: stderr
     _cached_text: str = ""  # the rendered conversation the KV cache stands for
 
     def __post_init__(self) -> None:
         if not self.completion and not self.backend.has_chat_template:
-            raise ValueError("this model has no chat template: use run --raw for completion")
+            raise NoChatTemplate("this model has no chat template (a base model): use run --raw, or --template FILE|NAME")
         if self.system_prompt and not self.messages:
             self.messages.append({"role": "system", "content": self.system_prompt})
 
@@ -135,6 +142,13 @@ class ChatSession:
             self.prompt_cache_hit = self.prompt_cache.exists() and self.backend.load_state(self.prompt_cache)
             if self.prompt_cache_hit and self.backend.cache_tokens == head_tokens:
                 return rest
+            reason = getattr(self.backend, "state_error", None) if self.prompt_cache.exists() else None
+            if self.prompt_cache_hit:
+                reason = "for another system prompt"
+            if reason:
+                # Never loaded, never trusted: delete it and build it again.
+                self.prompt_cache.unlink(missing_ok=True)
+                self._notice(f"the prompt cache {self.prompt_cache} was {reason}: deleted, rebuilding it")
             self.prompt_cache_hit = False
             self.backend.reset()
             self.backend.prefill(head_tokens)
@@ -142,6 +156,16 @@ class ChatSession:
             self.backend.save_state(self.prompt_cache)
             return rest
         return head_tokens + rest
+
+    def _notice(self, msg: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(msg)
+        else:
+            import sys
+
+            from localllm.fmt import safe
+
+            print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
     def send(self, text: str, start_ns: int | None = None) -> Iterator[TokenEvent]:
         """Stream the reply to ``text``; the turn is recorded when it ends.

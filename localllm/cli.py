@@ -25,7 +25,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _int_at_least(lo: int, what: str) -> Callable[[str], int]:
+# Upper bounds, so that no value reaches llama.cpp's 32-bit fields wrapped or
+# one of its asserts: contexts and batches as engine.MAX_CTX (duplicated here so
+# that --help does not import llama_cpp), GPU layers as an int32.
+MAX_CTX = 1 << 24
+MAX_INT32 = 0x7FFFFFFF
+
+
+def _int_at_least(lo: int, what: str, hi: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -33,9 +40,17 @@ def _int_at_least(lo: int, what: str) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
         if value < lo:
             raise argparse.ArgumentTypeError(f"{what} must be at least {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise argparse.ArgumentTypeError(f"{what} must be at most {hi}, got {value}")
         return value
 
     return parse
+
+
+def _threads(text: str) -> int:
+    """At most this machine's logical CPUs (and ggml's GGML_MAX_N_THREADS, 512):
+    more threads than CPUs only slows llama.cpp down, and thousands crash it."""
+    return _int_at_least(1, "--threads", max(1, min(os.cpu_count() or 1, 512)))(text)
 
 
 def _gen_tokens(text: str) -> int:
@@ -59,11 +74,13 @@ def _nonneg_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
     if not value >= 0:  # also rejects NaN
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    if value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return value
 
 
 def _int_list(text: str) -> list[int]:
-    parse = _int_at_least(1, "each value")
+    parse = _int_at_least(1, "each value", MAX_CTX)
     values = [parse(part) for part in text.split(",") if part.strip()]
     if not values:
         raise argparse.ArgumentTypeError("give at least one value, e.g. 128,512")
@@ -74,18 +91,23 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="a name from localllm list (smollm2, gemma3-270m, llama-3.2-1b-instruct:q4_k_m, ...) or a path to a .gguf file; default: smollm2")
 
 
+def _add_template(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--template", default=None, metavar="FILE|NAME",
+                   help="chat template instead of the model's: a Jinja file, or a llama.cpp built-in name (chatml, llama3, gemma, ...)")
+
+
 def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fit: bool = True, rpc: bool = True) -> None:
     g = p.add_argument_group("load options")
-    g.add_argument("--ctx", type=_int_at_least(1, "--ctx"), default=ctx_default, metavar="N", help="context size in tokens (default: %(default)s)")
-    g.add_argument("--threads", type=_int_at_least(1, "--threads"), default=None, metavar="N", help="CPU threads (default: physical cores)")
-    g.add_argument("--ngl", type=_int_at_least(-1, "--ngl"), default=None, metavar="N", help="layers to offload to the GPU, -1 for all (default: all, or what fits --vram)")
+    g.add_argument("--ctx", type=_int_at_least(1, "--ctx", MAX_CTX), default=ctx_default, metavar="N", help="context size in tokens (default: %(default)s)")
+    g.add_argument("--threads", type=_threads, default=None, metavar="N", help="CPU threads (default: physical cores)")
+    g.add_argument("--ngl", type=_int_at_least(-1, "--ngl", MAX_INT32), default=None, metavar="N", help="layers to offload to the GPU, -1 for all (default: all, or what fits --vram)")
     g.add_argument("--kv-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help=f"K and V cache type: {', '.join(KV_CACHE_TYPES)} (default: f16)")
     g.add_argument("--k-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help="K cache type alone")
     g.add_argument("--v-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help="V cache type alone (quantized needs flash attention)")
     g.add_argument("--flash-attn", choices=FLASH_ATTN_MODES, default="auto", help="flash attention (default: auto; a quantized V cache needs it)")
     g.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers (more memory; the cache can shift)")
-    g.add_argument("--batch", type=_int_at_least(1, "--batch"), default=512, metavar="N", help="logical batch for prompt processing (default: 512)")
-    g.add_argument("--ubatch", type=_int_at_least(1, "--ubatch"), default=512, metavar="N", help="physical batch: sizes the compute buffer (default: 512)")
+    g.add_argument("--batch", type=_int_at_least(1, "--batch", MAX_CTX), default=512, metavar="N", help="logical batch for prompt processing (default: 512)")
+    g.add_argument("--ubatch", type=_int_at_least(1, "--ubatch", MAX_CTX), default=512, metavar="N", help="physical batch: sizes the compute buffer (default: 512)")
     if rpc:
         g.add_argument("--rpc", type=_rpc, default=None, metavar="HOST:PORT[,...]", help="also use the devices of these workers (localllm worker on each machine); no authentication: trusted networks only")
     if fit:
@@ -140,13 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--prompt", default=None, help="the prompt (default: read stdin)")
     p.add_argument("-n", "--n-predict", type=_gen_tokens, default=-1, metavar="N", help="tokens to generate, -1 until the model stops (default)")
     p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature, 0 for greedy (default: 0.8)")
-    p.add_argument("--seed", type=_int_at_least(0, "--seed"), default=None, metavar="N", help="sampling seed (default: random)")
+    p.add_argument("--seed", type=_int_at_least(0, "--seed", 0xFFFFFFFF), default=None, metavar="N", help="sampling seed (default: random)")
     p.add_argument("--raw", action="store_true", help="complete the prompt as-is, without the chat template")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-generation token (as llama.cpp's --ignore-eos; with -n N)")
+    _add_template(p)
     p.add_argument("--no-stats", action="store_true", help="do not print the stats block")
     p.add_argument("--speculate", choices=("lookup", "draft"), default=None, help="speculative decoding (greedy, --temp 0): prompt lookup, or a --draft model")
     p.add_argument("--draft", default=None, metavar="MODEL", help="the draft model for --speculate draft (same vocabulary)")
-    p.add_argument("--draft-k", type=_int_at_least(1, "--draft-k"), default=8, metavar="N", help="tokens drafted per step (default: 8)")
+    p.add_argument("--draft-k", type=_int_at_least(1, "--draft-k", 64), default=8, metavar="N", help="tokens drafted per step (default: 8)")
     _add_load_options(p, ctx_default=4096)
     p.add_argument("--json", action="store_true", help="one JSON object with the text and the stats")
 
@@ -155,9 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system prompt (always kept when the context shifts)")
     p.add_argument("-n", "--n-predict", type=_gen_tokens, default=512, metavar="N", help="most tokens per reply (default: 512)")
     p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature, 0 for greedy (default: 0.8)")
-    p.add_argument("--seed", type=_int_at_least(0, "--seed"), default=None, metavar="N", help="sampling seed (default: random)")
+    p.add_argument("--seed", type=_int_at_least(0, "--seed", 0xFFFFFFFF), default=None, metavar="N", help="sampling seed (default: random)")
     p.add_argument("--no-stats", action="store_true", help="no summary line after each reply")
     p.add_argument("--no-prompt-cache", action="store_true", help="do not save or load the system prompt's KV state")
+    _add_template(p)
     _add_load_options(p, ctx_default=None)
     p.add_argument("--json", action="store_true", help="one JSON line per turn")
 
@@ -165,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", metavar="INPUT [OUTPUT]", help="the source GGUF, and the output (default: <base>-<TYPE>.gguf beside it)")
     p.add_argument("--type", default=None, metavar="TYPE", help="Q8_0, Q6_K, Q5_K_M, Q5_0, Q4_K_M, Q4_K_S, Q4_0, IQ4_NL, F16, BF16, ...")
     p.add_argument("--imatrix", default=None, metavar="FILE", help="importance matrix (llama-imatrix GGUF) to guide the rounding")
-    p.add_argument("--threads", type=_int_at_least(1, "--threads"), default=None, metavar="N", help="threads (default: all)")
+    p.add_argument("--threads", type=_threads, default=None, metavar="N", help="threads (default: all)")
     p.add_argument("--allow-requantize", action="store_true", help="quantize an already quantized file (loses more quality)")
     p.add_argument("--dry-run", action="store_true", help="print the output size, write nothing")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
@@ -268,10 +292,21 @@ def _setup_logging(verbose: bool) -> None:
         os.environ.setdefault("HF_HUB_VERBOSITY", "error")
 
 
+def _tolerant_stdin() -> None:
+    """Invalid UTF-8 on stdin becomes U+FFFD instead of ending the command."""
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(errors="replace")
+        except (ValueError, OSError):  # a closed or detached stdin
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
+    _tolerant_stdin()
     if args.command is None:
         # Bare ``localllm`` opens the cockpit on the default model, as a terminal allows.
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -283,7 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return dispatch(args)
     except LocalLLMError as exc:
-        print(f"localllm: error: {exc}", file=sys.stderr)
+        from localllm.fmt import safe  # names in messages come from files and servers
+
+        print(f"localllm: error: {safe(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("localllm: interrupted", file=sys.stderr)
@@ -293,5 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line, unless --debug
         if args.debug:
             raise
-        print(f"localllm: internal error: {type(exc).__name__}: {exc} (rerun with --debug for details)", file=sys.stderr)
+        from localllm.fmt import safe
+
+        print(f"localllm: internal error: {type(exc).__name__}: {safe(exc)} (rerun with --debug for details)", file=sys.stderr)
         return EXIT_ERROR

@@ -36,7 +36,7 @@ from localllm.backend import (
     ggml_type_id,
     needs_flash_attn,
 )
-from localllm.errors import EngineError, UsageError
+from localllm.errors import EngineError, InputError, UsageError
 from localllm.gguf_file import GGUFHeader, read_header
 from localllm.llamalog import ROUTER
 from localllm.metrics import GenerationStats, ShiftRecord, compute_stats
@@ -98,9 +98,26 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
 
 
+MAX_CTX = 1 << 24  # llama.cpp keeps n_ctx in a uint32; no model is trained on more than ~10M tokens
+MAX_THREADS = 512  # GGML_MAX_N_THREADS, ggml/include/ggml.h
+
+
+def max_threads() -> int:
+    """Threads a load may ask for: this machine's logical CPUs (and ggml's cap)."""
+    return max(1, min(os.cpu_count() or 1, MAX_THREADS))
+
+
 def _check_config(cfg: LoadConfig) -> None:
-    if cfg.n_ctx < 1:
-        raise UsageError("--ctx must be at least 1")
+    """Refuse what llama.cpp would assert on or silently wrap (its fields are
+    32-bit), for callers that build a LoadConfig without the CLI's parsers."""
+    if not 1 <= cfg.n_ctx <= MAX_CTX:
+        raise UsageError(f"--ctx must be between 1 and {MAX_CTX}, got {cfg.n_ctx}")
+    if not 1 <= cfg.n_batch <= MAX_CTX or not 1 <= cfg.n_ubatch <= MAX_CTX:
+        raise UsageError(f"--batch and --ubatch must be between 1 and {MAX_CTX}")
+    if cfg.n_threads is not None and not 1 <= cfg.n_threads <= max_threads():
+        raise UsageError(f"--threads must be between 1 and {max_threads()} (this machine's CPUs), got {cfg.n_threads}")
+    if not 0 <= cfg.n_outputs_max <= MAX_CTX:
+        raise UsageError(f"n_outputs_max must be between 0 and {MAX_CTX}")
     if cfg.flash_attn not in FLASH_ATTN_MODES:
         raise UsageError(f"--flash-attn must be one of {', '.join(FLASH_ATTN_MODES)}")
     ggml_type_id(cfg.type_k)
@@ -122,7 +139,10 @@ class LlamaCppBackend:
         self._n_outputs_max = 1
         self.last_spec = None  # speculative.SpecStats of the last speculative generation
         self.logged_buffers: dict[str, dict[str, list[float]]] = {}  # device -> kind -> MiB, from llama.cpp's log at load
-        self._chat_formatters: dict[bool, object] = {}
+        self._template = None  # chat_template.ChatTemplate, compiled on first use
+        self._template_override: tuple[str, str] | None = None  # ("builtin", name) or ("jinja", source)
+        self._template_origin = ""
+        self.state_error: str | None = None  # why the last load_state refused its file
 
     # -- load / close -----------------------------------------------------------
     def load(self, path: Path, config: LoadConfig) -> LoadInfo:
@@ -132,9 +152,9 @@ class LlamaCppBackend:
         check_cache_types(config.type_k, config.type_v, shape.head_dim_k, shape.head_dim_v)
         install_log_router()
         self.close()
-        n_threads = config.n_threads or default_threads()
+        n_threads = config.n_threads or min(default_threads(), max_threads())
         mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = 0x7FFFFFFF if config.n_gpu_layers < 0 else config.n_gpu_layers
+        mparams.n_gpu_layers = 0x7FFFFFFF if config.n_gpu_layers < 0 else min(config.n_gpu_layers, 0x7FFFFFFF)
         keep = _set_devices(mparams, config)  # noqa: F841  (the arrays must outlive the load)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = config.n_ctx
@@ -158,12 +178,13 @@ class LlamaCppBackend:
         t0 = time.perf_counter_ns()
         model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
         if not model:
+            # A file llama.cpp refuses is the file's problem (exit 1, naming it).
             raise EngineError(f"llama.cpp could not load {path}: {ROUTER.first_error_since(mark) or 'unknown reason'}")
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             llama_cpp.llama_model_free(model)
             reason = ROUTER.first_error_since(mark) or "unknown reason"
-            raise EngineError(f"llama.cpp could not create a context of {config.n_ctx} tokens: {reason}")
+            raise EngineError(f"llama.cpp could not create a context of {config.n_ctx} tokens for {path}: {reason}")
         load_ms = (time.perf_counter_ns() - t0) / 1e6
         from localllm.placement import logged_buffers
 
@@ -193,7 +214,7 @@ class LlamaCppBackend:
             self.model = None
         self.vocab = None
         self.cache_tokens = []
-        self._chat_formatters = {}
+        self._template = None
 
     def __enter__(self) -> "LlamaCppBackend":
         return self
@@ -231,27 +252,71 @@ class LlamaCppBackend:
 
     @property
     def has_chat_template(self) -> bool:
+        if self._template_override is not None:
+            return True
         return bool(self.header and isinstance(self.header.get("tokenizer.chat_template"), str))
 
-    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """Apply the model's own chat template (from its GGUF metadata)."""
-        self._require()
-        key = bool(add_generation_prompt)
-        if key not in self._chat_formatters:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    def use_template(self, spec: str) -> None:
+        """``--template FILE|NAME``: a Jinja file, or one of llama.cpp's built-in
+        templates by name (chatml, llama3, gemma, ...), instead of the model's."""
+        p = Path(spec).expanduser()
+        if p.is_file():
+            if p.stat().st_size > 1024 * 1024:
+                raise InputError(f"the template {p} is larger than 1 MiB")
+            try:
+                source = p.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise InputError(f"the template {p} is not UTF-8 text") from None
+            except OSError as exc:
+                raise InputError(f"cannot read the template {p}: {exc.strerror or exc}") from None
+            from localllm.chat_template import ChatTemplate
 
-            assert self.header is not None
-            bos = self.header.get("tokenizer.ggml.bos_token_id")
-            eos = self.header.get("tokenizer.ggml.eos_token_id")
-            bos_text = self.token_bytes(bos, special=True).decode("utf-8", "replace") if bos is not None else ""
-            eos_text = self.token_bytes(eos, special=True).decode("utf-8", "replace") if eos is not None else ""
-            self._chat_formatters[key] = Jinja2ChatFormatter(
-                template=self.header.get("tokenizer.chat_template"),
-                eos_token=eos_text,
-                bos_token=bos_text,
-                add_generation_prompt=key,
-            )
-        return self._chat_formatters[key](messages=messages).prompt
+            self._template = ChatTemplate(source, f"the chat template {p}")  # compile now: errors before the first turn
+            self._template_override = ("jinja", source)
+            self._template_origin = f"the chat template {p}"
+            return
+        names = builtin_templates()
+        if spec not in names:
+            raise UsageError(f"--template {spec}: no such file, and not a built-in template (one of: {', '.join(names)})")
+        self._template_override = ("builtin", spec)
+
+    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """Apply the chat template (the model's, or ``use_template``'s) under
+        time and size limits; a failing template is an ``InputError``."""
+        self._require()
+        if self._template_override and self._template_override[0] == "builtin":
+            return self._render_builtin(self._template_override[1], messages, add_generation_prompt)
+        if self._template is None:
+            from localllm.chat_template import ChatTemplate
+
+            if self._template_override is not None:
+                source, origin = self._template_override[1], self._template_origin
+            else:
+                source = self.header.get("tokenizer.chat_template") if self.header else None
+                origin = f"{self.header.path if self.header else 'the model'}: the model's chat template"
+            if not isinstance(source, str):
+                raise UsageError("this model has no chat template (a base model): use --raw, or --template FILE|NAME")
+            self._template = ChatTemplate(source, origin)
+        # BOS/EOS as llama.cpp's vocabulary has them (it ignores ids out of range).
+        bos = llama_cpp.llama_vocab_bos(self.vocab)
+        eos = llama_cpp.llama_vocab_eos(self.vocab)
+        bos_text = self.token_bytes(bos, special=True).decode("utf-8", "replace") if bos >= 0 else ""
+        eos_text = self.token_bytes(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
+        return self._template.render(messages, bos_token=bos_text, eos_token=eos_text, add_generation_prompt=bool(add_generation_prompt))
+
+    def _render_builtin(self, name: str, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        arr = (llama_cpp.llama_chat_message * max(len(messages), 1))()
+        keep = []
+        for i, m in enumerate(messages):
+            role, content = str(m.get("role", "")).encode("utf-8", "replace"), str(m.get("content") or "").encode("utf-8", "replace")
+            keep += [role, content]
+            arr[i].role, arr[i].content = role, content
+        n = llama_cpp.llama_chat_apply_template(name.encode(), arr, len(messages), add_generation_prompt, None, 0)
+        if n < 0:
+            raise UsageError(f"llama.cpp cannot apply the built-in template {name} to this conversation")
+        buf = ctypes.create_string_buffer(n + 1)
+        llama_cpp.llama_chat_apply_template(name.encode(), arr, len(messages), add_generation_prompt, buf, n + 1)
+        return buf.raw[:n].decode("utf-8", "replace")
 
     def prompt_tokens(self, prompt: str, *, chat: bool) -> list[int]:
         """Tokens for a user prompt: through the chat template when there is one."""
@@ -291,10 +356,13 @@ class LlamaCppBackend:
     def _prompt_chunks(self, tokens: Sequence[int]) -> list[Sequence[int]]:
         """Split the prompt into n_batch chunks, never leaving a 1-token last chunk:
         llama.cpp counts a 1-token evaluation as decode, not prompt, in its perf
-        counters, and our figures must agree with them."""
-        n_batch = max(2, llama_cpp.llama_n_batch(self.ctx))
+        counters, and our figures must agree with them. No chunk is ever larger
+        than n_batch: llama_decode asserts (aborts) on that (llama-context.cpp,
+        GGML_ASSERT(n_tokens_all <= cparams.n_batch)), so with --batch 1 every
+        chunk is one token."""
+        n_batch = max(1, llama_cpp.llama_n_batch(self.ctx))
         chunks = [tokens[i : i + n_batch] for i in range(0, len(tokens), n_batch)]
-        if len(chunks) > 1 and len(chunks[-1]) == 1:
+        if n_batch >= 2 and len(chunks) > 1 and len(chunks[-1]) == 1:
             chunks[-2], chunks[-1] = chunks[-2][:-1], chunks[-2][-1:] + chunks[-1]
         return chunks
 
@@ -386,6 +454,8 @@ class LlamaCppBackend:
         if n > self._n_outputs_max:
             # llama.cpp asserts (aborts the process) past n_outputs_max: refuse instead.
             raise EngineError(f"verifying {n} tokens needs a context loaded with n_outputs_max >= {n} (it has {self._n_outputs_max})")
+        if n > llama_cpp.llama_n_batch(self.ctx):
+            raise UsageError(f"verifying {n} tokens at once needs --batch {n} or more")
         n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         start = len(self.cache_tokens)
         batch = llama_cpp.llama_batch_init(n, 0, 1)
@@ -423,32 +493,66 @@ class LlamaCppBackend:
             self.cache_tokens = self.cache_tokens[:n]
 
     def save_state(self, path: Path) -> int:
-        """Write the cache (sequence 0) and its tokens to ``path`` atomically; returns bytes written."""
+        """Write the cache (sequence 0) and its tokens to ``path`` atomically, in
+        localllm's checked format (``_state_header``); returns bytes written."""
         self._require()
-        arr = (llama_cpp.llama_token * max(len(self.cache_tokens), 1))(*self.cache_tokens)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            n = llama_cpp.llama_state_seq_save_file(self.ctx, str(tmp).encode(), 0, arr, len(self.cache_tokens))
-            if not n:
-                raise EngineError(f"llama.cpp could not save the cache to {path}")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return int(n)
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, 0)
+        buf = (ctypes.c_uint8 * max(size, 1))()
+        n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, 0)
+        if not n:
+            raise EngineError(f"llama.cpp could not save the cache to {path}")
+        data = pack_state(self._state_meta(), self.cache_tokens, bytes(buf)[:n])
+        from localllm import atomic
+
+        atomic.write_bytes(path, data)
+        return len(data)
+
+    def _state_meta(self) -> dict[str, object]:
+        """What a state file must match to be loaded here: this llama.cpp build,
+        the model file, the cache layout."""
+        import hashlib
+
+        assert self.info is not None
+        st = self.info.path.stat()
+        return {
+            "build": f"llama-cpp-python {llama_cpp.__version__}; " + hashlib.sha256(system_info().encode()).hexdigest()[:16],
+            "model": {"path": str(self.info.path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns},
+            "cache": {"type_k": self.info.type_k, "type_v": self.info.type_v, "flash_attn": self.info.flash_attn},
+        }
 
     def load_state(self, path: Path) -> bool:
-        """Replace the cache with one saved by ``save_state``; False (and an empty
-        cache) if the file does not fit this model and context."""
+        """Replace the cache with one saved by ``save_state``. False (and an
+        empty cache) when the file fails a check, with the reason in
+        ``state_error``: llama.cpp never reads a file that is not exactly what
+        this build wrote for this model and context."""
         self._require()
         self.reset()
-        cap = self.n_ctx
-        arr = (llama_cpp.llama_token * cap)()
-        count = ctypes.c_size_t(0)
-        n = llama_cpp.llama_state_seq_load_file(self.ctx, str(path).encode(), 0, arr, cap, ctypes.byref(count))
-        if not n:
-            self.reset()
+        self.state_error = None
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            self.state_error = f"unreadable ({exc.strerror or exc})"
             return False
-        self.cache_tokens = list(arr[: count.value])
+        try:
+            meta, tokens, payload = unpack_state(raw)
+        except StateFileError as exc:
+            self.state_error = str(exc)
+            return False
+        want = self._state_meta()
+        for key, what in (("build", "another llama.cpp build"), ("model", "another model file"), ("cache", "other cache settings")):
+            if meta.get(key) != want[key]:
+                self.state_error = f"written for {what}"
+                return False
+        n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        if len(tokens) > self.n_ctx or any(not 0 <= t < n_vocab for t in tokens):
+            self.state_error = "holds tokens that do not fit this context"
+            return False
+        buf = (ctypes.c_uint8 * max(len(payload), 1)).from_buffer_copy(payload or b"\0")
+        if not llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(payload), 0):
+            self.reset()
+            self.state_error = "refused by llama.cpp"
+            return False
+        self.cache_tokens = list(tokens)
         return True
 
     def _make_room(self, n_new: int, n_keep: int, shifts: list[ShiftRecord]) -> None:
@@ -612,8 +716,70 @@ def _set_devices(mparams, config: LoadConfig) -> list[object]:
     return keep
 
 
+def builtin_templates() -> list[str]:
+    """Names of llama.cpp's built-in chat templates (llama_chat_builtin_templates)."""
+    n = llama_cpp.llama_chat_builtin_templates(None, 0)
+    arr = (ctypes.c_char_p * max(n, 1))()
+    n = llama_cpp.llama_chat_builtin_templates(arr, n)
+    return [arr[i].decode() for i in range(max(n, 0))]
+
+
 def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
+
+
+# -- prompt-cache state files -------------------------------------------------------
+#
+# Layout: magic, format version (u32), metadata length (u32), metadata (JSON:
+# build, model, cache, tokens, payload length), llama.cpp's sequence state
+# (payload), and a SHA-256 of everything before it. A file is used only when the
+# magic, version, lengths and checksum hold and the metadata matches.
+
+STATE_MAGIC = b"LOCALLLM-KV\0"
+STATE_VERSION = 1
+_MAX_META = 64 * 1024 * 1024
+
+
+class StateFileError(Exception):
+    """A state file that fails a check (the message says which)."""
+
+
+def pack_state(meta: dict[str, object], tokens: Sequence[int], payload: bytes) -> bytes:
+    import hashlib
+    import json
+    import struct
+
+    body = json.dumps({**meta, "tokens": list(tokens), "payload_bytes": len(payload)}, separators=(",", ":")).encode()
+    head = STATE_MAGIC + struct.pack("<II", STATE_VERSION, len(body)) + body + payload
+    return head + hashlib.sha256(head).digest()
+
+
+def unpack_state(raw: bytes) -> tuple[dict[str, object], list[int], bytes]:
+    import hashlib
+    import json
+    import struct
+
+    fixed = len(STATE_MAGIC) + 8
+    if len(raw) < fixed + 32 or not raw.startswith(STATE_MAGIC):
+        raise StateFileError("not a localllm prompt cache (an older format, or another file)")
+    version, meta_len = struct.unpack_from("<II", raw, len(STATE_MAGIC))
+    if version != STATE_VERSION:
+        raise StateFileError(f"format version {version}, this localllm reads {STATE_VERSION}")
+    if meta_len > _MAX_META or fixed + meta_len + 32 > len(raw):
+        raise StateFileError("damaged (its lengths do not add up)")
+    if hashlib.sha256(raw[:-32]).digest() != raw[-32:]:
+        raise StateFileError("damaged (checksum mismatch)")
+    try:
+        meta = json.loads(raw[fixed : fixed + meta_len])
+        tokens = meta.pop("tokens")
+        n_payload = meta.pop("payload_bytes")
+        if not isinstance(meta, dict) or not isinstance(tokens, list) or not all(type(t) is int for t in tokens) or type(n_payload) is not int:
+            raise ValueError
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise StateFileError("damaged (unreadable metadata)") from None
+    if fixed + meta_len + n_payload + 32 != len(raw):
+        raise StateFileError("damaged (its length is not what its header says)")
+    return meta, tokens, raw[fixed + meta_len : -32]
 
 
 # -- quantization ------------------------------------------------------------------

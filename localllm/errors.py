@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 1 an error in input or environment (a missing or bad model
 file, a model that does not fit, llama.cpp refusing to load), 2 a usage error
-(bad option value, unknown command), 130 interrupted by Ctrl+C.
+(bad option value, unknown command), 130 interrupted by Ctrl+C, 143 terminated
+(SIGTERM, where a command cleans up first).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports
 
 
 class LocalLLMError(Exception):
@@ -31,3 +33,9 @@ class UsageError(LocalLLMError):
 
 class EngineError(LocalLLMError):
     """llama.cpp refused to load or to run (its last error line is in the message)."""
+
+
+class Terminated(LocalLLMError):
+    """SIGTERM, turned into an exception where a command must clean up first."""
+
+    exit_code = EXIT_TERMINATED

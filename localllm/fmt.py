@@ -1,4 +1,4 @@
-"""Human-readable numbers for the CLI and the TUI."""
+"""Human-readable numbers for the CLI and the TUI, and names made safe to print."""
 
 from __future__ import annotations
 
@@ -8,6 +8,29 @@ from typing import Any, Sequence
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
+
+
+def safe(text: object) -> str:
+    """``text`` with every non-printable character escaped (``\\n``, ``\\x1b``,
+    ``\\u202e``, ...): names, paths and metadata come from files and servers, and
+    a raw newline or escape sequence in one could forge or hide a line on the
+    user's terminal. Undecodable bytes of a file name (surrogates) are escaped too."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    out = []
+    for ch in s:
+        if ch.isprintable():
+            out.append(ch)
+        elif ch in _NAMED:
+            out.append(_NAMED[ch])
+        else:
+            o = ord(ch)
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
+    return "".join(out)
+
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def size(n: float) -> str:
@@ -51,7 +74,7 @@ def mean_pm(m: float | None, s: float | None, digits: int = 2) -> str:
 def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Left-aligned columns two spaces apart; the last column is not padded
     (it may be a long path)."""
-    all_rows = [list(head), *[list(r) for r in rows]]
+    all_rows = [[safe(c) for c in head], *[[safe(c) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in all_rows) for i in range(len(head) - 1)]
     return "\n".join(("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1]).rstrip() for r in all_rows)
 

@@ -87,6 +87,9 @@ class GGUFHeader:
     tensors: list[TensorInfo] = field(default_factory=list)
     data_offset: int = 0
     header_end: int = 0  # where the tensor table ends, before the padding up to data_offset
+    # GGUF value type of each key, and the item type for arrays (None otherwise):
+    # ``check_bounds`` needs them, since Python values lose the width and sign.
+    types: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
@@ -141,6 +144,8 @@ def _read_value(cur: _Cursor, vtype: int) -> Any:
         return cur.string()
     if vt == GGUFValueType.ARRAY:
         item = GGUFValueType(cur.unpack("<I"))
+        if item == GGUFValueType.ARRAY:
+            raise ValueError("nested arrays are not supported")  # nor by llama.cpp's gguf.cpp
         length = cur.unpack("<Q")
         if length > _MAX_KEPT_ARRAY:
             if item == GGUFValueType.STRING:
@@ -183,7 +188,7 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
         raise InputError(f"{p} is a truncated GGUF file (header ends early): re-download or re-convert it") from None
     except InputError:
         raise
-    except (ValueError, UnicodeDecodeError, OverflowError, struct.error) as exc:
+    except (ValueError, UnicodeDecodeError, OverflowError, struct.error, RecursionError, MemoryError) as exc:
         raise InputError(f"{p} is not a valid GGUF file ({exc})") from None
     except OSError as exc:
         raise InputError(f"cannot read {p}: {exc.strerror or exc}") from None
@@ -217,18 +222,27 @@ def _parse(p: Path, buf: memoryview, size: int, limit: int | None = None) -> GGU
         for _ in range(n_kv):
             key = cur.string()
             vtype = cur.unpack("<I")
+            item = None
+            if vtype == GGUFValueType.ARRAY:
+                item = cur.unpack("<I")
+                cur.pos -= 4
+            if key in header.fields:
+                raise ValueError(f"duplicate key {_short(key)}")
             header.fields[key] = _read_value(cur, vtype)
+            header.types[key] = (vtype, item)
         tensors: list[tuple[str, tuple[int, ...], int, int]] = []
         for _ in range(n_tensors):
             name = cur.string()
             n_dims = cur.unpack("<I")
-            if n_dims > 8:
-                raise ValueError(f"tensor {name} has {n_dims} dimensions")
+            if n_dims > 4:  # GGML_MAX_DIMS
+                raise ValueError(f"tensor {_short(name)} has {n_dims} dimensions (at most 4)")
             shape = tuple(cur.unpack("<Q") for _ in range(n_dims))
             ttype = cur.unpack("<I")
             offset = cur.unpack("<Q")
             tensors.append((name, shape, ttype, offset))
-        align = int(header.fields.get("general.alignment", DEFAULT_ALIGNMENT))
+        align = header.fields.get("general.alignment", DEFAULT_ALIGNMENT)
+        if "general.alignment" in header.types and header.types["general.alignment"][0] != GGUFValueType.UINT32:
+            raise ValueError("general.alignment is not a uint32")  # llama.cpp's gguf.cpp refuses it too
         if align <= 0 or align & (align - 1):
             raise ValueError(f"bad alignment {align}")
         data_offset = (cur.pos + align - 1) // align * align
@@ -238,7 +252,9 @@ def _parse(p: Path, buf: memoryview, size: int, limit: int | None = None) -> GGU
             try:
                 qtype = GGMLQuantizationType(ttype)
             except ValueError:
-                raise InputError(f"{p}: tensor {name} has unknown type {ttype}; this GGUF needs a newer localllm") from None
+                raise InputError(f"{p}: tensor {_short(name)} has unknown type {ttype}; this GGUF needs a newer localllm") from None
+            if qtype not in GGML_QUANT_SIZES:
+                raise InputError(f"{p}: tensor {_short(name)} has type {qtype.name}, which has no data layout") from None
             header.tensors.append(TensorInfo(name, shape, qtype, data_offset + offset))
     except _Truncated:
         raise
@@ -249,4 +265,192 @@ def _parse(p: Path, buf: memoryview, size: int, limit: int | None = None) -> GGU
             f"{p} is a truncated GGUF file ({size} bytes, its tensor table needs {end}; "
             f"{missing} bytes missing): re-download or re-convert it"
         )
+    check_bounds(header)
     return header
+
+
+# -- bounds ------------------------------------------------------------------------
+#
+# llama.cpp checks many header values with GGML_ASSERT, which aborts the process,
+# and the planner builds per-layer lists from them: both must see sane values.
+# The limits are llama.cpp's own where it has one (the file cited), else far
+# above any published model.
+
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS, src/llama-hparams.h (asserted in llama-model.cpp load_hparams)
+MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS, src/llama-hparams.h
+MAX_TENSOR_NAME = 63  # GGML_MAX_NAME (64) less the terminating NUL, ggml/include/ggml.h
+MAX_VOCAB = 1 << 24  # no tokenizer has more than ~262k tokens today
+MAX_WIDTH = 1 << 20  # embedding or feed-forward width (the largest today are ~53k)
+MAX_HEADS = 1 << 16
+MAX_HEAD_DIM = 1 << 16
+MAX_U32 = (1 << 32) - 1
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # LLAMA_ROPE_SCALING_TYPES, src/llama-model.cpp
+
+_INT_TYPES = frozenset(
+    {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16, GGUFValueType.UINT32,
+     GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64}
+)
+# <arch>.KEY -> (upper bound, may be a per-layer array)
+_ARCH_INTS: dict[str, tuple[int, bool]] = {
+    "block_count": (MAX_LAYERS, False),
+    "context_length": (MAX_U32, False),
+    "embedding_length": (MAX_WIDTH, False),
+    "feed_forward_length": (MAX_WIDTH * 4, True),
+    "expert_feed_forward_length": (MAX_WIDTH * 4, True),
+    "attention.head_count": (MAX_HEADS, True),
+    "attention.head_count_kv": (MAX_HEADS, True),
+    "attention.key_length": (MAX_HEAD_DIM, False),
+    "attention.value_length": (MAX_HEAD_DIM, False),
+    "attention.key_length_mla": (MAX_HEAD_DIM, False),
+    "attention.value_length_mla": (MAX_HEAD_DIM, False),
+    "attention.sliding_window": (MAX_U32, False),
+    "attention.sliding_window_pattern": (MAX_LAYERS, True),
+    "rope.dimension_count": (MAX_HEAD_DIM, False),
+    "vocab_size": (MAX_VOCAB, False),
+    "expert_count": (MAX_EXPERTS, False),
+    "expert_used_count": (MAX_EXPERTS, True),
+    "expert_group_count": (MAX_EXPERTS, False),
+    "expert_group_used_count": (MAX_EXPERTS, False),
+    "nextn_predict_layers": (MAX_LAYERS, False),
+}
+_TOKEN_IDS = ("bos", "eos", "unk", "sep", "pad", "eot", "eom", "mask")
+
+
+def check_bounds(header: GGUFHeader) -> None:
+    """Refuse header values that would crash llama.cpp or make per-layer work
+    explode: counts out of range, per-layer arrays of the wrong length, values
+    of the wrong type for the keys localllm and llama.cpp read, tensor names
+    that are duplicated, too long or carry no layer number. One ``InputError``
+    naming the file and the key."""
+    p = header.path
+
+    def bad(what: str) -> InputError:
+        return InputError(f"{p}: {what}; the file is damaged or was written by a broken converter")
+
+    arch = header.fields.get("general.architecture")
+    if "general.architecture" in header.fields and not isinstance(arch, str):
+        raise bad("general.architecture is not a string")
+    if isinstance(arch, str) and not 0 < len(arch) <= 64:
+        raise bad(f"general.architecture {_short(arch)} is not a name")
+    for key in ("general.name", "tokenizer.chat_template", "tokenizer.ggml.model", "tokenizer.ggml.pre"):
+        if key in header.fields and not isinstance(header.fields[key], str):
+            raise bad(f"{key} is not a string")
+    for key in ("general.file_type", "general.quantization_version"):
+        if key in header.fields and header.types[key][0] not in _INT_TYPES:
+            raise bad(f"{key} is not an integer")
+    _check_vocab(header, bad)
+    n_layer = None
+    if isinstance(arch, str):
+        values: dict[str, Any] = {}
+        for suffix, (hi, per_layer) in _ARCH_INTS.items():
+            key = f"{arch}.{suffix}"
+            if key not in header.fields:
+                continue
+            vtype, item = header.types[key]
+            value = header.fields[key]
+            if vtype == GGUFValueType.ARRAY and per_layer:
+                if item not in _INT_TYPES and not (item == GGUFValueType.BOOL and suffix == "attention.sliding_window_pattern"):
+                    raise bad(f"{key} is an array of {_type_name(item)}, not of integers")
+                if isinstance(value, ArrayInfo):
+                    raise bad(f"{key} has {value.length} entries; llama.cpp allows at most {MAX_LAYERS} layers")
+                values[suffix] = [int(v) for v in value]
+            elif vtype in _INT_TYPES:
+                values[suffix] = int(value)
+            else:
+                raise bad(f"{key} is {_type_name(vtype)}, not an integer")
+            for v in values[suffix] if isinstance(values[suffix], list) else [values[suffix]]:
+                if not 0 <= v <= hi:
+                    raise bad(f"{key} is {v}, outside 0..{hi}")
+        if "block_count" in values:
+            n_layer = values["block_count"]
+            if n_layer < 1:
+                raise bad(f"{arch}.block_count is 0: a model needs at least one layer")
+            for suffix, v in values.items():
+                if isinstance(v, list) and len(v) != n_layer:
+                    raise bad(f"{arch}.{suffix} has {len(v)} entries for {n_layer} layers")
+            if values.get("nextn_predict_layers", 0) > n_layer:
+                raise bad(f"{arch}.nextn_predict_layers ({values['nextn_predict_layers']}) exceeds the layer count ({n_layer})")
+        _check_experts(arch, values, bad)
+        scaling = header.fields.get(f"{arch}.rope.scaling.type")
+        if isinstance(scaling, str) and scaling not in ROPE_SCALING_TYPES:
+            raise bad(f"{arch}.rope.scaling.type is {_short(scaling)}, not one of {', '.join(ROPE_SCALING_TYPES)}")
+    _check_tensors(header, n_layer, bad)
+
+
+def _short(name: str, limit: int = 60) -> str:
+    """A name from the file, quoted and cut short for a one-line message: a
+    damaged length field can make a "name" megabytes long."""
+    return repr(name[:limit]) + ("..." if len(name) > limit else "")
+
+
+def _type_name(vtype: int | None) -> str:
+    try:
+        return {GGUFValueType.STRING: "a string", GGUFValueType.ARRAY: "an array", GGUFValueType.BOOL: "a boolean",
+                GGUFValueType.FLOAT32: "a float", GGUFValueType.FLOAT64: "a float"}.get(GGUFValueType(vtype), GGUFValueType(vtype).name.lower())
+    except ValueError:
+        return f"type {vtype}"
+
+
+def _check_vocab(header: GGUFHeader, bad: Any) -> None:
+    tokens = header.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return
+    vtype, item = header.types["tokenizer.ggml.tokens"]
+    if vtype != GGUFValueType.ARRAY or item != GGUFValueType.STRING:
+        raise bad("tokenizer.ggml.tokens is not an array of strings")
+    n = tokens.length if isinstance(tokens, ArrayInfo) else len(tokens)
+    if not 1 <= n <= MAX_VOCAB:
+        raise bad(f"the vocabulary has {n} tokens, outside 1..{MAX_VOCAB}")
+    for key, items in (("tokenizer.ggml.scores", (GGUFValueType.FLOAT32, GGUFValueType.INT32)), ("tokenizer.ggml.token_type", (GGUFValueType.INT32,))):
+        if key not in header.fields:
+            continue
+        vt, it = header.types[key]
+        value = header.fields[key]
+        if vt != GGUFValueType.ARRAY or it not in items:
+            raise bad(f"{key} is not an array of {' or '.join(t.name.lower() for t in items)}")
+        length = value.length if isinstance(value, ArrayInfo) else len(value)
+        if length != n:
+            raise bad(f"{key} has {length} entries for {n} tokens")
+    for name in _TOKEN_IDS:
+        key = f"tokenizer.ggml.{name}_token_id"
+        if key in header.fields:
+            # Out of range is llama.cpp's to handle (it warns and uses its default).
+            if header.types[key][0] not in _INT_TYPES:
+                raise bad(f"{key} is not an integer")
+
+
+def _check_experts(arch: str, v: dict[str, Any], bad: Any) -> None:
+    """The mixture-of-experts invariants llama.cpp asserts (llama-model.cpp, load_hparams)."""
+    n_expert = v.get("expert_count", 0)
+    used = v.get("expert_used_count", 0)
+    used_max = max(used) if isinstance(used, list) else used
+    groups = v.get("expert_group_count", 0)
+    if used_max > n_expert:
+        raise bad(f"{arch}.expert_used_count ({used_max}) exceeds {arch}.expert_count ({n_expert})")
+    if n_expert > 0:
+        if used_max == 0:
+            raise bad(f"{arch}.expert_count is {n_expert} but no expert is used per token")
+        if groups >= n_expert:
+            raise bad(f"{arch}.expert_group_count ({groups}) must be below {arch}.expert_count ({n_expert})")
+        if groups > 1:
+            group_used = v.get("expert_group_used_count", 0)
+            if n_expert % groups or not 0 < group_used < groups:
+                raise bad(f"{arch}: {n_expert} experts do not divide into {groups} groups with {group_used} used")
+    elif groups:
+        raise bad(f"{arch}.expert_group_count is {groups} without experts")
+
+
+def _check_tensors(header: GGUFHeader, n_layer: int | None, bad: Any) -> None:
+    seen: set[str] = set()
+    for t in header.tensors:
+        if t.name in seen:
+            raise bad(f"tensor {_short(t.name)} appears twice")
+        seen.add(t.name)
+        if len(t.name.encode("utf-8", "surrogatepass")) > MAX_TENSOR_NAME:
+            raise bad(f"tensor name {_short(t.name)} is longer than {MAX_TENSOR_NAME} bytes")
+        if t.name.startswith("blk."):
+            part = t.name.split(".")[1]
+            if not part.isdigit() or not part.isascii():
+                raise bad(f"tensor {_short(t.name)} has no layer number after 'blk.'")
+            if n_layer is not None and int(part) >= n_layer:
+                raise bad(f"tensor {_short(t.name)} is for layer {int(part)}, but the model has {n_layer} layers")

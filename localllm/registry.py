@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -84,51 +86,109 @@ class Record:
 
 
 def load_record() -> Record:
+    """Read ``registry.json``, keeping only entries of the right shape (each one
+    left out is named in a notice). A file that is not a JSON object is an
+    error: localllm will not overwrite what it cannot read."""
+    path = paths.registry_file()
     try:
-        data = json.loads(paths.registry_file().read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return Record()
     except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read {paths.registry_file()}: {exc} (fix or delete that file)") from None
-    return Record(added=list(data.get("added", [])), pulled=list(data.get("pulled", [])))
+        raise InputError(f"cannot read {path}: {exc} (fix or delete that file)") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} is not a localllm registry (a JSON {type(data).__name__}, not an object): fix or delete that file")
+    added = data.get("added", [])
+    pulled = data.get("pulled", [])
+    if not isinstance(added, list):
+        notice(f"{path}: 'added' is not a list; ignored")
+        added = []
+    if not isinstance(pulled, list):
+        notice(f"{path}: 'pulled' is not a list; ignored")
+        pulled = []
+    good_added = [a for a in added if isinstance(a, str) and a]
+    good_pulled = [_pull_entry(p) for p in pulled]
+    kept = [p for p in good_pulled if p is not None]
+    skipped = len(added) - len(good_added) + len(pulled) - len(kept)
+    if skipped:
+        notice(f"{path}: skipped {skipped} malformed entr{'y' if skipped == 1 else 'ies'}")
+    return Record(added=good_added, pulled=kept)
+
+
+def _pull_entry(p: Any) -> dict[str, Any] | None:
+    """A ``pulled`` entry with its required fields, the optional ones defaulted."""
+    if not isinstance(p, dict) or not all(isinstance(p.get(k), str) and p.get(k) for k in ("repo_id", "filename")):
+        return None
+    out = dict(p)
+    for key, kind, default in (("revision", str, "main"), ("commit", str, ""), ("etag", str, ""), ("size", int, 0),
+                               ("stored", bool, True), ("pulled_at", (int, float), 0.0)):
+        if not isinstance(out.get(key), kind):
+            out[key] = default
+    return out
+
+
+_noticed: set[str] = set()
+
+
+def notice(msg: str) -> None:
+    """One line on stderr, once per run (the registry is read several times)."""
+    from localllm.fmt import safe
+
+    if msg not in _noticed:
+        _noticed.add(msg)
+        print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
 
 def save_record(rec: Record) -> None:
     atomic.write_json(paths.registry_file(), {"version": 1, "added": rec.added, "pulled": rec.pulled})
 
 
+@contextmanager
+def updating() -> Iterator[Record]:
+    """Read-modify-write of ``registry.json`` under a file lock, so that
+    concurrent ``add`` and ``pull`` runs each see the others' entries and lose
+    none. The record is written only if the block finishes without error."""
+    from filelock import FileLock, Timeout
+
+    path = paths.registry_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(path.with_name(path.name + ".lock")), timeout=60):
+            rec = load_record()
+            yield rec
+            save_record(rec)
+    except Timeout:
+        raise InputError(f"another localllm holds {path}.lock for over a minute; try again, or delete the lock file if none is running") from None
+
+
 def record_pull(repo_id: str, filename: str, revision: str, commit: str, etag: str, size: int, stored: bool) -> None:
-    rec = load_record()
-    stored = stored or rec.is_pulled(repo_id, filename)
-    rec.pulled = [p for p in rec.pulled if not (p["repo_id"] == repo_id and p["filename"] == filename)]
-    rec.pulled.append(
-        {"repo_id": repo_id, "filename": filename, "revision": revision, "commit": commit, "etag": etag, "size": size,
-         "stored": stored, "pulled_at": time.time()}
-    )
-    save_record(rec)
+    with updating() as rec:
+        stored = stored or rec.is_pulled(repo_id, filename)
+        rec.pulled = [p for p in rec.pulled if not (p["repo_id"] == repo_id and p["filename"] == filename)]
+        rec.pulled.append(
+            {"repo_id": repo_id, "filename": filename, "revision": revision, "commit": commit, "etag": etag, "size": size,
+             "stored": stored, "pulled_at": time.time()}
+        )
 
 
 def forget_pull(repo_id: str, filename: str) -> None:
-    rec = load_record()
-    rec.pulled = [p for p in rec.pulled if not (p["repo_id"] == repo_id and p["filename"] == filename)]
-    save_record(rec)
+    with updating() as rec:
+        rec.pulled = [p for p in rec.pulled if not (p["repo_id"] == repo_id and p["filename"] == filename)]
 
 
 def add_path(path: Path) -> Path:
     """Remember a GGUF file or a folder of them. Returns the absolute path."""
     path = path.expanduser().resolve()
-    rec = load_record()
-    if str(path) not in rec.added:
-        rec.added.append(str(path))
-        save_record(rec)
+    with updating() as rec:
+        if str(path) not in rec.added:
+            rec.added.append(str(path))
     return path
 
 
 def forget_added(path: Path) -> bool:
-    rec = load_record()
-    before = len(rec.added)
-    rec.added = [p for p in rec.added if Path(p) != path]
-    save_record(rec)
+    with updating() as rec:
+        before = len(rec.added)
+        rec.added = [p for p in rec.added if Path(p) != path]
     return len(rec.added) != before
 
 

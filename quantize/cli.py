@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from pathlib import Path
 
 from localllm import fmt
-from localllm.errors import UsageError
+from localllm.errors import Terminated, UsageError
 from localllm.gguf_file import read_header
 from localllm.model_info import describe
 from quantize.naming import default_output
@@ -40,8 +41,8 @@ class Bar:
 
 def render_report(r: Report) -> str:
     lines = [
-        f"input   {r.input}  {fmt.size(r.input_bytes)}",
-        f"output  {r.output or '(dry run: nothing written)'}  {fmt.size(r.output_bytes)}"
+        f"input   {fmt.safe(r.input)}  {fmt.size(r.input_bytes)}",
+        f"output  {fmt.safe(r.output or '(dry run: nothing written)')}  {fmt.size(r.output_bytes)}"
         + (f"  ({100 * r.output_bytes / r.input_bytes:.0f}% of the input)" if r.input_bytes else ""),
         f"type    {r.type}, {r.bits_per_weight:.2f} bits per weight",
         f"time    {r.seconds:.1f} s",
@@ -69,9 +70,22 @@ def _sizes(paths) -> dict[str, tuple[int, float]]:
     return out
 
 
+def _terminate_cleanly() -> None:
+    """SIGTERM unwinds like Ctrl+C, so the partial output is deleted and the
+    worker stopped (Python's default would exit without cleaning up)."""
+    import signal
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated("terminated")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     from quantize.evaluate import evaluate
 
+    _terminate_cleanly()
     if args.compare:
         if args.paths:
             raise UsageError("--compare takes SOURCE and the quantized files itself: localllm quantize --compare SOURCE Q1 Q2")

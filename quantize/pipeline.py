@@ -97,6 +97,7 @@ def _run_child(job: Job, dst: Path, dry: bool, tensor_lines: bool = False) -> It
     """Run ``python -m quantize.worker`` and turn its log lines into events. The
     child gets its own session, so Ctrl+C reaches only us; we then kill it."""
     args = {
+        "parent": os.getpid(),
         "src": str(job.src.resolve()), "dst": str(dst.resolve()), "type": job.qtype, "threads": job.threads,
         "allow_requantize": job.allow_requantize, "dry_run": dry, "imatrix": str(job.imatrix.resolve()) if job.imatrix else None,
     }
@@ -192,6 +193,7 @@ def run(job: Job) -> Iterator[Progress | Report]:
     header_room = 64 * 1024 * 1024
     if need + header_room > free:
         raise InputError(f"needs {need / 2**30:.2f} GiB free in {job.dst.parent}, only {free / 2**30:.2f} GiB: free some space or write elsewhere")
+    remove_stale_partials(job.dst.parent)
     tmp = job.dst.with_name(f".{job.dst.name}.partial-{os.getpid()}")
     try:
         for event in _run_child(job, tmp, dry=False):
@@ -201,6 +203,35 @@ def run(job: Job) -> Iterator[Progress | Report]:
     finally:
         tmp.unlink(missing_ok=True)
     yield report(job.src, job.dst, job.qtype, time.perf_counter() - t0)
+
+
+_PARTIAL = re.compile(r"^\..+\.partial-(\d+)$")
+
+
+def remove_stale_partials(folder: Path) -> list[Path]:
+    """Delete ``.<name>.partial-<pid>`` files whose process is gone: what a
+    quantize killed with SIGKILL (or a power cut) left. A live process's file is
+    kept. Returns what was removed."""
+    import psutil
+
+    removed = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        m = _PARTIAL.match(p.name)
+        if not m or not p.is_file():
+            continue
+        pid = int(m.group(1))
+        if pid != os.getpid() and psutil.pid_exists(pid):
+            continue
+        try:
+            p.unlink()
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
 
 
 def report(src: Path, dst: Path, qtype: str, seconds: float) -> Report:

@@ -2,17 +2,52 @@
 
 Runs llama.cpp's quantizer and writes each llama.cpp log line to stdout as a
 JSON pair ``["log", line]``, then ``["done", null]`` or ``["error", message]``.
+
+It dies with its parent: the parent may be killed (SIGKILL, SIGTERM, a closed
+terminal) and nothing else would stop a quantizer writing gigabytes. On Linux
+the kernel sends SIGKILL when the parent exits (prctl PR_SET_PDEATHSIG);
+elsewhere a watchdog thread polls the parent's pid.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """Exit as soon as ``parent`` is gone (also if it already is)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def main() -> int:
     args = json.loads(sys.argv[1])
+    if args.get("parent"):
+        die_with_parent(int(args["parent"]))
     out = sys.stdout
 
     def emit(kind: str, payload: str | None) -> None:

@@ -11,6 +11,9 @@ from localllm.backend import LoadConfig, run_config
 
 
 def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
+    """The load settings the options ask for. The batch is never below 1 nor
+    above the context (llama.cpp's own clamp), and the physical batch never
+    above the logical one."""
     kv = args.kv_type or "f16"
     flash = args.flash_attn
     type_v = args.v_type or kv
@@ -121,8 +124,22 @@ def _has_local_gpu() -> bool:
     return bool(engine_rpc.local_gpus())
 
 
+def apply_template(backend: object, args: argparse.Namespace) -> None:
+    """``--template FILE|NAME`` (run, chat): the chat template to use instead of the model's."""
+    spec = getattr(args, "template", None)
+    if spec is None:
+        return
+    if getattr(args, "raw", False):
+        from localllm.errors import UsageError
+
+        raise UsageError("--raw uses no chat template: drop --template, or drop --raw")
+    backend.use_template(spec)  # type: ignore[attr-defined]
+
+
 def say(msg: str) -> None:
-    print(f"localllm: {msg}", file=sys.stderr, flush=True)
+    from localllm.fmt import safe  # names and paths come from files and servers
+
+    print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
 
 def device_table(fitted: Fitted, path: Path, logged: dict | None = None) -> list[dict]:

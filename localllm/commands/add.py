@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         fmt.print_json([e.to_dict() for e in named])
         return 0
     for e in named:
-        print(f"{e.name}\t{e.path}")
+        print(f"{fmt.safe(e.name)}\t{fmt.safe(e.path)}")
     if not named:
         say(f"added {root}, but every GGUF in it is known already under another name (see localllm list)")
     else:

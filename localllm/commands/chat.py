@@ -15,7 +15,7 @@ import time
 
 from localllm import catalog, fmt
 from localllm.backend import SamplingConfig
-from localllm.commands._common import fit_config
+from localllm.commands._common import apply_template, fit_config
 from localllm.errors import InputError, UsageError
 from localllm.metrics import GenerationStats
 
@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     interactive = sys.stdin is not None and sys.stdin.isatty() and not args.json
     with LlamaCppBackend() as backend:
         backend.load(path, fitted.config)
+        apply_template(backend, args)
         if not backend.has_chat_template:
             raise UsageError(f"{path.name} has no chat template (a base model): use localllm run --raw")
         cfg = fitted.config

@@ -135,6 +135,6 @@ def run(args: argparse.Namespace) -> int:
         d["memory_check"] = memory_check.to_dict() if memory_check else None
         fmt.print_json(d)
     else:
-        print(render(report, path.name))
+        print(render(report, fmt.safe(path.name)))
         print("\n" + "\n".join(memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]))
     return 0

@@ -29,7 +29,7 @@ def render(info: ModelInfo) -> str:
     rows.append(("vocabulary", f"{info.n_vocab:,} tokens"))
     rows.append(("chat template", "yes" if info.chat_template else "no (a base model: use run --raw)"))
     width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines = [f"{k:<{width}}  {fmt.safe(v)}" for k, v in rows]  # name and path come from the file
     lines.append("")
     lines.append(f"{'tensor type':<12} {'tensors':>8} {'size':>12} {'share':>7}")
     total = sum(t.bytes for t in info.tensor_types) or 1

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         kept = f", resumed after {fmt.size(result.resumed_from)} kept from before" if result.resumed_from else ""
         say(f"downloaded {fmt.size(result.downloaded_bytes)}{kept}; sha256 verified")
-    print(f"{result.name}\t{result.path}")
+    print(f"{fmt.safe(result.name)}\t{fmt.safe(result.path)}")
     say(f"{reason}; run it with: localllm run {result.name}")
     return 0
 

@@ -75,6 +75,6 @@ def _added_root(path: Path) -> Path:
 
 
 def _confirm(what: str) -> bool:
-    print(f"localllm: {what}? [y/N] ", end="", file=sys.stderr, flush=True)
+    print(f"localllm: {fmt.safe(what)}? [y/N] ", end="", file=sys.stderr, flush=True)
     line = sys.stdin.readline()
     return line.strip().lower() in ("y", "yes")

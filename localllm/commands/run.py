@@ -7,7 +7,7 @@ import sys
 
 from localllm import catalog, fmt
 from localllm.backend import SamplingConfig
-from localllm.commands._common import device_table, fit_config, say
+from localllm.commands._common import apply_template, device_table, fit_config, say
 from localllm.errors import InputError, UsageError
 from localllm.metrics import GenerationStats
 
@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "verbose", False) and not args.json:
             for line in memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]:
                 say(line)
+        apply_template(backend, args)
         pieces: list[str] = []
         if args.speculate:
             events = _speculative(backend, prompt, args)
