@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("worker", help="serve this machine's devices to another machine's --rpc (llama.cpp's RPC server)")
     p.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="IPv4 address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=_port, default=50052, metavar="N", help="TCP port (default: 50052)")
+    p.add_argument("--port", type=_worker_port, default=50052, metavar="N", help="TCP port (default: 50052)")
     p.add_argument("--threads", type=_int_at_least(1, "--threads"), default=None, metavar="N", help="CPU threads for a CPU device (default: physical cores)")
     p.add_argument("--device", type=lambda t: [d for d in t.split(",") if d], default=None, metavar="DEV[,DEV]", help="devices to serve, e.g. CUDA0 or CPU (default: the GPUs, else the CPU)")
     p.add_argument("--i-understand-this-is-open", action="store_true",
@@ -273,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _port(text: str) -> int:
+def _worker_port(text: str) -> int:
+    """A worker's port: llama.cpp's RPC server needs a fixed one (clients name it)."""
     value = _int_at_least(1, "--port")(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"--port must be at most 65535, got {value}")

@@ -447,12 +447,16 @@ class LocalLLMApp(App):
             v = verdict(s)
             latency.verdict = (v.headline, v.detail) if v else ("", "")
             if self.bandwidth and self.footprint is not None:
-                from localllm.doctor import weights_read_per_token
+                from localllm.doctor import gpu_weights_read_per_token, weights_read_per_token
                 from localllm.roofline import roofline
 
                 fp = self.footprint
                 kv = planner.kv_bytes_in_use(fp.plan, s.context_used)
-                gpu_read = fp.plan.weights_gpu_bytes  # offloaded layers: read at the GPU's speed, unknown here
+                # offloaded layers are read at the GPU's speed; a CPU build (or a
+                # --vram plan on a machine without a GPU) offloads nothing
+                info = getattr(self.backend, "info", None)
+                offloads = bool(getattr(info, "gpu_offload_supported", False))
+                gpu_read = gpu_weights_read_per_token(fp.shape, fp.plan, True) if offloads else 0
                 latency.ceiling_tps = roofline(
                     self.bandwidth, weights_read_per_token(fp.shape), kv, s.decode_tokens_per_s,
                     gpu_bytes=gpu_read, gpu_bandwidth=self.gpu_bandwidth,
