@@ -27,8 +27,8 @@ from typing import Sequence
 
 import llama_cpp
 
-from localllm.backend import LoadConfig, SamplingConfig, check_cache_types, ggml_type_id, needs_flash_attn
-from localllm.engine import LlamaCppBackend, _check_config, default_threads, install_log_router
+from localllm.backend import LoadConfig, SamplingConfig, check_cache_types
+from localllm.engine import LlamaCppBackend, _check_config, install_log_router, llama_params
 from localllm.errors import EngineError
 from localllm.gguf_file import read_header
 from localllm.llamalog import ROUTER
@@ -68,26 +68,9 @@ class BatchModel:
         check_cache_types(config.type_k, config.type_v, shape.head_dim_k, shape.head_dim_v)
         install_log_router()
         self.close()
-        n_threads = config.n_threads or default_threads()
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = 0x7FFFFFFF if config.n_gpu_layers < 0 else config.n_gpu_layers
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = config.n_ctx
-        cparams.n_batch = min(config.n_batch, config.n_ctx)
-        cparams.n_ubatch = min(config.n_ubatch, cparams.n_batch)
+        mparams, cparams, keep = llama_params(config)  # noqa: F841  (keep: arrays that must outlive the load)
         cparams.n_seq_max = n_seq
         cparams.kv_unified = True
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        cparams.type_k = ggml_type_id(config.type_k)
-        cparams.type_v = ggml_type_id(config.type_v)
-        flash = "on" if needs_flash_attn(config) else config.flash_attn
-        cparams.flash_attn_type = {
-            "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
-            "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-            "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-        }[flash]
-        cparams.swa_full = config.swa_full
         # One row of logits per sequence per step at most (a prompt chunk outputs
         # only its last token's): the compute buffer needs no more rows.
         cparams.n_outputs_max = n_seq
@@ -116,7 +99,7 @@ class BatchModel:
             n_ctx=int(llama_cpp.llama_n_ctx(ctx)),
             n_seq=n_seq,
             n_batch=self._cap,
-            n_threads=n_threads,
+            n_threads=cparams.n_threads,
             type_k=config.type_k,
             type_v=config.type_v,
             n_vocab=int(llama_cpp.llama_vocab_n_tokens(self.tok.vocab)),

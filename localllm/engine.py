@@ -152,26 +152,8 @@ class LlamaCppBackend:
         check_cache_types(config.type_k, config.type_v, shape.head_dim_k, shape.head_dim_v)
         install_log_router()
         self.close()
-        n_threads = config.n_threads or min(default_threads(), max_threads())
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = 0x7FFFFFFF if config.n_gpu_layers < 0 else min(config.n_gpu_layers, 0x7FFFFFFF)
-        keep = _set_devices(mparams, config)  # noqa: F841  (the arrays must outlive the load)
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = config.n_ctx
-        cparams.n_batch = min(config.n_batch, config.n_ctx)
-        cparams.n_ubatch = min(config.n_ubatch, cparams.n_batch)
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        cparams.type_k = ggml_type_id(config.type_k)
-        cparams.type_v = ggml_type_id(config.type_v)
-        # llama.cpp refuses a quantized V cache without flash attention: force it on.
-        flash = "on" if needs_flash_attn(config) else config.flash_attn
-        cparams.flash_attn_type = {
-            "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
-            "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-            "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-        }[flash]
-        cparams.swa_full = config.swa_full
+        mparams, cparams, keep = llama_params(config)  # noqa: F841  (keep: arrays that must outlive the load)
+        n_threads = cparams.n_threads
         cparams.n_outputs_max = config.n_outputs_max
         cparams.no_perf = False
         mark = ROUTER.mark()
@@ -200,7 +182,7 @@ class LlamaCppBackend:
             n_gpu_layers=config.n_gpu_layers,
             type_k=config.type_k,
             type_v=config.type_v,
-            flash_attn=flash,
+            flash_attn="on" if needs_flash_attn(config) else config.flash_attn,
             gpu_offload_supported=gpu_offload_supported(),
         )
         return self.info
@@ -690,6 +672,34 @@ class LlamaCppBackend:
             "n_p_eval": d.n_p_eval,
             "n_eval": d.n_eval,
         }
+
+
+def llama_params(config: LoadConfig) -> tuple[object, object, list[object]]:
+    """llama.cpp's model and context parameters for ``config``, shared by this
+    engine and the batch engine (``batch_engine``): threads, offload and RPC
+    devices, context and batch sizes, cache types, flash attention (forced on
+    for a quantized V cache, which llama.cpp refuses without it), swa_full.
+    Returns (model params, context params, ctypes arrays to keep alive)."""
+    n_threads = config.n_threads or min(default_threads(), max_threads())
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = 0x7FFFFFFF if config.n_gpu_layers < 0 else min(config.n_gpu_layers, 0x7FFFFFFF)
+    keep = _set_devices(mparams, config)
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = config.n_ctx
+    cparams.n_batch = min(config.n_batch, config.n_ctx)
+    cparams.n_ubatch = min(config.n_ubatch, cparams.n_batch)
+    cparams.n_threads = n_threads
+    cparams.n_threads_batch = n_threads
+    cparams.type_k = ggml_type_id(config.type_k)
+    cparams.type_v = ggml_type_id(config.type_v)
+    flash = "on" if needs_flash_attn(config) else config.flash_attn
+    cparams.flash_attn_type = {
+        "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+        "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+        "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    }[flash]
+    cparams.swa_full = config.swa_full
+    return mparams, cparams, keep
 
 
 def _set_devices(mparams, config: LoadConfig) -> list[object]:
