@@ -20,7 +20,6 @@ whose helpers we reuse on the model loaded here.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -28,7 +27,7 @@ from typing import Sequence
 import llama_cpp
 
 from localllm.backend import LoadConfig, SamplingConfig, check_cache_types
-from localllm.engine import LlamaCppBackend, _check_config, install_log_router, llama_params
+from localllm.engine import LlamaCppBackend, _check_config, install_log_router, llama_params, load_model_and_context
 from localllm.errors import EngineError
 from localllm.gguf_file import read_header
 from localllm.llamalog import ROUTER
@@ -75,16 +74,7 @@ class BatchModel:
         # only its last token's): the compute buffer needs no more rows.
         cparams.n_outputs_max = n_seq
         cparams.no_perf = True
-        mark = ROUTER.mark()
-        t0 = time.perf_counter_ns()
-        model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
-        if not model:
-            raise EngineError(f"llama.cpp could not load {path}: {ROUTER.first_error_since(mark) or 'unknown reason'}")
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
-        if not ctx:
-            llama_cpp.llama_model_free(model)
-            raise EngineError(f"llama.cpp could not create a context of {config.n_ctx} tokens: {ROUTER.first_error_since(mark) or 'unknown reason'}")
-        load_ms = (time.perf_counter_ns() - t0) / 1e6
+        model, ctx, load_ms = load_model_and_context(path, config, mparams, cparams)
         # Hand the model to the tokenizer helper (it frees both on close).
         self.tok.model, self.tok.ctx, self.tok.header = model, ctx, header
         self.tok.vocab = llama_cpp.llama_model_get_vocab(model)

@@ -156,18 +156,8 @@ class LlamaCppBackend:
         n_threads = cparams.n_threads
         cparams.n_outputs_max = config.n_outputs_max
         cparams.no_perf = False
-        mark = ROUTER.mark()
-        t0 = time.perf_counter_ns()
-        model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
-        if not model:
-            # A file llama.cpp refuses is the file's problem (exit 1, naming it).
-            raise EngineError(f"llama.cpp could not load {path}: {ROUTER.first_error_since(mark) or 'unknown reason'}")
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
-        if not ctx:
-            llama_cpp.llama_model_free(model)
-            reason = ROUTER.first_error_since(mark) or "unknown reason"
-            raise EngineError(f"llama.cpp could not create a context of {config.n_ctx} tokens for {path}: {reason}")
-        load_ms = (time.perf_counter_ns() - t0) / 1e6
+        mark = ROUTER.mark()  # the allocation lines of this load, for logged_buffers
+        model, ctx, load_ms = load_model_and_context(path, config, mparams, cparams)
         from localllm.placement import logged_buffers
 
         self.logged_buffers = logged_buffers([line for _, line in ROUTER.lines_since(mark)])
@@ -672,6 +662,24 @@ class LlamaCppBackend:
             "n_p_eval": d.n_p_eval,
             "n_eval": d.n_eval,
         }
+
+
+def load_model_and_context(path: Path, config: LoadConfig, mparams: object, cparams: object) -> tuple[object, object, float]:
+    """Load the model and create its context (engine and batch engine); a file or
+    a context llama.cpp refuses is one EngineError naming the file and quoting
+    llama.cpp's first error. Returns (model, context, milliseconds)."""
+    mark = ROUTER.mark()
+    t0 = time.perf_counter_ns()
+    model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
+    if not model:
+        # A file llama.cpp refuses is the file's problem (exit 1, naming it).
+        raise EngineError(f"llama.cpp could not load {path}: {ROUTER.first_error_since(mark) or 'unknown reason'}")
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    if not ctx:
+        llama_cpp.llama_model_free(model)
+        reason = ROUTER.first_error_since(mark) or "unknown reason"
+        raise EngineError(f"llama.cpp could not create a context of {config.n_ctx} tokens for {path}: {reason}")
+    return model, ctx, (time.perf_counter_ns() - t0) / 1e6
 
 
 def llama_params(config: LoadConfig) -> tuple[object, object, list[object]]:
