@@ -42,6 +42,38 @@ from localllm.llamalog import ROUTER
 from localllm.metrics import GenerationStats, ShiftRecord, compute_stats
 from localllm.model_info import describe
 
+# Every struct field this package sets on llama.cpp's parameter structs. ctypes
+# silently accepts an unknown attribute on a Structure (it becomes a plain
+# Python attribute llama.cpp never sees), so an older or newer llama-cpp-python
+# whose structs lack one would load with our settings quietly ignored: check at
+# import, where the cost is one getattr per name and no I/O.
+_FIELDS_SET = {
+    "llama_model_params": ("n_gpu_layers", "devices", "tensor_split"),
+    "llama_context_params": (
+        "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "type_k", "type_v",
+        "flash_attn_type", "swa_full", "n_seq_max", "kv_unified", "n_outputs_max", "no_perf",
+    ),
+    "llama_model_quantize_params": ("nthread", "ftype", "allow_requantize", "dry_run", "imatrix"),
+}
+
+
+def missing_struct_fields(module: object = llama_cpp) -> list[str]:
+    """``struct.field`` names we set that this llama-cpp-python does not have."""
+    missing = []
+    for struct, names in _FIELDS_SET.items():
+        cls = getattr(module, struct, None)
+        have = {f[0] for f in getattr(cls, "_fields_", ())}
+        missing += [f"{struct}.{n}" for n in names if n not in have]
+    return missing
+
+
+_missing = missing_struct_fields()
+if _missing:  # EngineError: the CLI shows it as one line, exit 1
+    raise EngineError(
+        f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')} lacks {', '.join(_missing)}: "
+        "localllm needs llama-cpp-python>=0.3.36 (run scripts/install.sh)"
+    )
+
 _callback = llama_cpp.llama_log_callback(ROUTER)  # keep a reference: C holds the pointer
 _init_lock = threading.Lock()
 _initialized = False

@@ -72,7 +72,7 @@ def load(text: str | None = None) -> list[CatalogModel]:
 
 
 def catalog_text() -> str:
-    return files("models").joinpath("catalog.toml").read_text(encoding="utf-8")
+    return files("localllm.models").joinpath("catalog.toml").read_text(encoding="utf-8")
 
 
 def shape(m: CatalogModel, size_bytes: int) -> planner.ModelShape:

@@ -26,7 +26,7 @@ LogitsFn = Callable[[Sequence[int]], np.ndarray]
 def eval_text() -> str:
     """The text that ships for quality checks: public-domain prose (the US
     Declaration of Independence and two of Lincoln's addresses), ~2.6k tokens."""
-    return files("models").joinpath("data/prose.txt").read_text(encoding="utf-8")
+    return files("localllm.models").joinpath("data/prose.txt").read_text(encoding="utf-8")
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -12,8 +12,8 @@ from localllm import fmt
 from localllm.errors import Terminated, UsageError
 from localllm.gguf_file import read_header
 from localllm.model_info import describe
-from quantize.naming import default_output
-from quantize.pipeline import Job, Progress, Report, dry_report, run as run_job
+from localllm.quantize.naming import default_output
+from localllm.quantize.pipeline import Job, Progress, Report, dry_report, run as run_job
 
 
 class Bar:
@@ -83,7 +83,7 @@ def _terminate_cleanly() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quantize.evaluate import evaluate
+    from localllm.quantize.evaluate import evaluate
 
     _terminate_cleanly()
     if args.compare:

@@ -102,7 +102,7 @@ def _run_child(job: Job, dst: Path, dry: bool, tensor_lines: bool = False) -> It
         "allow_requantize": job.allow_requantize, "dry_run": dry, "imatrix": str(job.imatrix.resolve()) if job.imatrix else None,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "quantize.worker", json.dumps(args)],
+        [sys.executable, "-m", "localllm.quantize.worker", json.dumps(args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -62,7 +62,7 @@ def main() -> int:
     try:
         matrix = None
         if args["imatrix"]:
-            from quantize.imatrix import load_imatrix
+            from localllm.quantize.imatrix import load_imatrix
 
             matrix = load_imatrix(Path(args["imatrix"]))
         quantize_model(

@@ -40,7 +40,7 @@ def main() -> None:
     for r in model_catalog.rows():
         print(f"{r['name']:<26} {r['quant']:<7} {r['size_gb']:>5.2f} GB  4 GB: {r['fits_4gb']:<34} 6 GB: {r['fits_6gb']}")
     if a.write:
-        with as_file(files("models").joinpath("catalog.toml")) as path:
+        with as_file(files("localllm.models").joinpath("catalog.toml")) as path:
             path.write_text(new, encoding="utf-8")
         print("written")
     else:

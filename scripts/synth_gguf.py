@@ -57,7 +57,7 @@ def vocabulary(n_vocab: int = 0) -> tuple[list[str], list[float], list[int]]:
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [gguf.TokenType.BYTE] * 256
-    text = files("models").joinpath("test_vocab.txt").read_text(encoding="utf-8")
+    text = files("localllm.models").joinpath("test_vocab.txt").read_text(encoding="utf-8")
     words = [w for w in (line.strip() for line in text.splitlines()) if w and not w.startswith("#")]
     # SentencePiece merges two symbols only when the merged text is a token, so
     # every prefix of a word is a token too; longer pieces score higher.

@@ -298,7 +298,7 @@ def _start_quantize(src: Path, out: Path) -> tuple[subprocess.Popen[str], int]:
     assert proc.stderr is not None
     line = proc.stderr.readline()  # "quantizing: 1/N tensors": the real run has begun
     assert line.startswith("quantizing"), line + proc.stderr.read()
-    workers = [c for c in psutil.Process(proc.pid).children() if "quantize.worker" in " ".join(c.cmdline())]
+    workers = [c for c in psutil.Process(proc.pid).children() if "localllm.quantize.worker" in " ".join(c.cmdline())]
     assert len(workers) == 1
     return proc, workers[0].pid
 
@@ -349,7 +349,7 @@ def test_sigterm_of_quantize_cleans_up_at_once(f16_source: Path, tmp_path: Path)
 
 
 def test_stale_partials_of_live_processes_are_kept(tmp_path: Path) -> None:
-    from quantize.pipeline import remove_stale_partials
+    from localllm.quantize.pipeline import remove_stale_partials
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from localllm.model_info import inspect_model
-from quantize.naming import default_output
+from localllm.quantize.naming import default_output
 from tests.conftest import REPO, run_cli
 
 
@@ -146,7 +146,7 @@ def test_not_enough_disk_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     from collections import namedtuple
 
     from localllm.errors import InputError
-    from quantize.pipeline import Job, run
+    from localllm.quantize.pipeline import Job, run
     from scripts.synth_gguf import SynthSpec, write_llama_gguf
 
     src = write_llama_gguf(tmp_path / "src-F16.gguf", SynthSpec(n_embd=256, n_ff=512, dtype="f16"))

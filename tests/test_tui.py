@@ -12,9 +12,9 @@ import pytest
 
 from localllm import sessions
 from tests.scripted import ScriptedBackend
-from tui.app import LocalLLMApp, create_app
-from tui.settings import Settings
-from tui.widgets import ChatView, Lines, MemoryPanel
+from localllm.tui.app import LocalLLMApp, create_app
+from localllm.tui.settings import Settings
+from localllm.tui.widgets import ChatView, Lines, MemoryPanel
 
 GiB = 1024**3
 
@@ -185,7 +185,7 @@ async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
     """From the models screen: quantize the selected model (a progress bar, a new
     file beside it), then switch to another model, which reloads."""
     from scripts.synth_gguf import SynthSpec, write_llama_gguf
-    from tui.screens import ModelsScreen
+    from localllm.tui.screens import ModelsScreen
 
     src = write_llama_gguf(tmp_path / "tiny-F32.gguf", SynthSpec(n_embd=256, n_head=4, n_head_kv=2, n_ff=512))
     app, backend = scripted_app(src)

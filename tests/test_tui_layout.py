@@ -10,9 +10,9 @@ import pytest
 
 from tests.scripted import ScriptedBackend
 from tests.test_tui import send, wait_idle
-from tui.app import create_app
-from tui.settings import Settings
-from tui.widgets import LatencyPanel, Lines, MemoryPanel, StatusLine
+from localllm.tui.app import create_app
+from localllm.tui.settings import Settings
+from localllm.tui.widgets import LatencyPanel, Lines, MemoryPanel, StatusLine
 
 GiB = 1024**3
 

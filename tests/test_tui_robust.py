@@ -15,8 +15,8 @@ import pytest
 from localllm import sessions
 from tests.scripted import ScriptedBackend
 from tests.test_tui import chat_text, panel_text, send
-from tui.app import LocalLLMApp, create_app
-from tui.settings import Settings
+from localllm.tui.app import LocalLLMApp, create_app
+from localllm.tui.settings import Settings
 
 GiB = 1024**3
 

@@ -12,8 +12,8 @@ import pytest
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.scripted import ScriptedBackend
 from tests.test_tui import send, wait_idle
-from tui.app import create_app
-from tui.settings import Settings
+from localllm.tui.app import create_app
+from localllm.tui.settings import Settings
 
 GiB = 1024**3
 SIZE = (140, 40)

@@ -32,8 +32,8 @@ from localllm.errors import LocalLLMError
 from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
 from localllm.metrics import GenerationStats
-from tui.settings import Settings
-from tui.widgets import ChatView, LatencyPanel, MemoryPanel, MessageView, StatusLine
+from localllm.tui.settings import Settings
+from localllm.tui.widgets import ChatView, LatencyPanel, MemoryPanel, MessageView, StatusLine
 
 # Redraws cost CPU that the decode threads need (on 2 cores, a 20 fps chat cost
 # 25% of decode speed, measured by scripts/bench_tui.py). So tokens reach the
@@ -91,7 +91,7 @@ class ModelLoaded(Message):
 def shown(path: Path) -> str:
     """A file's name as the screen may show it: control characters escaped, so a
     model's name cannot move the cursor or forge a line."""
-    from tui.saved import printable
+    from localllm.tui.saved import printable
 
     return printable(path.name)
 
@@ -99,7 +99,7 @@ def shown(path: Path) -> str:
 def reason(exc: BaseException) -> str:
     """An exception as one line for the chat log: our own errors are worded for
     the user; anything else is named by its type (a bug, not the user's fault)."""
-    from tui.saved import printable
+    from localllm.tui.saved import printable
 
     text = printable(" ".join(str(exc).split())) or "no message"
     return text if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {text}"
@@ -521,8 +521,8 @@ class LocalLLMApp(App):
         self.reload_model(Path(saved.model), settings, messages=msgs, saved=saved, redraw=True)
 
     def action_sessions(self) -> None:
-        from tui.saved import SessionError, load_session
-        from tui.screens import SessionsScreen
+        from localllm.tui.saved import SessionError, load_session
+        from localllm.tui.screens import SessionsScreen
 
         def chosen(session_id: str | None) -> None:
             if session_id:
@@ -536,7 +536,7 @@ class LocalLLMApp(App):
 
     # -- settings and models -------------------------------------------------------
     def action_settings(self) -> None:
-        from tui.screens import SettingsScreen
+        from localllm.tui.screens import SettingsScreen
 
         def apply(new: Settings | None) -> None:
             if new is None or new == self.settings:
@@ -560,7 +560,7 @@ class LocalLLMApp(App):
             self.push_screen(SettingsScreen(self.settings), apply)
 
     def action_models(self) -> None:
-        from tui.screens import ModelsScreen
+        from localllm.tui.screens import ModelsScreen
 
         def switch(path: Path | None) -> None:
             if path and (path != self.model_path or self.backend is None):

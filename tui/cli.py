@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from tui.settings import Settings
+from localllm.tui.settings import Settings
 
 
 def run(args: argparse.Namespace) -> int:
-    from tui.app import create_app
+    from localllm.tui.app import create_app
 
     settings = Settings(
         n_ctx=getattr(args, "ctx", None) or 4096,

@@ -16,7 +16,7 @@ from localllm.backend import KV_CACHE_TYPES, LoadConfig, run_config
 from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
 from localllm.model_info import describe
-from tui.settings import Settings
+from localllm.tui.settings import Settings
 
 
 def _int_or_none(text: str) -> int | None:
@@ -114,7 +114,7 @@ class SessionsScreen(ModalScreen[str | None]):
     BINDINGS = [("escape", "cancel", "Cancel")]
 
     def compose(self) -> ComposeResult:
-        from tui.saved import printable, scan
+        from localllm.tui.saved import printable, scan
 
         saved, skipped = scan()
         with Vertical():
@@ -230,8 +230,8 @@ class ModelsScreen(Screen[Path | None]):
 
     @work(thread=True, exclusive=True, group="quantize", exit_on_error=False)
     def _quantize(self, src: Path, qtype: str) -> None:
-        from quantize.naming import default_output
-        from quantize.pipeline import Job, Progress, run
+        from localllm.quantize.naming import default_output
+        from localllm.quantize.pipeline import Job, Progress, run
 
         dst = default_output(src, qtype)
         if not _writable(dst.parent):
@@ -253,7 +253,7 @@ class ModelsScreen(Screen[Path | None]):
 
 
 def _one_line(exc: BaseException) -> str:
-    from tui.app import reason
+    from localllm.tui.app import reason
 
     return reason(exc)
 

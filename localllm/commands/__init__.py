@@ -8,7 +8,7 @@ import importlib
 
 # Commands whose implementation lives in a package built on the core (the core
 # itself never imports them; this lazy import is the only link).
-_EXTERNAL = {"quantize": "quantize.cli", "tui": "tui.cli", "list": "localllm.commands.list_models"}
+_EXTERNAL = {"quantize": "localllm.quantize.cli", "tui": "localllm.tui.cli", "list": "localllm.commands.list_models"}
 
 
 def dispatch(args: argparse.Namespace) -> int:
