@@ -20,6 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root, for scripts.* and tests.*
+
 from localllm import catalog
 from tests.fake_hub import FakeHub
 
@@ -28,7 +31,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one repetition (CI: checks that it completes and prints its figures)")
     a = ap.parse_args()
+    if a.quick:
+        a.reps = 1
     src = catalog.resolve(a.model)
     hub = FakeHub().start()
     hub.add("bench/Model-GGUF", src.name, src)

@@ -119,6 +119,11 @@ def bytes_per_token(path: Path, cfg: LoadConfig, relay: CountingRelay, prompt_le
     return (marks[0][0] - s0[0]) / prompt_len, (end[0] - marks[0][0]) / n_dec, (end[1] - marks[0][1]) / n_dec
 
 
+def _spread(x: float | None, digits: int) -> str:
+    """A figure that was not measured (one repetition has no spread) is n/a."""
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -149,7 +154,8 @@ def main() -> int:
                 r = run_bench(b, prompt_lengths=[prompt], gen_tokens=gen, reps=reps, n_vocab=d.n_vocab,
                               bos=b.header.get("tokenizer.ggml.bos_token_id"))[0]
             rows.append((name, r))
-            print(f"{name:<34}{r.pp_tokens_per_s:>9.1f} ±{r.pp_std:<4.0f}{r.tg_tokens_per_s:>9.1f} ±{r.tg_std:<4.1f}{r.itl_p50_ms:>12.2f}", flush=True)
+            print(f"{name:<34}{r.pp_tokens_per_s:>9.1f} ±{_spread(r.pp_std, 0):<4}{r.tg_tokens_per_s:>9.1f} ±{_spread(r.tg_std, 1):<4}"
+                  f"{_spread(r.itl_p50_ms, 2):>12}", flush=True)
         relay = CountingRelay(eps[0])
         cfg = LoadConfig(**{**base.to_dict(), "rpc_servers": (relay.endpoint,)})
         pp_b, tg_sent, tg_recv = bytes_per_token(path, cfg, relay, prompt, gen)

@@ -24,6 +24,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root, for scripts.* and tests.*
+
 from scripts.synth_gguf import SynthSpec, write_gguf
 
 MiB = 1024 * 1024
