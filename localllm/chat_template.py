@@ -42,7 +42,7 @@ class _Limit(Exception):
     """Raised inside the template when it goes past a limit."""
 
 
-def _environment(limits: "_Limits"):
+def _environment(limits: _Limits):
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -52,14 +52,14 @@ def _environment(limits: "_Limits"):
 
         tags = {"generation"}
 
-        def parse(self, parser):  # type: ignore[no-untyped-def]
+        def parse(self, parser):
             parser.stream.skip(1)
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
     class LimitedEnvironment(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset(["*", "**", "+", "%"])
 
-        def call_binop(self, context, operator, left, right):  # type: ignore[no-untyped-def]
+        def call_binop(self, context, operator, left, right):
             limits.tick()
             if operator == "**" and isinstance(left, int) and isinstance(right, int):
                 if right > 0 and abs(left) > 1 and right * max(abs(left).bit_length(), 1) > _MAX_INT_BITS:
@@ -75,7 +75,7 @@ def _environment(limits: "_Limits"):
                     limits.size(int(width), "a format width")
             return super().call_binop(context, operator, left, right)
 
-        def call(__self, __context, __obj, *args, **kwargs):  # type: ignore[no-untyped-def]  # noqa: N805
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805
             limits.tick()
             limits.ints(args, kwargs)
             return super().call(__context, __obj, *args, **kwargs)
@@ -96,7 +96,7 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separ
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _bounded(f: Any, limits: "_Limits") -> Any:
+def _bounded(f: Any, limits: _Limits) -> Any:
     @functools.wraps(f)  # keeps jinja's pass_context/pass_environment marks
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         limits.tick()
@@ -175,14 +175,14 @@ class ChatTemplate:
             sys.settrace(previous)
         return "".join(pieces)
 
-    def _tracer(self):  # type: ignore[no-untyped-def]
+    def _tracer(self):
         limits = self._limits
 
-        def local(frame, event, arg):  # type: ignore[no-untyped-def]
+        def local(frame, event, arg):
             limits.tick()
             return local
 
-        def trace(frame, event, arg):  # type: ignore[no-untyped-def]
+        def trace(frame, event, arg):
             # Only the template's own compiled code is traced line by line.
             return local if frame.f_code.co_filename == "<template>" else None
 

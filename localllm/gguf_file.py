@@ -384,6 +384,8 @@ def _short(name: str, limit: int = 60) -> str:
 
 
 def _type_name(vtype: int | None) -> str:
+    if vtype is None:
+        return "no type"
     try:
         return {GGUFValueType.STRING: "a string", GGUFValueType.ARRAY: "an array", GGUFValueType.BOOL: "a boolean",
                 GGUFValueType.FLOAT32: "a float", GGUFValueType.FLOAT64: "a float"}.get(GGUFValueType(vtype), GGUFValueType(vtype).name.lower())

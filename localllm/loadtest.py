@@ -19,8 +19,9 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from localllm.metrics import percentile
 
@@ -151,7 +152,8 @@ def summarize(samples: Sequence[Sample], concurrency: int, wall: float) -> Row:
     source = "usage" if ok and with_usage == len(ok) else "stream" if with_usage == 0 else "mixed"
     gen = sum(s.tokens for s in ok)
     prompts = [s.prompt_tokens for s in ok if s.prompt_tokens is not None]
-    rates = [(s.chunks - 1) / (s.last_s - s.first_s) for s in ok if s.chunks > 1 and s.last_s > s.first_s]
+    rates = [(s.chunks - 1) / (s.last_s - s.first_s) for s in ok
+             if s.chunks > 1 and s.first_s is not None and s.last_s is not None and s.last_s > s.first_s]
 
     def pct(xs: list[float], q: float) -> float | None:
         return percentile(xs, q) if xs else None
@@ -181,7 +183,7 @@ async def _models(client, base: str, headers: dict) -> list[str]:
     r = await client.get(f"{base}/models", headers=headers, timeout=30)
     if r.status_code != 200:
         raise RuntimeError(f"GET {base}/models answered HTTP {r.status_code}: {r.text[:200]}")
-    return [m.get("id") for m in r.json().get("data", []) if isinstance(m, dict) and m.get("id")]
+    return [str(m["id"]) for m in r.json().get("data", []) if isinstance(m, dict) and m.get("id")]
 
 
 async def measure(url: str, *, model: str | None, concurrency: Sequence[int], requests: int | None, prompt_tokens: Sequence[int],

@@ -24,8 +24,9 @@ as "n/a" and written as null: never 0, which reads as a measurement.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -46,10 +47,11 @@ def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None
     None where not measured: no values (or any missing), or one value's spread."""
     if not values or any(v is None for v in values):
         return None, None
-    m = sum(values) / len(values)  # type: ignore[arg-type]
-    if len(values) < 2:
+    xs = [float(v) for v in values if v is not None]
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
         return m, None
-    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)  # type: ignore[operator]
+    var = sum((v - m) ** 2 for v in xs) / (len(xs) - 1)
     return m, math.sqrt(var)
 
 
@@ -60,7 +62,7 @@ class ITL:
     max: float | None
 
     @classmethod
-    def from_gaps(cls, gaps_ms: Sequence[float]) -> "ITL":
+    def from_gaps(cls, gaps_ms: Sequence[float]) -> ITL:
         if not gaps_ms:
             return cls(None, None, None)
         return cls(percentile(gaps_ms, 50), percentile(gaps_ms, 95), float(max(gaps_ms)))

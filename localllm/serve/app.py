@@ -11,8 +11,8 @@ import asyncio
 import hmac
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -130,7 +130,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def build_app(state: ServeState) -> Starlette:
+def build_app(state: ServeState) -> Guard:
     from starlette.concurrency import run_in_threadpool
 
     async def generate(request: Request, chat: bool) -> Response:
@@ -147,7 +147,8 @@ def build_app(state: ServeState) -> Starlette:
             if not tokens:
                 raise RequestError(400, "the prompt is empty")
             if len(tokens) >= state.n_ctx_seq:
-                raise RequestError(400, f"the prompt is {len(tokens)} tokens but a request's context holds {state.n_ctx_seq}: shorten it, or restart the server with a larger --ctx",
+                raise RequestError(400, f"the prompt is {len(tokens)} tokens but a request's context holds {state.n_ctx_seq}: "
+                                   "shorten it, or restart the server with a larger --ctx",
                                    param="messages" if chat else "prompt", code="context_length_exceeded")
         except RequestError as exc:
             request.scope["localllm.logged"] = True
@@ -218,7 +219,8 @@ def build_app(state: ServeState) -> Starlette:
     async def metrics(request: Request) -> Response:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    async def http_error(request: Request, exc: HTTPException) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)  # registered for HTTPException only
         msg = {404: "no such endpoint", 405: "method not allowed here"}.get(exc.status_code, str(exc.detail))
         return _error(exc.status_code, f"{msg}: {request.method} {request.url.path}"[:300])
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from typing import Sequence
+from collections.abc import Sequence
 
 # Seconds. TTFT spans prefill (tens of ms to seconds); ITL is one decode step.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

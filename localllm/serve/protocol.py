@@ -93,7 +93,8 @@ def _content(v: object, i: int) -> str:
 
 
 def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
-    messages = prompt = None
+    messages: list[dict] | None = None
+    prompt: str | list[int] | None = None
     if chat:
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
@@ -221,4 +222,4 @@ class Shaper:
 
 def sse(obj: dict | str) -> bytes:
     data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return f"data: {data}\n\n".encode("utf-8")
+    return f"data: {data}\n\n".encode()

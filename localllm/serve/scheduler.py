@@ -23,8 +23,9 @@ import collections
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Protocol
 
 from localllm.backend import SamplingConfig
 from localllm.metrics import percentile
@@ -76,8 +77,32 @@ class Slot:
     chunk: list[int] = field(default_factory=list)
     text: str = ""
     emitted: int = 0
-    utf8: object = None
+    utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
     used_at: int = 0
+
+
+class BatchModel(Protocol):
+    """The scheduler's seam to llama.cpp (localllm.batch_engine.BatchModel, or
+    a fake in tests): sequences in one unified KV cache, one sampler each."""
+
+    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool: ...
+    def seq_cp(self, src: int, dst: int, n: int) -> None: ...
+    def new_sampler(self, sampling: SamplingConfig) -> Any: ...
+    def free_sampler(self, sampler: Any) -> None: ...
+    def sample(self, sampler: Any, i: int) -> int: ...
+    def is_eog(self, token: int) -> bool: ...
+    def piece(self, token: int) -> bytes: ...
+    def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None: ...
+
+
+def _job(s: Slot) -> Job:
+    """The slot's request: only called on running slots, which always hold one."""
+    assert s.job is not None
+    return s.job
+
+
+def _submitted(s: Slot) -> int:
+    return _job(s).submit_ns
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -89,7 +114,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class Scheduler:
-    def __init__(self, model, *, n_seq: int, n_ctx_seq: int, n_batch: int, prefix_reuse: bool,
+    def __init__(self, model: BatchModel, *, n_seq: int, n_ctx_seq: int, n_batch: int, prefix_reuse: bool,
                  max_queue: int, prefill_chunk: int, metrics: ServerMetrics) -> None:
         self.model = model
         self.n_ctx_seq = n_ctx_seq
@@ -218,10 +243,10 @@ class Scheduler:
                 entries.append((s.last, len(s.cache), s.id, True))
         room = self.n_batch - len(entries)
         cap = min(room, self.prefill_chunk if entries else self.n_batch)
-        for s in sorted((s for s in active if s.last is None), key=lambda s: s.job.submit_ns):
+        for s in sorted((s for s in active if s.last is None), key=_submitted):
             if cap <= 0:
                 break
-            rest = s.job.tokens[len(s.cache):]
+            rest = _job(s).tokens[len(s.cache):]
             s.chunk = rest[:cap]
             pos = len(s.cache)
             entries.extend((t, pos + k, s.id, False) for k, t in enumerate(s.chunk))
@@ -285,7 +310,7 @@ class Scheduler:
 
     def _flush_text(self, s: Slot, *, final: bool) -> bool:
         """Send what is safe to send; True when a stop string ended the reply."""
-        job = s.job
+        job = _job(s)
         end = len(s.text)
         if job.stop:
             longest = max(len(x) for x in job.stop)
@@ -314,7 +339,7 @@ class Scheduler:
             s.text += tail
             if self._flush_text(s, final=True):
                 return
-        s.job.finish_reason = reason
+        _job(s).finish_reason = reason
         self._release(s)
 
     def _release(self, s: Slot, *, drop: bool = False, error: str | None = None) -> None:
