@@ -379,6 +379,15 @@ def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int)
     n_ctx = _pad(max(cfg.n_ctx, 1), CTX_PAD)
     T = min(n_ctx, cfg.n_ubatch)
     t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
+    if cfg.n_seq <= 1:
+        # The worst-case graph replayed through ggml's allocator (compute_graph.py),
+        # for the architectures whose graph it rebuilds; the rest below is an estimate.
+        from localllm import compute_graph
+
+        p = compute_graph.params(shape, cells=cells, swa_cells=swa_cells, type_k=cfg.type_k, type_v=cfg.type_v, flash_attn=cfg.flash_attn)
+        simulated = compute_graph.compute_buffer(p, T, t_out)
+        if simulated is not None:
+            return simulated
     E = shape.n_embd
     F = max(shape.n_ff) if shape.n_ff else 4 * E
     if shape.n_expert and shape.n_ff_exp:
