@@ -607,15 +607,83 @@ def _lfm2(c: Ctx, arch: str) -> Tensor:
     return cur
 
 
-BUILDERS: dict[str, Callable[[Ctx, str], Tensor]] = {
+def _deepseek2(c: Ctx, arch: str) -> Tensor | None:
+    """src/models/deepseek2.cpp with MLA (the cache holds the compressed latent and
+    the rope part; Q absorbs wk_b, V is read from the latent and decompressed by
+    wv_b: llm_graph_context::build_attn over llm_graph_input_attn_k) and dense
+    layers. A layer past leading_dense_block_count is a mixture of experts,
+    which is not rebuilt here (None: the planner estimates)."""
+    p = c.p
+    E, H, T = p["n_embd"], p["n_head"], c.T
+    hk_mla, hv_mla, q_lora, n_dense = p["mla_dims"]
+    r = p["head_v"]  # value_length: kv_lora_rank
+    rope_d = p["head_k"] - r  # key_length - kv_lora_rank: the rope part
+    nope = hk_mla - rope_d
+    if not (p["mla"] and hk_mla and hv_mla and n_dense >= p["n_layer"]):
+        return None
+    cur = c.inp_embd()
+    inpL = cur
+    pos = c.inp_pos()
+    cache = p["caches"]["base"]
+    k_idxs = new("i64", T)
+    mask = new("f16" if c.fa else "f32", cache["n_kv"], T)
+    out_ids = c.out_ids()
+    layers = p["layers"]
+    kt = cache["type_k"]
+    for il in layers:
+        inpSA = inpL
+        x = norm(inpL, _w(E))
+        if q_lora:
+            q = mul_mat(_w(q_lora, H * hk_mla), norm(mul_mat(_w(E, q_lora), x), _w(q_lora)))
+        else:
+            q = mul_mat(_w(E, H * hk_mla), x)
+        q = reshape(q, hk_mla, H, T)
+        kv_pe = mul_mat(_w(E, r + rope_d), x)
+        kv_cmpr = view(kv_pe, (r, T), (kv_pe.nb[1],))
+        k_pe = rope(view(kv_pe, (rope_d, 1, T), (kv_pe.nb[1], kv_pe.nb[1])), pos)
+        kv_cmpr = norm(kv_cmpr, _w(r))
+        q_nope = view(q, (nope, H, T), (q.nb[1], q.nb[2]))
+        q_pe = rope(view(q, (rope_d, H, T), (q.nb[1], q.nb[2])), pos)
+        q_nope = permute(q_nope, 0, 2, 1, 3)
+        q_abs = permute(mul_mat(_w(nope, r, H), q_nope), 0, 2, 1, 3)
+        qcur = op("CONCAT", "f32", (r + rope_d, H, T), q_abs, q_pe)
+        kv_cmpr = reshape(kv_cmpr, r, 1, T)
+        kcur = op("CONCAT", "f32", (r + rope_d, 1, T), kv_cmpr, k_pe)
+        for t in (qcur, kv_cmpr, kcur):
+            c.gf.expand(t)
+        k_cache = Tensor(kt, ((r + rope_d), cache["n_kv"]), ext=True)
+        c.gf.expand(set_rows(k_cache, view(kcur, (r + rope_d, T), (kcur.nb[2],)), k_idxs))
+        kv = Tensor(kt, (r + rope_d, 1, cache["n_kv"], 1), "VIEW", (k_cache,), view_src=k_cache,
+                    nb=(_TYPES[kt][0], _row(kt, r + rope_d), _row(kt, r + rope_d), _row(kt, (r + rope_d) * cache["n_kv"])))
+        vv = Tensor(kt, (r, 1, cache["n_kv"], 1), "VIEW", (kv,), view_src=k_cache, nb=kv.nb)
+        cur = c.mha(qcur, kv, vv, mask, _w(r, hv_mla, H))
+        cur = mul_mat(_w(H * hv_mla, E), cur)
+        if il == layers[-1]:
+            cur = get_rows(cur, out_ids)
+            inpSA = get_rows(inpSA, out_ids)
+        ffn_inp = dup("ADD", cur, inpSA)
+        cur = c.ffn(norm(ffn_inp, _w(E)), p["n_ff"][il])
+        cur = dup("ADD", cur, ffn_inp)
+        inpL = cur
+    cur = norm(inpL, _w(E))
+    cur.output = True
+    cur = mul_mat(_w(E, p["n_vocab"]), cur)
+    cur.output = True
+    return cur
+
+
+BUILDERS: dict[str, Callable[[Ctx, str], Tensor | None]] = {
     **{a: _decoder for a in ("llama", "qwen2", "qwen3", "gemma3", "olmo2", "exaone4")},
     "lfm2": _lfm2,
+    "deepseek2": _deepseek2,
 }
 
 
-def graph_peak(p: dict[str, Any], n_tokens: int, n_outputs: int) -> int:
+def graph_peak(p: dict[str, Any], n_tokens: int, n_outputs: int) -> int | None:
     c = Ctx(p, n_tokens, n_outputs)
     out = BUILDERS[p["arch"]](c, p["arch"])
+    if out is None:
+        return None
     c.gf.expand(out)
     return allocate(c.gf)
 
@@ -633,7 +701,10 @@ def compute_buffer(p: dict[str, Any], n_ubatch: int, n_outputs_pp: int) -> int |
     if key not in _CACHE:
         if len(_CACHE) > 256:
             _CACHE.clear()
-        _CACHE[key] = max(graph_peak(p, n_ubatch, n_outputs_pp), graph_peak(p, 1, 1))
+        pp = graph_peak(p, n_ubatch, n_outputs_pp)
+        if pp is None:
+            return None
+        _CACHE[key] = max(pp, graph_peak(p, 1, 1) or 0)
     return _CACHE[key]
 
 
@@ -694,6 +765,6 @@ def params(shape: Any, *, cells: int, swa_cells: int, type_k: str, type_v: str, 
         "head_k": shape.head_dim_k, "head_v": shape.head_dim_v, "n_head_kv": list(shape.n_head_kv),
         "n_ff": list(shape.n_ff), "n_vocab": shape.n_vocab, "swa_layers": shape.swa_layers if has_swa else frozenset(),
         "iswa": has_swa, "caches": caches, "recurrent_layers": shape.recurrent_layers,
-        "l_cache": shape.n_embd_r // max(shape.n_embd, 1) + 1, "flash_attn": flash_attn,
+        "l_cache": shape.n_embd_r // max(shape.n_embd, 1) + 1, "mla": shape.mla, "mla_dims": shape.mla_dims, "flash_attn": flash_attn,
         "attn_softcap": shape.architecture == "gemma2", "final_softcap": shape.architecture == "gemma2",
     }

@@ -83,6 +83,8 @@ class ModelShape:
     n_expert_used: int = 0
     n_ff_exp: int = 0  # a MoE expert's feed-forward width (expert_feed_forward_length)
     layer_active_bytes: list[int] | None = None  # weights a token reads per layer (MoE: the used experts only)
+    # MLA graph sizes (key_length_mla, value_length_mla, q_lora_rank, leading_dense_block_count): compute_graph.py
+    mla_dims: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @classmethod
     def from_header(cls, header: GGUFHeader) -> "ModelShape":
@@ -155,6 +157,8 @@ class ModelShape:
             n_expert_used=n_used,
             n_ff_exp=max(per_layer("expert_feed_forward_length", 0) or [0]),
             layer_active_bytes=active,
+            mla_dims=tuple(int(header.arch_key(k, 0) or 0) for k in (
+                "attention.key_length_mla", "attention.value_length_mla", "attention.q_lora_rank", "leading_dense_block_count")),
         )
 
     def has_kv(self, il: int) -> bool:
