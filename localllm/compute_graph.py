@@ -465,7 +465,7 @@ def _decoder(c: Ctx, arch: str) -> Tensor:
     if gemma:
         cur = dup("SCALE", cur)  # inpL * sqrt(n_embd)
     elif arch == "granite":
-        cur = dup("SCALE", cur)  # f_embedding_scale
+        cur = dup("SCALE", cur)  # f_embedding_scale where the model sets it (in place: no memory either way)
     inpL = cur
     pos = c.inp_pos()
     caches = p["caches"]
@@ -479,7 +479,15 @@ def _decoder(c: Ctx, arch: str) -> Tensor:
         inpSA = inpL
         x = inpL if post_norm else norm(inpL, _w(E))
         wo = _w(H * hk, E)
-        if arch == "olmo2":
+        if arch == "phi3":
+            # one fused QKV matrix: Q, K and V are views of its output (build_qkv, wqkv)
+            qkv = mul_mat(_w(E, H * hk + 2 * nkv * hk), x)
+            q = view(qkv, (hk, H, T), (_row("f32", hk), qkv.nb[1]))
+            k = view(qkv, (hk, nkv, T), (_row("f32", hk), qkv.nb[1]))
+            v = view(qkv, (hk, nkv, T), (_row("f32", hk), qkv.nb[1]))
+            q, k = rope(q, pos), rope(k, pos)
+            q = dup("SCALE", q)
+        elif arch == "olmo2":
             # build_qkv(..., reshape=false): 2-D Q/K/V, the norms over the whole row
             q = mul_mat(_w(E, H * hk), x)
             k = mul_mat(_w(E, nkv * hk), x)
@@ -514,21 +522,24 @@ def _decoder(c: Ctx, arch: str) -> Tensor:
             if gemma:
                 q = dup("SCALE", q)
         cur = c.attn(inp, il, q, k, v, wo, iswa)
-        if arch == "granite":
-            cur = dup("SCALE", cur)  # f_residual_scale
         if il == layers[-1]:
             cur = get_rows(cur, out_ids)
             inpSA = get_rows(inpSA, out_ids)
+        if arch == "granite":
+            cur = dup("SCALE", cur)  # build_layer_ffn: f_residual_scale (in place)
         if gemma or post_norm:
             cur = norm(cur, _w(E))
         ffn_inp = dup("ADD", cur, inpSA)
         x = ffn_inp if post_norm else norm(ffn_inp, _w(E))
-        cur = c.ffn(x, p["n_ff"][il])
-        if arch == "granite":
-            cur = dup("SCALE", cur)
+        if arch == "phi3":
+            # build_ffn with LLM_FFN_SWIGLU / LLM_FFN_SEQ: one up matrix of 2 n_ff, a fused SwiGLU
+            up = mul_mat(_w(E, 2 * p["n_ff"][il]), x)
+            cur = mul_mat(_w(p["n_ff"][il], E), op("GLU", "f32", (p["n_ff"][il],) + up.ne[1:], up))
+        else:
+            cur = c.ffn(x, p["n_ff"][il])
         if gemma or post_norm:
             cur = norm(cur, _w(E))
-        cur = dup("ADD", cur, ffn_inp)
+        cur = dup("ADD", ffn_inp, cur) if arch == "phi3" else dup("ADD", cur, ffn_inp)
         inpL = cur
     cur = norm(inpL, _w(E))
     cur.output = True  # res->t_embd (llm_graph_result::set_outputs)
@@ -673,7 +684,7 @@ def _deepseek2(c: Ctx, arch: str) -> Tensor | None:
 
 
 BUILDERS: dict[str, Callable[[Ctx, str], Tensor | None]] = {
-    **{a: _decoder for a in ("llama", "qwen2", "qwen3", "gemma3", "olmo2", "exaone4")},
+    **{a: _decoder for a in ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "exaone4", "granite", "phi3")},
     "lfm2": _lfm2,
     "deepseek2": _deepseek2,
 }
