@@ -439,6 +439,39 @@ class Ctx:
         return mul_mat(weight(n_ff, E), x)
 
 
+def _moe_ffn(c: Ctx, cur: Tensor) -> Tensor:
+    """llm_graph_context::build_moe_ffn (src/llama-graph.cpp) with softmax gating,
+    normalized weights, a gate and SiLU (qwen3moe): the router, the top-k
+    experts (ggml_argsort_top_k), gate/up/down over the used experts
+    (ggml_mul_mat_id) and the weighted sum of their outputs."""
+    p = c.p
+    E, T, X, k, F = p["n_embd"], cur.ne[1], p["n_expert"], p["n_expert_used"], p["n_ff_exp"]
+    logits = mul_mat(_w(E, X), cur)
+    probs = dup("SOFT_MAX", logits)
+    order = op("ARGSORT", "i32", probs.ne, probs)
+    selected = view(order, (k, T), (order.nb[1],))
+    weights = get_rows(reshape(probs, 1, X, T), selected)
+    weights = reshape(weights, k, T)
+    wsum = dup("CLAMP", op("SUM_ROWS", "f32", (1, T), weights))
+    weights = reshape(dup("DIV", weights, wsum), 1, k, T)
+    c.gf.expand(weights)
+    x = reshape(cur, E, 1, T)
+    up = op("MUL_MAT_ID", "f32", (F, k, T), weight(E, F, X), x, selected)
+    gate = op("MUL_MAT_ID", "f32", (F, k, T), weight(E, F, X), x, selected)
+    h = op("GLU", "f32", gate.ne, gate, up)
+    experts = op("MUL_MAT_ID", "f32", (E, k, T), weight(F, E, X), h, selected)
+    experts = dup("MUL", experts, weights)
+    c.gf.expand(experts)
+    views = [view(experts, (E, T), (experts.nb[2],)) for _ in range(k)]
+    for v in views:
+        c.gf.expand(v)
+    out = views[0]
+    for v in views[1:]:
+        out = dup("ADD", out, v)
+        c.gf.expand(out)
+    return out if k > 1 else cont(out)
+
+
 def _hadamard(cur: Tensor, rot: Tensor) -> Tensor:
     """llama_mul_mat_hadamard (src/llama-impl.h)."""
     n = rot.ne[0]
@@ -509,7 +542,7 @@ def _decoder(c: Ctx, arch: str) -> Tensor:
             if arch == "qwen2":
                 v = dup("ADD", v, _w(nkv * hk))
             q, k, v = reshape(q, hk, H, T), reshape(k, hk, nkv, T), reshape(v, hk, nkv, T)
-            qk_norm = arch in ("qwen3", "gemma3", "exaone4")
+            qk_norm = arch in ("qwen3", "qwen3moe", "gemma3", "exaone4")
             use_rope = arch != "exaone4" or swa or not iswa
             if qk_norm:
                 q = norm(q, _w(hk))
@@ -535,6 +568,8 @@ def _decoder(c: Ctx, arch: str) -> Tensor:
             # build_ffn with LLM_FFN_SWIGLU / LLM_FFN_SEQ: one up matrix of 2 n_ff, a fused SwiGLU
             up = mul_mat(_w(E, 2 * p["n_ff"][il]), x)
             cur = mul_mat(_w(p["n_ff"][il], E), op("GLU", "f32", (p["n_ff"][il],) + up.ne[1:], up))
+        elif arch == "qwen3moe":
+            cur = _moe_ffn(c, x)
         else:
             cur = c.ffn(x, p["n_ff"][il])
         if gemma or post_norm:
@@ -684,7 +719,7 @@ def _deepseek2(c: Ctx, arch: str) -> Tensor | None:
 
 
 BUILDERS: dict[str, Callable[[Ctx, str], Tensor | None]] = {
-    **{a: _decoder for a in ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "exaone4", "granite", "phi3")},
+    **{a: _decoder for a in ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "exaone4", "granite", "phi3", "qwen3moe")},
     "lfm2": _lfm2,
     "deepseek2": _deepseek2,
 }
@@ -759,6 +794,10 @@ def params(shape: Any, *, cells: int, swa_cells: int, type_k: str, type_v: str, 
             while k_all % (nrot * 2) == 0:
                 nrot *= 2
         v_rot = v_all > 0 and not shape.mla and _is_quant(type_v) and shape.head_dim_v % 64 == 0
+        if shape.recurrent_layers and has_swa:
+            # src/llama-graph.cpp build_inp_mem_hybrid_iswa builds no rotation inputs
+            # (unlike build_attn_inp_kv_impl and build_attn_inp_kv_iswa)
+            nrot, v_rot = 0, False
         return {"n_kv": n_kv, "type_k": type_k, "type_v": type_v, "k_rot": nrot, "v_rot": v_rot,
                 "head_k": [h[0] for h in heads], "head_v": [h[1] for h in heads], "n_head_kv": list(shape.n_head_kv),
                 "n_embd_v_max": n_embd_v_max, "has_v": not shape.mla}
@@ -776,6 +815,7 @@ def params(shape: Any, *, cells: int, swa_cells: int, type_k: str, type_v: str, 
         "head_k": shape.head_dim_k, "head_v": shape.head_dim_v, "n_head_kv": list(shape.n_head_kv),
         "n_ff": list(shape.n_ff), "n_vocab": shape.n_vocab, "swa_layers": shape.swa_layers if has_swa else frozenset(),
         "iswa": has_swa, "caches": caches, "recurrent_layers": shape.recurrent_layers,
-        "l_cache": shape.n_embd_r // max(shape.n_embd, 1) + 1, "mla": shape.mla, "mla_dims": shape.mla_dims, "flash_attn": flash_attn,
+        "l_cache": shape.n_embd_r // max(shape.n_embd, 1) + 1, "mla": shape.mla, "mla_dims": shape.mla_dims,
+        "n_expert": shape.n_expert, "n_expert_used": shape.n_expert_used, "n_ff_exp": shape.n_ff_exp, "flash_attn": flash_attn,
         "attn_softcap": shape.architecture == "gemma2", "final_softcap": shape.architecture == "gemma2",
     }

@@ -184,11 +184,10 @@ def test_compute_within_5_percent(case: str, setting: str, synth_dir: Path) -> N
 
 def test_compute_is_replayed_or_marked_as_an_estimate(synth_dir: Path) -> None:
     """The compute buffer comes from replaying llama.cpp's graph (localllm/compute_graph.py)
-    where the graph is rebuilt; elsewhere (a mixture-of-experts FFN here) the plan says it is an estimate."""
-    cfg = RunConfig(n_ctx=1000)
-    assert not plan_memory(_shape(synth_dir, "gemma3"), cfg).compute_estimated
-    moe = plan_memory(_shape(synth_dir, "qwen3moe"), cfg)
-    assert moe.compute_estimated and moe.to_dict()["compute_estimated"] is True
+    where the graph is rebuilt; elsewhere (several sequences here) the plan says it is an estimate."""
+    assert not plan_memory(_shape(synth_dir, "qwen3moe"), RunConfig(n_ctx=1000)).compute_estimated
+    streams = plan_memory(_shape(synth_dir, "gemma3"), RunConfig(n_ctx=1000, n_seq=2))
+    assert streams.compute_estimated and streams.to_dict()["compute_estimated"] is True
 
 
 # -- every load checks the plan (localllm.memcheck) ------------------------------------------
