@@ -28,7 +28,6 @@ ALIGN = 32  # TENSOR_ALIGNMENT (ggml/src/ggml-impl.h): the CPU buffer type's ali
 # ggml-alloc.c ggml_op_can_inplace
 _INPLACE = {"FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB", "MUL", "DIV", "SQR", "SQRT",
             "LOG", "UNARY", "ROPE", "ROPE_BACK", "SILU_BACK", "RMS_NORM", "RMS_NORM_BACK", "CLAMP", "SOFT_MAX", "SOFT_MAX_BACK"}
-_VIEW_OPS = {"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "SET_ROWS"}
 
 
 def _row(type_: str, n: int) -> int:
@@ -127,10 +126,6 @@ def get_rows(a: Tensor, ids: Tensor) -> Tensor:
 def set_rows(dst: Tensor, a: Tensor, ids: Tensor) -> Tensor:
     """ggml_set_rows returns a view of ``dst``: no memory of its own."""
     return Tensor(dst.type, dst.ne, "SET_ROWS", (a, ids, dst), view_src=dst.view_src or dst, nb=dst.nb)
-
-
-def rms_norm(a: Tensor) -> Tensor:
-    return dup("RMS_NORM", a)
 
 
 def norm(a: Tensor, w: Tensor | None, b: Tensor | None = None, kind: str = "RMS_NORM") -> Tensor:
@@ -484,11 +479,13 @@ def _w(*ne: int) -> Tensor:
     return weight(*ne)
 
 
-def _decoder(c: Ctx, arch: str) -> Tensor:
+def _decoder(c: Ctx, arch: str) -> Tensor | None:
     """The dense decoder families (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, granite.cpp,
     gemma2.cpp, gemma3.cpp, olmo2.cpp, exaone4.cpp): per layer pre- or post-norm,
     Q/K/V (with Q/K norms where the model has them), rope, attention, FFN."""
     p = c.p
+    if p["n_expert"] and arch != "qwen3moe":
+        return None  # a mixture-of-experts FFN in these files (e.g. Mixtral as "llama") is not rebuilt
     E, H, T = p["n_embd"], p["n_head"], c.T
     hk = p["head_k"]
     iswa = p["iswa"]
@@ -747,10 +744,14 @@ def compute_buffer(p: dict[str, Any], n_ubatch: int, n_outputs_pp: int) -> int |
     if key not in _CACHE:
         if len(_CACHE) > 256:
             _CACHE.clear()
-        pp = graph_peak(p, n_ubatch, n_outputs_pp)
+        try:
+            pp = graph_peak(p, n_ubatch, n_outputs_pp)
+            tg = graph_peak(p, 1, 1) if pp is not None else None
+        except (KeyError, IndexError, ValueError, ZeroDivisionError):
+            pp = tg = None  # a header this graph cannot be built from (a cache type or shape it does not know)
         if pp is None:
             return None
-        _CACHE[key] = max(pp, graph_peak(p, 1, 1) or 0)
+        _CACHE[key] = max(pp, tg or 0)
     return _CACHE[key]
 
 
@@ -763,7 +764,7 @@ def _layers_to_build(shape: Any, has_swa: bool) -> list[int]:
     L = shape.n_layer
     kinds = [(has_swa and il in shape.swa_layers, shape.has_kv(il), il in shape.recurrent_layers,
               shape.n_ff[il] if il < len(shape.n_ff) else 0, shape.n_head_kv[il]) for il in range(L)]
-    period = next((q for q in range(1, L + 1) if all(kinds[i] == kinds[i % q] for i in range(L))), L)
+    period = next((q for q in range(1, L // 4 + 1) if all(kinds[i] == kinds[i % q] for i in range(L))), L)
     if L <= 4 * period:
         return list(range(L))
     keep = list(range(2 * period)) + list(range(L - period, L))
@@ -819,3 +820,16 @@ def params(shape: Any, *, cells: int, swa_cells: int, type_k: str, type_v: str, 
         "n_expert": shape.n_expert, "n_expert_used": shape.n_expert_used, "n_ff_exp": shape.n_ff_exp, "flash_attn": flash_attn,
         "attn_softcap": shape.architecture == "gemma2", "final_softcap": shape.architecture == "gemma2",
     }
+
+
+def replay(shape: Any, n_ubatch: int, n_outputs: int, **settings: Any) -> int | None:
+    """The compute buffer llama.cpp allocates for ``shape`` (a planner.ModelShape)
+    with these load settings (see ``params``), or None where the graph is not
+    rebuilt here or cannot be built from this header."""
+    if shape.architecture not in BUILDERS:
+        return None
+    try:
+        p = params(shape, **settings)
+    except (KeyError, IndexError, ValueError, ZeroDivisionError):
+        return None
+    return compute_buffer(p, n_ubatch, n_outputs)

@@ -357,7 +357,8 @@ def plan_memory(shape: ModelShape, cfg: RunConfig, *, gpu: bool = False) -> Memo
     )
 
 
-# What else is live beside the feed-forward peak (3 n_ff): how many n_embd-wide
+# The estimate, for graphs compute_graph.py does not replay (other architectures,
+# several sequences). What else is live beside the feed-forward peak (3 n_ff): how many n_embd-wide
 # activations, whether a Q-sized one is still held, and whether a Q norm keeps
 # it held with a quantized K cache. Llama-style graphs keep 3 n_embd and Q (the
 # default, exact on SmolLM2 and Gemma 3 270M); these graphs differ, as measured against
@@ -393,13 +394,13 @@ def _compute(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> t
     n_ctx = _pad(max(cfg.n_ctx, 1), CTX_PAD)
     T = min(n_ctx, cfg.n_ubatch)
     t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
-    if cfg.n_seq <= 1:
+    from localllm import compute_graph
+
+    if cfg.n_seq <= 1 and shape.architecture in compute_graph.BUILDERS:
         # The worst-case graph replayed through ggml's allocator (compute_graph.py),
         # for the architectures whose graph it rebuilds; the rest below is an estimate.
-        from localllm import compute_graph
-
-        p = compute_graph.params(shape, cells=cells, swa_cells=swa_cells, type_k=cfg.type_k, type_v=cfg.type_v, flash_attn=cfg.flash_attn)
-        simulated = compute_graph.compute_buffer(p, T, t_out)
+        simulated = compute_graph.replay(shape, T, t_out, cells=cells, swa_cells=swa_cells, type_k=cfg.type_k, type_v=cfg.type_v,
+                                         flash_attn=cfg.flash_attn)
         if simulated is not None:
             return simulated, True
     E = shape.n_embd
