@@ -17,9 +17,11 @@ follows llama.cpp (the version pinned by scripts/install.sh):
 - the output buffer holds ``n_vocab`` floats per output row, one row per
   sequence at reserve (llama-context.cpp ``output_reserve``);
 - the compute buffer is the peak of the worst-case graph (``n_ubatch`` tokens,
-  full cache): the largest of the logits, attention and feed-forward phases,
-  plus the attention masks, which live through the whole graph. That part is
-  a model of ggml-alloc's peak, checked against llama.cpp's log in the tests.
+  full cache): for the architectures compute_graph.py rebuilds, that graph is
+  replayed through a copy of ggml-alloc's allocator (exact to llama.cpp's log
+  on the conformance suite); for the others, and for several sequences, it is
+  an estimate: the largest of the logits, attention and feed-forward phases
+  plus the attention masks (``compute_estimated`` in the plan).
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class ModelShape:
     n_expert_used: int = 0
     n_ff_exp: int = 0  # a MoE expert's feed-forward width (expert_feed_forward_length)
     layer_active_bytes: list[int] | None = None  # weights a token reads per layer (MoE: the used experts only)
+    # MLA graph sizes (key_length_mla, value_length_mla, q_lora_rank, leading_dense_block_count): compute_graph.py
+    mla_dims: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @classmethod
     def from_header(cls, header: GGUFHeader) -> "ModelShape":
@@ -155,6 +159,8 @@ class ModelShape:
             n_expert_used=n_used,
             n_ff_exp=max(per_layer("expert_feed_forward_length", 0) or [0]),
             layer_active_bytes=active,
+            mla_dims=tuple(int(header.arch_key(k, 0) or 0) for k in (
+                "attention.key_length_mla", "attention.value_length_mla", "attention.q_lora_rank", "leading_dense_block_count")),
         )
 
     def has_kv(self, il: int) -> bool:
@@ -243,6 +249,7 @@ class MemoryPlan:
     rs_gpu_bytes: int = 0
     verified: bool = True  # False: the architecture's cache rule is unknown, planned as dense
     swa_type: str = "none"
+    compute_estimated: bool = False  # True: compute_bytes is an estimate (the graph is not replayed: compute_graph.py)
 
     @property
     def total_gpu_bytes(self) -> int:
@@ -317,6 +324,7 @@ def plan_memory(shape: ModelShape, cfg: RunConfig, *, gpu: bool = False) -> Memo
     rs_layer = (shape.n_embd_r + shape.n_embd_s) * 4 * rs_rows
     rs_total = rs_layer * len(shape.recurrent_layers)
     rs_gpu = rs_layer * len(shape.recurrent_layers & gpu_layers)
+    compute = _compute(shape, cfg, cells, swa_cells)
     w_gpu = sum(shape.layer_bytes[i] for i in gpu_layers)
     w_cpu = sum(shape.layer_bytes) - w_gpu + shape.input_bytes
     if output_on_gpu:
@@ -337,7 +345,7 @@ def plan_memory(shape: ModelShape, cfg: RunConfig, *, gpu: bool = False) -> Memo
         kv_bytes_per_token=per_token,
         weights_gpu_bytes=w_gpu,
         weights_cpu_bytes=w_cpu,
-        compute_bytes=compute_bytes(shape, cfg, cells, swa_cells),
+        compute_bytes=compute[0],
         output_bytes=shape.n_vocab * 4 * max(cfg.n_seq, 1),
         compute_on_gpu=bool(gpu_layers) or output_on_gpu,
         kv_layers=layers,
@@ -345,10 +353,12 @@ def plan_memory(shape: ModelShape, cfg: RunConfig, *, gpu: bool = False) -> Memo
         rs_gpu_bytes=rs_gpu,
         verified=shape.verified,
         swa_type="none" if not (shape.swa_layers and shape.n_swa) else ("chunked" if shape.architecture == "llama4" else "standard"),
+        compute_estimated=not compute[1],
     )
 
 
-# What else is live beside the feed-forward peak (3 n_ff): how many n_embd-wide
+# The estimate, for graphs compute_graph.py does not replay (other architectures,
+# several sequences). What else is live beside the feed-forward peak (3 n_ff): how many n_embd-wide
 # activations, whether a Q-sized one is still held, and whether a Q norm keeps
 # it held with a quantized K cache. Llama-style graphs keep 3 n_embd and Q (the
 # default, exact on SmolLM2 and Gemma 3 270M); these graphs differ, as measured against
@@ -364,9 +374,14 @@ _FFN_LIVE: dict[str, tuple[int, bool, bool]] = {
 
 
 def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> int:
-    """Peak of the worst-case graph llama.cpp reserves (see the module docstring).
+    """Peak of the worst-case graph llama.cpp reserves (see the module docstring)."""
+    return _compute(shape, cfg, cells, swa_cells)[0]
 
-    Counted in f32 values per token of the ubatch (T tokens):
+
+def _compute(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> tuple[int, bool]:
+    """(compute buffer bytes, whether llama.cpp's graph was replayed to get it).
+
+    Without a replay the figure is an estimate, counted in f32 values per token of the ubatch (T tokens):
     - logits phase: T_out rows of n_vocab, plus two n_embd activations; the
       attention masks are already freed by then;
     - layer phase: the masks (n_kv x T, f16 with flash attention, else f32)
@@ -379,6 +394,15 @@ def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int)
     n_ctx = _pad(max(cfg.n_ctx, 1), CTX_PAD)
     T = min(n_ctx, cfg.n_ubatch)
     t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
+    from localllm import compute_graph
+
+    if cfg.n_seq <= 1 and shape.architecture in compute_graph.BUILDERS:
+        # The worst-case graph replayed through ggml's allocator (compute_graph.py),
+        # for the architectures whose graph it rebuilds; the rest below is an estimate.
+        simulated = compute_graph.replay(shape, T, t_out, cells=cells, swa_cells=swa_cells, type_k=cfg.type_k, type_v=cfg.type_v,
+                                         flash_attn=cfg.flash_attn)
+        if simulated is not None:
+            return simulated, True
     E = shape.n_embd
     F = max(shape.n_ff) if shape.n_ff else 4 * E
     if shape.n_expert and shape.n_ff_exp:
@@ -429,7 +453,7 @@ def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int)
         rot += 64 * 64 * 4
     rot *= int(has_base) + int(has_swa_kv)
     layer = max(ffn, attn) * T * 4 + masks + rot
-    return max(logits, layer)
+    return max(logits, layer), False
 
 
 # -- fitting a budget ---------------------------------------------------------------

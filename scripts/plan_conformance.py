@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a small subset of architectures and settings (CI)")
     ap.add_argument("--arch", action="append", choices=sorted(CASES), help="only these cases (repeatable)")
     ap.add_argument("--real", action="store_true", help="also SmolLM2 135M and Gemma 3 270M (the test suite's real models)")
-    ap.add_argument("--strict", action="store_true", help="exit 1 on a compute buffer outside 5%% too (known misses: see the table)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 on a compute buffer outside 5%% too")
     a = ap.parse_args(argv)
     import logging
 

@@ -24,7 +24,8 @@ def render(f, architecture: str = "") -> str:
         f"{'weights':<10}{fmt.size(p.weights_gpu_bytes):>12}{fmt.size(p.weights_cpu_bytes):>12}",
         f"{'KV cache':<10}{fmt.size(p.kv_gpu_bytes):>12}{fmt.size(p.kv_cache_bytes - p.kv_gpu_bytes):>12}",
         *([f"{'recurrent':<10}{fmt.size(p.rs_gpu_bytes):>12}{fmt.size(p.rs_bytes - p.rs_gpu_bytes):>12}"] if p.rs_bytes else []),
-        f"{'compute':<10}{fmt.size(p.compute_bytes if p.compute_on_gpu else 0):>12}{fmt.size(0 if p.compute_on_gpu else p.compute_bytes):>12}",
+        f"{'compute':<10}{fmt.size(p.compute_bytes if p.compute_on_gpu else 0):>12}{fmt.size(0 if p.compute_on_gpu else p.compute_bytes):>12}"
+        + ("  (estimate)" if p.compute_estimated else ""),
         f"{'output':<10}{fmt.size(0):>12}{fmt.size(p.output_bytes):>12}",
         f"{'total':<10}{fmt.size(p.total_gpu_bytes):>12}{fmt.size(p.total_cpu_bytes):>12}",
         "",
