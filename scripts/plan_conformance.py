@@ -118,14 +118,14 @@ class Row:
 def measure(case: str, path: Path, s: Setting) -> Row:
     """Load ``path`` with setting ``s`` in llama.cpp and compare with the plan."""
     from localllm import memcheck, planner
-    from localllm.backend import LoadConfig, run_config
+    from localllm.backend import LoadConfig
     from localllm.engine import ROUTER, LlamaCppBackend
     from localllm.errors import LocalLLMError
     from localllm.gguf_file import read_header
 
     lc = LoadConfig(n_ctx=s.n_ctx, n_threads=1, n_batch=512, n_ubatch=s.n_ubatch, type_k=s.kv, type_v=s.kv,
                     flash_attn="on" if s.flash else "off", swa_full=s.swa_full, n_outputs_max=s.n_outputs_max)
-    plan = planner.plan_memory(planner.ModelShape.from_header(read_header(path)), run_config(lc))
+    plan = planner.plan_memory(planner.ModelShape.from_header(read_header(path)), lc)
     kv_plan = [round(b / MiB, 2) for b in plan.kv_buffer_bytes()]
     row = Row(case, s, kv_plan, [], plan.rs_bytes / MiB, 0.0, plan.compute_bytes / MiB, None, plan.output_bytes / MiB, None)
     mark = ROUTER.mark()
