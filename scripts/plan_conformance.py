@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from localllm.llama_rules import needs_flash_attn
 from scripts.synth_gguf import SynthSpec, write_gguf
 
 MiB = 1024 * 1024
@@ -75,7 +76,7 @@ def settings(quick: bool, has_swa: bool) -> list[Setting]:
         for ub in ((512,) if quick else (512, 128)):
             for kv in (("f16", "q8_0") if quick else ("f16", "q8_0", "q4_0")):
                 for flash in (True, False):
-                    if not flash and kv != "f16":
+                    if not flash and needs_flash_attn(kv):
                         continue  # llama.cpp refuses a quantized V cache without flash attention
                     for swa_full in ((False, True) if has_swa else (False,)):
                         out.append(Setting(n_ctx, ub, kv, flash, swa_full))
