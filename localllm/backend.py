@@ -7,96 +7,20 @@ protocol to check timing displays exactly.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Iterator, Protocol, Sequence
 
-from localllm.errors import UsageError
+from localllm.config import LoadConfig
+from localllm.llama_rules import FLASH_ATTN_MODES, check_cache_types, ggml_type_id  # noqa: F401  (the engine adapter imports them from here)
 from localllm.metrics import GenerationStats
-
-# K/V cache types llama.cpp accepts (common/arg.cpp's kv_cache_types).
-KV_CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-FLASH_ATTN_MODES: tuple[str, ...] = ("auto", "on", "off")
-
-
-def ggml_type_id(name: str) -> int:
-    """ggml's enum value for a cache type name (gguf's enum mirrors ggml's)."""
-    from gguf import GGMLQuantizationType  # lazy: gguf imports numpy
-
-    if name not in KV_CACHE_TYPES:
-        raise UsageError(f"unsupported cache type '{name}': choose one of {', '.join(KV_CACHE_TYPES)}")
-    return GGMLQuantizationType[name.upper()].value
-
-
-def check_cache_types(type_k: str, type_v: str, head_dim_k: int, head_dim_v: int) -> None:
-    """A quantized cache stores whole blocks per head: llama.cpp refuses a type
-    whose block size does not divide the head dimension. Say so before loading."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    for which, name, dim in (("K", type_k, head_dim_k), ("V", type_v, head_dim_v)):
-        block = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type_id(name))][0]
-        if dim and dim % block:
-            raise UsageError(
-                f"{which} cache type {name} stores blocks of {block} values but this model's {which} head dim is {dim}: use --kv-type f16"
-            )
-
-
-@dataclass(frozen=True)
-class LoadConfig:
-    """How to load a model and size its context.
-
-    ``n_gpu_layers=-1`` offloads every layer when the build has a GPU backend
-    (it is ignored on CPU builds). ``n_threads=None`` means physical cores.
-    ``swa_full`` keeps a full-size cache for sliding-window layers (more memory,
-    but the cache can then be shifted).
-    A quantized V cache needs flash attention: ``auto`` lets llama.cpp decide.
-    """
-
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    n_gpu_layers: int = -1
-    flash_attn: str = "auto"
-    type_k: str = "f16"
-    type_v: str = "f16"
-    n_batch: int = 512
-    n_ubatch: int = 512
-    swa_full: bool = False
-    # Rows of logits a ubatch may output. Generation needs only the last token's,
-    # and llama.cpp sizes its compute buffer for this many rows of n_vocab floats:
-    # 1 instead of the default n_batch saves 490 MiB on Gemma 3 (262k vocabulary).
-    # 0 means n_batch (needed to score every position, e.g. perplexity).
-    n_outputs_max: int = 1
-    # llama.cpp RPC workers ("host:port") whose devices join this machine's, and
-    # the share of the offloaded layers each device takes (workers' devices first,
-    # then local GPUs; llama_model_params.tensor_split). Empty: llama.cpp's defaults.
-    rpc_servers: tuple[str, ...] = ()
-    tensor_split: tuple[float, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def needs_flash_attn(cfg: LoadConfig) -> bool:
-    """A quantized V cache works only with flash attention in llama.cpp."""
-    return cfg.type_v not in ("f32", "f16", "bf16")
+    """A quantized V cache works only with flash attention (``llama_rules``)."""
+    from localllm.llama_rules import needs_flash_attn as rule
 
-
-def run_config(cfg: LoadConfig):
-    """The planner's view of a load config (flash attention 'auto' counts as on:
-    llama.cpp enables it wherever the backend supports it)."""
-    from localllm.planner import RunConfig
-
-    return RunConfig(
-        n_ctx=cfg.n_ctx,
-        n_batch=cfg.n_batch,
-        n_ubatch=min(cfg.n_ubatch, cfg.n_batch),
-        type_k=cfg.type_k,
-        type_v=cfg.type_v,
-        flash_attn=cfg.flash_attn != "off",
-        n_gpu_layers=cfg.n_gpu_layers,
-        swa_full=cfg.swa_full,
-        n_outputs_max=cfg.n_outputs_max,
-    )
+    return rule(cfg.type_v)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from localllm import __version__
-from localllm.backend import FLASH_ATTN_MODES, KV_CACHE_TYPES
+from localllm.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, LocalLLMError
 
 

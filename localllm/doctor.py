@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from localllm import planner
-from localllm.backend import LoadConfig, LoadInfo, SamplingConfig, run_config
+from localllm.backend import LoadConfig, LoadInfo, SamplingConfig
 from localllm.diagnose import verdict
 from localllm.gguf_file import GGUFHeader
 from localllm.hardware import Hardware
@@ -102,7 +102,7 @@ def examine(
     shape = planner.ModelShape.from_header(header)
     model = describe(header)
     gpu = hw.gpu_budget is not None and info.gpu_offload_supported
-    plan = planner.plan_memory(shape, run_config(cfg), gpu=gpu)
+    plan = planner.plan_memory(shape, cfg, gpu=gpu)
     kv_now = planner.kv_bytes_in_use(plan, stats.context_used)
     gpu_share = plan.kv_gpu_bytes / plan.kv_cache_bytes if plan.kv_cache_bytes else 0.0
     gpu_read = gpu_weights_read_per_token(shape, plan, gpu) + int(kv_now * gpu_share)

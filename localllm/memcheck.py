@@ -133,14 +133,13 @@ def check_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, s
     from dataclasses import replace
 
     from localllm import planner
-    from localllm.backend import run_config
     from localllm.gguf_file import read_header
 
     lines = list(lines)
     alloc = parse_allocations(lines)
-    cfg = run_config(load_config)
+    cfg = load_config
     if flash_attn_disabled(lines):
-        cfg = replace(cfg, flash_attn=False)
+        cfg = replace(cfg, flash_attn="off")
     if gpu is None:
         gpu = any(dev not in ("CPU", "CPU_Mapped") and not dev.startswith("CPU") for kind in alloc.values() for dev, _ in kind)
     shape = planner.ModelShape.from_header(read_header(path))

@@ -34,9 +34,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localllm import planner
+from localllm.config import LoadConfig
 from localllm.fmt import size
 from localllm.gguf_file import GGUFHeader
-from localllm.planner import MemoryPlan, ModelShape, RunConfig
+from localllm.llama_rules import is_quantized
+from localllm.planner import MemoryPlan, ModelShape
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def layer_devices(n_layer: int, n_gpu_layers: int, split: list[float]) -> list[i
 
 
 def place(
-    shape: ModelShape, cfg: RunConfig, devices: list[Device], cpu: Device, split: list[float] | None = None, header: GGUFHeader | None = None
+    shape: ModelShape, cfg: LoadConfig, devices: list[Device], cpu: Device, split: list[float] | None = None, header: GGUFHeader | None = None
 ) -> Placement:
     """Per-device weights, KV cache, compute and output bytes for ``cfg`` over
     the offload ``devices`` (llama.cpp's order) and the CPU. With the ``header``,
@@ -166,7 +168,7 @@ def place(
     return Placement(plan, uses, tuple(split), rules)
 
 
-def _q_live(shape: ModelShape, cfg: RunConfig, cells: int) -> int:
+def _q_live(shape: ModelShape, cfg: LoadConfig, cells: int) -> int:
     """Values per token of the Q-sized activation planner.compute_bytes counts
     live at the feed-forward peak (its ``q_live``), when that peak is the layer
     phase's largest; 0 otherwise. Mirrors planner.compute_bytes' terms."""
@@ -177,11 +179,11 @@ def _q_live(shape: ModelShape, cfg: RunConfig, cells: int) -> int:
     H = max(shape.n_head) if shape.n_head else 1
     Hkv = max(shape.n_head_kv) if shape.n_head_kv else H
     q = H * shape.head_dim_k
-    if not (cfg.type_k in ("f16", "f32", "bf16") or shape.q_norm or (t_out >= T and T >= cells)):
+    if is_quantized(cfg.type_k) and not shape.q_norm and not (t_out >= T and T >= cells):
         return 0
     ffn = 3 * F + 3 * E + q + 8
     kv = Hkv * (shape.head_dim_k + shape.head_dim_v)
-    attn = 3 * E + q + kv + (H * shape.head_dim_v if cfg.flash_attn else cells * H)
+    attn = 3 * E + q + kv + (H * shape.head_dim_v if cfg.uses_flash_attn else cells * H)
     return min(q, max(0, ffn - attn))
 
 
@@ -205,7 +207,7 @@ def cpu_mapped_span(header: GGUFHeader, cpu_layers: set[int], output_on_cpu: boo
     return hi - (lo or 0)
 
 
-def pipeline_parallel(n_devices: int, shape: ModelShape, cfg: RunConfig) -> bool:
+def pipeline_parallel(n_devices: int, shape: ModelShape, cfg: LoadConfig) -> bool:
     """llama-context.cpp: with more than one offload device and every layer
     offloaded (n_gpu_layers > n_layer), and devices with async compute and events
     (RPC devices have both), the scheduler keeps GGML_SCHED_MAX_COPIES (4) copies
@@ -218,7 +220,7 @@ def pipeline_parallel(n_devices: int, shape: ModelShape, cfg: RunConfig) -> bool
 SCHED_COPIES = 4  # ggml-backend.cpp GGML_SCHED_MAX_COPIES
 
 
-def _compute(shape: ModelShape, cfg: RunConfig, plan: MemoryPlan, uses: list[DeviceUse]) -> None:
+def _compute(shape: ModelShape, cfg: LoadConfig, plan: MemoryPlan, uses: list[DeviceUse]) -> None:
     """Compute buffer per device: ggml_backend_sched gives each backend the peak
     of its own part of the worst-case graph (``n_ubatch`` tokens T, full cache).
     A model, fitted to llama.cpp's log on this machine (tests/test_rpc.py), in
@@ -241,12 +243,12 @@ def _compute(shape: ModelShape, cfg: RunConfig, plan: MemoryPlan, uses: list[Dev
     T = min(cells, cfg.n_ubatch)
     t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
     et = shape.n_embd * T * 4
-    mask_bytes = 2 if cfg.flash_attn else 4
+    mask_bytes = 2 if cfg.uses_flash_attn else 4
     has_swa = bool(shape.swa_layers and shape.n_swa)
     full_mask, swa_mask = cells * T * mask_bytes, (swa_cells * T * mask_bytes if has_swa else 0)
     rot = 0
     for t, d in ((cfg.type_k, shape.head_dim_k), (cfg.type_v, shape.head_dim_v)):
-        if t not in ("f16", "f32", "bf16") and d % 64 == 0:
+        if is_quantized(t) and d % 64 == 0:
             rot += d * d * 4
 
     def masks(layers: list[int]) -> int:
@@ -292,7 +294,7 @@ def _fits(p: Placement, ram: int | None) -> bool:
     return True
 
 
-def _max_ctx(shape: ModelShape, cfg: RunConfig, devices: list[Device], cpu: Device, ram: int | None, limit: int) -> int:
+def _max_ctx(shape: ModelShape, cfg: LoadConfig, devices: list[Device], cpu: Device, ram: int | None, limit: int) -> int:
     lo, hi = 0, max(limit // planner.CTX_PAD, 1)
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -305,7 +307,7 @@ def _max_ctx(shape: ModelShape, cfg: RunConfig, devices: list[Device], cpu: Devi
 
 def fit_across(
     shape: ModelShape,
-    want: RunConfig,
+    want: LoadConfig,
     devices: list[Device],
     cpu: Device,
     *,
@@ -325,13 +327,13 @@ def fit_across(
     n_all = shape.n_layer + 1
     ngl_options = [want.n_gpu_layers] if ngl_fixed or not devices else list(range(n_all, -1, -1))
 
-    def with_kv(cfg: RunConfig, kv: str) -> RunConfig:
+    def with_kv(cfg: LoadConfig, kv: str) -> LoadConfig:
         return planner.replace_config(cfg, type_k=kv, type_v=want.type_v if kv_fixed else kv)
 
-    def ok(cfg: RunConfig) -> bool:
+    def ok(cfg: LoadConfig) -> bool:
         return _fits(place(shape, cfg, devices, cpu), ram)
 
-    chosen: RunConfig | None = want if ok(want) else None
+    chosen: LoadConfig | None = want if ok(want) else None
     if chosen is None:
         for kv in ladder:
             cfg = with_kv(planner.replace_config(want, n_gpu_layers=ngl_options[0]), kv)
@@ -376,7 +378,7 @@ def fit_across(
     return result, p
 
 
-def _describe_change(want: RunConfig, got: RunConfig, n_all: int) -> str:
+def _describe_change(want: LoadConfig, got: LoadConfig, n_all: int) -> str:
     parts = []
     if (got.type_k, got.type_v) != (want.type_k, want.type_v):
         parts.append(f"KV cache {got.type_k}/{got.type_v} instead of {want.type_k}/{want.type_v}")

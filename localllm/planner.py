@@ -26,12 +26,14 @@ follows llama.cpp (the version pinned by scripts/install.sh):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from localllm.config import LoadConfig
 from localllm.gguf_file import GGUFHeader
+from localllm.llama_rules import is_quantized
 from localllm.model_info import describe
 
 CTX_PAD = 256
@@ -200,22 +202,6 @@ class ModelShape:
         return self.layer_active_bytes if self.layer_active_bytes is not None else self.layer_bytes
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """The load settings that decide memory (mirrors llama_context_params)."""
-
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_ubatch: int = 512
-    type_k: str = "f16"
-    type_v: str = "f16"
-    flash_attn: bool = True
-    n_gpu_layers: int = -1
-    swa_full: bool = False
-    n_seq: int = 1
-    n_outputs_max: int = 0  # 0: n_batch, llama.cpp's default
-
-
 @dataclass
 class KVLayer:
     layer: int
@@ -281,7 +267,7 @@ class MemoryPlan:
         return d
 
 
-def kv_cells(shape: ModelShape, cfg: RunConfig) -> tuple[int, int]:
+def kv_cells(shape: ModelShape, cfg: LoadConfig) -> tuple[int, int]:
     """(cells of the full-attention cache, cells of the sliding-window cache) per stream."""
     n_ctx = _pad(max(cfg.n_ctx, 1), CTX_PAD)
     n_ctx_seq = n_ctx if cfg.n_seq <= 1 else _pad(n_ctx // cfg.n_seq, CTX_PAD)
@@ -301,11 +287,11 @@ def offload(shape: ModelShape, n_gpu_layers: int, gpu: bool) -> tuple[set[int], 
     return set(range(start, shape.n_layer)), ngl >= 1, ngl
 
 
-def plan_memory(shape: ModelShape, cfg: RunConfig, *, gpu: bool = False) -> MemoryPlan:
+def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> MemoryPlan:
     cells, swa_cells = kv_cells(shape, cfg)
     n_stream = max(cfg.n_seq, 1)
     gpu_layers, output_on_gpu, ngl = offload(shape, cfg.n_gpu_layers, gpu)
-    v_trans = not cfg.flash_attn
+    v_trans = not cfg.uses_flash_attn
     layers = []
     per_token = 0
     for il in range(shape.n_layer):
@@ -373,12 +359,12 @@ _FFN_LIVE: dict[str, tuple[int, bool, bool]] = {
 }
 
 
-def compute_bytes(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> int:
+def compute_bytes(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> int:
     """Peak of the worst-case graph llama.cpp reserves (see the module docstring)."""
     return _compute(shape, cfg, cells, swa_cells)[0]
 
 
-def _compute(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> tuple[int, bool]:
+def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> tuple[int, bool]:
     """(compute buffer bytes, whether llama.cpp's graph was replayed to get it).
 
     Without a replay the figure is an estimate, counted in f32 values per token of the ubatch (T tokens):
@@ -400,7 +386,7 @@ def _compute(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> t
         # The worst-case graph replayed through ggml's allocator (compute_graph.py),
         # for the architectures whose graph it rebuilds; the rest below is an estimate.
         simulated = compute_graph.replay(shape, T, t_out, cells=cells, swa_cells=swa_cells, type_k=cfg.type_k, type_v=cfg.type_v,
-                                         flash_attn=cfg.flash_attn)
+                                         flash_attn=cfg.uses_flash_attn)
         if simulated is not None:
             return simulated, True
     E = shape.n_embd
@@ -413,7 +399,7 @@ def _compute(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> t
     Hkv = max(shape.n_head_kv) if shape.n_head_kv else H
     q = H * shape.head_dim_k
     kv = Hkv * (shape.head_dim_k + shape.head_dim_v)
-    mask_bytes = 2 if cfg.flash_attn else 4
+    mask_bytes = 2 if cfg.uses_flash_attn else 4
     has_swa = bool(shape.swa_layers and shape.n_swa)
     # One mask per cache that exists: a hybrid whose attention layers all slide
     # (lfm2 with a window) has no full-attention cache and no mask for it.
@@ -426,9 +412,9 @@ def _compute(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> t
     # with a Q norm, or when the ubatch fills the whole context and every row is
     # an output: found by measuring llama.cpp's log (tests/test_planner.py).
     n_e, keeps_q, q_norm_keeps = _FFN_LIVE.get(shape.architecture, (3, True, True))
-    q_live = q if (cfg.type_k in ("f16", "f32", "bf16") or (shape.q_norm and q_norm_keeps) or (t_out >= T and T >= cells)) else 0
+    q_live = q if (not is_quantized(cfg.type_k) or (shape.q_norm and q_norm_keeps) or (t_out >= T and T >= cells)) else 0
     ffn = 3 * F + n_e * E + (q_live if keeps_q else 0) + 8
-    if cfg.flash_attn:
+    if cfg.uses_flash_attn:
         attn = 3 * E + q + kv + H * shape.head_dim_v
     else:
         # The n_kv x n_head score matrix (f32) and the attention output before
@@ -444,12 +430,12 @@ def _compute(shape: ModelShape, cfg: RunConfig, cells: int, swa_cells: int) -> t
     # size; V's is always 64 x 64, and MLA has no V.
     rot = 0
     hk, hv = shape.head_dim_k, shape.head_dim_v
-    if cfg.type_k not in ("f16", "f32", "bf16") and hk > 0 and hk % 64 == 0:  # n_embd_head_k_all > 0
+    if is_quantized(cfg.type_k) and hk > 0 and hk % 64 == 0:  # n_embd_head_k_all > 0
         nrot = 64
         while hk % (nrot * 2) == 0:
             nrot *= 2
         rot += nrot * nrot * 4
-    if cfg.type_v not in ("f16", "f32", "bf16") and hv > 0 and hv % 64 == 0 and not shape.mla:
+    if is_quantized(cfg.type_v) and hv > 0 and hv % 64 == 0 and not shape.mla:
         rot += 64 * 64 * 4
     rot *= int(has_base) + int(has_swa_kv)
     layer = max(ffn, attn) * T * 4 + masks + rot
@@ -465,7 +451,7 @@ MIN_CTX = 2048  # the smallest context auto-fit offers before moving layers off 
 @dataclass
 class FitResult:
     fits: bool
-    config: RunConfig
+    config: LoadConfig
     plan: MemoryPlan
     budget_bytes: int | None  # GPU budget; None on a machine with no GPU budget
     ram_bytes: int | None
@@ -488,7 +474,7 @@ def _fits(plan: MemoryPlan, gpu_budget: int | None, ram: int | None, margin: int
     return True
 
 
-def max_ctx(shape: ModelShape, cfg: RunConfig, gpu_budget: int | None, ram: int | None, margin: int, limit: int) -> int:
+def max_ctx(shape: ModelShape, cfg: LoadConfig, gpu_budget: int | None, ram: int | None, margin: int, limit: int) -> int:
     """Largest context (a multiple of 256, at most ``limit``) that fits, or 0."""
     gpu = gpu_budget is not None
     lo, hi = 0, max(limit // CTX_PAD, 1)
@@ -502,15 +488,13 @@ def max_ctx(shape: ModelShape, cfg: RunConfig, gpu_budget: int | None, ram: int 
     return lo * CTX_PAD
 
 
-def replace_config(cfg: RunConfig, **kw: Any) -> RunConfig:
-    d = asdict(cfg)
-    d.update(kw)
-    return RunConfig(**d)
+def replace_config(cfg: LoadConfig, **kw: Any) -> LoadConfig:
+    return replace(cfg, **kw)
 
 
 def fit(
     shape: ModelShape,
-    want: RunConfig,
+    want: LoadConfig,
     *,
     gpu_budget: int | None,
     ram: int | None,
@@ -535,7 +519,7 @@ def fit(
     else:
         ladder = list(KV_LADDER[KV_LADDER.index(want.type_k) :])
 
-    def result(cfg: RunConfig, ok: bool, reason: str) -> FitResult:
+    def result(cfg: LoadConfig, ok: bool, reason: str) -> FitResult:
         table = {t: max_ctx(shape, replace_config(cfg, type_k=t, type_v=t), gpu_budget, ram, margin, limit) for t in KV_LADDER}
         return FitResult(ok, cfg, plan_memory(shape, cfg, gpu=gpu), gpu_budget, ram, margin, reason, steps, table)
 
@@ -564,7 +548,7 @@ def fit(
 
 def _search(
     shape: ModelShape,
-    want: RunConfig,
+    want: LoadConfig,
     ladder: list[str],
     gpu_budget: int | None,
     ram: int | None,
@@ -572,17 +556,17 @@ def _search(
     policy: str,
     ngl_fixed: bool,
     kv_fixed: bool,
-) -> RunConfig | None:
+) -> LoadConfig | None:
     """Cheaper cache types first (q8_0 costs little quality); then, by policy,
     fewer GPU layers at the wanted context, or a smaller context on the GPU."""
     gpu = gpu_budget is not None
     n_all = shape.n_layer + 1
     ngl_options = [want.n_gpu_layers] if ngl_fixed or not gpu else list(range(n_all, -1, -1))
 
-    def with_kv(cfg: RunConfig, kv: str) -> RunConfig:
+    def with_kv(cfg: LoadConfig, kv: str) -> LoadConfig:
         return replace_config(cfg, type_k=kv, type_v=want.type_v if kv_fixed else kv)
 
-    def ok(cfg: RunConfig) -> bool:
+    def ok(cfg: LoadConfig) -> bool:
         return _fits(plan_memory(shape, cfg, gpu=gpu), gpu_budget, ram, margin)
 
     for kv in ladder:
@@ -605,7 +589,7 @@ def _search(
     return None
 
 
-def _describe_change(want: RunConfig, got: RunConfig, shape: ModelShape) -> str:
+def _describe_change(want: LoadConfig, got: LoadConfig, shape: ModelShape) -> str:
     parts = []
     if (got.type_k, got.type_v) != (want.type_k, want.type_v):
         parts.append(f"KV cache {got.type_k}/{got.type_v} instead of {want.type_k}/{want.type_v}")

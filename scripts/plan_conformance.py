@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root, for scripts.* and tests.*
 
+from localllm.llama_rules import needs_flash_attn
 from scripts.synth_gguf import SynthSpec, write_gguf
 
 MiB = 1024 * 1024
@@ -78,7 +79,7 @@ def settings(quick: bool, has_swa: bool) -> list[Setting]:
         for ub in ((512,) if quick else (512, 128)):
             for kv in (("f16", "q8_0") if quick else ("f16", "q8_0", "q4_0")):
                 for flash in (True, False):
-                    if not flash and kv != "f16":
+                    if not flash and needs_flash_attn(kv):
                         continue  # llama.cpp refuses a quantized V cache without flash attention
                     for swa_full in ((False, True) if has_swa else (False,)):
                         out.append(Setting(n_ctx, ub, kv, flash, swa_full))
@@ -121,14 +122,14 @@ class Row:
 def measure(case: str, path: Path, s: Setting) -> Row:
     """Load ``path`` with setting ``s`` in llama.cpp and compare with the plan."""
     from localllm import memcheck, planner
-    from localllm.backend import LoadConfig, run_config
+    from localllm.backend import LoadConfig
     from localllm.engine import ROUTER, LlamaCppBackend
     from localllm.errors import LocalLLMError
     from localllm.gguf_file import read_header
 
     lc = LoadConfig(n_ctx=s.n_ctx, n_threads=1, n_batch=512, n_ubatch=s.n_ubatch, type_k=s.kv, type_v=s.kv,
                     flash_attn="on" if s.flash else "off", swa_full=s.swa_full, n_outputs_max=s.n_outputs_max)
-    plan = planner.plan_memory(planner.ModelShape.from_header(read_header(path)), run_config(lc))
+    plan = planner.plan_memory(planner.ModelShape.from_header(read_header(path)), lc)
     kv_plan = [round(b / MiB, 2) for b in plan.kv_buffer_bytes()]
     row = Row(case, s, kv_plan, [], plan.rs_bytes / MiB, 0.0, plan.compute_bytes / MiB, None, plan.output_bytes / MiB, None)
     mark = ROUTER.mark()

@@ -16,7 +16,8 @@ import pytest
 
 from localllm.arch_rules import cache_rule
 from localllm.gguf_file import read_header
-from localllm.planner import MiB, ModelShape, RunConfig, plan_memory
+from localllm.config import LoadConfig
+from localllm.planner import MiB, ModelShape, plan_memory
 from scripts.plan_conformance import CASES, Setting, measure
 from scripts.synth_gguf import SynthSpec, write_gguf
 from tests.conftest import run_cli
@@ -44,7 +45,7 @@ def test_phi3_window_key_turns_swa_off(synth_dir: Path) -> None:
     with_key = _shape(synth_dir, "phi3+window")
     without = _shape(synth_dir, "phi3")
     assert with_key.swa_layers == frozenset() and with_key.n_swa == 0 and with_key.verified
-    cfg = RunConfig(n_ctx=4096)
+    cfg = LoadConfig(n_ctx=4096, n_outputs_max=0)
     # 2 layers x 4096 cells x (4 KV heads x 64) x K and V x 2 bytes = 8 MiB, with or without the key.
     assert plan_memory(with_key, cfg).kv_cache_bytes == plan_memory(without, cfg).kv_cache_bytes == 2 * 4096 * 256 * 2 * 2 == 8 * MiB
 
@@ -54,7 +55,7 @@ def test_gemma2_has_a_window_without_the_key(synth_dir: Path) -> None:
     spec = SynthSpec(arch="gemma2", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, tied_output=True)
     s = _shape(synth_dir, "gemma2-nokey", spec)
     assert s.n_swa == 4096 and s.swa_layers == frozenset({0, 2})
-    p = plan_memory(s, RunConfig(n_ctx=16384))
+    p = plan_memory(s, LoadConfig(n_ctx=16384, n_outputs_max=0))
     assert p.kv_swa_cells == 4096 + 512  # n_swa + n_ubatch, padded to 256 (llama-kv-cache-iswa.cpp)
 
 
@@ -74,7 +75,7 @@ def test_lfm2_recurrent_layers_hold_a_state_not_a_cache(synth_dir: Path) -> None
     """models/lfm2.cpp: layers with n_head_kv 0 are short convolutions; llama-hparams.cpp n_embd_r = n_embd * (L - 1)."""
     s = _shape(synth_dir, "lfm2")
     assert s.recurrent_layers == frozenset({0, 1, 3}) and not s.has_kv(0) and s.has_kv(2)
-    p = plan_memory(s, RunConfig(n_ctx=4096))
+    p = plan_memory(s, LoadConfig(n_ctx=4096, n_outputs_max=0))
     assert [layer.layer for layer in p.kv_layers] == [2]
     assert p.kv_cache_bytes == 4096 * 128 * 2 * 2  # one attention layer, 2 KV heads x 64
     assert p.rs_bytes == 3 * 256 * 2 * 4  # 3 conv layers x n_embd x (l_cache - 1) f32
@@ -85,7 +86,7 @@ def test_lfm2_recurrent_layers_hold_a_state_not_a_cache(synth_dir: Path) -> None
 def test_mla_cache_holds_the_latent(synth_dir: Path) -> None:
     """deepseek2 with key_length_mla: K is kv_lora_rank + rope per cell, no V (llama-kv-cache.cpp has_v)."""
     s = _shape(synth_dir, "deepseek2")
-    p = plan_memory(s, RunConfig(n_ctx=1024))
+    p = plan_memory(s, LoadConfig(n_ctx=1024, n_outputs_max=0))
     assert s.mla and p.kv_cache_bytes == 2 * 1024 * (128 + 64) * 2 and all(layer.v_bytes == 0 for layer in p.kv_layers)
 
 
@@ -103,8 +104,8 @@ def test_moe_reads_only_the_used_experts(synth_dir: Path) -> None:
 def test_v_rows_padded_without_flash_attention(synth_dir: Path) -> None:
     """[TAG_V_CACHE_VARIABLE]: without flash attention every V row is as wide as the widest layer's."""
     s = _shape(synth_dir, "lfm2")
-    on = plan_memory(s, RunConfig(n_ctx=1024, flash_attn=True))
-    off = plan_memory(s, RunConfig(n_ctx=1024, flash_attn=False))
+    on = plan_memory(s, LoadConfig(n_ctx=1024, flash_attn="on", n_outputs_max=0))
+    off = plan_memory(s, LoadConfig(n_ctx=1024, flash_attn="off", n_outputs_max=0))
     assert on.kv_cache_bytes == off.kv_cache_bytes  # one attention layer: nothing to pad
 
 
@@ -185,8 +186,8 @@ def test_compute_within_5_percent(case: str, setting: str, synth_dir: Path) -> N
 def test_compute_is_replayed_or_marked_as_an_estimate(synth_dir: Path) -> None:
     """The compute buffer comes from replaying llama.cpp's graph (localllm/compute_graph.py)
     where the graph is rebuilt; elsewhere (several sequences here) the plan says it is an estimate."""
-    assert not plan_memory(_shape(synth_dir, "qwen3moe"), RunConfig(n_ctx=1000)).compute_estimated
-    streams = plan_memory(_shape(synth_dir, "gemma3"), RunConfig(n_ctx=1000, n_seq=2))
+    assert not plan_memory(_shape(synth_dir, "qwen3moe"), LoadConfig(n_ctx=1000, n_outputs_max=0)).compute_estimated
+    streams = plan_memory(_shape(synth_dir, "gemma3"), LoadConfig(n_ctx=1000, n_seq=2, n_outputs_max=0))
     assert streams.compute_estimated and streams.to_dict()["compute_estimated"] is True
 
 
@@ -198,7 +199,7 @@ def test_memcheck_names_both_figures_when_the_plan_is_wrong(synth_dir: Path) -> 
     from dataclasses import replace
 
     from localllm import memcheck
-    from localllm.backend import LoadConfig, run_config
+    from localllm.backend import LoadConfig
     from localllm.engine import ROUTER, LlamaCppBackend
 
     path = _write(synth_dir, "phi3+window", CASES["phi3+window"])
@@ -214,7 +215,7 @@ def test_memcheck_names_both_figures_when_the_plan_is_wrong(synth_dir: Path) -> 
     # What the old rule planned: every layer slides over a 511-token window.
     shape = _shape(synth_dir, "phi3+window")
     wrong_shape = replace(shape, n_swa=511, swa_layers=frozenset({0, 1}))
-    wrong = memcheck.check(plan_memory(wrong_shape, run_config(cfg)), memcheck.parse_allocations(lines))
+    wrong = memcheck.check(plan_memory(wrong_shape, cfg), memcheck.parse_allocations(lines))
     assert not wrong.ok
     kv = [line for line in wrong.mismatch_lines() if "kv" in line]
     assert kv and "8.00 MiB" in kv[0] and "planned 0.00 MiB" not in kv[0]

@@ -10,7 +10,8 @@ import pytest
 
 from localllm.gguf_file import read_header
 from localllm.hardware import parse_size
-from localllm.planner import MiB, ModelShape, RunConfig, fit, kv_cells, offload, plan_memory, row_bytes
+from localllm.config import LoadConfig
+from localllm.planner import MiB, ModelShape, fit, kv_cells, offload, plan_memory, row_bytes
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.conftest import run_cli
 
@@ -45,20 +46,20 @@ def test_row_bytes_are_block_accurate() -> None:
 
 def test_context_padding_and_swa_cells(gemma: Path, smollm2: Path) -> None:
     g = shape_of(gemma)
-    assert kv_cells(g, RunConfig(n_ctx=1000)) == (1024, 1024)
-    assert kv_cells(g, RunConfig(n_ctx=4096)) == (4096, 1024)  # 512-token window + 512 ubatch
-    assert kv_cells(g, RunConfig(n_ctx=4096, swa_full=True)) == (4096, 4096)
-    assert kv_cells(g, RunConfig(n_ctx=4096, n_ubatch=128)) == (4096, 768)
+    assert kv_cells(g, LoadConfig(n_ctx=1000, n_outputs_max=0)) == (1024, 1024)
+    assert kv_cells(g, LoadConfig(n_ctx=4096, n_outputs_max=0)) == (4096, 1024)  # 512-token window + 512 ubatch
+    assert kv_cells(g, LoadConfig(n_ctx=4096, swa_full=True, n_outputs_max=0)) == (4096, 4096)
+    assert kv_cells(g, LoadConfig(n_ctx=4096, n_ubatch=128, n_outputs_max=0)) == (4096, 768)
     s = shape_of(smollm2)
-    assert kv_cells(s, RunConfig(n_ctx=1)) == (256, 256)
+    assert kv_cells(s, LoadConfig(n_ctx=1, n_outputs_max=0)) == (256, 256)
 
 
 def test_kv_bytes_smollm2_by_hand(smollm2: Path) -> None:
-    p = plan_memory(shape_of(smollm2), RunConfig(n_ctx=4096))
+    p = plan_memory(shape_of(smollm2), LoadConfig(n_ctx=4096, n_outputs_max=0))
     # 30 layers x 4096 cells x (3 KV heads x 64) x 2 (K and V) x 2 bytes
     assert p.kv_cache_bytes == 30 * 4096 * 192 * 2 * 2 == 90 * MiB
     assert p.kv_bytes_per_token == 30 * 192 * 2 * 2
-    q8 = plan_memory(shape_of(smollm2), RunConfig(n_ctx=4096, type_k="q8_0", type_v="q8_0"))
+    q8 = plan_memory(shape_of(smollm2), LoadConfig(n_ctx=4096, type_k="q8_0", type_v="q8_0", n_outputs_max=0))
     assert q8.kv_cache_bytes == 30 * 4096 * (192 // 32 * 34) * 2
 
 
@@ -70,8 +71,8 @@ def test_offload_rule(gemma: Path) -> None:
     assert offload(g, -1, True) == (set(range(18)), True, 19)
     assert offload(g, 99, True) == (set(range(18)), True, 19)
     assert offload(g, -1, False) == (set(), False, 0)
-    full = plan_memory(g, RunConfig(n_ctx=4096, n_gpu_layers=-1), gpu=True)
-    cpu = plan_memory(g, RunConfig(n_ctx=4096), gpu=False)
+    full = plan_memory(g, LoadConfig(n_ctx=4096, n_gpu_layers=-1, n_outputs_max=0), gpu=True)
+    cpu = plan_memory(g, LoadConfig(n_ctx=4096, n_outputs_max=0), gpu=False)
     # Tied output: the GPU gets a copy of token_embd, the CPU keeps the original.
     assert full.weights_gpu_bytes == sum(g.layer_bytes) + g.output_bytes + g.tied_bytes
     assert cpu.weights_cpu_bytes == sum(t.n_bytes for t in read_header(gemma).tensors)
@@ -87,7 +88,7 @@ def test_parse_size() -> None:
 
 def test_fit_prefers_cheaper_cache_then_policy(gemma: Path) -> None:
     g = shape_of(gemma)
-    want = RunConfig(n_ctx=32768, n_outputs_max=1)
+    want = LoadConfig(n_ctx=32768, n_outputs_max=1)
     r = fit(g, want, gpu_budget=350 * MiB, ram=None, policy="ctx")
     assert r.fits and r.plan.total_gpu_bytes <= 350 * MiB - r.margin_bytes
     assert r.config.type_k == "q8_0" or r.config.n_ctx < 32768
@@ -99,10 +100,10 @@ def test_fit_prefers_cheaper_cache_then_policy(gemma: Path) -> None:
 
 
 def test_budget_too_small_for_one_layer_explains(gemma: Path) -> None:
-    r = fit(shape_of(gemma), RunConfig(n_ctx=4096), gpu_budget=150 * MiB, ram=None)
+    r = fit(shape_of(gemma), LoadConfig(n_ctx=4096, n_outputs_max=0), gpu_budget=150 * MiB, ram=None)
     assert r.fits and r.config.n_gpu_layers == 0
     assert "too small for even one layer" in r.reason
-    none = fit(shape_of(gemma), RunConfig(n_ctx=4096), gpu_budget=150 * MiB, ram=50 * MiB)
+    none = fit(shape_of(gemma), LoadConfig(n_ctx=4096, n_outputs_max=0), gpu_budget=150 * MiB, ram=50 * MiB)
     assert not none.fits and "RAM" in none.reason
 
 
@@ -141,7 +142,7 @@ _COMPUTE_RE = re.compile(r"CPU compute buffer size =\s+([\d.]+) MiB")
 _OUTPUT_RE = re.compile(r"output buffer size =\s+([\d.]+) MiB")
 
 
-def _llama_cpp_buffers(path: Path, cfg: RunConfig) -> tuple[list[float], float, float]:
+def _llama_cpp_buffers(path: Path, cfg: LoadConfig) -> tuple[list[float], float, float]:
     from localllm.backend import LoadConfig
     from localllm.engine import ROUTER, LlamaCppBackend
 
@@ -164,7 +165,7 @@ def test_estimates_against_llama_cpp_log(which: str, gemma: Path, synth_pair: li
     shape = shape_of(path)
     kv_wrong, compute_wrong = [], []
     for n_ctx, kv, swa_full, n_out in GRID:
-        cfg = RunConfig(n_ctx=n_ctx, type_k=kv, type_v=kv, swa_full=swa_full, n_outputs_max=n_out)
+        cfg = LoadConfig(n_ctx=n_ctx, type_k=kv, type_v=kv, swa_full=swa_full, n_outputs_max=n_out)
         plan = plan_memory(shape, cfg)
         printed, compute, output = _llama_cpp_buffers(path, cfg)
         # One buffer per cache: full-attention first, then sliding-window.
@@ -186,6 +187,6 @@ def test_mla_cache_is_the_latent_only(smollm2: Path) -> None:
 
     base = shape_of(smollm2)
     mla = replace(base, mla=True, head_dim_k=512 + 64, head_dim_v=512, n_head_kv=[1] * base.n_layer)
-    p = plan_memory(mla, RunConfig(n_ctx=4096))
+    p = plan_memory(mla, LoadConfig(n_ctx=4096, n_outputs_max=0))
     assert p.kv_cache_bytes == base.n_layer * 4096 * 576 * 2
     assert all(layer.v_bytes == 0 for layer in p.kv_layers)

@@ -20,7 +20,8 @@ import pytest
 from localllm.errors import InputError, UsageError
 from localllm.gguf_file import read_header
 from localllm.placement import Device, layer_devices, place
-from localllm.planner import MiB, ModelShape, RunConfig
+from localllm.config import LoadConfig
+from localllm.planner import MiB, ModelShape
 from localllm.rpc import Endpoint, parse_endpoints, probe
 from tests.conftest import REPO, run_cli
 
@@ -151,13 +152,12 @@ def _load_and_log(path: Path, cfg, eps: list[str], split: tuple[float, ...]):
 def _compare(path: Path, cfg, eps: list[str]) -> list[str]:
     """Weights and KV per device equal to llama.cpp's printed figure (0.01 MiB),
     compute within 5%; returns what differs."""
-    from localllm.backend import run_config
 
     header = read_header(path)
     shape = ModelShape.from_header(header)
     split = (1.0,) * len(eps)
     devices = [Device(f"RPC0[{ep}]", "rpc", None) for ep in eps]
-    pl = place(shape, run_config(cfg), devices, Device("CPU", "cpu", None), list(split), header=header)
+    pl = place(shape, cfg, devices, Device("CPU", "cpu", None), list(split), header=header)
     logged = _load_and_log(path, cfg, eps, split)
     wrong = []
     for u in pl.uses:
@@ -300,7 +300,7 @@ def test_fit_across_keeps_every_device_within_its_memory(smollm2: Path) -> None:
     shape = ModelShape.from_header(read_header(smollm2))
     small = [Device("RPC0[a:1]", "rpc", 300 * MiB), Device("RPC0[b:1]", "rpc", 300 * MiB)]
     cpu = Device("CPU", "cpu", 8 * 1024 * MiB)
-    want = RunConfig(n_ctx=8192, n_outputs_max=1)  # generation: one row of logits, as the CLI loads
+    want = LoadConfig(n_ctx=8192, n_outputs_max=1)  # generation: one row of logits, as the CLI loads
     r, p = fit_across(shape, want, small, cpu, ram=8 * 1024 * MiB, policy="ctx")
     assert r.fits and p.plan.n_gpu_layers == 31
     assert (r.config.n_ctx, r.config.type_k) != (8192, "f16")  # something gave way

@@ -404,10 +404,10 @@ def test_rm_deletes_files_in_localllms_own_folder(synth_model: Path) -> None:
 
 def _catalog_vs_header(m: model_catalog.CatalogModel, path: Path) -> tuple[float, int, int]:
     from localllm import planner
-    from localllm.backend import LoadConfig, run_config
+    from localllm.backend import LoadConfig
     from localllm.gguf_file import read_header
 
-    cfg = run_config(LoadConfig(n_ctx=4096))
+    cfg = LoadConfig(n_ctx=4096)
     real = planner.plan_memory(planner.ModelShape.from_header(read_header(path)), cfg, gpu=True)
     est = planner.plan_memory(model_catalog.shape(m, path.stat().st_size), cfg, gpu=True)
     return est.total_gpu_bytes / real.total_gpu_bytes, est.kv_cache_bytes - real.kv_cache_bytes, est.compute_bytes - real.compute_bytes

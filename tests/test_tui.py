@@ -40,6 +40,22 @@ async def wait_idle(app: LocalLLMApp, pilot, timeout: float = 120.0) -> None:
     await pilot.pause(0.05)
 
 
+async def models_screen(app: LocalLLMApp, pilot, timeout: float = 30.0):
+    """Open the models screen and wait for its worker's rows (the headers are
+    read off the UI thread)."""
+    import asyncio
+
+    await pilot.press("f2")
+    waited = 0.0
+    while not getattr(app.screen, "models", None):
+        await asyncio.sleep(0.05)
+        waited += 0.05
+        if waited > timeout:
+            raise TimeoutError("the models screen listed nothing")
+    await pilot.pause(0.1)
+    return app.screen
+
+
 async def send(app: LocalLLMApp, pilot, text: str) -> None:
     app.query_one("#prompt").value = text
     await pilot.press("enter")
@@ -146,8 +162,7 @@ async def test_models_screen_lists_and_judges_fit(synth_model: Path) -> None:
     app, _ = scripted_app(synth_model)
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_idle(app, pilot)
-        await pilot.press("f2")
-        await pilot.pause(0.3)
+        await models_screen(app, pilot)
         table = app.screen.query_one("#models")
         first = [str(c) for c in table.get_row_at(0)]
         assert first[0] == f"{synth_model.name} (loaded)" and first[2] == "F32" and first[4] == "yes"
@@ -191,9 +206,7 @@ async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
     app, backend = scripted_app(src)
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_idle(app, pilot)
-        await pilot.press("f2")
-        await pilot.pause(0.3)
-        screen = app.screen
+        screen = await models_screen(app, pilot)
         assert isinstance(screen, ModelsScreen)
         screen.query_one("#qtype").value = "Q8_0"
         await pilot.press("q")

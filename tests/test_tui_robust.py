@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -145,9 +146,12 @@ async def test_load_refused_for_memory_keeps_the_model(smollm2: Path) -> None:
     """A context llama.cpp cannot allocate (16M tokens: a 368 GB KV cache for
     SmolLM2; larger ones spend minutes on llama.cpp's per-cell bookkeeping
     first): the load fails, the previous model is loaded again and answers."""
-    # n_gpu_layers fixed: no auto-fit shrinks the context to the budget; llama.cpp is asked as typed.
+    # The fitting service would shrink the context to the RAM available (as run
+    # does): told of a 1 PiB RAM it lets the context through, and llama.cpp is
+    # asked as typed. (The cockpit fitting: tests/test_tui_options.py.)
     app = create_app(str(smollm2), vram=4 * GiB, settings=Settings(n_ctx=1024, n_gpu_layers=0, threads=1, temperature=0, max_tokens=16,
                                                                     system_prompt="Answer in one short sentence."), bandwidth=20e9)
+    app.hardware = replace(app.hardware, ram_available_bytes=1 << 50)
     async with app.run_test(size=(140, 50)) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "What is the capital of France?")

@@ -77,7 +77,8 @@ def test_settings_screen(snap_compare, fixed_model: Path) -> None:
 def test_models_screen(snap_compare, fixed_model: Path) -> None:
     async def run_before(pilot) -> None:
         await _settle(pilot.app, pilot)
-        await pilot.press("f2")
-        await pilot.pause(0.3)
+        from tests.test_tui import models_screen
+
+        await models_screen(pilot.app, pilot)
 
     assert snap_compare(make_app(fixed_model), terminal_size=SIZE, run_before=run_before)

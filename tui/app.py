@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -24,11 +24,11 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Header, Input
 from textual.worker import Worker, WorkerState
 
-from localllm import planner, sessions
-from localllm.backend import LoadConfig, SamplingConfig, run_config
+from localllm import fitting, planner, sessions
+from localllm.backend import LoadConfig, SamplingConfig
 from localllm.chat import ChatSession, prompt_cache_path
 from localllm.diagnose import verdict
-from localllm.errors import LocalLLMError
+from localllm.errors import InputError, LocalLLMError
 from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
 from localllm.metrics import GenerationStats
@@ -183,25 +183,24 @@ class LocalLLMApp(App):
         self._load(req)
 
     def _choose_config(self, path: Path, s: Settings) -> tuple[LoadConfig, str, Footprint]:
-        cfg = LoadConfig(n_ctx=s.n_ctx, n_threads=s.threads, n_gpu_layers=-1 if s.n_gpu_layers is None else s.n_gpu_layers,
-                         type_k=s.type_k, type_v=s.type_v, swa_full=s.swa_full,
-                         flash_attn="on" if s.type_v not in ("f16", "f32", "bf16") else "auto")
-        shape = planner.ModelShape.from_header(read_header(path))
+        """Ask the fitting service, as the CLI does: the settings' cache types
+        are kept, blank GPU layers are fitted, the context shrinks (or layers
+        move to the CPU, by the policy) when the budget is short."""
+        from localllm.model_info import describe
+
+        header = read_header(path)
+        shape = planner.ModelShape.from_header(header)
         hw = self.hardware
-        note = ""
-        if s.n_gpu_layers is None and hw.gpu_budget is not None:
-            fit = planner.fit(shape, run_config(cfg), gpu_budget=hw.gpu_budget, ram=hw.ram_available_bytes, kv_fixed=True)
-            if fit.fits and fit.config.n_gpu_layers != cfg.n_gpu_layers:
-                cfg = replace(cfg, n_gpu_layers=fit.config.n_gpu_layers, n_ctx=fit.config.n_ctx)
-                note = f"auto-fit: {fit.reason}"
-        gpu = hw.gpu_budget is not None
-        plan = planner.plan_memory(shape, run_config(cfg), gpu=gpu)
-        if gpu:
+        fit = fitting.fit(shape, s.fit_request(), fitting.Budget.of(hw), trained_ctx=describe(header).context_length)
+        if not fit.fits:
+            raise InputError(f"does not fit: {fit.sentence}")
+        note = "" if fit.outcome is fitting.Outcome.FITS_AS_ASKED else f"auto-fit: {fit.sentence}"
+        if hw.gpu_budget is not None:
             label = {"--vram": "GPU budget (--vram)", "nvml": f"GPU {hw.gpu_name}", "apple-unified": "unified memory"}.get(hw.gpu_source, "GPU")
-            fp = Footprint(shape, plan, label, hw.gpu_budget or 0)
+            fp = Footprint(shape, fit.plan, label, hw.gpu_budget)
         else:
-            fp = Footprint(shape, plan, "RAM", hw.ram_available_bytes)
-        return cfg, note, fp
+            fp = Footprint(shape, fit.plan, "RAM", hw.ram_available_bytes)
+        return fit.config, note, fp
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def _load(self, req: LoadRequest) -> None:

@@ -3,25 +3,44 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
 from localllm.tui.settings import Settings
 
+if TYPE_CHECKING:
+    from localllm.tui.app import LocalLLMApp
 
-def run(args: argparse.Namespace) -> int:
-    from localllm.tui.app import create_app
 
-    settings = Settings(
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The cockpit's settings from every load option ``localllm tui`` accepts;
+    the fitting service reads them (``Settings.fit_request``) as it reads the
+    CLI's options."""
+    return Settings(
         n_ctx=getattr(args, "ctx", None) or 4096,
         type_k=getattr(args, "k_type", None) or getattr(args, "kv_type", None) or "f16",
         type_v=getattr(args, "v_type", None) or getattr(args, "kv_type", None) or "f16",
         n_gpu_layers=getattr(args, "ngl", None),
         threads=getattr(args, "threads", None),
         swa_full=bool(getattr(args, "swa_full", False)),
+        flash_attn=getattr(args, "flash_attn", "auto"),
+        n_batch=getattr(args, "batch", 512),
+        n_ubatch=getattr(args, "ubatch", 512),
+        policy=getattr(args, "policy", "ctx"),
         temperature=getattr(args, "temp", 0.7),
         max_tokens=getattr(args, "n_predict", 512),
         system_prompt=Settings.system_prompt if getattr(args, "system", None) is None else args.system,
     )
-    app = create_app(getattr(args, "model", None), vram=getattr(args, "vram", None), settings=settings)
+
+
+def app_from_args(args: argparse.Namespace, **kw: Any) -> "LocalLLMApp":
+    """The cockpit ``localllm tui`` opens (``kw``: ``create_app``'s test hooks)."""
+    from localllm.tui.app import create_app
+
+    return create_app(getattr(args, "model", None), vram=getattr(args, "vram", None), settings=settings_from_args(args), **kw)
+
+
+def run(args: argparse.Namespace) -> int:
+    app = app_from_args(args)
     app.run()
     # Textual sets 1 when the app ended on an unhandled exception (a bug): the
     # shell must not read that as success.

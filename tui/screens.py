@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, Vertical
+from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, ProgressBar, Select, Static, Switch
 from textual.widgets.option_list import Option
 
-from localllm import fmt, paths, planner, registry
-from localllm.backend import KV_CACHE_TYPES, LoadConfig, run_config
+from localllm import fitting, fmt, paths, planner, registry
 from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
-from localllm.model_info import describe
+from localllm.llama_rules import KV_CACHE_TYPES
+from localllm.model_info import ModelInfo, describe
 from localllm.tui.settings import Settings
 
 
@@ -76,7 +78,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
         temperature = float(q("#temperature", Input).value)
         if n_ctx < 1 or temperature < 0:
             raise ValueError("context must be at least 1 and temperature 0 or more")
-        return Settings(
+        return replace(  # the settings this screen does not show (flash attention, batches, policy...) stay as they are
+            self.current,
             n_ctx=n_ctx,
             type_k=str(q("#type_k", Select).value),
             type_v=str(q("#type_v", Select).value),
@@ -84,9 +87,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             n_keep=_int_or_none(q("#n_keep", Input).value),
             n_gpu_layers=_int_or_none(q("#n_gpu_layers", Input).value),
             threads=_int_or_none(q("#threads", Input).value),
-            swa_full=self.current.swa_full,
             temperature=temperature,
-            max_tokens=self.current.max_tokens,
             system_prompt=q("#system_prompt", Input).value,
         )
 
@@ -140,8 +141,48 @@ def local_models() -> list[registry.ModelEntry]:
         return []
 
 
+FIT_LABELS = {fitting.Outcome.FITS_AS_ASKED: "yes", fitting.Outcome.DOES_NOT_FIT: "no"}  # any other outcome: "with changes"
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One model as the models screen lists it, read off the UI thread."""
+
+    path: Path
+    cells: tuple[str, ...]  # model, size, quant, context, fits, source
+    info: ModelInfo | None  # None: the header could not be read
+    error: str = ""
+
+
+def read_rows(current: Path, made: list[Path], settings: Settings, hw: Hardware) -> list[ModelRow]:
+    """Every model the registry names (the loaded one first, then files made on
+    the screen), its header read and judged by the fitting service with the
+    cockpit's own settings (the context capped at the model's trained one)."""
+    entries = local_models()
+    labels = {e.path: (e.name, e.source) for e in reversed(entries)}  # the first name a file has wins
+    found = [e.path for e in entries] + made
+    paths_ = [current] + [p for i, p in enumerate(found) if p != current and p not in found[:i]]
+    rows = []
+    for p in paths_:
+        name, source = labels.get(p, (p.name, "file"))
+        try:
+            header = read_header(p)
+            info = describe(header)
+            shape = planner.ModelShape.from_header(header)
+            request = settings.fit_request(min(settings.n_ctx, info.context_length or settings.n_ctx))
+            fit = fitting.fit(shape, request, fitting.Budget.of(hw), trained_ctx=info.context_length)
+            cells = (name + (" (loaded)" if p == current else ""), fmt.size(info.size_bytes), info.file_type,
+                     f"{info.context_length:,}", FIT_LABELS.get(fit.outcome, "with changes"), source)
+            rows.append(ModelRow(p, cells, info))
+        except Exception as exc:  # noqa: BLE001 - one bad file is one row, never the end of the app
+            rows.append(ModelRow(p, (name, "?", "?", "?", f"unreadable: {_one_line(exc)}", source), None, _one_line(exc)))
+    return rows
+
+
 class ModelsScreen(Screen[Path | None]):
-    """Local models: size, quant, context, whether each fits; switch or quantize."""
+    """Local models: size, quant, context, whether each fits; switch or quantize.
+    The headers are read in a worker (a slow disk or many models never freeze
+    the screen); the rows arrive in a ``Rows`` message."""
 
     DEFAULT_CSS = """
     ModelsScreen DataTable { height: 1fr; }
@@ -151,62 +192,70 @@ class ModelsScreen(Screen[Path | None]):
     """
     BINDINGS = [("escape", "back", "Back"), ("enter", "switch", "Switch to this model"), ("q", "quantize", "Quantize")]
 
+    class Rows(Message):
+        """The worker's list of models, ready to show."""
+
+        def __init__(self, rows: list[ModelRow]) -> None:
+            super().__init__()
+            self.rows = rows
+
     def __init__(self, current: Path, hardware: Hardware, settings: Settings) -> None:
         super().__init__()
         self.current = current
         self.hardware = hardware
         self.settings = settings
         self.models: list[Path] = []
+        self.rows: list[ModelRow] = []
         self.made: list[Path] = []  # files quantized from this screen, listed even outside the models directory
 
     def compose(self) -> ComposeResult:
         yield Label("Models · Enter: switch · q: quantize the selected model · Esc: back")
         yield DataTable(cursor_type="row", id="models")
-        yield Static("", id="details")
+        yield Static("reading model headers …", id="details")
         with Horizontal():
             yield Select([(t, t) for t in ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_NL")], value="Q4_K_M", allow_blank=False, id="qtype")
             yield ProgressBar(total=100, id="qprogress", show_eta=False)
         yield Footer()
 
     def on_mount(self) -> None:
+        self.query_one(DataTable).add_columns("model", "size", "quant", "context", "fits", "source")
         self.refresh_models()
 
     def refresh_models(self) -> None:
+        """Read the models again (in a worker); the table updates when they arrive."""
+        self._read_models(list(self.made))
+
+    @work(thread=True, exclusive=True, group="models", exit_on_error=False)
+    def _read_models(self, made: list[Path]) -> None:
+        self.post_message(self.Rows(read_rows(self.current, made, self.settings, self.hardware)))
+
+    @on(Rows)
+    def _show_rows(self, msg: Rows) -> None:
         table = self.query_one(DataTable)
-        table.clear(columns=True)
-        table.add_columns("model", "size", "quant", "context", "fits", "source")
-        entries = local_models()
-        labels = {e.path: (e.name, e.source) for e in reversed(entries)}  # the first name a file has wins
-        found = [e.path for e in entries] + self.made
-        self.models = [self.current] + [p for i, p in enumerate(found) if p != self.current and p not in found[:i]]
-        for p in self.models:
-            name, source = labels.get(p, (p.name, "file"))
-            try:
-                header = read_header(p)
-                info = describe(header)
-                shape = planner.ModelShape.from_header(header)
-                cfg = run_config(LoadConfig(n_ctx=min(self.settings.n_ctx, info.context_length or self.settings.n_ctx)))
-                hw = self.hardware
-                fit = planner.fit(shape, cfg, gpu_budget=hw.gpu_budget, ram=hw.ram_available_bytes)
-                fits = "yes" if fit.fits and fit.reason == "fits as asked" else ("with changes" if fit.fits else "no")
-                table.add_row(name + (" (loaded)" if p == self.current else ""), fmt.size(info.size_bytes), info.file_type,
-                              f"{info.context_length:,}", fits, source)
-            except Exception as exc:  # noqa: BLE001 - one bad file is one row, never the end of the app
-                table.add_row(name, "?", "?", "?", f"unreadable: {_one_line(exc)}", source)
+        first = not self.rows  # later lists (after a quantize) keep the details line's news
+        table.clear()
+        self.rows = msg.rows
+        self.models = [r.path for r in msg.rows]
+        for r in msg.rows:
+            table.add_row(*r.cells)
+        if first and msg.rows:
+            self._show_details(msg.rows[0])
 
     @on(DataTable.RowHighlighted)
     def _details(self, event: DataTable.RowHighlighted) -> None:
-        p = self.models[event.cursor_row]
-        try:
-            i = describe(read_header(p))
-        except Exception as exc:  # noqa: BLE001
-            self.query_one("#details", Static).update(_one_line(exc))
+        if 0 <= event.cursor_row < len(self.rows):
+            self._show_details(self.rows[event.cursor_row])
+
+    def _show_details(self, row: ModelRow) -> None:
+        i = row.info
+        if i is None:
+            self.query_one("#details", Static).update(row.error)
             return
         self.query_one("#details", Static).update(
             f"{i.name} · {i.architecture} · {fmt.count(i.n_params)} params · {i.bits_per_weight:.2f} bpw\n"
             f"{i.n_layer} layers · heads {i.n_head}/{i.n_head_kv} · head dim {i.head_dim_k} · vocab {i.n_vocab:,}"
             + (f" · sliding window {i.sliding_window} on {len(i.swa_layers)} layers" if i.sliding_window else "")
-            + f"\n{p}"
+            + f"\n{row.path}"
         )
 
     @on(DataTable.RowSelected)
@@ -249,7 +298,7 @@ class ModelsScreen(Screen[Path | None]):
             self.app.call_from_thread(details.update, f"quantize failed: {_one_line(exc)}")
             return
         self.made.append(dst)
-        self.app.call_from_thread(self.refresh_models)
+        self.post_message(self.Rows(read_rows(self.current, list(self.made), self.settings, self.hardware)))
 
 
 def _one_line(exc: BaseException) -> str:

@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-RELOAD_FIELDS = ("n_ctx", "type_k", "type_v", "n_gpu_layers", "threads", "swa_full")
+from localllm import fitting
+from localllm.config import LoadConfig
+from localllm.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES, flash_attn_mode
+
+RELOAD_FIELDS = ("n_ctx", "type_k", "type_v", "n_gpu_layers", "threads", "swa_full", "flash_attn", "n_batch", "n_ubatch", "policy")
+POLICIES = ("ctx", "offload")
+# Text fields whose value must be one of these (a hand-edited session file
+# must not reach llama.cpp with a value it does not know).
+_CHOICES = {"type_k": KV_CACHE_TYPES, "type_v": KV_CACHE_TYPES, "flash_attn": FLASH_ATTN_MODES, "policy": POLICIES}
 
 
 @dataclass(frozen=True)
@@ -18,6 +26,10 @@ class Settings:
     n_gpu_layers: int | None = None  # None: auto-fit to the budget
     threads: int | None = None
     swa_full: bool = False
+    flash_attn: str = "auto"
+    n_batch: int = 512
+    n_ubatch: int = 512
+    policy: str = "ctx"  # when it does not fit: shrink the context (ctx) or offload fewer layers (offload)
     temperature: float = 0.7
     max_tokens: int = 512
     system_prompt: str = "You are a helpful assistant."
@@ -42,10 +54,23 @@ class Settings:
             elif type(want) is int:
                 ok = type(v) is int and v >= 1
             else:
-                ok = type(v) is type(want)
+                ok = type(v) is type(want) and (f.name not in _CHOICES or v in _CHOICES[f.name])
             if ok:
                 kept[f.name] = float(v) if type(want) is float else v
         return cls(**kept)
 
     def needs_reload(self, other: "Settings") -> bool:
         return any(getattr(self, f) != getattr(other, f) for f in RELOAD_FIELDS)
+
+    def fit_request(self, n_ctx: int | None = None) -> fitting.Request:
+        """What the cockpit asks the fitting service for (``n_ctx`` instead of
+        the setting's, e.g. capped at a model's trained context). The cache
+        types are the ones shown in the settings, so they are kept; blank GPU
+        layers leave the layers to the fit."""
+        cfg = LoadConfig(
+            n_ctx=n_ctx or self.n_ctx, n_threads=self.threads,
+            n_gpu_layers=-1 if self.n_gpu_layers is None else self.n_gpu_layers,
+            flash_attn=flash_attn_mode(self.flash_attn, self.type_v), type_k=self.type_k, type_v=self.type_v,
+            n_batch=self.n_batch, n_ubatch=self.n_ubatch, swa_full=self.swa_full,
+        )
+        return fitting.Request(cfg, kv_fixed=True, ngl_fixed=self.n_gpu_layers is not None, policy=self.policy)

@@ -1,4 +1,5 @@
-"""Helpers the model-loading commands share: options -> load config, and auto-fit."""
+"""Helpers the model-loading commands share: options -> load config, and the
+fitting service (``localllm.fitting``) asked with them."""
 
 from __future__ import annotations
 
@@ -7,20 +8,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from localllm.backend import LoadConfig, run_config
+from localllm import fitting
+from localllm.config import LoadConfig
+from localllm.llama_rules import flash_attn_mode
 
 
 def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
-    """The load settings the options ask for. The batch is never below 1 nor
-    above the context (llama.cpp's own clamp), and the physical batch never
-    above the logical one."""
+    """The load settings the options ask for. A quantized V cache turns flash
+    attention on (``llama_rules.needs_flash_attn``), saying so when it was off;
+    the physical batch is never above the logical one (``LoadConfig``)."""
     kv = args.kv_type or "f16"
-    flash = args.flash_attn
     type_v = args.v_type or kv
-    if type_v not in ("f32", "f16", "bf16") and flash != "on":
-        if flash == "off":
-            say(f"a quantized V cache ({type_v}) needs flash attention: turning it on")
-        flash = "on"
+    flash = flash_attn_mode(args.flash_attn, type_v)
+    if flash != args.flash_attn and args.flash_attn == "off":
+        say(f"a quantized V cache ({type_v}) needs flash attention: turning it on")
     return LoadConfig(
         n_ctx=n_ctx,
         n_threads=args.threads,
@@ -29,74 +30,63 @@ def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
         type_k=args.k_type or kv,
         type_v=type_v,
         n_batch=args.batch,
-        n_ubatch=min(args.ubatch, args.batch),
+        n_ubatch=args.ubatch,
         swa_full=args.swa_full,
         rpc_servers=tuple(str(ep) for ep in (getattr(args, "rpc", None) or ())),
     )
 
 
+def fit_request(args: argparse.Namespace, n_ctx: int) -> fitting.Request:
+    """What the options fix: the config, the cache types and GPU layers the user
+    named (kept), and the policy."""
+    return fitting.Request(
+        load_config(args, n_ctx),
+        kv_fixed=bool(args.kv_type or args.k_type or args.v_type),
+        ngl_fixed=args.ngl is not None,
+        policy=getattr(args, "policy", "ctx"),
+    )
+
+
 @dataclass
 class Fitted:
-    config: LoadConfig
-    fit: object  # planner.FitResult
+    fit: fitting.Fit
     hardware: object  # hardware.Hardware
-    trained_ctx: int
-    shift_extra_bytes: int | None  # what a shiftable (full-size SWA) cache costs more; None if it shifts already
-    placement: object = None  # placement.Placement, with --rpc: per device
+
+    @property
+    def config(self) -> LoadConfig:
+        return self.fit.config
+
+    @property
+    def placement(self):  # placement.Placement, with --rpc: per device
+        return self.fit.placement
+
+    @property
+    def shift_extra_bytes(self) -> int | None:
+        return self.fit.shift_extra_bytes
 
 
 def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None) -> Fitted:
-    """Plan the load against the GPU budget (detected or --vram) and RAM, and
-    return the settings that fit. The user's explicit choices are kept."""
-    from localllm import hardware, planner
+    """Fit the options to the GPU budget (detected or --vram) and RAM: the
+    settings that fit, the user's explicit choices kept."""
+    from localllm import hardware
     from localllm.gguf_file import read_header
     from localllm.model_info import describe
 
     header = read_header(path)
-    info = describe(header)
-    shape = planner.ModelShape.from_header(header)
-    want = load_config(args, n_ctx or min(info.context_length or 4096, 4096))
+    trained = describe(header).context_length
+    request = fit_request(args, n_ctx or fitting.default_ctx(trained))
     hw = hardware.detect(getattr(args, "vram", None))
-    placement = None
+    budget = fitting.Budget.of(hw)
     if getattr(args, "rpc", None):
-        result, placement = _fit_rpc(args, shape, run_config(want), hw, max(want.n_ctx, info.context_length or 0), header)
-    else:
-        result = planner.fit(
-            shape,
-            run_config(want),
-            gpu_budget=hw.gpu_budget,
-            ram=hw.ram_available_bytes,
-            policy=getattr(args, "policy", "ctx"),
-            kv_fixed=bool(args.kv_type or args.k_type or args.v_type),
-            ngl_fixed=args.ngl is not None,
-            ctx_limit=max(want.n_ctx, info.context_length or 0),
-        )
-    c = result.config
-    chosen = LoadConfig(
-        n_ctx=c.n_ctx,
-        n_threads=want.n_threads,
-        n_gpu_layers=c.n_gpu_layers,
-        flash_attn=want.flash_attn,
-        type_k=c.type_k,
-        type_v=c.type_v,
-        n_batch=want.n_batch,
-        n_ubatch=want.n_ubatch,
-        swa_full=want.swa_full,
-        n_outputs_max=want.n_outputs_max,
-        rpc_servers=want.rpc_servers,
-        tensor_split=placement.split if placement is not None else (),
-    )
-    extra = None
-    if shape.swa_layers and shape.n_swa and not c.swa_full:
-        full = planner.plan_memory(shape, planner.replace_config(c, swa_full=True), gpu=hw.gpu_budget is not None)
-        extra = full.kv_cache_bytes - result.plan.kv_cache_bytes
-    return Fitted(chosen, result, hw, info.context_length, extra, placement)
+        devices, cpu = _rpc_devices(args, hw)
+        return Fitted(fitting.fit_header(header, request, budget, devices=devices, cpu=cpu), hw)
+    return Fitted(fitting.fit_header(header, request, budget), hw)
 
 
-def _fit_rpc(args: argparse.Namespace, shape, want, hw, ctx_limit: int, header):
+def _rpc_devices(args: argparse.Namespace, hw):
     """With --rpc: probe every worker (one line and exit 1 for one that is down,
-    before anything loads), then fit layers across the workers' devices, a local
-    GPU and the CPU."""
+    before anything loads); the devices to fit layers across are the workers',
+    a local GPU's and the CPU."""
     from localllm import placement, rpc
 
     workers = rpc.probe_all(args.rpc)
@@ -104,18 +94,7 @@ def _fit_rpc(args: argparse.Namespace, shape, want, hw, ctx_limit: int, header):
     if hw.gpu_source in ("nvml", "apple-unified") or (hw.gpu_source == "--vram" and _has_local_gpu()):
         devices.append(placement.Device(hw.gpu_name or "GPU", "gpu", hw.gpu_budget, hw.gpu_total_bytes))
     cpu = placement.Device("CPU", "cpu", hw.ram_available_bytes, hw.ram_total_bytes)
-    return placement.fit_across(
-        shape,
-        want,
-        devices,
-        cpu,
-        ram=hw.ram_available_bytes,
-        policy=getattr(args, "policy", "ctx"),
-        kv_fixed=bool(args.kv_type or args.k_type or args.v_type),
-        ngl_fixed=args.ngl is not None,
-        ctx_limit=ctx_limit,
-        header=header,
-    )
+    return devices, cpu
 
 
 def _has_local_gpu() -> bool:
@@ -147,7 +126,6 @@ def device_table(fitted: Fitted, path: Path, logged: dict | None = None) -> list
     KV, compute and output bytes and the free memory; with ``logged`` (the engine's
     ``logged_buffers``) also what llama.cpp printed for each, in MiB."""
     from localllm import placement, planner
-    from localllm.backend import run_config
     from localllm.gguf_file import read_header
 
     pl = fitted.placement
@@ -157,7 +135,7 @@ def device_table(fitted: Fitted, path: Path, logged: dict | None = None) -> list
         hw = fitted.hardware
         devices = [placement.Device(hw.gpu_name or "GPU", "gpu", hw.gpu_budget, hw.gpu_total_bytes)] if hw.gpu_budget is not None else []
         cpu = placement.Device("CPU", "cpu", hw.ram_available_bytes, hw.ram_total_bytes)
-        pl = placement.place(shape, run_config(fitted.config), devices, cpu, header=header)
+        pl = placement.place(shape, fitted.config, devices, cpu, header=header)
     rows = pl.to_list()
     for r in rows:
         r["logged_mib"] = (logged or {}).get(r["name"]) if logged is not None else None

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     path = catalog.resolve(args.model)
     fitted = fit_config(args, path, args.ctx)
     if not fitted.fit.fits:
-        raise InputError(f"does not fit: {fitted.fit.reason}")
+        raise InputError(f"does not fit: {fitted.fit.sentence}")
     interactive = sys.stdin is not None and sys.stdin.isatty() and not args.json
     with LlamaCppBackend() as backend:
         backend.load(path, fitted.config)

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = _prompt(args)
     fitted = fit_config(args, path, args.ctx)
     if not fitted.fit.fits:
-        raise InputError(f"does not fit: {fitted.fit.reason}")
+        raise InputError(f"does not fit: {fitted.fit.sentence}")
     say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
     with LlamaCppBackend() as backend:
         # Room for 9 rows of logits, so the same context can check speculative drafts.

@@ -13,7 +13,7 @@ def render(f, architecture: str = "") -> str:
     r = f.fit
     p = r.plan
     hw = f.hardware
-    gpu = r.budget_bytes is not None
+    gpu = r.gpu_budget is not None
     lines = [
         f"context {p.n_ctx} tokens · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
         + (f" · {'chunked' if p.swa_type == 'chunked' else 'sliding-window'} layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
@@ -32,12 +32,12 @@ def render(f, architecture: str = "") -> str:
     ]
     if gpu:
         src = {"--vram": "--vram", "nvml": hw.gpu_name, "apple-unified": "unified memory share"}.get(hw.gpu_source, hw.gpu_source)
-        headroom = r.budget_bytes - p.total_gpu_bytes
-        lines.append(f"GPU budget {fmt.size(r.budget_bytes)} ({src}), head-room {fmt.size(headroom)} (keeping {fmt.size(r.margin_bytes)} free)")
+        headroom = r.gpu_budget - p.total_gpu_bytes
+        lines.append(f"GPU budget {fmt.size(r.gpu_budget)} ({src}), head-room {fmt.size(headroom)} (keeping {fmt.size(r.margin)} free)")
     else:
         lines.append("no GPU: everything runs from RAM")
-    lines.append(f"RAM available {fmt.size(r.ram_bytes or 0)}")
-    lines.append(("fits: " + r.reason) if r.fits else ("does not fit: " + r.reason))
+    lines.append(f"RAM available {fmt.size(r.ram or 0)}")
+    lines.append(("fits: " + r.sentence) if r.fits else ("does not fit: " + r.sentence))
     if not p.verified:
         lines.append(f"(unverified architecture) localllm knows no llama.cpp cache rule for '{architecture}': planned as dense, "
                      "every layer with its own full-context cache; check with localllm run -v")
@@ -81,7 +81,7 @@ def render_devices(f) -> str:
         "split: " + ", ".join(f"{u.device.name} {s / sum(pl.split):.0%}" for u, s in zip(uses, pl.split)) if pl.split else "no offload device",
         *pl.rules,
         "mapped: the file range llama.cpp maps for the CPU's weights (its 'CPU_Mapped model buffer size'); only the CPU's own tensors are read from it",
-        ("fits: " + r.reason) if r.fits else ("does not fit: " + r.reason),
+        ("fits: " + r.sentence) if r.fits else ("does not fit: " + r.sentence),
         "largest context that fits: " + ", ".join(f"{k} {v:,}" if v else f"{k} none" for k, v in r.max_ctx_by_kv_type.items()),
     ]
     return "\n".join(lines)
@@ -96,11 +96,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         d = f.fit.plan.to_dict()
         d.update(
+            outcome=f.fit.outcome.value,
             fits=f.fit.fits,
-            reason=f.fit.reason,
-            budget_gpu_bytes=f.fit.budget_bytes,
-            ram_available_bytes=f.fit.ram_bytes,
-            margin_bytes=f.fit.margin_bytes,
+            reason=f.fit.sentence,
+            budget_gpu_bytes=f.fit.gpu_budget,
+            ram_available_bytes=f.fit.ram,
+            margin_bytes=f.fit.margin,
             max_ctx_by_kv_type=f.fit.max_ctx_by_kv_type,
             shiftable_cache_extra_bytes=f.shift_extra_bytes,
             hardware=f.hardware.to_dict(),

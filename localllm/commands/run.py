@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localllm import catalog, fmt
+from localllm import catalog, fitting, fmt
 from localllm.backend import SamplingConfig
 from localllm.commands._common import apply_template, device_table, fit_config, say
 from localllm.errors import InputError, UsageError
@@ -56,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--draft goes with --speculate draft")
     fitted = fit_config(args, path, args.ctx)
     if not fitted.fit.fits:
-        raise InputError(f"does not fit: {fitted.fit.reason}")
-    if fitted.fit.steps or args.vram is not None:
+        raise InputError(f"does not fit: {fitted.fit.sentence}")
+    if fitted.fit.outcome is not fitting.Outcome.FITS_AS_ASKED or args.vram is not None:
         c = fitted.config
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx}, KV {c.type_k}/{c.type_v}, "
-            f"{fitted.fit.plan.n_gpu_layers} layers {'offloaded' if c.rpc_servers else 'on the GPU'} ({fitted.fit.reason})")
+            f"{fitted.fit.plan.n_gpu_layers} layers {'offloaded' if c.rpc_servers else 'on the GPU'} ({fitted.fit.sentence})")
     with LlamaCppBackend() as backend:
         cfg = fitted.config
         if args.speculate:

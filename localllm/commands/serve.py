@@ -15,7 +15,7 @@ import signal
 import socket
 from dataclasses import replace
 
-from localllm import catalog, fmt
+from localllm import catalog, fitting, fmt
 from localllm.commands._common import fit_config, say
 from localllm.errors import InputError, UsageError
 
@@ -65,14 +65,14 @@ def run(args: argparse.Namespace) -> int:
         ctx_seq = min(inspect_model(path).context_length or 4096, 4096)
     fitted = fit_config(args, path, ctx_seq * parallel)
     if not fitted.fit.fits:
-        raise InputError(f"does not fit: {fitted.fit.reason}")
+        raise InputError(f"does not fit: {fitted.fit.sentence}")
     n_ctx_seq = fitted.config.n_ctx // parallel
     if n_ctx_seq < 16:
         raise InputError(f"{parallel} sequences leave {n_ctx_seq} tokens each: lower --parallel or raise --vram")
-    if fitted.fit.steps or args.vram is not None:
+    if fitted.fit.outcome is not fitting.Outcome.FITS_AS_ASKED or args.vram is not None:
         c = fitted.config
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx} ({n_ctx_seq} per sequence), "
-            f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.reason})")
+            f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.sentence})")
     sock = _bind(args.host, args.port)
     from localllm.batch_engine import BatchModel  # lazy: loads llama.cpp
     from localllm.serve.app import ServeState, build_app

@@ -1,0 +1,111 @@
+"""llama.cpp's rules for the KV cache and flash attention, in one place.
+
+Pure Python, no llama.cpp or gguf import: the CLI's parsers, the planner, the
+fitting service, the cockpit and the engine adapter all read them here. Each
+rule names the llama.cpp source it follows (the vendored copy matching our
+build: llama-cpp-python 0.3.36, ``vendor/llama.cpp``); ``tests/test_llama_rules.py``
+checks the type table against gguf-py's own copy of ggml's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localllm.errors import UsageError
+
+
+@dataclass(frozen=True)
+class CacheType:
+    """A ggml type the KV cache may use: ggml's enum value (ggml/include/ggml.h
+    ``enum ggml_type``), the values per block and the bytes per block
+    (ggml/src/ggml.c ``type_traits``: ``blck_size``, ``type_size``; the
+    quantized blocks are ggml/src/ggml-common.h's ``block_q8_0`` etc.)."""
+
+    name: str
+    ggml_id: int
+    block_size: int
+    type_size: int
+
+    @property
+    def quantized(self) -> bool:
+        """ggml_is_quantized: more than one value per block."""
+        return self.block_size > 1
+
+
+# K/V cache types llama.cpp accepts, in its order (common/arg.cpp ``kv_cache_types``).
+_CACHE_TYPES: tuple[CacheType, ...] = (
+    CacheType("f32", 0, 1, 4),
+    CacheType("f16", 1, 1, 2),
+    CacheType("bf16", 30, 1, 2),
+    CacheType("q8_0", 8, 32, 34),  # QK8_0 = 32: f16 scale + 32 int8
+    CacheType("q4_0", 2, 32, 18),  # QK4_0 = 32: f16 scale + 16 bytes of nibbles
+    CacheType("q4_1", 3, 32, 20),  # f16 scale and min + 16 bytes
+    CacheType("iq4_nl", 20, 32, 18),  # QK4_NL = 32: f16 scale + 16 bytes
+    CacheType("q5_0", 6, 32, 22),  # f16 scale + 4 bytes of high bits + 16 bytes
+    CacheType("q5_1", 7, 32, 24),  # f16 scale and min + 4 + 16 bytes
+)
+CACHE_TYPES: dict[str, CacheType] = {t.name: t for t in _CACHE_TYPES}
+KV_CACHE_TYPES: tuple[str, ...] = tuple(CACHE_TYPES)
+
+# --flash-attn values (common/arg.cpp; llama.h LLAMA_FLASH_ATTN_TYPE_AUTO/ENABLED/DISABLED).
+FLASH_ATTN_MODES: tuple[str, ...] = ("auto", "on", "off")
+
+
+def cache_type(name: str) -> CacheType:
+    """The cache type named ``name``, or one line naming the choices."""
+    t = CACHE_TYPES.get(name)
+    if t is None:
+        raise UsageError(f"unsupported cache type '{name}': choose one of {', '.join(KV_CACHE_TYPES)}")
+    return t
+
+
+def ggml_type_id(name: str) -> int:
+    """ggml's enum value for a cache type name (what llama_context_params.type_k/v take)."""
+    return cache_type(name).ggml_id
+
+
+def is_quantized(name: str) -> bool:
+    """A block-quantized cache type (not f32/f16/bf16). An unknown name counts
+    as quantized: the engine refuses it before llama.cpp sees it."""
+    t = CACHE_TYPES.get(name)
+    return t is None or t.quantized
+
+
+def needs_flash_attn(type_v: str) -> bool:
+    """A quantized V cache works only with flash attention: llama.cpp turns
+    'auto' into 'on' for it and refuses 'off' (src/llama-context.cpp,
+    llama_init_from_model: "quantized V cache requires flash_attn")."""
+    return is_quantized(type_v)
+
+
+def flash_attn_mode(requested: str, type_v: str) -> str:
+    """The flash attention mode to ask llama.cpp for: 'on' when the V cache is
+    quantized (see ``needs_flash_attn``), else what was requested."""
+    return "on" if needs_flash_attn(type_v) else requested
+
+
+def flash_attn_planned(requested: str, type_v: str) -> bool:
+    """Whether to plan memory with flash attention: 'auto' counts as on, since
+    llama.cpp enables it wherever the backend supports it (the CPU does;
+    src/llama-context.cpp resolves auto by trying the FA op per device)."""
+    return flash_attn_mode(requested, type_v) != "off"
+
+
+def ubatch(n_batch: int, n_ubatch: int) -> int:
+    """The physical batch llama.cpp uses: never above the logical batch, 0
+    meaning the logical batch (src/llama-context.cpp:
+    ``cparams.n_ubatch = std::min(cparams.n_batch, params.n_ubatch == 0 ? params.n_batch : params.n_ubatch)``)."""
+    return min(n_batch, n_ubatch or n_batch)
+
+
+def check_cache_types(type_k: str, type_v: str, head_dim_k: int, head_dim_v: int) -> None:
+    """A quantized cache stores whole blocks per head: llama.cpp refuses a type
+    whose block size does not divide the head dimension (src/llama-context.cpp:
+    "K cache type %s with block size %u does not divide n_embd_head_k"; the same
+    for V). Say so before loading."""
+    for which, name, dim in (("K", type_k, head_dim_k), ("V", type_v, head_dim_v)):
+        block = cache_type(name).block_size
+        if dim and dim % block:
+            raise UsageError(
+                f"{which} cache type {name} stores blocks of {block} values but this model's {which} head dim is {dim}: use --kv-type f16"
+            )
