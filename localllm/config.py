@@ -38,6 +38,11 @@ class LoadConfig:
     n_outputs_max: int = 1
     # Sequences sharing the cache (serve's batch engine plans with n_seq streams).
     n_seq: int = 1
+    # One cache pool for all sequences (llama_context_params.kv_unified), as
+    # serve's batch engine loads it: one stream of n_ctx cells, and a sliding
+    # window of n_swa * n_seq + n_ubatch cells (src/llama-kv-cache-iswa.cpp),
+    # instead of n_seq streams of n_ctx / n_seq cells each.
+    kv_unified: bool = False
     # llama.cpp RPC workers ("host:port") whose devices join this machine's, and
     # the share of the offloaded layers each device takes (workers' devices first,
     # then local GPUs; llama_model_params.tensor_split). Empty: llama.cpp's defaults.

@@ -270,10 +270,15 @@ class MemoryPlan:
 def kv_cells(shape: ModelShape, cfg: LoadConfig) -> tuple[int, int]:
     """(cells of the full-attention cache, cells of the sliding-window cache) per stream."""
     n_ctx = _pad(max(cfg.n_ctx, 1), CTX_PAD)
-    n_ctx_seq = n_ctx if cfg.n_seq <= 1 else _pad(n_ctx // cfg.n_seq, CTX_PAD)
+    # src/llama-context.cpp: a unified cache is one stream of n_ctx cells;
+    # otherwise each of the n_seq_max streams gets n_ctx / n_seq_max, padded.
+    unified = cfg.kv_unified or cfg.n_seq <= 1
+    n_ctx_seq = n_ctx if unified else _pad(n_ctx // cfg.n_seq, CTX_PAD)
     if not shape.swa_layers or cfg.swa_full or not shape.n_swa:
         return n_ctx_seq, n_ctx_seq
-    return n_ctx_seq, _pad(min(n_ctx_seq, shape.n_swa + cfg.n_ubatch), CTX_PAD)
+    # src/llama-kv-cache-iswa.cpp: size_swa = PAD(min(size_base, n_swa * (unified ? n_seq_max : 1) + n_ubatch), 256)
+    window = shape.n_swa * (max(cfg.n_seq, 1) if cfg.kv_unified else 1)
+    return n_ctx_seq, _pad(min(n_ctx_seq, window + cfg.n_ubatch), CTX_PAD)
 
 
 def offload(shape: ModelShape, n_gpu_layers: int, gpu: bool) -> tuple[set[int], bool, int]:
@@ -289,7 +294,7 @@ def offload(shape: ModelShape, n_gpu_layers: int, gpu: bool) -> tuple[set[int], 
 
 def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> MemoryPlan:
     cells, swa_cells = kv_cells(shape, cfg)
-    n_stream = max(cfg.n_seq, 1)
+    n_stream = 1 if cfg.kv_unified else max(cfg.n_seq, 1)
     gpu_layers, output_on_gpu, ngl = offload(shape, cfg.n_gpu_layers, gpu)
     v_trans = not cfg.uses_flash_attn
     layers = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localllm import fitting
@@ -65,9 +65,12 @@ class Fitted:
         return self.fit.shift_extra_bytes
 
 
-def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None) -> Fitted:
+def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq: int = 1) -> Fitted:
     """Fit the options to the GPU budget (detected or --vram) and RAM: the
-    settings that fit, the user's explicit choices kept."""
+    settings that fit, the user's explicit choices kept.
+
+    ``n_seq`` > 1 plans serve's batch engine as it loads: one unified cache for
+    ``n_seq`` sequences and one row of logits per sequence (n_outputs_max)."""
     from localllm import hardware
     from localllm.gguf_file import read_header
     from localllm.model_info import describe
@@ -75,6 +78,8 @@ def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None) -> Fitte
     header = read_header(path)
     trained = describe(header).context_length
     request = fit_request(args, n_ctx or fitting.default_ctx(trained))
+    if n_seq > 1:
+        request = replace(request, config=replace(request.config, n_seq=n_seq, n_outputs_max=n_seq, kv_unified=True))
     hw = hardware.detect(getattr(args, "vram", None))
     budget = fitting.Budget.of(hw)
     if getattr(args, "rpc", None):

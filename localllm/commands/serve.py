@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         from localllm.model_info import inspect_model
 
         ctx_seq = min(inspect_model(path).context_length or 4096, 4096)
-    fitted = fit_config(args, path, ctx_seq * parallel)
+    fitted = fit_config(args, path, ctx_seq * parallel, n_seq=parallel)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
     n_ctx_seq = fitted.config.n_ctx // parallel
