@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from localllm import fmt, hf_cache, paths, registry
+from localllm import atomic, fmt, hf_cache, paths, registry
 from localllm.errors import InputError, LocalLLMError
 from localllm.modelname import is_projector, quant_of, split_part
 
@@ -235,7 +235,7 @@ def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: 
                     "the partial file was removed, run the same command to download it again"
                 )
             verified = True
-            os.replace(part, blob)
+            atomic.commit(part, blob)
         dest = hf_cache.link(cache, repo_id, revision, commit, filename, blob)
     registry.record_pull(repo_id, filename, revision, commit, etag, size, stored=verified)
     name = _registry_name(repo_id, filename)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from localllm import atomic
 from localllm.errors import InputError, UsageError
 from localllm.gguf_file import GGUFHeader, read_header
 from localllm.model_info import TensorTypeStat, describe
@@ -194,14 +195,12 @@ def run(job: Job) -> Iterator[Progress | Report]:
     if need + header_room > free:
         raise InputError(f"needs {need / 2**30:.2f} GiB free in {job.dst.parent}, only {free / 2**30:.2f} GiB: free some space or write elsewhere")
     remove_stale_partials(job.dst.parent)
-    tmp = job.dst.with_name(f".{job.dst.name}.partial-{os.getpid()}")
-    try:
+    # llama.cpp writes ``.<name>.partial-<pid>`` (the name remove_stale_partials
+    # knows); it takes the output's name only when complete.
+    with atomic.replacing(job.dst, tmp_name=f".{job.dst.name}.partial-{os.getpid()}") as tmp:
         for event in _run_child(job, tmp, dry=False):
             if isinstance(event, Progress):
                 yield event
-        os.replace(tmp, job.dst)
-    finally:
-        tmp.unlink(missing_ok=True)
     yield report(job.src, job.dst, job.qtype, time.perf_counter() - t0)
 
 
