@@ -6,8 +6,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-MiB = 1024 * 1024
-GiB = 1024 * MiB
+from localllm.units import format_size
 
 
 def safe(text: object) -> str:
@@ -34,14 +33,9 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def size(n: float) -> str:
-    """Bytes in binary units, as llama.cpp prints them (MiB, GiB)."""
-    if n >= GiB:
-        return f"{n / GiB:.2f} GiB"
-    if n >= MiB:
-        return f"{n / MiB:.2f} MiB"
-    if n >= 1024:
-        return f"{n / 1024:.2f} KiB"
-    return f"{int(n)} B"
+    """Bytes in binary units, as llama.cpp prints them (MiB, GiB), or in the
+    unit the user typed (``units.Size``): ``units.format_size``."""
+    return format_size(n)
 
 
 def count(n: float) -> str:

@@ -355,7 +355,7 @@ def _check_space(folder: Path, need: int) -> None:
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+    return fmt.size(n)
 
 
 def _raise_for_status(resp: Any) -> None:
