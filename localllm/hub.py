@@ -268,7 +268,6 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
     import httpx2
     from huggingface_hub import get_session
     from huggingface_hub.utils import build_hf_headers
-    from tqdm import tqdm
 
     part = blob.with_name(blob.name + ".incomplete")
     if part.is_symlink() or not hf_cache.inside(blob.parent, part):
@@ -280,7 +279,9 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
     kept = have
     digest = hf_cache.hash_file(part, etag, size) if have else hf_cache.hasher(etag, size)
     _check_space(part.parent, size - have)
-    bar = tqdm(total=size, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=label[-40:], file=sys.stderr, disable=not progress, leave=True)
+    from localllm.progress import Bar
+
+    bar = Bar(f"downloading {label}", size, done=have, enabled=progress)
     retries = _RETRIES
     try:
         with open(part, "ab") as out:
@@ -294,7 +295,7 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
                         if resp.status_code == 200 and have:
                             out.seek(0)  # the server ignored the Range: start over
                             out.truncate()
-                            bar.reset(total=size)
+                            bar.restart()
                             kept = have = 0
                             digest = hf_cache.hasher(etag, size)
                         elif resp.status_code not in (200, 206):
@@ -311,7 +312,7 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
                             out.write(data)
                             digest.update(data)
                             have += len(data)
-                            bar.update(len(data))
+                            bar.advance(len(data))
                             retries = _RETRIES
                     out.flush()
                 except httpx2.TooManyRedirects:
@@ -335,7 +336,8 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
         bar.close()
         print(f"localllm: interrupted: {_mb(have)} of {_mb(size)} kept; run the same command to resume", file=sys.stderr)
         raise
-    bar.close()
+    finally:
+        bar.close()  # also before an error's one line, so it is not drawn over
     return kept, have - kept, digest.hexdigest()
 
 

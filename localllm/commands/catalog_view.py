@@ -22,6 +22,6 @@ def run(args: argparse.Namespace) -> int:
          r["fits_4gb"], r["fits_6gb"], "yes" if r["here"] else "")
         for r in table
     ]
-    print(fmt.table(head, body))
+    print(fmt.table(head, body, right=(2, 3)))
     print("\npull one with: localllm pull REPO --quant Q (repos: localllm list --catalog --json), or --vram SIZE for the largest that fits")
     return 0
