@@ -57,10 +57,11 @@ def parse_size(text: str) -> Size:
 
 def format_size(n: float, unit: str | None = None, digits: int = 2) -> str:
     """``n`` bytes in ``unit`` (one of B, kB, KiB, MB, MiB, GB, GiB, TB, TiB);
-    without one, in the unit a ``Size`` was typed in, else the largest binary
-    unit that keeps the number at 1 or more."""
+    without one, in the unit a ``Size`` was typed in (plain bytes excepted),
+    else the largest binary unit that keeps the number at 1 or more."""
     if unit is None:
         unit = getattr(n, "unit", None)
+        unit = None if unit == "B" else unit  # a count of bytes typed as such reads better scaled
     if unit is None:
         unit = next((u for u, per in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)) if abs(n) >= per), "B")
     if unit == "B":

@@ -215,7 +215,8 @@ def test_vram_picks_the_largest_quant_that_fits(hub: FakeHub, quants: dict[str, 
     assert len(full) == 1
     # and a budget nothing fits is one line
     r2 = run_cli("pull", REPO_ID, "--vram", "130MiB")
-    assert r2.returncode == 1 and "no quant of this model fits" in r2.stderr
+    assert r2.returncode == 1 and "no quant of this model fits 130.00 MiB" in r2.stderr  # the budget as typed
+    assert "fits 6.00 GB with" in json.loads(run_cli("pull", REPO_ID, "--vram", "6GB", "--json").stdout)["reason"]
 
 
 def test_offline_uses_the_cache_and_never_the_network(hub: FakeHub) -> None:

@@ -31,6 +31,7 @@ def test_shown_as_typed_or_in_binary_units() -> None:
     assert units.format_size(units.parse_size("6GB")) == "6.00 GB"
     assert units.format_size(units.parse_size("4GiB")) == "4.00 GiB"
     assert units.format_size(units.parse_size("512MB")) == "512.00 MB"
+    assert units.format_size(units.parse_size("3145728B")) == "3.00 MiB"  # plain bytes read better scaled
     assert units.format_size(6 * 10**9) == "5.59 GiB"  # an untyped size: binary
     assert units.format_size(3 * 2**20) == "3.00 MiB" and units.format_size(2048) == "2.00 KiB" and units.format_size(5) == "5 B"
     assert units.format_size(4 * 2**30, "GB") == "4.29 GB" and units.format_size(4 * 2**30, digits=0) == "4 GiB"
