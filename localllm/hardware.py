@@ -16,6 +16,7 @@ from typing import Any
 
 from localllm.units import parse_size  # noqa: F401 - the one size parser, imported from here by callers
 
+
 @dataclass(frozen=True)
 class Hardware:
     gpu_name: str | None

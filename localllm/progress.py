@@ -44,8 +44,7 @@ class Bar:
 
     def _start_rich(self) -> tuple[Any, Any]:
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
         count = [DownloadColumn(binary_units=True), TransferSpeedColumn()] if self.unit == "bytes" else [MofNCompleteColumn(), TextColumn(self.unit)]
         progress = Progress(
@@ -92,7 +91,7 @@ class Bar:
             return f"{format_size(n)} of {format_size(self.total)}"
         return f"{n}/{self.total} {self.unit}"
 
-    def __enter__(self) -> "Bar":
+    def __enter__(self) -> Bar:
         return self
 
     def __exit__(self, *exc: object) -> None:

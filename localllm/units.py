@@ -35,7 +35,7 @@ class Size(int):
 
     unit: str
 
-    def __new__(cls, n: int, unit: str = BARE_UNIT) -> "Size":
+    def __new__(cls, n: int, unit: str = BARE_UNIT) -> Size:
         obj = super().__new__(cls, n)
         obj.unit = unit
         return obj
