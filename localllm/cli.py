@@ -111,7 +111,7 @@ def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fi
     if rpc:
         g.add_argument("--rpc", type=_rpc, default=None, metavar="HOST:PORT[,...]", help="also use the devices of these workers (localllm worker on each machine); no authentication: trusted networks only")
     if fit:
-        g.add_argument("--vram", type=_size, default=None, metavar="SIZE", help="GPU memory budget, e.g. 4GiB or 6GB (default: detected)")
+        g.add_argument("--vram", type=_size, default=None, metavar="SIZE", help="GPU memory budget: 4GiB (4·2³⁰ bytes), 6GB (6·10⁹), 512MiB; a bare number is GiB (default: detected)")
         g.add_argument("--policy", choices=("ctx", "offload"), default="ctx", help="when it does not fit: shrink the context first (ctx, default) or offload fewer layers (offload)")
 
 
@@ -126,8 +126,9 @@ def _rpc(text: str):
 
 
 def _size(text: str) -> int:
+    """A ``units.Size``: bytes that remember the unit typed, to be shown in it."""
     from localllm.errors import UsageError
-    from localllm.hardware import parse_size
+    from localllm.units import parse_size
 
     try:
         return parse_size(text)
@@ -222,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object")
 
     p = sub.add_parser("list", help="models here: pulled, Hugging Face cache, LM Studio, Ollama, added; and whether each fits")
-    p.add_argument("--catalog", action="store_true", help="the curated list of models for 4-6 GB GPUs, with the planner's verdicts")
+    p.add_argument("--catalog", action="store_true", help="the curated list of models for 4-6 GiB GPUs, with the planner's verdicts")
     p.add_argument("--vram", type=_size, default=None, metavar="SIZE", help="judge fit against this GPU budget (default: detected)")
     p.add_argument("--json", action="store_true", help="a JSON list")
 

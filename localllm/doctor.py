@@ -21,6 +21,7 @@ from localllm.hardware import Hardware
 from localllm.metrics import GenerationStats
 from localllm.model_info import describe
 from localllm.roofline import Roofline, roofline
+from localllm.units import format_size as fmt_bytes
 
 Q4_K_M_BPW = 4.89  # bits per weight llama.cpp's Q4_K_M lands on for dense models
 
@@ -213,12 +214,6 @@ def _actions(r: DoctorReport, shape: planner.ModelShape, plan: planner.MemoryPla
         eff = "n/a" if r.decode_efficiency is None else f"{100 * r.decode_efficiency:.0f}%"
         out.append(Action("nothing obvious to change", f"decode at {eff} of its roofline", "already near the limit", 1.0, "measured"))
     return sorted(out, key=lambda a: -a.gain)
-
-
-def fmt_bytes(n: float) -> str:
-    from localllm.fmt import size
-
-    return size(n)
 
 
 def measure(backend, prompt: str, *, gen_tokens: int = 64, chat: bool = True) -> GenerationStats:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-MiB = 1024 * 1024
-GiB = 1024 * MiB
+from localllm.units import format_size
 
 
 def safe(text: object) -> str:
@@ -34,14 +34,9 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def size(n: float) -> str:
-    """Bytes in binary units, as llama.cpp prints them (MiB, GiB)."""
-    if n >= GiB:
-        return f"{n / GiB:.2f} GiB"
-    if n >= MiB:
-        return f"{n / MiB:.2f} MiB"
-    if n >= 1024:
-        return f"{n / 1024:.2f} KiB"
-    return f"{int(n)} B"
+    """Bytes in binary units, as llama.cpp prints them (MiB, GiB), or in the
+    unit the user typed (``units.Size``): ``units.format_size``."""
+    return format_size(n)
 
 
 def count(n: float) -> str:
@@ -71,12 +66,27 @@ def mean_pm(m: float | None, s: float | None, digits: int = 2) -> str:
     return f"{num(m, digits)} ± {num(s, digits)}"
 
 
-def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns two spaces apart; the last column is not padded
-    (it may be a long path)."""
-    all_rows = [[safe(c) for c in head], *[[safe(c) for c in r] for r in rows]]
-    widths = [max(len(r[i]) for r in all_rows) for i in range(len(head) - 1)]
-    return "\n".join(("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1]).rstrip() for r in all_rows)
+def table(head: Sequence[str], rows: Sequence[Sequence[str]], right: Iterable[int] = ()) -> str:
+    """Columns two spaces apart, laid out by rich, which measures terminal cells:
+    a CJK name (two cells a character) or a combining accent (none) keeps the
+    columns aligned, where ``len()`` padding did not. Columns listed in
+    ``right`` are right-aligned; the last column is not padded (it may be a long
+    path). Plain text, no colour: it goes to pipes and files as it is."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    right = set(right)
+    t = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1), header_style="")
+    for i in range(len(head)):
+        t.add_column(Text(safe(head[i])), justify="right" if i in right else "left", no_wrap=True)
+    for r in rows:
+        t.add_row(*(Text(safe(c)) for c in r))
+    out = StringIO()
+    Console(file=out, width=1_000_000, color_system=None, highlight=False, emoji=False, markup=False, legacy_windows=False).print(t)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
 def print_json(obj: Any) -> None:

@@ -11,27 +11,10 @@
 from __future__ import annotations
 
 import platform
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from localllm.errors import UsageError
-
-_UNITS = {
-    "": 1024**3, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-    "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
-}
-
-
-def parse_size(text: str) -> int:
-    """'4GiB', '6GB', '512MiB', '4' (GiB) -> bytes. Raises UsageError on nonsense."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise UsageError(f"'{text}' is not a size: use e.g. 4GiB, 6GB or 512MiB")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value <= 0:
-        raise UsageError(f"a size must be more than 0, got '{text}'")
-    return int(value)
+from localllm.units import parse_size  # noqa: F401 - the one size parser, imported from here by callers
 
 
 @dataclass(frozen=True)

@@ -275,7 +275,9 @@ def link(cache: Path, repo_id: str, revision: str, commit: str, filename: str, b
         _require_inside(folder / "refs", ref.parent)
         ref.parent.mkdir(parents=True, exist_ok=True)
         _require_inside(folder / "refs", ref)
-        ref.write_text(commit, encoding="utf-8")
+        from localllm import atomic
+
+        atomic.write_text(ref, commit)
     return dest
 
 

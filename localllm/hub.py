@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from localllm import fmt, hf_cache, paths, registry
+from localllm import atomic, fmt, hf_cache, paths, registry
 from localllm.errors import InputError, LocalLLMError
 from localllm.modelname import is_projector, quant_of, split_part
 
@@ -235,7 +235,7 @@ def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: 
                     "the partial file was removed, run the same command to download it again"
                 )
             verified = True
-            os.replace(part, blob)
+            atomic.commit(part, blob)
         dest = hf_cache.link(cache, repo_id, revision, commit, filename, blob)
     registry.record_pull(repo_id, filename, revision, commit, etag, size, stored=verified)
     name = _registry_name(repo_id, filename)
@@ -268,7 +268,6 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
     import httpx2
     from huggingface_hub import get_session
     from huggingface_hub.utils import build_hf_headers
-    from tqdm import tqdm
 
     part = blob.with_name(blob.name + ".incomplete")
     if part.is_symlink() or not hf_cache.inside(blob.parent, part):
@@ -280,7 +279,9 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
     kept = have
     digest = hf_cache.hash_file(part, etag, size) if have else hf_cache.hasher(etag, size)
     _check_space(part.parent, size - have)
-    bar = tqdm(total=size, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=label[-40:], file=sys.stderr, disable=not progress, leave=True)
+    from localllm.progress import Bar
+
+    bar = Bar(f"downloading {label}", size, done=have, enabled=progress)
     retries = _RETRIES
     try:
         with open(part, "ab") as out:
@@ -294,7 +295,7 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
                         if resp.status_code == 200 and have:
                             out.seek(0)  # the server ignored the Range: start over
                             out.truncate()
-                            bar.reset(total=size)
+                            bar.restart()
                             kept = have = 0
                             digest = hf_cache.hasher(etag, size)
                         elif resp.status_code not in (200, 206):
@@ -311,7 +312,7 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
                             out.write(data)
                             digest.update(data)
                             have += len(data)
-                            bar.update(len(data))
+                            bar.advance(len(data))
                             retries = _RETRIES
                     out.flush()
                 except httpx2.TooManyRedirects:
@@ -335,7 +336,8 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
         bar.close()
         print(f"localllm: interrupted: {_mb(have)} of {_mb(size)} kept; run the same command to resume", file=sys.stderr)
         raise
-    bar.close()
+    finally:
+        bar.close()  # also before an error's one line, so it is not drawn over
     return kept, have - kept, digest.hexdigest()
 
 
@@ -355,7 +357,7 @@ def _check_space(folder: Path, need: int) -> None:
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+    return fmt.size(n)
 
 
 def _raise_for_status(resp: Any) -> None:

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-MiB = 1024 * 1024
+from localllm.units import MiB, format_size
+
 TOLERANCE = 0.01  # a buffer is flagged when plan and llama.cpp differ by more than this share
 _PRINT_STEP = 0.005 * MiB  # llama.cpp prints MiB with two decimals: a difference below this is rounding
 
@@ -54,7 +55,7 @@ class MemoryCheck:
             lines.append("memory check: this architecture has no known llama.cpp cache rule (planned as dense)")
         if self.ok:
             lines.insert(0, f"memory check: the plan matches llama.cpp's allocations within {self.tolerance:.0%} ("
-                         + ", ".join(f"{b.buffer} {b.llama_bytes / MiB:.2f} MiB" for b in self.buffers if b.llama_bytes is not None) + ")")
+                         + ", ".join(f"{b.buffer} {format_size(b.llama_bytes, 'MiB')}" for b in self.buffers if b.llama_bytes is not None) + ")")
         return lines
 
     def mismatch_lines(self) -> list[str]:
@@ -63,8 +64,8 @@ class MemoryCheck:
         for b in self.buffers:
             if b.ok:
                 continue
-            plan = "n/a" if b.planned_bytes is None else f"{b.planned_bytes / MiB:.2f} MiB"
-            real = "n/a" if b.llama_bytes is None else f"{b.llama_bytes / MiB:.2f} MiB"
+            plan = "n/a" if b.planned_bytes is None else format_size(b.planned_bytes, "MiB")
+            real = "n/a" if b.llama_bytes is None else format_size(b.llama_bytes, "MiB")
             out.append(f"memory check: {b.buffer} buffer planned {plan}, llama.cpp allocated {real}")
         return out
 

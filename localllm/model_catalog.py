@@ -1,5 +1,10 @@
-"""The curated list in ``models/catalog.toml``: models for 4-6 GB GPUs and the
+"""The curated list in ``models/catalog.toml``: models for 4-6 GiB GPUs and the
 planner's verdict for each quant on a 4 GiB and a 6 GiB budget.
+
+Units (``localllm.units``): the budgets are binary (4 GiB = 4·2³⁰ bytes, how
+GPU memory is sold and reported) and labelled so; a file's ``size_gb`` is the
+Hub listing's decimal figure (10⁹ bytes) and shown as GB. The budget keys
+(``4gb``, ``fits_4gb``) are names, kept because ``--json`` output uses them.
 
 The planner needs a model's shape; before a download there is no header, so the
 TOML carries the published configuration and the file size, and ``shape()``
@@ -15,13 +20,19 @@ from importlib.resources import files
 from typing import Any
 
 from localllm import planner, verdict
+from localllm.units import GB, format_size, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-BUDGETS = {"4gb": 4 * 1024**3, "6gb": 6 * 1024**3}
+BUDGETS = {"4gb": parse_size("4GiB"), "6gb": parse_size("6GiB")}
+
+
+def budget_label(key: str) -> str:
+    """``4 GiB``: a budget in the unit it is computed in."""
+    return format_size(BUDGETS[key], digits=0)
 
 
 @dataclass(frozen=True)
@@ -104,7 +115,7 @@ def shape(m: CatalogModel, size_bytes: int) -> planner.ModelShape:
 
 
 def judge(m: CatalogModel, f: CatalogFile, budget_key: str) -> verdict.Verdict:
-    return verdict.judge(shape(m, int(f.size_gb * 1e9)), m.context, BUDGETS[budget_key], None)
+    return verdict.judge(shape(m, int(f.size_gb * GB)), m.context, BUDGETS[budget_key], None)
 
 
 def rows() -> list[dict[str, Any]]:

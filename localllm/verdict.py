@@ -1,7 +1,7 @@
 """Does a model fit a budget? The fitting service's answer, phrased for a table.
 
-Used by ``list`` (this machine's budget, or ``--vram``), ``list --catalog`` (4 GB
-and 6 GB laptops) and ``pull --vram`` (the largest quant that fits). The question
+Used by ``list`` (this machine's budget, or ``--vram``), ``list --catalog`` (4 GiB
+and 6 GiB laptops) and ``pull --vram`` (the largest quant that fits). The question
 asked of ``fitting`` is the one ``run`` asks with no options: every layer on the
 GPU at min(trained context, 4096) with an f16 cache, else a q8_0/q4_0 cache,
 else a smaller context (down to 2048), else fewer layers on the GPU.
@@ -48,4 +48,6 @@ def judge(shape: planner.ModelShape, trained_ctx: int, gpu_budget: int | None, r
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1024**3:.1f} GiB"
+    from localllm.units import format_size
+
+    return format_size(n, "GiB", digits=1)

@@ -4,7 +4,6 @@ safe writes and a quality report; ``--compare`` puts several files side by side.
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 from pathlib import Path
 
@@ -12,31 +11,26 @@ from localllm import fmt
 from localllm.errors import Terminated, UsageError
 from localllm.gguf_file import read_header
 from localllm.model_info import describe
+from localllm.progress import Bar as ProgressBar
 from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import Job, Progress, Report, dry_report, run as run_job
 
 
 class Bar:
-    """A one-line progress bar on stderr (a plain line every quarter when not a terminal)."""
+    """quantize's progress: ``localllm.progress.Bar`` (the same kind as pull's), made
+    when the first event says how many tensors there are."""
 
     def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.shown = -1
+        self.bar: ProgressBar | None = None
 
     def update(self, p: Progress) -> None:
-        if self.tty:
-            width = 30
-            done = width * p.index // p.total
-            print(f"\rquantizing [{'#' * done}{'.' * (width - done)}] {p.index}/{p.total} {p.tensor[:40]:<40}", end="", file=sys.stderr, flush=True)
-        else:
-            quarter = 4 * p.index // p.total
-            if quarter > self.shown:
-                self.shown = quarter
-                print(f"quantizing: {p.index}/{p.total} tensors", file=sys.stderr, flush=True)
+        if self.bar is None:
+            self.bar = ProgressBar("quantizing", p.total, unit="tensors", done=p.index)
+        self.bar.update(p.index, p.tensor)
 
     def close(self) -> None:
-        if self.tty:
-            print(file=sys.stderr)
+        if self.bar is not None:
+            self.bar.close()
 
 
 def render_report(r: Report) -> str:
@@ -54,12 +48,13 @@ def render_report(r: Report) -> str:
 
 def render_quality(rows, sizes: dict[str, tuple[int, float]]) -> str:
     ref = rows[0].reference_perplexity if rows else 0
-    out = [f"reference perplexity {ref:.3f} on {rows[0].positions if rows else 0} scored tokens", "",
-           f"{'file':<40} {'size':>11} {'bpw':>6} {'PPL':>8} {'KL mean':>9} {'KL p99':>8} {'top-1':>7}"]
+    body = []
     for r in rows:
         size, bpw = sizes.get(r.name, (0, 0.0))
-        out.append(f"{Path(r.name).name[:40]:<40} {fmt.size(size):>11} {bpw:>6.2f} {r.perplexity:>8.3f} {r.kl_mean:>9.5f} {r.kl_p99:>8.4f} {100 * r.top1_agreement:>6.2f}%")
-    return "\n".join(out)
+        body.append((Path(r.name).name, fmt.size(size), f"{bpw:.2f}", f"{r.perplexity:.3f}", f"{r.kl_mean:.5f}", f"{r.kl_p99:.4f}",
+                     f"{100 * r.top1_agreement:.2f}%"))
+    return "\n".join([f"reference perplexity {ref:.3f} on {rows[0].positions if rows else 0} scored tokens", "",
+                      fmt.table(("file", "size", "bpw", "PPL", "KL mean", "KL p99", "top-1"), body, right=range(1, 7))])
 
 
 def _sizes(paths) -> dict[str, tuple[int, float]]:

@@ -26,9 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from localllm import atomic
 from localllm.errors import InputError, UsageError
 from localllm.gguf_file import GGUFHeader, read_header
 from localllm.model_info import TensorTypeStat, describe
+from localllm.units import format_size
 
 TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "IQ4_NL", "IQ4_XS", "Q3_K_M", "Q3_K_S", "Q2_K", "F16", "BF16", "F32")
 SOURCE_TYPES = ("F32", "F16", "BF16")
@@ -192,16 +194,14 @@ def run(job: Job) -> Iterator[Progress | Report]:
     free = shutil.disk_usage(job.dst.parent).free
     header_room = 64 * 1024 * 1024
     if need + header_room > free:
-        raise InputError(f"needs {need / 2**30:.2f} GiB free in {job.dst.parent}, only {free / 2**30:.2f} GiB: free some space or write elsewhere")
+        raise InputError(f"needs {format_size(need, 'GiB')} free in {job.dst.parent}, only {format_size(free, 'GiB')}: free some space or write elsewhere")
     remove_stale_partials(job.dst.parent)
-    tmp = job.dst.with_name(f".{job.dst.name}.partial-{os.getpid()}")
-    try:
+    # llama.cpp writes ``.<name>.partial-<pid>`` (the name remove_stale_partials
+    # knows); it takes the output's name only when complete.
+    with atomic.replacing(job.dst, tmp_name=f".{job.dst.name}.partial-{os.getpid()}") as tmp:
         for event in _run_child(job, tmp, dry=False):
             if isinstance(event, Progress):
                 yield event
-        os.replace(tmp, job.dst)
-    finally:
-        tmp.unlink(missing_ok=True)
     yield report(job.src, job.dst, job.qtype, time.perf_counter() - t0)
 
 

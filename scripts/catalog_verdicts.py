@@ -1,4 +1,4 @@
-"""Recompute the planner's 4 GB / 6 GB verdicts in ``models/catalog.toml``.
+"""Recompute the planner's 4 GiB / 6 GiB verdicts in ``models/catalog.toml``.
 
     python -m scripts.catalog_verdicts          # print them, and whether the file agrees
     python -m scripts.catalog_verdicts --write  # store them in the file
@@ -38,7 +38,7 @@ def main() -> None:
     text = model_catalog.catalog_text()
     new = updated_text(text)
     for r in model_catalog.rows():
-        print(f"{r['name']:<26} {r['quant']:<7} {r['size_gb']:>5.2f} GB  4 GB: {r['fits_4gb']:<34} 6 GB: {r['fits_6gb']}")
+        print(f"{r['name']:<26} {r['quant']:<7} {r['size_gb']:>5.2f} GB  4 GiB: {r['fits_4gb']:<34} 6 GiB: {r['fits_6gb']}")
     if a.write:
         with as_file(files("localllm.models").joinpath("catalog.toml")) as path:
             path.write_text(new, encoding="utf-8")

@@ -215,7 +215,8 @@ def test_vram_picks_the_largest_quant_that_fits(hub: FakeHub, quants: dict[str, 
     assert len(full) == 1
     # and a budget nothing fits is one line
     r2 = run_cli("pull", REPO_ID, "--vram", "130MiB")
-    assert r2.returncode == 1 and "no quant of this model fits" in r2.stderr
+    assert r2.returncode == 1 and "no quant of this model fits 130.00 MiB" in r2.stderr  # the budget as typed
+    assert "fits 6.00 GB with" in json.loads(run_cli("pull", REPO_ID, "--vram", "6GB", "--json").stdout)["reason"]
 
 
 def test_offline_uses_the_cache_and_never_the_network(hub: FakeHub) -> None:
@@ -360,7 +361,7 @@ def test_catalog_verdicts_are_the_planners() -> None:
             assert quant_of(f.file) == f.quant and 0.1 < f.size_gb < 6.5
             assert f.fits["4gb"] and f.fits["6gb"]
     rows = model_catalog.rows()
-    # the verdicts discriminate: small models fit 4 GB, some 7-8B quants need 6 GB
+    # the verdicts discriminate: small models fit 4 GiB, some 7-8B quants need 6 GiB
     assert any(r["full_gpu_4gb"] for r in rows) and any(not r["full_gpu_4gb"] and r["full_gpu_6gb"] for r in rows)
 
 
@@ -368,7 +369,8 @@ def test_list_catalog_shows_both_budgets() -> None:
     r = run_cli("list", "--catalog")
     assert r.returncode == 0, r.stderr
     head = r.stdout.splitlines()[0]
-    assert "4 GB GPU" in head and "6 GB GPU" in head and "llama-3.2-1b-instruct" in r.stdout
+    assert "4 GiB GPU" in head and "6 GiB GPU" in head and "llama-3.2-1b-instruct" in r.stdout  # the budgets' unit, 2^30
+    assert model_catalog.BUDGETS == {"4gb": 4 * 2**30, "6gb": 6 * 2**30}
     rows = json.loads(run_cli("list", "--catalog", "--json").stdout)
     assert {"repo", "file", "size_gb", "context", "architecture", "license", "fits_4gb", "fits_6gb"} <= set(rows[0])
 

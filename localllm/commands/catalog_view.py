@@ -1,10 +1,11 @@
-"""``localllm list --catalog``: the curated 4-6 GB list with the planner's verdicts."""
+"""``localllm list --catalog``: the curated 4-6 GiB list with the planner's verdicts."""
 
 from __future__ import annotations
 
 import argparse
 
 from localllm import fmt, model_catalog, registry
+from localllm.units import GB, format_size
 
 
 def run(args: argparse.Namespace) -> int:
@@ -15,12 +16,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         fmt.print_json(table)
         return 0
-    head = ("MODEL", "QUANT", "SIZE", "CTX", "ARCH", "LICENSE", "4 GB GPU", "6 GB GPU", "HERE")
+    head = ("MODEL", "QUANT", "SIZE", "CTX", "ARCH", "LICENSE", *(f"{model_catalog.budget_label(k)} GPU" for k in model_catalog.BUDGETS), "HERE")
     body = [
-        (r["name"], r["quant"], f"≈{r['size_gb']:.2f} GB", f"{r['context']:,}", r["architecture"], r["license"],
+        (r["name"], r["quant"], "≈" + format_size(r["size_gb"] * GB, "GB"), f"{r['context']:,}", r["architecture"], r["license"],
          r["fits_4gb"], r["fits_6gb"], "yes" if r["here"] else "")
         for r in table
     ]
-    print(fmt.table(head, body))
+    print(fmt.table(head, body, right=(2, 3)))
     print("\npull one with: localllm pull REPO --quant Q (repos: localllm list --catalog --json), or --vram SIZE for the largest that fits")
     return 0

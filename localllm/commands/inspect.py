@@ -31,10 +31,9 @@ def render(info: ModelInfo) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {fmt.safe(v)}" for k, v in rows]  # name and path come from the file
     lines.append("")
-    lines.append(f"{'tensor type':<12} {'tensors':>8} {'size':>12} {'share':>7}")
     total = sum(t.bytes for t in info.tensor_types) or 1
-    for t in info.tensor_types:
-        lines.append(f"{t.type:<12} {t.count:>8} {fmt.size(t.bytes):>12} {100 * t.bytes / total:>6.1f}%")
+    lines.append(fmt.table(("tensor type", "tensors", "size", "share"),
+                           [(t.type, str(t.count), fmt.size(t.bytes), f"{100 * t.bytes / total:.1f}%") for t in info.tensor_types], right=(1, 2, 3)))
     return "\n".join(lines)
 
 

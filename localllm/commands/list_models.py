@@ -61,7 +61,7 @@ def render(table: list[Row], budget_note: str) -> str:
         )
         for r in table
     ]
-    return fmt.table(head, body)
+    return fmt.table(head, body, right=(4, 5))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,14 +20,15 @@ def render(f, architecture: str = "") -> str:
         + (f" · {p.n_gpu_layers} layers on the GPU" if gpu else "")
         + ("" if p.verified else " (unverified architecture)"),
         "",
-        f"{'':<10}{'GPU':>12}{'CPU':>12}",
-        f"{'weights':<10}{fmt.size(p.weights_gpu_bytes):>12}{fmt.size(p.weights_cpu_bytes):>12}",
-        f"{'KV cache':<10}{fmt.size(p.kv_gpu_bytes):>12}{fmt.size(p.kv_cache_bytes - p.kv_gpu_bytes):>12}",
-        *([f"{'recurrent':<10}{fmt.size(p.rs_gpu_bytes):>12}{fmt.size(p.rs_bytes - p.rs_gpu_bytes):>12}"] if p.rs_bytes else []),
-        f"{'compute':<10}{fmt.size(p.compute_bytes if p.compute_on_gpu else 0):>12}{fmt.size(0 if p.compute_on_gpu else p.compute_bytes):>12}"
-        + ("  (estimate)" if p.compute_estimated else ""),
-        f"{'output':<10}{fmt.size(0):>12}{fmt.size(p.output_bytes):>12}",
-        f"{'total':<10}{fmt.size(p.total_gpu_bytes):>12}{fmt.size(p.total_cpu_bytes):>12}",
+        fmt.table(("", "GPU", "CPU"), [
+            ("weights", fmt.size(p.weights_gpu_bytes), fmt.size(p.weights_cpu_bytes)),
+            ("KV cache", fmt.size(p.kv_gpu_bytes), fmt.size(p.kv_cache_bytes - p.kv_gpu_bytes)),
+            *([("recurrent", fmt.size(p.rs_gpu_bytes), fmt.size(p.rs_bytes - p.rs_gpu_bytes))] if p.rs_bytes else []),
+            ("compute" + (" (estimate)" if p.compute_estimated else ""),
+             fmt.size(p.compute_bytes if p.compute_on_gpu else 0), fmt.size(0 if p.compute_on_gpu else p.compute_bytes)),
+            ("output", fmt.size(0), fmt.size(p.output_bytes)),
+            ("total", fmt.size(p.total_gpu_bytes), fmt.size(p.total_cpu_bytes)),
+        ], right=(1, 2)),
         "",
     ]
     if gpu:
@@ -57,26 +58,25 @@ def render_devices(f) -> str:
     p = r.plan
     pl = f.placement
     uses = pl.uses
-    w = max(12, *(len(u.device.name) + 2 for u in uses))
-    head = f"{'':<10}" + "".join(f"{u.device.name:>{w}}" for u in uses)
 
-    def row(label: str, get) -> str:
-        return f"{label:<10}" + "".join(f"{get(u):>{w}}" for u in uses)
+    def row(label: str, get) -> tuple[str, ...]:
+        return (label, *(get(u) for u in uses))
 
     lines = [
         f"context {p.n_ctx} tokens · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
         + (f" · sliding-window layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
         + f" · {p.n_gpu_layers} of {sum(len(u.layers) for u in uses) + 1} layers offloaded",
         "",
-        head,
-        row("layers", lambda u: f"{len(u.layers)}" + ("+out" if u.output_layer else "")),
-        row("weights", lambda u: fmt.size(u.weights_bytes)),
-        row(" mapped", lambda u: fmt.size(u.mapped_bytes) if u.mapped_bytes is not None else ""),
-        row("KV cache", lambda u: fmt.size(u.kv_bytes)),
-        row("compute", lambda u: fmt.size(u.compute_bytes)),
-        row("output", lambda u: fmt.size(u.output_bytes)),
-        row("total", lambda u: fmt.size(u.total_bytes)),
-        row("free", lambda u: fmt.size(u.device.free_bytes) if u.device.free_bytes is not None else "n/a"),
+        fmt.table(("", *(u.device.name for u in uses)), [  # device names come from the workers: measured in cells
+            row("layers", lambda u: f"{len(u.layers)}" + ("+out" if u.output_layer else "")),
+            row("weights", lambda u: fmt.size(u.weights_bytes)),
+            row(" mapped", lambda u: fmt.size(u.mapped_bytes) if u.mapped_bytes is not None else ""),
+            row("KV cache", lambda u: fmt.size(u.kv_bytes)),
+            row("compute", lambda u: fmt.size(u.compute_bytes)),
+            row("output", lambda u: fmt.size(u.output_bytes)),
+            row("total", lambda u: fmt.size(u.total_bytes)),
+            row("free", lambda u: fmt.size(u.device.free_bytes) if u.device.free_bytes is not None else "n/a"),
+        ], right=tuple(range(1, len(uses) + 1))),
         "",
         "split: " + ", ".join(f"{u.device.name} {s / sum(pl.split):.0%}" for u, s in zip(uses, pl.split)) if pl.split else "no offload device",
         *pl.rules,

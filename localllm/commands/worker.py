@@ -20,6 +20,7 @@ import time
 
 from localllm.errors import EXIT_INTERRUPTED, InputError
 from localllm.rpc import Endpoint, check_bind_host, probe
+from localllm.units import format_size
 
 OPEN_WARNING = (
     "WARNING: llama.cpp's RPC protocol has no authentication and no encryption. Anyone who can reach {ep} "
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     _port_free(ep)
     if host != "127.0.0.1" and not host.startswith("127."):
         _say(OPEN_WARNING.format(ep=ep))
-    names = [f"{engine_rpc.dev_name(d)} ({engine_rpc.dev_description(d)}, {engine_rpc.dev_memory(d)[0] / 1024**3:.1f} GiB free)" for d in devices]
+    names = [f"{engine_rpc.dev_name(d)} ({engine_rpc.dev_description(d)}, {format_size(engine_rpc.dev_memory(d)[0], 'GiB', 1)} free)" for d in devices]
     # llama.cpp's server prints its banner and a line per client on C's stdout:
     # send that to stderr, so that stdout carries only our --json line.
     sys.stdout.flush()
