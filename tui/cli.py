@@ -21,8 +21,20 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=getattr(args, "n_predict", 512),
         system_prompt=Settings.system_prompt if getattr(args, "system", None) is None else args.system,
     )
-    app = create_app(getattr(args, "model", None), vram=getattr(args, "vram", None), settings=settings)
+    rpc = getattr(args, "rpc", None)
+    app = create_app(getattr(args, "model", None), vram=getattr(args, "vram", None), settings=settings, rpc=rpc)
     app.run()
     # Textual sets 1 when the app ended on an unhandled exception (a bug): the
     # shell must not read that as success.
-    return app.return_code or 0
+    rc = app.return_code or 0
+    if rpc:
+        from localllm import engine_rpc
+
+        if engine_rpc.parked():  # llama.cpp holds a thread since a worker died: the interpreter would wait for it at exit
+            import os
+            import sys
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+    return rc

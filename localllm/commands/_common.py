@@ -142,6 +142,22 @@ def say(msg: str) -> None:
     print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
 
+def placement_for(fitted: Fitted, path: Path, cfg: LoadConfig):
+    """The per-device placement of ``cfg`` (the fitted settings, perhaps with more
+    rows of logits), over the devices and split the fit chose; None without --rpc."""
+    pl = fitted.placement
+    if pl is None:
+        return None
+    if cfg == fitted.config:
+        return pl
+    from localllm import placement, planner
+    from localllm.gguf_file import read_header
+
+    header = read_header(path)
+    shape = planner.ModelShape.from_header(header)
+    return placement.place(shape, run_config(cfg), [u.device for u in pl.uses[:-1]], pl.uses[-1].device, list(pl.split), header=header)
+
+
 def device_table(fitted: Fitted, path: Path, logged: dict | None = None) -> list[dict]:
     """Per device (workers' devices, a local GPU, the CPU): the planned weights,
     KV, compute and output bytes and the free memory; with ``logged`` (the engine's

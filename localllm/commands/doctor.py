@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from localllm import catalog, fmt
-from localllm.commands._common import fit_config
+from localllm.commands._common import fit_config, placement_for
 from localllm.errors import InputError, UsageError
 
 
@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         # Room for 9 rows of logits, so the same context can check speculative drafts.
         from localllm.memcheck import load_checked
 
-        info, memory_check = load_checked(backend, path, replace(fitted.config, n_outputs_max=9))
+        cfg = replace(fitted.config, n_outputs_max=9)
+        info, memory_check = load_checked(backend, path, cfg, placement_for(fitted, path, cfg))
         say("measuring prefill and decode")
         stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
         header = backend.header

@@ -1,0 +1,141 @@
+"""The cockpit over llama.cpp RPC workers (``localllm tui --rpc``): a worker
+that is down or a malformed value stops it before the screen opens; one memory
+bar per device, with llama.cpp's own figures; a worker that dies mid-reply ends
+the reply with one line and the cockpit stays up; and after every load the
+memory panel says whether llama.cpp allocated what the plan said."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localllm.fmt import size
+from localllm.planner import MiB
+from localllm.tui.app import create_app
+from localllm.tui.devices import DeviceBars
+from localllm.tui.settings import Settings
+from localllm.tui.widgets import MemoryPanel
+from tests.conftest import REPO, run_cli
+from tests.test_rpc import WorkerProc, free_port
+from tests.test_tui import panel_text, send, wait_idle
+
+
+def test_tui_worker_down_is_one_line_before_the_screen() -> None:
+    port = free_port()  # nothing listens there
+    t0 = time.monotonic()
+    proc = run_cli("tui", "--rpc", f"127.0.0.1:{port}")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"localllm: error: worker 127.0.0.1:{port} refused the connection: is `localllm worker --port {port}` running there?"]
+    assert proc.stdout == "" and time.monotonic() - t0 < 30  # no screen was drawn
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1", "host:99999", "a:1,,b:2"])
+def test_tui_malformed_rpc_is_a_usage_error(value: str) -> None:
+    proc = run_cli("tui", "--rpc", value)
+    assert proc.returncode == 2, proc.stderr
+    assert "--rpc" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = WorkerProc()
+    yield w
+    w.stop()
+
+
+def bar_rows(app) -> list[str]:
+    return [str(r) for r in app.query_one(DeviceBars).rows(40)]
+
+
+@pytest.mark.slow
+async def test_one_bar_per_device_with_llama_cpp_figures(worker, smollm2: Path) -> None:
+    """Full offload to one loopback worker: a bar for the worker's device and
+    one for the CPU; each bar's weights and KV figures are what llama.cpp
+    printed for that device (its log), the budget is the free memory the worker
+    reported; KV now grows with the chat."""
+    app = create_app(str(smollm2), settings=Settings(n_ctx=2048, threads=1, temperature=0.0, max_tokens=8, system_prompt=""),
+                     rpc=[worker.ep], bandwidth=20e9)
+    async with app.run_test(size=(140, 50)) as pilot:
+        await wait_idle(app, pilot)
+        logged = app.backend.logged_buffers
+        name = f"RPC0[{worker.ep}]"
+        rows = bar_rows(app)
+        assert len(rows) == 6 and rows[0].startswith(f"{name}  30 layers + output  free ") and rows[3].startswith("CPU  0 layers")
+        assert f"weights {logged[name]['model'][0]:.2f} MiB" in rows[2] and f"of {logged[name]['KV'][0]:.2f} MiB" in rows[2]
+        assert f"weights {logged['CPU']['model'][0]:.2f} MiB" in rows[5] and "KV none" in rows[5]
+        pl = app.footprint.placement
+        assert pl.uses[0].device.free_bytes > 0 and f"free {pl.uses[0].device.free_bytes / 1024**3:.2f} GiB" in rows[0]
+        assert "KV 0 B of" in rows[2]
+        text = panel_text(app)
+        assert f"2 devices: {name}, CPU" in text and "llama.cpp allocated as planned (within 1%)" in text
+        assert not app.query_one("BudgetBar").display  # the one-budget bar gives way to the device bars
+
+        await send(app, pilot, "Hi")
+        await wait_idle(app, pilot)
+        await pilot.pause(0.6)
+        used = app.chat.context_used
+        per_token = pl.plan.kv_bytes_per_token
+        assert used > 0 and f"KV {size(used * per_token)} of" in bar_rows(app)[2]  # 22.50 KiB a token on SmolLM2, f16
+
+
+@pytest.mark.slow
+def test_worker_dies_mid_reply_cockpit_stays_up(tmp_path: Path) -> None:
+    """Kill the worker's process during a reply: the reply ends with one line
+    in the chat, Enter and the settings screen still answer, the chat is saved,
+    and the cockpit quits at once. The Pilot session runs in its own process
+    (tests/cockpit_worker_death.py): llama.cpp holds a thread for good after it
+    aborts, so that process leaves with os._exit, as `localllm tui` does."""
+    w = WorkerProc()
+    try:
+        proc = subprocess.run([sys.executable, str(REPO / "tests" / "cockpit_worker_death.py"), str(w.port), str(w.proc.pid)],
+                              cwd=REPO, capture_output=True, text=True, timeout=240)
+    finally:
+        w.stop()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # llama.cpp's own lines stay off the terminal
+    out = json.loads(proc.stdout)
+    assert out["loaded"] and out["started"] and out["ended"] and out["end_s"] < 10
+    assert out["reply"].startswith(out["text_at_kill"])  # what was shown stays shown
+    lost = [n for n in out["notes"] if n.startswith("error:")]
+    assert lost == ["error: a worker stopped answering (Remote RPC server crashed or returned malformed response) · "
+                    "the model is unloaded (the chat is saved: F4); F2 loads one"]
+    assert out["after"] == ["no model is loaded: F2 picks one"]
+    assert out["settings_screen"] == "SettingsScreen" and out["back"] == "Screen"
+    assert out["quit_s"] < 5 and out["parked"] is True
+    assert out["saved"][-2]["role"] == "user" and out["saved"][-1] == {"role": "assistant", "content": out["reply"]}
+
+
+@pytest.mark.slow
+async def test_memory_panel_says_when_llama_cpp_allocated_what_the_plan_said(smollm2: Path) -> None:
+    app = create_app(str(smollm2), settings=Settings(n_ctx=1024, threads=1, system_prompt=""), bandwidth=20e9)
+    async with app.run_test(size=(140, 50)) as pilot:
+        await wait_idle(app, pilot)
+        assert app.memory_check is not None and app.memory_check.ok
+        text = panel_text(app)
+        assert "llama.cpp allocated as planned (within 1%)" in text and "plan ≠ llama.cpp" not in text
+
+
+@pytest.mark.slow
+async def test_memory_panel_shows_both_figures_when_the_plan_is_off(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's compute figure made 20% too large (the planner patched, not
+    llama.cpp): the panel names the buffer with both figures."""
+    from dataclasses import replace
+
+    from localllm import planner
+
+    real = planner.plan_memory
+    monkeypatch.setattr(planner, "plan_memory", lambda *a, **k: replace(p := real(*a, **k), compute_bytes=int(p.compute_bytes * 1.2)))
+    app = create_app(str(smollm2), settings=Settings(n_ctx=1024, threads=1, system_prompt=""), bandwidth=20e9)
+    async with app.run_test(size=(140, 50)) as pilot:
+        await wait_idle(app, pilot)
+        logged = app.backend.logged_buffers["CPU"]["compute"][0]
+        planned = app.memory_check.buffers[[b.buffer for b in app.memory_check.buffers].index("compute")].planned_bytes
+        text = panel_text(app)
+        assert f"plan ≠ llama.cpp: compute buffer planned {planned / MiB:.2f} MiB, llama.cpp allocated {logged:.2f} MiB" in text
+        assert "allocated as planned" not in text
+        assert abs(planned / MiB / logged - 1.2) < 0.02
