@@ -49,7 +49,7 @@ def worker():
 
 
 def bar_rows(app) -> list[str]:
-    return [str(r) for r in app.query_one(DeviceBars).rows(40)]
+    return [str(r) for r in app.query_one(DeviceBars).rows(46)]  # the side panel's width inside its border
 
 
 @pytest.mark.slow
@@ -65,12 +65,13 @@ async def test_one_bar_per_device_with_llama_cpp_figures(worker, smollm2: Path) 
         logged = app.backend.logged_buffers
         name = f"RPC0[{worker.ep}]"
         rows = bar_rows(app)
-        assert len(rows) == 6 and rows[0].startswith(f"{name}  30 layers + output  free ") and rows[3].startswith("CPU  0 layers")
-        assert f"weights {logged[name]['model'][0]:.2f} MiB" in rows[2] and f"of {logged[name]['KV'][0]:.2f} MiB" in rows[2]
-        assert f"weights {logged['CPU']['model'][0]:.2f} MiB" in rows[5] and "KV none" in rows[5]
+        assert len(rows) == 8 and rows[0].startswith(f"{name}  free ") and rows[4].startswith("CPU  free ")
+        assert all(len(r) <= 46 for r in rows) and not any(r.endswith("…") for r in rows)
+        assert f"weights {logged[name]['model'][0]:.2f} MiB" in rows[2] and f"of {logged[name]['KV'][0]:.2f} MiB · 31/31 layers" in rows[3]
+        assert f"weights {logged['CPU']['model'][0]:.2f} MiB" in rows[6] and rows[7] == "■ KV none · 0/31 layers"
         pl = app.footprint.placement
         assert pl.uses[0].device.free_bytes > 0 and f"free {pl.uses[0].device.free_bytes / 1024**3:.2f} GiB" in rows[0]
-        assert "KV 0 B of" in rows[2]
+        assert rows[3].startswith("■ KV 0 B of")
         text = panel_text(app)
         assert f"2 devices: {name}, CPU" in text and "llama.cpp allocated as planned (within 1%)" in text
         assert not app.query_one("BudgetBar").display  # the one-budget bar gives way to the device bars
@@ -80,7 +81,7 @@ async def test_one_bar_per_device_with_llama_cpp_figures(worker, smollm2: Path) 
         await pilot.pause(0.6)
         used = app.chat.context_used
         per_token = pl.plan.kv_bytes_per_token
-        assert used > 0 and f"KV {size(used * per_token)} of" in bar_rows(app)[2]  # 22.50 KiB a token on SmolLM2, f16
+        assert used > 0 and f"KV {size(used * per_token)} of" in bar_rows(app)[3]  # 22.50 KiB a token on SmolLM2, f16
 
 
 @pytest.mark.slow

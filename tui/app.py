@@ -504,7 +504,8 @@ class LocalLLMApp(App):
             latency.decode_tps = s.decode_tokens_per_s
             v = verdict(s)
             latency.verdict = (v.headline, v.detail) if v else ("", "")
-            if self.bandwidth and self.footprint is not None:
+            # over --rpc, layers are read by the workers' devices at bandwidths we do not know: no roofline
+            if self.bandwidth and self.footprint is not None and self.footprint.placement is None:
                 from localllm.doctor import gpu_weights_read_per_token, weights_read_per_token
                 from localllm.roofline import roofline
 

@@ -63,14 +63,15 @@ class DeviceBars(Widget):
     """One bar per device (the workers' devices, a local GPU, the CPU): its budget
     (the free memory the worker reported; the RAM available for the CPU) split
     into weights, the KV cache in use now, the rest of the KV cache at full
-    context, compute, and free. Three rows a device: name and budget, the bar,
-    the figures. Hidden until a load over workers sets ``placement``."""
+    context, compute, and free (``rows``). Hidden until a load over workers
+    sets ``placement``."""
 
     DEFAULT_CSS = """
     DeviceBars { height: auto; width: 100%; display: none; }
     DeviceBars.-shown { display: block; }
     """
 
+    ROWS = 4  # per device
     context_used: reactive[int] = reactive(0, layout=False)
     """Tokens in the KV cache now (the same on every device)."""
 
@@ -84,25 +85,35 @@ class DeviceBars(Widget):
         self.refresh(layout=True)
 
     def rows(self, width: int) -> list[Text]:
-        """The text of the bars (the tests read it), three rows per device."""
+        """The text of the bars (the tests read it), ``ROWS`` rows per device, each
+        cut to ``width``: the name and the budget, the bar, weights and compute
+        (with the logits buffer where the device holds it), the KV cache now
+        and at full context with the layers the device holds (the output layer
+        counted, as ``--ngl`` counts it)."""
         p = self.placement
         if p is None:
             return []
         width = max(width, 10)
+        n_all = sum(len(u.layers) for u in p.uses) + 1
         out: list[Text] = []
         for u in p.uses:
             budget = u.device.free_bytes
             now = kv_now(p, u, self.context_used)
-            head = Text(fmt.safe(u.device.name), style="bold")
-            tail = f"  {len(u.layers)} layers" + (" + output" if u.output_layer else "")
-            head.append(tail)
-            head.append("  free " + ("n/a" if budget is None else fmt.size(budget)))
-            out.append(head)
-            out.append(self._bar(width, budget, u.weights_bytes, now, u.kv_bytes, u.compute_bytes + u.output_bytes))
-            out.append(Text.assemble(
-                ("■", COLORS["weights"]), f" weights {fmt.size(u.weights_bytes)} ",
-                ("■", COLORS["kv"]), f" KV {fmt.size(now)} of {fmt.size(u.kv_bytes)} " if u.kv_bytes else " KV none ",
-                ("■", COLORS["compute"]), f" compute {fmt.size(u.compute_bytes)}" + (f" + logits {fmt.size(u.output_bytes)}" if u.output_bytes else "")))
+            compute = u.compute_bytes + u.output_bytes
+            # counted as --ngl counts them: the output layer is one
+            layers = f"{len(u.layers) + u.output_layer}/{n_all} layers"
+            rows = [
+                Text.assemble((fmt.safe(u.device.name), "bold"), "  free " + ("n/a" if budget is None else fmt.size(budget))),
+                self._bar(width, budget, u.weights_bytes, now, u.kv_bytes, compute),
+                Text.assemble(("■", COLORS["weights"]), f" weights {fmt.size(u.weights_bytes)}  ", ("■", COLORS["compute"]),
+                              f" compute {fmt.size(compute)}"),
+                Text.assemble(("■", COLORS["kv"]), f" KV {fmt.size(now)} of {fmt.size(u.kv_bytes)}" if u.kv_bytes else " KV none",
+                              (f" · {layers}", "dim")),
+            ]
+            for r in rows:
+                r.truncate(width, overflow="ellipsis")
+                r.no_wrap = True
+            out.extend(rows)
         return out
 
     @staticmethod
@@ -119,7 +130,7 @@ class DeviceBars(Widget):
         return text
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return 3 * len(self.placement.uses) if self.placement is not None else 0
+        return self.ROWS * len(self.placement.uses) if self.placement is not None else 0
 
     def render(self) -> Text:
         return Text("\n").join(self.rows(self.size.width))
