@@ -7,6 +7,7 @@ memory panel says whether llama.cpp allocated what the plan said."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -140,3 +141,39 @@ async def test_memory_panel_shows_both_figures_when_the_plan_is_off(smollm2: Pat
         assert f"plan ≠ llama.cpp: compute buffer planned {planned / MiB:.2f} MiB, llama.cpp allocated {logged:.2f} MiB" in text
         assert "allocated as planned" not in text
         assert abs(planned / MiB / logged - 1.2) < 0.02
+
+
+@pytest.mark.slow
+def test_worker_dies_in_a_real_terminal_then_quit(_isolated_home: Path) -> None:
+    """`localllm tui --rpc` in tmux: the worker killed mid-reply, the screen
+    shows the one line (nothing of llama.cpp's scribbled over it), Ctrl+Q quits
+    at once with status 0 (the process leaves although llama.cpp holds a thread)."""
+    import shlex
+
+    from scripts.tmuxdrive import Tmux, available
+
+    if not available():
+        pytest.skip("tmux is not installed (apt-get install tmux)")
+    w = WorkerProc()
+    cmd = " ".join(shlex.quote(c) for c in [sys.executable, "-m", "localllm", "tui", "--rpc", str(w.ep), "--temp", "0", "--ctx", "2048",
+                                             "--threads", "1", "-n", "1500", "--system", ""])
+    env = {"LOCALLLM_HOME": str(_isolated_home), "PYTHONPATH": str(REPO), "TERM": "xterm-256color"}
+    try:
+        with Tmux(["sh", "-c", f"{cmd}; echo EXIT=$?; sleep 60"], env=env) as t:
+            t.wait_for(r"context 2048 · KV f16/f16", timeout=120)
+            t.wait_for(re.escape(f"RPC0[{w.ep}]  free"), timeout=10)  # the device bars
+            t.wait_for("llama.cpp allocated as planned", timeout=10)
+            t.send("Write a very long story about a lighthouse keeper, with many chapters.", literal=True)
+            t.send("Enter")
+            t.wait_for(r"TTFT [\d.]+ ms", timeout=60)  # the reply has started
+            time.sleep(1.0)
+            w.proc.kill()
+            t.wait_for(r"error: a worker stopped answering", timeout=30)
+            screen = t.screen()
+            assert "recv failed" not in screen and "Remote RPC server crashed" in screen
+            t0 = time.monotonic()
+            t.send("C-q")
+            t.wait_for(r"EXIT=0", timeout=20)
+            assert time.monotonic() - t0 < 10
+    finally:
+        w.stop()

@@ -237,9 +237,9 @@ class LocalLLMApp(App):
 
     def _abort_hook(self, text: str) -> None:
         """On llama.cpp's aborting thread (engine_rpc.keep_alive_on_abort)."""
-        if not self._lost.done():
+        if not self._lost.done():  # several workers may stop at once: one line
             self._lost.set_result(text)
-        self.post_message(EngineLost(text))
+            self.post_message(EngineLost(text))
 
     @on(EngineLost)
     def _engine_lost(self, msg: EngineLost) -> None:
