@@ -177,3 +177,35 @@ def test_worker_dies_in_a_real_terminal_then_quit(_isolated_home: Path) -> None:
             assert time.monotonic() - t0 < 10
     finally:
         w.stop()
+
+
+def test_memory_check_per_device_names_the_device_and_both_figures(smollm2: Path) -> None:
+    """memcheck.check_placement, which the cockpit, run and doctor use over
+    --rpc: a device whose compute buffer llama.cpp printed 5% larger than the
+    plan, and a device that logged no KV buffer where the plan has one, are
+    both flagged, each with the device's name and both figures."""
+    from localllm.backend import LoadConfig, run_config
+    from localllm.gguf_file import read_header
+    from localllm.memcheck import check_placement
+    from localllm.placement import Device, place
+    from localllm.planner import ModelShape
+
+    header = read_header(smollm2)
+    cfg = run_config(LoadConfig(n_ctx=2048, n_gpu_layers=12))
+    pl = place(ModelShape.from_header(header), cfg, [Device("RPC0[a:1]", "rpc", None)], Device("CPU", "cpu", None), header=header)
+    rpc, cpu = pl.uses
+    assert rpc.kv_bytes and cpu.kv_bytes and rpc.compute_bytes and cpu.output_bytes
+
+    def line(dev: str, kind: str, n: float) -> str:
+        return f"llama_x: {dev} {kind} buffer size = {n / MiB:8.2f} MiB"
+
+    lines = [line("RPC0[a:1]", "KV", rpc.kv_bytes), line("CPU", "KV", cpu.kv_bytes), line("RPC0[a:1]", "compute", rpc.compute_bytes),
+             line("CPU", "compute", cpu.compute_bytes), line("CPU", "output", cpu.output_bytes)]
+    assert check_placement(pl, lines).ok
+    off = [ln for ln in lines if "CPU KV" not in ln and "RPC0[a:1] compute" not in ln] + [line("RPC0[a:1]", "compute", rpc.compute_bytes * 1.05)]
+    mc = check_placement(pl, off)
+    assert not mc.ok
+    assert mc.mismatch_lines() == [
+        f"memory check: RPC0[a:1] compute buffer planned {rpc.compute_bytes / MiB:.2f} MiB, llama.cpp allocated {rpc.compute_bytes * 1.05 / MiB:.2f} MiB",
+        f"memory check: CPU kv buffer planned {cpu.kv_bytes / MiB:.2f} MiB, llama.cpp allocated n/a",
+    ]
