@@ -55,6 +55,8 @@ async def main(port: int, worker_pid: int) -> dict:
         app.query_one("#prompt").value = "are you there?"
         await pilot.press("enter")
         await pilot.pause(0.2)
+        app.reload_model()  # over the same worker: refused at once (llama.cpp holds the lost connection), never a hang
+        out["reload"] = await until(lambda: not app.busy, 30)
         out["after"] = notes()[len(out["notes"]):]
         await pilot.press("f3")
         await pilot.pause(0.3)

@@ -20,7 +20,6 @@ from localllm.planner import MiB
 from localllm.tui.app import create_app
 from localllm.tui.devices import DeviceBars
 from localllm.tui.settings import Settings
-from localllm.tui.widgets import MemoryPanel
 from tests.conftest import REPO, run_cli
 from tests.test_rpc import WorkerProc, free_port
 from tests.test_tui import panel_text, send, wait_idle
@@ -105,8 +104,10 @@ def test_worker_dies_mid_reply_cockpit_stays_up(tmp_path: Path) -> None:
     assert out["reply"].startswith(out["text_at_kill"])  # what was shown stays shown
     lost = [n for n in out["notes"] if n.startswith("error:")]
     assert lost == ["error: a worker stopped answering (Remote RPC server crashed or returned malformed response) · "
-                    "the model is unloaded (the chat is saved: F4); F2 loads one"]
-    assert out["after"] == ["no model is loaded: F2 picks one"]
+                    "the model is lost (the chat is saved: F4); quit (Ctrl+Q) and start the cockpit again to load one"]
+    assert out["reload"] and len(out["after"]) == 3, out["after"]
+    assert out["after"][0] == "no model is loaded: F2 picks one" and out["after"][1].startswith("loading ")
+    assert "llama.cpp still holds the connection to the worker that stopped: quit (Ctrl+Q)" in out["after"][2]
     assert out["settings_screen"] == "SettingsScreen" and out["back"] == "Screen"
     assert out["quit_s"] < 5 and out["parked"] is True
     assert out["saved"][-2]["role"] == "user" and out["saved"][-1] == {"role": "assistant", "content": out["reply"]}

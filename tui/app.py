@@ -28,7 +28,7 @@ from localllm import planner, sessions
 from localllm.backend import LoadConfig, SamplingConfig, run_config
 from localllm.chat import ChatSession, prompt_cache_path
 from localllm.diagnose import verdict
-from localllm.errors import LocalLLMError
+from localllm.errors import InputError, LocalLLMError
 from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
 from localllm.metrics import GenerationStats
@@ -152,6 +152,7 @@ class LocalLLMApp(App):
         self.rpc: list[object] = []  # rpc.Endpoint: workers whose devices join the local ones (--rpc)
         self.memory_check: object = None  # memcheck.MemoryCheck of the loaded model, or None
         self._lost: Future = Future()  # set when llama.cpp aborts (see EngineLost)
+        self._lost_text = ""  # why, once it has happened
         # Every llama.cpp call runs on this one thread. Measured here: decoding on
         # a second thread after llama.cpp computed on another ran at 33 t/s
         # instead of 93 t/s (its OpenMP thread team belongs to the first thread).
@@ -204,6 +205,12 @@ class LocalLLMApp(App):
         if self.rpc:
             from localllm.tui.devices import fit_over_workers
 
+            if self._lost_text:
+                # llama.cpp keeps the lost connection (its dispatcher, held) for this endpoint in this
+                # process, and would queue the new load's calls to it: the load would never end
+                raise InputError("llama.cpp still holds the connection to the worker that stopped: "
+                                    "quit (Ctrl+Q) and start localllm tui --rpc again")
+
             cfg, note, placement = fit_over_workers(path, cfg, s, hw, self.rpc)
             shape = planner.ModelShape.from_header(read_header(path))
             return cfg, note, Footprint(shape, placement.plan, "RAM", hw.ram_available_bytes, placement)
@@ -248,6 +255,7 @@ class LocalLLMApp(App):
         old, self._engine = self._engine, ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
         old.shutdown(wait=False)
         self._lost = Future()
+        self._lost_text = msg.text
         if self._gone():
             return
         if self.saved is not None and self._reply is not None and self._reply.text and self.busy:
@@ -256,7 +264,8 @@ class LocalLLMApp(App):
         self.backend = self.chat = self.load_config = None
         self.model_name = ""
         self.busy = False
-        self.query_one(ChatView).add("note", f"error: {msg.text} · the model is unloaded (the chat is saved: F4); F2 loads one")
+        self.query_one(ChatView).add("note", f"error: {msg.text} · the model is lost (the chat is saved: F4); "
+                                             "quit (Ctrl+Q) and start the cockpit again to load one")
 
     def _load_on_engine_thread(self, req: LoadRequest) -> ModelLoaded:
         """Load the requested model. The previous one is closed first (two models
