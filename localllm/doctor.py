@@ -96,14 +96,23 @@ def examine(
     *,
     gpu_bandwidth: float | None = None,
     bandwidth_by_threads: dict[int, float] | None = None,
+    placement=None,
 ) -> DoctorReport:
     """``bandwidth``: the CPU's, measured with the decode's threads;
     ``gpu_bandwidth``: the GPU's (hardware.gpu_memory_bandwidth), for the bytes
-    the offloaded layers read."""
+    the offloaded layers read. ``placement`` (placement.Placement, with --rpc):
+    the layers per device, which the figures and the advice then follow instead
+    of the local GPU alone."""
     shape = planner.ModelShape.from_header(header)
     model = describe(header)
-    gpu = hw.gpu_budget is not None and info.gpu_offload_supported
-    plan = planner.plan_memory(shape, cfg, gpu=gpu)
+    if placement is not None:
+        plan = placement.plan
+        gpu = plan.n_gpu_layers > 0
+        if any(u.device.kind == "rpc" and (u.layers or u.output_layer) for u in placement.uses):
+            gpu_bandwidth = None  # a worker's device reads its layers at a bandwidth we cannot measure from here
+    else:
+        gpu = hw.gpu_budget is not None and info.gpu_offload_supported
+        plan = planner.plan_memory(shape, cfg, gpu=gpu)
     kv_now = planner.kv_bytes_in_use(plan, stats.context_used)
     gpu_share = plan.kv_gpu_bytes / plan.kv_cache_bytes if plan.kv_cache_bytes else 0.0
     gpu_read = gpu_weights_read_per_token(shape, plan, gpu) + int(kv_now * gpu_share)
@@ -115,6 +124,9 @@ def examine(
     total = weights + plan.kv_cache_bytes + plan.compute_bytes + plan.output_bytes
     budget = hw.gpu_budget if gpu else hw.ram_available_bytes
     free_for_kv = (budget or 0) - weights - plan.compute_bytes - plan.output_bytes
+    concurrency = max(int(free_for_kv // plan.kv_cache_bytes), 0) if plan.kv_cache_bytes else 0
+    if placement is not None:
+        concurrency = _concurrency(placement, hw.ram_available_bytes)
     v = verdict(stats)
     physical = _physical_cores()
     settings = {
@@ -129,6 +141,12 @@ def examine(
         "threads": info.n_threads,
         "physical_cores": physical,
     }
+    if placement is not None:
+        settings["devices"] = [
+            {"name": u.device.name, "kind": u.device.kind, "layers": len(u.layers), "output_layer": u.output_layer,
+             "total_bytes": u.total_bytes, "free_bytes": u.device.free_bytes if u.device.kind != "cpu" else hw.ram_available_bytes}
+            for u in placement.uses
+        ]
     report = DoctorReport(
         bottleneck=v.bottleneck if v else "decode",
         prompt_tokens=stats.prompt_tokens,
@@ -144,7 +162,7 @@ def examine(
         decode_efficiency=rf.efficiency,
         kv_cache_bytes=plan.kv_cache_bytes,
         kv_share_of_memory=plan.kv_cache_bytes / total if total else 0.0,
-        concurrency_at_full_context=max(int(free_for_kv // plan.kv_cache_bytes), 0) if plan.kv_cache_bytes else 0,
+        concurrency_at_full_context=concurrency,
         file_type=model.file_type,
         bits_per_weight=model.bits_per_weight,
         settings=settings,
@@ -157,6 +175,22 @@ def examine(
     )
     report.actions = _actions(report, shape, plan, rf, kv_now, kv_q8_kl)[:3]
     return report
+
+
+def _concurrency(placement, ram: int | None) -> int:
+    """More full-context sequences the devices' memory would hold: each needs its
+    share of the KV cache on every device that holds KV, so the tightest device
+    decides (its free memory, less the head-room, less what this load uses)."""
+    counts = []
+    for u in placement.uses:
+        if not u.kv_bytes:
+            continue
+        free = ram if u.device.kind == "cpu" else u.device.free_bytes
+        if free is None:
+            continue
+        room = free - (planner.default_margin(free) if u.device.kind != "cpu" else 0) - u.total_bytes
+        counts.append(max(room // u.kv_bytes, 0))
+    return int(min(counts)) if counts else 0
 
 
 def _physical_cores() -> int:
@@ -204,7 +238,9 @@ def _actions(r: DoctorReport, shape: planner.ModelShape, plan: planner.MemoryPla
             "--speculate lookup --temp 0 (prompt-lookup speculative decoding)",
             f"measured x{r.speculative_gain:.2f} tokens/s on this prompt ({100 * (r.speculative_acceptance or 0):.0f}% of drafts accepted)",
             "the reply repeats the prompt, so drafts from it are often right", r.speculative_gain, "measured"))
-    if s["gpu_offload_supported"] and s["n_gpu_layers"] < shape.n_layer + 1:
+    if "devices" in s:
+        out.extend(_offload_over_devices(s, shape))
+    elif s["gpu_offload_supported"] and s["n_gpu_layers"] < shape.n_layer + 1:
         out.append(Action(f"offload more layers (--ngl, now {s['n_gpu_layers']} of {shape.n_layer + 1})",
                           "GPU memory bandwidth and compute are several times the CPU's", "layers are running on the CPU", 3.0))
     if s["threads"] != s["physical_cores"]:
@@ -214,6 +250,29 @@ def _actions(r: DoctorReport, shape: planner.ModelShape, plan: planner.MemoryPla
         eff = "n/a" if r.decode_efficiency is None else f"{100 * r.decode_efficiency:.0f}%"
         out.append(Action("nothing obvious to change", f"decode at {eff} of its roofline", "already near the limit", 1.0, "measured"))
     return sorted(out, key=lambda a: -a.gain)
+
+
+def _offload_over_devices(s: dict[str, Any], shape: planner.ModelShape) -> list[Action]:
+    """With --rpc: offloading more layers is advised only when the CPU still
+    holds some and a device of the placement (a worker's, or a local GPU) has
+    room for at least one more, and it names that device, never a GPU this
+    machine does not have."""
+    devices = s["devices"]
+    cpu = devices[-1]
+    if not cpu["layers"]:
+        return []
+    layer = max(shape.layer_bytes) if shape.layer_bytes else 0
+    room = [d for d in devices[:-1] if d["free_bytes"] is not None
+            and d["free_bytes"] - planner.default_margin(d["free_bytes"]) - d["total_bytes"] > layer]
+    if not room:
+        return []
+    names = ", ".join(d["name"] for d in room)
+    remote = any(d["kind"] == "rpc" for d in room)
+    return [Action(
+        f"offload more layers to {names} (--ngl, now {s['n_gpu_layers']} of {shape.n_layer + 1})",
+        f"{cpu['layers']} layers run on this machine's CPU; {names} has room for more"
+        + (" (each token then also waits for the network round trips to the workers)" if remote else ""),
+        "layers run on the CPU while a device of the placement has free memory", 1.5 if remote else 3.0)]
 
 
 def measure(backend, prompt: str, *, gen_tokens: int = 64, chat: bool = True) -> GenerationStats:

@@ -21,6 +21,8 @@ llama.cpp aborts the process when a worker stops answering (ggml-rpc.cpp
 ``RPC_STATUS_ASSERT``: "Remote RPC server crashed or returned malformed
 response"). ``on_abort`` installs ggml's abort callback so that the CLI can say
 one line, save what it must and exit 1 instead of dumping a backtrace.
+``keep_alive_on_abort`` is for a long-lived UI (the cockpit): the process goes
+on without the model (llama.cpp cannot be unwound: the aborting thread is held).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ _lock = threading.Lock()
 _libs: list[ctypes.CDLL] = []
 _abort_cb = None  # keep a reference: C holds the pointer
 _abort_hooks: list[Callable[[str], None]] = []
+_keep_alive_hooks: list[Callable[[str], None]] = []
+_parked = threading.Event()  # a thread is held in the abort callback for good
 
 DEV_TYPE_CPU, DEV_TYPE_GPU, DEV_TYPE_IGPU, DEV_TYPE_ACCEL = 0, 1, 2, 3  # ggml-backend.h enum ggml_backend_dev_type
 
@@ -181,6 +185,8 @@ def on_abort(hook: Callable[[str], str | None] | None = None) -> None:
         def _cb(message: bytes | None) -> None:
             text = (message or b"").decode("utf-8", "replace").strip().splitlines()
             detail = text[0].split(": ", 1)[-1] if text else "no reason given"
+            if _keep_alive_hooks:
+                _hold(f"{'a worker stopped answering' if 'RPC' in detail else 'llama.cpp aborted'} ({detail})")
             extra = []
             try:
                 for h in list(_abort_hooks):
@@ -200,3 +206,39 @@ def on_abort(hook: Callable[[str], str | None] | None = None) -> None:
 
         _abort_cb = _cb
     _fn("ggml_set_abort_callback", ctypes.c_void_p, ctypes.c_void_p)(ctypes.cast(_abort_cb, ctypes.c_void_p))
+
+
+def keep_alive_on_abort(hook: Callable[[str], None]) -> None:
+    """For a long-lived UI (the cockpit): when llama.cpp aborts (a worker gone
+    mid-reply), call ``hook`` with one line saying why, and keep the process.
+    ggml_abort calls abort() once its callback returns, and nothing can unwind
+    llama.cpp's frames from Python, so the aborting thread (llama.cpp's RPC
+    dispatcher; the thread that called into llama.cpp then waits on it for
+    good) is held here instead: that model can no longer be used or freed, the
+    rest of the process goes on. ``parked`` tells the exit path."""
+    with _lock:
+        _keep_alive_hooks.append(hook)
+    on_abort()
+
+
+def drop_keep_alive(hook: Callable[[str], None]) -> None:
+    """Undo ``keep_alive_on_abort`` (the UI is closing)."""
+    with _lock:
+        if hook in _keep_alive_hooks:
+            _keep_alive_hooks.remove(hook)
+
+
+def parked() -> bool:
+    """A thread is held since llama.cpp aborted: the interpreter would wait for
+    it at exit for good, so the process must leave with ``os._exit``."""
+    return _parked.is_set()
+
+
+def _hold(text: str) -> None:
+    for h in list(_keep_alive_hooks):
+        try:
+            h(text)
+        except Exception:  # noqa: BLE001 - the thread must be held whatever a hook does
+            pass
+    _parked.set()
+    threading.Event().wait()  # never set: returning would let ggml_abort call abort()

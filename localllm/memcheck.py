@@ -147,23 +147,56 @@ def check_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, s
     return check(planner.plan_memory(shape, cfg, gpu=gpu), alloc, tol)
 
 
-def check_after_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, str]]) -> MemoryCheck | None:
+def check_placement(placement, lines: Iterable[str | tuple[int, str]], tol: float = TOLERANCE) -> MemoryCheck:
+    """Per device, for a load over several devices (``--rpc``): a
+    ``placement.Placement`` against the buffers llama.cpp logged on each device.
+    The single-device plan cannot be compared there (each device gets its own
+    compute buffer, sized for its part of the graph: placement._compute).
+    KV: each device's buffers (full-attention, then sliding-window); compute:
+    each device's; output: the CPU's. Weights are not checked (the CPU's mapped
+    range and a repacked copy depend on the file's layout and the CPU)."""
+    from localllm.placement import logged_buffers
+
+    logged = logged_buffers([item[1] if isinstance(item, tuple) else item for item in lines])
+    checks: list[BufferCheck] = []
+    for u in placement.uses:
+        got = logged.get(u.device.name, {})
+        name = u.device.name
+        kv_real = [round(m * MiB) for m in got.get("KV", [])]
+        for i in range(max(len(u.kv_by_cache), len(kv_real))):
+            checks.append(_cmp(f"{name} kv" + ("_swa" if i else ""), u.kv_by_cache[i] if i < len(u.kv_by_cache) else None,
+                               kv_real[i] if i < len(kv_real) else None, tol))
+        compute_real = got.get("compute")
+        if u.compute_bytes or compute_real:
+            checks.append(_cmp(f"{name} compute", u.compute_bytes or None, round(compute_real[0] * MiB) if compute_real else None, tol))
+        output_real = got.get("output")
+        if u.output_bytes or output_real:
+            checks.append(_cmp(f"{name} output", u.output_bytes or None, round(sum(output_real) * MiB) if output_real else None, tol))
+    verified = bool(getattr(placement.plan, "verified", True))
+    return MemoryCheck(all(c.ok for c in checks), tol, verified, checks)
+
+
+def check_after_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, str]], placement=None) -> MemoryCheck | None:
     """``check_load`` for commands: None (shown as n/a / null) when the log holds
-    no allocation lines or the check itself fails, so a load never fails on it."""
+    no allocation lines or the check itself fails, so a load never fails on it.
+    With a ``placement`` (a load over several devices), ``check_placement``."""
     lines = list(lines)
     try:
         if not any(parse_allocations(lines).values()):
             return None
+        if placement is not None:
+            return check_placement(placement, lines)
         return check_load(path, load_config, lines)
     except Exception:  # noqa: BLE001 - a check of the plan must never break a run
         return None
 
 
-def load_checked(backend, path: str | Path, load_config):
+def load_checked(backend, path: str | Path, load_config, placement=None):
     """``backend.load(path, load_config)`` and the memory check of that load:
-    (the backend's LoadInfo, a MemoryCheck or None). For run, doctor and the cockpit."""
+    (the backend's LoadInfo, a MemoryCheck or None). For run, doctor and the cockpit.
+    ``placement``: the per-device plan of a load over ``--rpc`` workers."""
     from localllm.llamalog import ROUTER
 
     mark = ROUTER.mark()
     info = backend.load(path, load_config)
-    return info, check_after_load(path, load_config, ROUTER.lines_since(mark))
+    return info, check_after_load(path, load_config, ROUTER.lines_since(mark), placement)

@@ -87,3 +87,55 @@ def test_doctor_json(tmp_path: Path) -> None:
     spec_actions = [a for a in d["actions"] if "--speculate" in a["action"]]
     # recommended only on a measured gain, and said to be measured
     assert all(a["basis"] == "measured" and d["speculative_gain"] > 1.0 for a in spec_actions)
+
+
+@pytest.mark.slow
+def test_doctor_over_a_worker_follows_the_placement(tmp_path: Path) -> None:
+    """doctor --rpc on a machine without a GPU: the layers per device come from
+    the placement (the worker's and the CPU's), no advice names a GPU, the
+    offload advice names the worker that has room, the worker's reads get no
+    invented bandwidth, and the memory check compares each device."""
+    from tests.test_rpc import WorkerProc
+
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Tell me a long story about a cat.")
+    w = WorkerProc()
+    try:
+        proc = run_cli("doctor", "--rpc", str(w.ep), "--ngl", "12", "--prompt-file", str(prompt), "--gen-tokens", "8",
+                       "--no-quality", "--threads", "1", "--json")
+    finally:
+        w.stop()
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    name = f"RPC0[{w.ep}]"
+    devices = d["settings"]["devices"]
+    assert [(x["name"], x["kind"], x["layers"], x["output_layer"]) for x in devices] == [(name, "rpc", 11, True), ("CPU", "cpu", 19, False)]
+    assert d["settings"]["n_gpu_layers"] == 12
+    assert not any("GPU" in a["action"] + a["expected"] + a["why"] for a in d["actions"])
+    offload = [a for a in d["actions"] if a["action"].startswith("offload more layers")]
+    assert len(offload) == 1 and name in offload[0]["action"] and offload[0]["basis"] == "rule of thumb"
+    assert d["gpu_bytes_per_token"] > 0 and d["decode_ceiling_tokens_per_s"] is None and d["decode_efficiency"] is None
+    mc = d["memory_check"]
+    assert mc["ok"] is True and {b["buffer"] for b in mc["buffers"]} >= {f"{name} kv", f"{name} compute", "CPU kv", "CPU compute", "CPU output"}
+
+
+def test_offload_advice_over_devices_needs_cpu_layers_and_room(smollm2: Path) -> None:
+    """Offloading more is advised only while the CPU holds layers and a device
+    of the placement has room for one more layer, by its name."""
+    from localllm.doctor import _offload_over_devices
+    from localllm.gguf_file import read_header
+    from localllm.planner import MiB, ModelShape
+
+    shape = ModelShape.from_header(read_header(smollm2))
+    GiB = 1024 * MiB
+
+    def s(cpu_layers: int, free: int | None) -> dict:
+        return {"n_gpu_layers": 31 - cpu_layers, "devices": [
+            {"name": "RPC0[a:1]", "kind": "rpc", "layers": 30 - cpu_layers, "output_layer": True, "total_bytes": 150 * MiB, "free_bytes": free},
+            {"name": "CPU", "kind": "cpu", "layers": cpu_layers, "output_layer": False, "total_bytes": 40 * MiB, "free_bytes": 8 * GiB}]}
+
+    assert _offload_over_devices(s(0, 8 * GiB), shape) == []  # everything is offloaded already
+    assert _offload_over_devices(s(19, 280 * MiB), shape) == []  # the worker is full: 280 less 128 head-room less 150 in use
+    assert _offload_over_devices(s(19, None), shape) == []  # free memory unknown: no advice
+    [a] = _offload_over_devices(s(19, 8 * GiB), shape)
+    assert a.action == "offload more layers to RPC0[a:1] (--ngl, now 12 of 31)" and "network" in a.expected

@@ -502,3 +502,33 @@ def test_scheduler_cancel_and_queue_limit() -> None:
     sched._step()
     assert all(s.job is None for s in sched.slots) and ea == [("text", "d")]
     assert sched.submit(_job([1])[0]) and not sched.submit(_job([1])[0])
+
+
+@pytest.mark.slow
+def test_serve_over_a_worker(tmp_path: Path) -> None:
+    """serve --rpc: the model's layers go to one loopback worker (its own
+    process), a request answers, and the worker is held by the server while it
+    serves (a worker serves one client at a time) and free again after."""
+    from localllm.errors import InputError
+    from localllm.rpc import probe
+    from tests.test_rpc import WorkerProc
+
+    w = WorkerProc()
+    try:
+        s = Server("smollm2", "--rpc", str(w.ep), "--parallel", "2", "--ctx", "512", "--threads", "1", env={"LOCALLLM_HOME": str(tmp_path)})
+        try:
+            import httpx2
+
+            r = httpx2.post(s.base + "/v1/chat/completions", timeout=120, json={
+                "model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12, "temperature": 0})
+            assert r.status_code == 200, r.text
+            d = r.json()
+            assert d["choices"][0]["message"]["content"] and d["usage"]["completion_tokens"] == 12
+            with pytest.raises(InputError, match="one client at a time"):
+                probe(w.ep, timeout=1)  # the server holds the worker's one connection: its layers are there
+        finally:
+            s.stop()
+        assert s.proc.returncode == 0, s.log
+        assert probe(w.ep, timeout=5).devices  # released when the server stopped
+    finally:
+        w.stop()

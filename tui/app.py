@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -49,6 +49,15 @@ class TokenBatch(Message):
         self.first_text_ns = first_text_ns  # the first token that printed text: TTFT's end
 
 
+class EngineLost(Message):
+    """llama.cpp aborted (a worker that stopped answering): the thread that was
+    running it is held by llama.cpp for good, and so is the model."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
 class ReplyDone(Message):
     def __init__(self, stats: GenerationStats | None, stopped: bool, error: str | None) -> None:
         super().__init__()
@@ -61,6 +70,7 @@ class Footprint:
     plan: planner.MemoryPlan
     budget_label: str
     budget: int
+    placement: object = None  # placement.Placement, with --rpc: per device
 
 
 @dataclass
@@ -86,6 +96,7 @@ class ModelLoaded(Message):
         self.request, self.backend, self.config, self.note = request, backend, config, note
         self.footprint, self.bandwidth, self.error, self.kept = footprint, bandwidth, error, kept
         self.gpu_bandwidth: float | None = None  # the GPU's memory bandwidth, where it is known
+        self.memory_check: object = None  # memcheck.MemoryCheck of this load, or None
 
 
 def shown(path: Path) -> str:
@@ -138,6 +149,10 @@ class LocalLLMApp(App):
         self.bandwidth: float | None = None  # bytes/s, measured once, for the decode roofline
         self.gpu_bandwidth: float | None = None  # the GPU's, where hardware.gpu_memory_bandwidth knows it
         self.load_config: LoadConfig | None = None
+        self.rpc: list[object] = []  # rpc.Endpoint: workers whose devices join the local ones (--rpc)
+        self.memory_check: object = None  # memcheck.MemoryCheck of the loaded model, or None
+        self._lost: Future = Future()  # set when llama.cpp aborts (see EngineLost)
+        self._lost_text = ""  # why, once it has happened
         # Every llama.cpp call runs on this one thread. Measured here: decoding on
         # a second thread after llama.cpp computed on another ran at 33 t/s
         # instead of 93 t/s (its OpenMP thread team belongs to the first thread).
@@ -185,12 +200,25 @@ class LocalLLMApp(App):
     def _choose_config(self, path: Path, s: Settings) -> tuple[LoadConfig, str, Footprint]:
         """Ask the fitting service, as the CLI does: the settings' cache types
         are kept, blank GPU layers are fitted, the context shrinks (or layers
-        move to the CPU, by the policy) when the budget is short."""
+        move to the CPU, by the policy) when the budget is short. With --rpc,
+        across the workers' devices, a local GPU and the CPU."""
         from localllm.model_info import describe
 
+        hw = self.hardware
+        if self.rpc:
+            from localllm.tui.devices import fit_over_workers
+
+            if self._lost_text:
+                # llama.cpp keeps the lost connection (its dispatcher, held) for this endpoint in this
+                # process, and would queue the new load's calls to it: the load would never end
+                raise InputError("llama.cpp still holds the connection to the worker that stopped: "
+                                 "quit (Ctrl+Q) and start localllm tui --rpc again")
+
+            cfg, note, placement = fit_over_workers(path, s, hw, self.rpc)
+            shape = planner.ModelShape.from_header(read_header(path))
+            return cfg, note, Footprint(shape, placement.plan, "RAM", hw.ram_available_bytes, placement)
         header = read_header(path)
         shape = planner.ModelShape.from_header(header)
-        hw = self.hardware
         fit = fitting.fit(shape, s.fit_request(), fitting.Budget.of(hw), trained_ctx=describe(header).context_length)
         if not fit.fits:
             raise InputError(f"does not fit: {fit.sentence}")
@@ -204,7 +232,40 @@ class LocalLLMApp(App):
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def _load(self, req: LoadRequest) -> None:
-        self.post_message(self._engine.submit(self._load_on_engine_thread, req).result())
+        loaded = self._wait_engine(self._engine.submit(self._load_on_engine_thread, req))
+        if loaded is not None:
+            self.post_message(loaded)
+
+    def _wait_engine(self, fut: Future) -> object:
+        """The engine thread's answer, or None when llama.cpp aborted meanwhile:
+        its thread then never answers (see EngineLost)."""
+        wait([fut, self._lost], return_when=FIRST_COMPLETED)
+        return fut.result() if fut.done() else None
+
+    def _abort_hook(self, text: str) -> None:
+        """On llama.cpp's aborting thread (engine_rpc.keep_alive_on_abort)."""
+        if not self._lost.done():  # several workers may stop at once: one line
+            self._lost.set_result(text)
+            self.post_message(EngineLost(text))
+
+    @on(EngineLost)
+    def _engine_lost(self, msg: EngineLost) -> None:
+        """End the reply (or load) in flight with one line; the app goes on with
+        a new engine thread and no model (the old one is held by llama.cpp)."""
+        old, self._engine = self._engine, ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
+        old.shutdown(wait=False)
+        self._lost = Future()
+        self._lost_text = msg.text
+        if self._gone():
+            return
+        if self.saved is not None and self._reply is not None and self._reply.text and self.busy:
+            self.saved.messages = [*self.saved.messages, {"role": "assistant", "content": self._reply.text}]
+            sessions.save(self.saved)
+        self.backend = self.chat = self.load_config = None
+        self.model_name = ""
+        self.busy = False
+        self.query_one(ChatView).add("note", f"error: {msg.text} · the model is lost (the chat is saved: F4); "
+                                             "quit (Ctrl+Q) and start the cockpit again to load one")
 
     def _load_on_engine_thread(self, req: LoadRequest) -> ModelLoaded:
         """Load the requested model. The previous one is closed first (two models
@@ -218,8 +279,10 @@ class LocalLLMApp(App):
         if old is not None:
             old.close()
         try:
+            from localllm.memcheck import load_checked
+
             backend = self.backend_factory()
-            backend.load(req.path, cfg)
+            _, check = load_checked(backend, req.path, cfg, fp.placement)
         except Exception as exc:  # noqa: BLE001
             error, kept = reason(exc), False
             if old is not None and old_cfg is not None:
@@ -242,6 +305,7 @@ class LocalLLMApp(App):
                 bandwidth = None
         loaded = ModelLoaded(req, backend=backend, config=cfg, note=note, footprint=fp, bandwidth=bandwidth)
         loaded.gpu_bandwidth = self.gpu_bandwidth if self.bandwidth is not None else gpu_memory_bandwidth()
+        loaded.memory_check = check
         return loaded
 
     @on(ModelLoaded)
@@ -262,6 +326,7 @@ class LocalLLMApp(App):
             return
         self.backend, self.footprint, self.bandwidth = msg.backend, msg.footprint, msg.bandwidth
         self.gpu_bandwidth = msg.gpu_bandwidth
+        self.memory_check = msg.memory_check
         self.model_path, self.settings, self.load_config = req.path, req.settings, msg.config
         self.model_name = shown(req.path)
         if req.redraw:
@@ -318,6 +383,9 @@ class LocalLLMApp(App):
             budget_label=fp.budget_label, budget=fp.budget, weights=weights, kv_full=kv, compute=compute,
             kv_per_token=p.kv_bytes_per_token, types=f"{p.type_k}/{p.type_v}", n_ctx=p.n_ctx,
         )
+        panel = self.query_one(MemoryPanel)
+        panel.set_devices(fp.placement)
+        panel.set_check(self.memory_check)
         self._update_footprint()
 
     def _update_footprint(self) -> None:
@@ -358,7 +426,7 @@ class LocalLLMApp(App):
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
     def _generate(self, text: str, submitted_ns: int) -> None:
-        self._engine.submit(self._generate_on_engine_thread, text, submitted_ns).result()
+        self._wait_engine(self._engine.submit(self._generate_on_engine_thread, text, submitted_ns))
 
     def _generate_on_engine_thread(self, text: str, submitted_ns: int) -> None:
         """TTFT runs from Enter (``submitted_ns``) to the first token that prints
@@ -445,7 +513,8 @@ class LocalLLMApp(App):
             latency.decode_tps = s.decode_tokens_per_s
             v = verdict(s)
             latency.verdict = (v.headline, v.detail) if v else ("", "")
-            if self.bandwidth and self.footprint is not None:
+            # over --rpc, layers are read by the workers' devices at bandwidths we do not know: no roofline
+            if self.bandwidth and self.footprint is not None and self.footprint.placement is None:
                 from localllm.doctor import gpu_weights_read_per_token, weights_read_per_token
                 from localllm.roofline import roofline
 
@@ -477,6 +546,10 @@ class LocalLLMApp(App):
 
     def on_unmount(self) -> None:
         self._stop_reply()
+        if self.rpc:
+            from localllm import engine_rpc
+
+            engine_rpc.drop_keep_alive(self._abort_hook)
         if self.backend is not None:
             self._engine.submit(self.backend.close).result()
         self._engine.shutdown(wait=True)
@@ -576,17 +649,29 @@ def create_app(
     settings: Settings | None = None,
     backend_factory: Callable[[], object] | None = None,
     bandwidth: float | None = None,
+    rpc: list[object] | None = None,
 ) -> LocalLLMApp:
     """The one app factory: the CLI and the tests build the cockpit here.
-    ``bandwidth`` (bytes/s) skips measuring it, for reproducible screens."""
+    ``bandwidth`` (bytes/s) skips measuring it, for reproducible screens.
+    ``rpc`` (rpc.Endpoint): workers whose devices join this machine's; each is
+    probed here, so one that is down is one line before the screen opens."""
     from localllm import catalog, hardware
 
     path = catalog.resolve(model)
     read_header(path)  # a bad file is a one-line error before the screen opens
+    if rpc:
+        from localllm import engine_rpc
+        from localllm.rpc import probe_all
+
+        probe_all(list(rpc))
     if backend_factory is None:
         from localllm.engine import LlamaCppBackend
 
         backend_factory = LlamaCppBackend
     app = LocalLLMApp(model_path=path, backend_factory=backend_factory, hardware=hardware.detect(vram), settings=settings or Settings())
     app.bandwidth = bandwidth
+    if rpc:
+        app.rpc = list(rpc)
+        # a worker that dies mid-reply: llama.cpp aborts; the cockpit says so and stays up
+        engine_rpc.keep_alive_on_abort(app._abort_hook)
     return app

@@ -36,12 +36,25 @@ def app_from_args(args: argparse.Namespace, **kw: Any) -> "LocalLLMApp":
     """The cockpit ``localllm tui`` opens (``kw``: ``create_app``'s test hooks)."""
     from localllm.tui.app import create_app
 
-    return create_app(getattr(args, "model", None), vram=getattr(args, "vram", None), settings=settings_from_args(args), **kw)
+    return create_app(getattr(args, "model", None), vram=getattr(args, "vram", None), settings=settings_from_args(args),
+                      rpc=getattr(args, "rpc", None), **kw)
 
 
 def run(args: argparse.Namespace) -> int:
+    rpc = getattr(args, "rpc", None)
     app = app_from_args(args)
     app.run()
     # Textual sets 1 when the app ended on an unhandled exception (a bug): the
     # shell must not read that as success.
-    return app.return_code or 0
+    rc = app.return_code or 0
+    if rpc:
+        from localllm import engine_rpc
+
+        if engine_rpc.parked():  # llama.cpp holds a thread since a worker died: the interpreter would wait for it at exit
+            import os
+            import sys
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+    return rc

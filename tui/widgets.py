@@ -12,6 +12,7 @@ from textual.widgets import Log, Sparkline
 
 from localllm import fmt
 from localllm.metrics import percentile
+from localllm.tui.devices import DeviceBars
 
 
 class MessageView:
@@ -265,11 +266,46 @@ class MemoryPanel(Vertical):
         self.kv_types = ""
         self._head: tuple[Text | str, ...] = (Text("Memory", style="bold"), "")
         self._plan: tuple[Text | str, ...] = ("", "")
+        self._check: tuple[Text | str, ...] = ()
 
     def compose(self) -> ComposeResult:
         yield Lines(2, id="memory-top")
         yield BudgetBar()
+        yield DeviceBars()
         yield Lines(6, id="memory-bottom")
+
+    def set_devices(self, placement) -> None:
+        """A load over several devices (``--rpc``): one bar per device instead of
+        the one budget bar, and the plan's totals over all of them. None: back to one bar."""
+        self.query_one(DeviceBars).set_placement(placement)
+        self.query_one(BudgetBar).display = placement is None
+        if placement is None:
+            return
+        uses = placement.uses
+        weights = sum(u.weights_bytes + u.output_bytes for u in uses)
+        kv = sum(u.kv_bytes for u in uses)
+        compute = sum(u.compute_bytes for u in uses)
+        self._head = (Text("Memory", style="bold"), f"{len(uses)} devices: {', '.join(fmt.safe(u.device.name) for u in uses)}")
+        self._plan = (
+            Text.assemble(("■", "dodger_blue2"), f" weights {fmt.size(weights)}  ", ("■", "magenta"), f" KV {fmt.size(kv)}  ",
+                          ("■", "yellow3"), f" compute {fmt.size(compute)}"),
+            *self._plan[1:],
+        )
+        self._paint()
+
+    def set_check(self, check) -> None:
+        """After a load: llama.cpp's allocations against the plan (a
+        memcheck.MemoryCheck; None when the log was not readable: nothing shown).
+        Each buffer that differs by more than the tolerance gets a line with both
+        figures; when they agree, one quiet line says so."""
+        if check is None:
+            self._check = ()
+        elif check.ok:
+            self._check = (Text(f"llama.cpp allocated as planned (within {check.tolerance:.0%})", style="dim"),)
+        else:
+            self._check = tuple(Text(line.replace("memory check: ", "plan ≠ llama.cpp: "), style="bold yellow")
+                                for line in check.mismatch_lines())
+        self._paint()
 
     def set_plan(self, *, budget_label: str, budget: int, weights: int, kv_full: int, compute: int, kv_per_token: int, types: str, n_ctx: int) -> None:
         self.n_ctx, self.kv_full_bytes, self.kv_per_token, self.kv_types = n_ctx, kv_full, kv_per_token, types
@@ -289,9 +325,11 @@ class MemoryPanel(Vertical):
             *self._plan,
             f"KV now {fmt.size(self.kv_now_bytes)} ({self.context_used} tokens)",
             f"context {self.context_used} of {self.n_ctx} · shifts {self.shifts}",
+            *self._check,
         )
 
-    def watch_context_used(self, _: int) -> None:
+    def watch_context_used(self, used: int) -> None:
+        self.query_one(DeviceBars).context_used = used
         self._paint()
 
     def watch_kv_now_bytes(self, _: int) -> None:

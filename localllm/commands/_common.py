@@ -83,18 +83,18 @@ def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq
     hw = hardware.detect(getattr(args, "vram", None))
     budget = fitting.Budget.of(hw)
     if getattr(args, "rpc", None):
-        devices, cpu = _rpc_devices(args, hw)
+        devices, cpu = rpc_devices(args.rpc, hw)
         return Fitted(fitting.fit_header(header, request, budget, devices=devices, cpu=cpu), hw)
     return Fitted(fitting.fit_header(header, request, budget), hw)
 
 
-def _rpc_devices(args: argparse.Namespace, hw):
+def rpc_devices(endpoints, hw):
     """With --rpc: probe every worker (one line and exit 1 for one that is down,
     before anything loads); the devices to fit layers across are the workers',
     a local GPU's and the CPU."""
     from localllm import placement, rpc
 
-    workers = rpc.probe_all(args.rpc)
+    workers = rpc.probe_all(endpoints)
     devices = [placement.Device(d.name, "rpc", d.free_bytes, d.total_bytes) for w in workers for d in w.devices]
     if hw.gpu_source in ("nvml", "apple-unified") or (hw.gpu_source == "--vram" and _has_local_gpu()):
         devices.append(placement.Device(hw.gpu_name or "GPU", "gpu", hw.gpu_budget, hw.gpu_total_bytes))
@@ -124,6 +124,22 @@ def say(msg: str) -> None:
     from localllm.fmt import safe  # names and paths come from files and servers
 
     print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
+
+
+def placement_for(fitted: Fitted, path: Path, cfg: LoadConfig):
+    """The per-device placement of ``cfg`` (the fitted settings, perhaps with more
+    rows of logits), over the devices and split the fit chose; None without --rpc."""
+    pl = fitted.placement
+    if pl is None:
+        return None
+    if cfg == fitted.config:
+        return pl
+    from localllm import placement, planner
+    from localllm.gguf_file import read_header
+
+    header = read_header(path)
+    shape = planner.ModelShape.from_header(header)
+    return placement.place(shape, cfg, [u.device for u in pl.uses[:-1]], pl.uses[-1].device, list(pl.split), header=header)
 
 
 def device_table(fitted: Fitted, path: Path, logged: dict | None = None) -> list[dict]:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from localllm import catalog, fmt
-from localllm.commands._common import fit_config
+from localllm.commands._common import fit_config, placement_for
 from localllm.errors import InputError, UsageError
 
 
@@ -51,13 +51,21 @@ def _roofline_line(r) -> str:
     by_threads = ", ".join(f"{n} thread{'s' if n > 1 else ''} {bw:.1f}" for n, bw in sorted(r.bandwidth_by_threads_gb_per_s.items()))
     cpu_bytes = r.bytes_per_token - r.gpu_bytes_per_token
     reads = f"{fmt.size(cpu_bytes)} from RAM at {r.bandwidth_gb_per_s:.1f} GB/s"
-    if r.gpu_bytes_per_token:
+    remote = any(d["kind"] == "rpc" for d in r.settings.get("devices", []))
+    if r.gpu_bytes_per_token and remote:
+        reads += f" + {fmt.size(r.gpu_bytes_per_token)} on the offload devices (the workers') at n/a (not measured from here)"
+    elif r.gpu_bytes_per_token:
         gbw = "n/a (unknown GPU bandwidth)" if r.gpu_bandwidth_gb_per_s is None else f"{r.gpu_bandwidth_gb_per_s:.0f} GB/s"
         reads += f" + {fmt.size(r.gpu_bytes_per_token)} from GPU memory at {gbw}"
     ceiling = fmt.num(r.decode_ceiling_tokens_per_s, 0)
     eff = "n/a" if r.decode_efficiency is None else f"{100 * r.decode_efficiency:.0f}%"
     return (f"   roofline     memory bandwidth GB/s by threads: {by_threads}\n"
             f"                per token {reads} = {ceiling} t/s ceiling; decode at {eff} of it")
+
+
+def _layers_by_device(devices: list[dict]) -> str:
+    """``layers: RPC0[10.0.0.2:50052] 30 + output, CPU 0`` (with --rpc)."""
+    return "layers: " + ", ".join(f"{fmt.safe(d['name'])} {d['layers']}" + (" + output" if d["output_layer"] else "") for d in devices)
 
 
 def render(r, name: str) -> str:
@@ -77,7 +85,9 @@ def render(r, name: str) -> str:
         (f"   speculative  prompt lookup measured x{r.speculative_gain:.2f} tokens/s ({100 * r.speculative_acceptance:.0f}% accepted): "
          + ("worth it" if r.speculative_gain >= 1.05 else "not worth it here") if r.speculative_gain is not None else "   speculative  not measured"),
         f"6. engine       flash attention {s['flash_attn']}, batch {s['n_batch']}/{s['n_ubatch']}, "
-        f"{s['n_gpu_layers']} layers on the GPU{'' if s['gpu_offload_supported'] else ' (a CPU build)'}, threads {s['threads']} of {s['physical_cores']} cores",
+        + (_layers_by_device(s['devices']) if "devices" in s else
+           f"{s['n_gpu_layers']} layers on the GPU{'' if s['gpu_offload_supported'] else ' (a CPU build)'}")
+        + f", threads {s['threads']} of {s['physical_cores']} cores",
         "",
         f"bottleneck: {r.bottleneck} · {r.verdict}",
         "",
@@ -106,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
         # Room for 9 rows of logits, so the same context can check speculative drafts.
         from localllm.memcheck import load_checked
 
-        info, memory_check = load_checked(backend, path, replace(fitted.config, n_outputs_max=9))
+        cfg = replace(fitted.config, n_outputs_max=9)
+        placement = placement_for(fitted, path, cfg)
+        info, memory_check = load_checked(backend, path, cfg, placement)
         say("measuring prefill and decode")
         stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
         header = backend.header
@@ -118,13 +130,13 @@ def run(args: argparse.Namespace) -> int:
     threads = info.n_threads or 1
     by_threads = measure_by_threads([1, threads])
     bandwidth = by_threads[threads]  # what the decode's threads can pull from memory
-    gpu_bw = gpu_memory_bandwidth() if info.gpu_offload_supported else None
+    gpu_bw = gpu_memory_bandwidth() if info.gpu_offload_supported or (placement is not None and any(u.device.kind == "gpu" for u in placement.uses)) else None
     kl: dict[str, float] = {}
     if fitted.config.type_k == "f16" and not args.no_quality:
         say("measuring what q8_0 and q4_0 KV caches cost")
         kl = _kv_kl(path, args.threads)
     report = examine(header, info, fitted.config, stats, fitted.hardware, bandwidth, kl.get("q8_0"), spec,
-                     gpu_bandwidth=gpu_bw, bandwidth_by_threads=by_threads)
+                     gpu_bandwidth=gpu_bw, bandwidth_by_threads=by_threads, placement=placement)
     report.kv_types = {
         t: {"max_ctx": fitted.fit.max_ctx_by_kv_type.get(t, 0), "kl_mean": kl.get(t, 0.0 if t == "f16" else None)}
         for t in ("f16", "q8_0", "q4_0")

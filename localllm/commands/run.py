@@ -7,7 +7,7 @@ import sys
 
 from localllm import catalog, fitting, fmt
 from localllm.backend import SamplingConfig
-from localllm.commands._common import apply_template, device_table, fit_config, say
+from localllm.commands._common import apply_template, device_table, fit_config, placement_for, say
 from localllm.errors import InputError, UsageError
 from localllm.metrics import GenerationStats
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             cfg = replace(cfg, n_outputs_max=args.draft_k + 1)
         from localllm.memcheck import load_checked
 
-        _, memory_check = load_checked(backend, path, cfg)
+        _, memory_check = load_checked(backend, path, cfg, placement_for(fitted, path, cfg))
         if getattr(args, "verbose", False) and not args.json:
             for line in memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]:
                 say(line)
