@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localllm.backend import LoadConfig, run_config
+from localllm.engine_api import Engine
 
 
 def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
@@ -124,7 +125,7 @@ def _has_local_gpu() -> bool:
     return bool(engine_rpc.local_gpus())
 
 
-def apply_template(backend: object, args: argparse.Namespace) -> None:
+def apply_template(backend: Engine, args: argparse.Namespace) -> None:
     """``--template FILE|NAME`` (run, chat): the chat template to use instead of the model's."""
     spec = getattr(args, "template", None)
     if spec is None:
@@ -133,7 +134,7 @@ def apply_template(backend: object, args: argparse.Namespace) -> None:
         from localllm.errors import UsageError
 
         raise UsageError("--raw uses no chat template: drop --template, or drop --raw")
-    backend.use_template(spec)  # type: ignore[attr-defined]
+    backend.use_template(spec)
 
 
 def say(msg: str) -> None:
