@@ -55,8 +55,8 @@ class BatchModel:
 
     def __init__(self) -> None:
         self.tok = Tokenizer(None, None)  # tokenizer, chat template, token pieces (once loaded)
-        self.model = None
-        self.ctx = None
+        self.model: object = None
+        self.ctx: object = None
         self.mem = None
         self._batch = None
         self._cap = 0

@@ -136,6 +136,8 @@ def _same_vocabulary(a: Engine, b: Engine) -> bool:
     """Same size and the same text for a spread of token ids."""
     from localllm.model_info import describe
 
+    if a.header is None or b.header is None:
+        return False
     n = describe(a.header).n_vocab
     if n != describe(b.header).n_vocab:
         return False

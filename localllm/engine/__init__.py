@@ -22,6 +22,13 @@ The names other modules import from ``localllm.engine`` are re-exported here.
 
 from __future__ import annotations
 
+# First: native's import-time check (missing_struct_fields) runs before any other part loads.
+from localllm.engine import native  # noqa: F401
+
+# isort: split
+from localllm.engine.kvcache import KVCache
+from localllm.engine.llama import LlamaCppBackend
+from localllm.engine.model import ModelHandle, _check_config, check_config, llama_params, load_model_and_context
 from localllm.engine.native import (
     MAX_CTX,
     MAX_THREADS,
@@ -32,13 +39,10 @@ from localllm.engine.native import (
     missing_struct_fields,
     system_info,
 )
-from localllm.engine.model import ModelHandle, _check_config, check_config, llama_params, load_model_and_context
+from localllm.engine.quantize import QUANT_TYPES, quantize_model
+from localllm.engine.statefile import STATE_MAGIC, STATE_VERSION, StateFileError, pack_state, unpack_state
 from localllm.engine.template import builtin_templates
 from localllm.engine.tokenizer import Tokenizer
-from localllm.engine.kvcache import KVCache
-from localllm.engine.statefile import STATE_MAGIC, STATE_VERSION, StateFileError, pack_state, unpack_state
-from localllm.engine.quantize import QUANT_TYPES, quantize_model
-from localllm.engine.llama import LlamaCppBackend
 from localllm.llamalog import ROUTER
 
 __all__ = [

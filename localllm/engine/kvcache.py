@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import llama_cpp
+
 from localllm.engine.model import ModelHandle
 from localllm.engine.native import system_info
 from localllm.engine.statefile import StateFileError, pack_state, unpack_state
 from localllm.errors import EngineError, UsageError
 from localllm.metrics import ShiftRecord
-
-import llama_cpp  # noqa: I001
 
 
 class KVCache:

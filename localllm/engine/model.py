@@ -12,7 +12,9 @@ import ctypes
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
+
+import llama_cpp
 
 from localllm.backend import FLASH_ATTN_MODES, LoadConfig, LoadInfo, check_cache_types, ggml_type_id, needs_flash_attn
 from localllm.engine.native import MAX_CTX, default_threads, gpu_offload_supported, install_log_router, max_threads
@@ -20,8 +22,6 @@ from localllm.errors import EngineError, UsageError
 from localllm.gguf_file import GGUFHeader, read_header
 from localllm.llamalog import ROUTER
 from localllm.model_info import describe
-
-import llama_cpp  # noqa: E402,I001  (after native: its import-time check runs first)
 
 
 def check_config(cfg: LoadConfig) -> None:
@@ -44,7 +44,7 @@ def check_config(cfg: LoadConfig) -> None:
 _check_config = check_config  # the name batch_engine imported before the split
 
 
-def llama_params(config: LoadConfig) -> tuple[object, object, list[object]]:
+def llama_params(config: LoadConfig) -> tuple[Any, Any, list[object]]:
     """llama.cpp's model and context parameters for ``config``, shared by this
     engine and the batch engine (``batch_engine``): threads, offload and RPC
     devices, context and batch sizes, cache types, flash attention (forced on
@@ -96,7 +96,7 @@ def _set_devices(mparams, config: LoadConfig) -> list[object]:
     return keep
 
 
-def load_model_and_context(path: Path, config: LoadConfig, mparams: object, cparams: object) -> tuple[object, object, float]:
+def load_model_and_context(path: Path, config: LoadConfig, mparams: Any, cparams: Any) -> tuple[object, object, float]:
     """Load the model and create its context (engine and batch engine); a file or
     a context llama.cpp refuses is one EngineError naming the file and quoting
     llama.cpp's first error. Returns (model, context, milliseconds)."""
@@ -211,7 +211,7 @@ class ModelHandle:
             raise EngineError(f"llama_decode failed ({rc}): {ROUTER.last_error() or 'no reason given'}")
         return elapsed
 
-    def prompt_chunks(self, tokens: Sequence[int]) -> list[Sequence[int]]:
+    def prompt_chunks(self, tokens: Sequence[int]) -> list[list[int]]:
         """Split the prompt into n_batch chunks, never leaving a 1-token last chunk:
         llama.cpp counts a 1-token evaluation as decode, not prompt, in its perf
         counters, and our figures must agree with them. No chunk is ever larger
@@ -219,7 +219,7 @@ class ModelHandle:
         GGML_ASSERT(n_tokens_all <= cparams.n_batch)), so with --batch 1 every
         chunk is one token."""
         n_batch = max(1, self.n_batch)
-        chunks = [tokens[i : i + n_batch] for i in range(0, len(tokens), n_batch)]
+        chunks = [list(tokens[i : i + n_batch]) for i in range(0, len(tokens), n_batch)]
         if n_batch >= 2 and len(chunks) > 1 and len(chunks[-1]) == 1:
             chunks[-2], chunks[-1] = chunks[-2][:-1], chunks[-2][-1:] + chunks[-1]
         return chunks

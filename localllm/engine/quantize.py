@@ -9,11 +9,11 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import llama_cpp
+
 from localllm.engine.native import install_log_router
 from localllm.errors import EngineError
 from localllm.llamalog import ROUTER
-
-import llama_cpp  # noqa: I001
 
 QUANT_TYPES: dict[str, int] = {
     "F32": 0, "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
@@ -48,7 +48,7 @@ def quantize_model(
     params.ftype = QUANT_TYPES[qtype]
     params.allow_requantize = allow_requantize
     params.dry_run = dry_run
-    keep = []
+    keep: list[object] = []  # what must outlive the call
     if imatrix:
         entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
         for i, (name, values) in enumerate(imatrix.items()):

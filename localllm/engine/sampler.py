@@ -7,10 +7,9 @@ temperature 0, else top-k, top-p, min-p, temperature, then a seeded draw.
 
 from __future__ import annotations
 
-from localllm.backend import SamplingConfig
-from localllm.engine import native  # noqa: F401  (the import-time check runs before llama_cpp is used)
+import llama_cpp
 
-import llama_cpp  # noqa: I001
+from localllm.backend import SamplingConfig
 
 
 def new_sampler(s: SamplingConfig) -> object:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+import llama_cpp
+
 from localllm.engine.kvcache import KVCache
 from localllm.engine.model import ModelHandle
 from localllm.engine_api import Verification
 from localllm.errors import EngineError, UsageError
 from localllm.llamalog import ROUTER
-
-import llama_cpp  # noqa: I001
 
 
 def _decode_all(handle: ModelHandle, tokens: Sequence[int], start: int) -> int:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from localllm.engine import native  # noqa: F401  (the import-time check runs before llama_cpp is used)
+import llama_cpp
+
 from localllm.errors import InputError, UsageError
 from localllm.gguf_file import GGUFHeader
 
-import llama_cpp  # noqa: I001
+if TYPE_CHECKING:
+    from localllm.chat_template import ChatTemplate
 
 
 def builtin_templates() -> list[str]:
@@ -29,7 +32,7 @@ class TemplateChoice:
     """The model's template unless ``use`` picked another; compiled on first use."""
 
     def __init__(self) -> None:
-        self._compiled = None  # chat_template.ChatTemplate
+        self._compiled: ChatTemplate | None = None
         self._override: tuple[str, str] | None = None  # ("builtin", name) or ("jinja", source)
         self._origin = ""
 
@@ -73,6 +76,7 @@ class TemplateChoice:
         if self._compiled is None:
             from localllm.chat_template import ChatTemplate
 
+            source: object
             if self._override is not None:
                 source, origin = self._override[1], self._origin
             else:

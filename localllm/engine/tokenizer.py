@@ -10,12 +10,11 @@ from __future__ import annotations
 import ctypes
 from typing import Sequence
 
-from localllm.engine import native  # noqa: F401  (the import-time check runs before llama_cpp is used)
+import llama_cpp
+
 from localllm.engine.template import TemplateChoice
 from localllm.errors import EngineError
 from localllm.gguf_file import GGUFHeader
-
-import llama_cpp  # noqa: I001
 
 
 class Tokenizer:
