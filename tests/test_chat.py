@@ -128,7 +128,7 @@ def test_state_save_and_load_roundtrip(synth_model: Path, tmp_path: Path) -> Non
         got = [e.token_id for e in gen]
         assert got == expected and gen.stats.prompt_tokens == 2
         state.write_bytes(b"not a state file")
-        assert b.load_state(state) is False and b.cache_tokens == []
+        assert b.load_state(state) is False and b.cache_tokens == [] and b.state_error == "not a localllm prompt cache (an older format, or another file)"
 
 
 @pytest.mark.slow

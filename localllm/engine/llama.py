@@ -71,15 +71,15 @@ class LlamaCppBackend:
 
     @property
     def info(self) -> LoadInfo | None:
-        return self._handle.info if self._handle else None
+        return self._handle.info if self._handle is not None else None
 
     @property
     def header(self) -> GGUFHeader | None:
-        return self._handle.header if self._handle else None
+        return self._handle.header if self._handle is not None else None
 
     @property
     def logged_buffers(self) -> dict[str, dict[str, list[float]]]:
-        return self._handle.logged_buffers if self._handle else {}
+        return self._handle.logged_buffers if self._handle is not None else {}
 
     @property
     def n_ctx(self) -> int:
@@ -123,11 +123,11 @@ class LlamaCppBackend:
     # -- the KV cache -----------------------------------------------------------
     @property
     def cache_tokens(self) -> list[int]:
-        return self._cache.tokens if self._cache else []
+        return self._cache.tokens if self._cache is not None else []
 
     @property
     def context_used(self) -> int:
-        return len(self._cache) if self._cache else 0
+        return len(self._cache) if self._cache is not None else 0
 
     @property
     def can_shift(self) -> bool:
@@ -135,7 +135,7 @@ class LlamaCppBackend:
 
     @property
     def state_error(self) -> str | None:
-        return self._cache.state_error if self._cache else None
+        return self._cache.state_error if self._cache is not None else None
 
     def reset(self) -> None:
         self._parts()[2].reset()
