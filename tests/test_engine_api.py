@@ -25,7 +25,7 @@ def protocol_members() -> set[str]:
 
 def loaded(**kw) -> ScriptedEngine:
     e = ScriptedEngine(ttft_ms=0, itl_ms=0, **kw)
-    e.load(Path("scripted.gguf"), LoadConfig(n_ctx=kw.pop("n_ctx", None) or 256))
+    e.load(Path("scripted.gguf"), LoadConfig(n_ctx=256))
     return e
 
 
