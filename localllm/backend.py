@@ -1,19 +1,18 @@
-"""The one seam between localllm and an inference engine: load, stream, close.
-
-``engine.LlamaCppBackend`` is the product's implementation (the only module that
-imports ``llama_cpp``). UI tests may drive a scripted backend through the same
-protocol to check timing displays exactly.
+"""The settings and records that cross the seam between localllm and an
+inference engine: how to load (``LoadConfig``), how to sample, each token, the
+load's facts. The seam itself, the ``Engine`` protocol, is in ``engine_api``;
+``engine.LlamaCppBackend`` is the product's implementation, and
+``localllm.testing.ScriptedEngine`` a scripted one for UI and unit tests.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Any
 
 from localllm.config import LoadConfig
 from localllm.llama_rules import FLASH_ATTN_MODES, check_cache_types, ggml_type_id  # noqa: F401  (the engine adapter imports them from here)
-from localllm.metrics import GenerationStats
 
 
 def needs_flash_attn(cfg: LoadConfig) -> bool:
@@ -63,16 +62,3 @@ class LoadInfo:
     flash_attn: str
     gpu_offload_supported: bool
 
-
-class Backend(Protocol):
-    """What the CLI, the benchmark and the TUI need from an engine."""
-
-    last_stats: GenerationStats | None
-
-    def load(self, path: Path, config: LoadConfig) -> LoadInfo: ...
-
-    def stream(self, prompt: str | Sequence[int], sampling: SamplingConfig, *, chat: bool = True) -> Iterator[TokenEvent]:
-        """Yield tokens as they are produced; ``last_stats`` is set when it ends."""
-        ...
-
-    def close(self) -> None: ...

@@ -14,8 +14,9 @@ in src/llama-context.cpp), so no sequence reserves a whole context up front,
 and ``llama_memory_seq_cp`` shares a prefix's cells between sequences without
 copying them (a cell carries a set of seq ids, src/llama-kv-cells.h).
 
-Text <-> tokens and the chat template come from ``engine.LlamaCppBackend``,
-whose helpers we reuse on the model loaded here.
+Text <-> tokens and the chat template come from ``engine.Tokenizer`` and the
+sampler chain from ``engine.sampler``, on the model loaded here, so ``serve``
+tokenizes and samples exactly as ``run`` does.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Sequence
 import llama_cpp
 
 from localllm.backend import LoadConfig, SamplingConfig, check_cache_types
-from localllm.engine import LlamaCppBackend, _check_config, install_log_router, llama_params, load_model_and_context
+from localllm.engine import Tokenizer, check_config, install_log_router, llama_params, load_model_and_context
+from localllm.engine.sampler import free_sampler, new_sampler, sample
 from localllm.errors import EngineError
 from localllm.gguf_file import read_header
 from localllm.llamalog import ROUTER
@@ -52,8 +54,9 @@ class BatchModel:
     """A model and one multi-sequence context; every method is called from one thread."""
 
     def __init__(self) -> None:
-        self.tok = LlamaCppBackend()  # tokenizer, chat template, token pieces
-        self.ctx = None
+        self.tok = Tokenizer(None, None)  # tokenizer, chat template, token pieces (once loaded)
+        self.model: object = None
+        self.ctx: object = None
         self.mem = None
         self._batch = None
         self._cap = 0
@@ -61,7 +64,7 @@ class BatchModel:
 
     def load(self, path: Path, config: LoadConfig, n_seq: int) -> BatchLoadInfo:
         """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences."""
-        _check_config(config)
+        check_config(config)
         header = read_header(path)
         shape = describe(header)
         check_cache_types(config.type_k, config.type_v, shape.head_dim_k, shape.head_dim_v)
@@ -75,10 +78,8 @@ class BatchModel:
         cparams.n_outputs_max = n_seq
         cparams.no_perf = True
         model, ctx, load_ms = load_model_and_context(path, config, mparams, cparams)
-        # Hand the model to the tokenizer helper (it frees both on close).
-        self.tok.model, self.tok.ctx, self.tok.header = model, ctx, header
-        self.tok.vocab = llama_cpp.llama_model_get_vocab(model)
-        self.ctx = ctx
+        self.model, self.ctx = model, ctx
+        self.tok = Tokenizer(llama_cpp.llama_model_get_vocab(model), header)
         self.mem = llama_cpp.llama_get_memory(ctx)
         self._cap = int(llama_cpp.llama_n_batch(ctx))
         self._batch = llama_cpp.llama_batch_init(self._cap, 0, 1)
@@ -92,7 +93,7 @@ class BatchModel:
             n_threads=cparams.n_threads,
             type_k=config.type_k,
             type_v=config.type_v,
-            n_vocab=int(llama_cpp.llama_vocab_n_tokens(self.tok.vocab)),
+            n_vocab=self.tok.n_vocab,
             prefix_reuse=reuse,
         )
         return self.info
@@ -101,8 +102,12 @@ class BatchModel:
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
-        self.tok.close()
-        self.ctx = self.mem = None
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+        self.tok = Tokenizer(None, None)
+        self.model = self.ctx = self.mem = None
 
     # -- the KV cache, per sequence ---------------------------------------------
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool:
@@ -116,18 +121,18 @@ class BatchModel:
 
     # -- sampling ------------------------------------------------------------------
     def new_sampler(self, sampling: SamplingConfig):
-        return self.tok._sampler(sampling)
+        return new_sampler(sampling)
 
     @staticmethod
     def free_sampler(sampler) -> None:
-        llama_cpp.llama_sampler_free(sampler)
+        free_sampler(sampler)
 
     def sample(self, sampler, i: int) -> int:
         """Sample from the logits of batch entry ``i`` (and accept the token)."""
-        return int(llama_cpp.llama_sampler_sample(sampler, self.ctx, i))
+        return sample(sampler, self.ctx, i)
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.tok.vocab, token))
+        return self.tok.is_eog(token)
 
     def piece(self, token: int) -> bytes:
         return self.tok.token_bytes(token)

@@ -13,7 +13,8 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-from localllm.backend import Backend, SamplingConfig
+from localllm.backend import SamplingConfig
+from localllm.engine_api import Engine
 from localllm.metrics import mean_std, percentile
 
 
@@ -42,15 +43,12 @@ def random_prompt(n_tokens: int, n_vocab: int, bos: int | None, seed: int) -> li
     return toks
 
 
-def _one(backend: Backend, prompt: Sequence[int], gen_tokens: int):
-    for _ in backend.stream(prompt, SamplingConfig(temperature=0.0, max_tokens=gen_tokens, ignore_eos=True)):
-        pass
-    assert backend.last_stats is not None
-    return backend.last_stats
+def _one(backend: Engine, prompt: Sequence[int], gen_tokens: int):
+    return backend.stream(prompt, SamplingConfig(temperature=0.0, max_tokens=gen_tokens, ignore_eos=True)).drain()
 
 
 def run_bench(
-    backend: Backend,
+    backend: Engine,
     *,
     prompt_lengths: Sequence[int],
     gen_tokens: int,

@@ -13,40 +13,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator
 
 from localllm.backend import SamplingConfig, TokenEvent
+from localllm.engine_api import Engine, Generation
 from localllm.errors import UsageError
 from localllm.metrics import GenerationStats, ShiftRecord
-
-
-class ChatBackend(Protocol):
-    """What a chat needs from the engine (``engine.LlamaCppBackend`` has it)."""
-
-    last_stats: GenerationStats | None
-    cache_tokens: list[int]
-
-    @property
-    def n_ctx(self) -> int: ...
-
-    @property
-    def has_chat_template(self) -> bool: ...
-
-    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str: ...
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
-
-    def reset(self) -> None: ...
-
-    def prefill(self, tokens: Sequence[int]) -> float: ...
-
-    def save_state(self, path: Path) -> int: ...
-
-    def load_state(self, path: Path) -> bool: ...
-
-    def extend(
-        self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True, start_ns: int | None = None
-    ) -> Iterator[TokenEvent]: ...
 
 
 class NoChatTemplate(UsageError, ValueError):
@@ -65,7 +37,7 @@ class Turn:
 
 @dataclass
 class ChatSession:
-    backend: ChatBackend
+    backend: Engine
     system_prompt: str | None = None
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_tokens=512))
     messages: list[dict[str, str]] = field(default_factory=list)
@@ -88,7 +60,7 @@ class ChatSession:
 
     @property
     def context_used(self) -> int:
-        return len(self.backend.cache_tokens)
+        return self.backend.context_used
 
     @property
     def n_ctx(self) -> int:
@@ -142,7 +114,7 @@ class ChatSession:
             self.prompt_cache_hit = self.prompt_cache.exists() and self.backend.load_state(self.prompt_cache)
             if self.prompt_cache_hit and self.backend.cache_tokens == head_tokens:
                 return rest
-            reason = getattr(self.backend, "state_error", None) if self.prompt_cache.exists() else None
+            reason = self.backend.state_error if self.prompt_cache.exists() else None
             if self.prompt_cache_hit:
                 reason = "for another system prompt"
             if reason:
@@ -167,28 +139,37 @@ class ChatSession:
 
             print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
-    def send(self, text: str, start_ns: int | None = None) -> Iterator[TokenEvent]:
-        """Stream the reply to ``text``; the turn is recorded when it ends.
+    def send(self, text: str, start_ns: int | None = None) -> Generation:
+        """Stream the reply to ``text``; the turn is recorded when it ends, and
+        the returned ``Generation`` carries its stats once closed.
         ``start_ns``: when the user submitted it (TTFT's clock; now by default),
         so rendering, tokenizing and a prompt-cache load count in TTFT."""
         start = start_ns if start_ns is not None else time.perf_counter_ns()
+        return Generation(lambda out: self._turn(out, text, start))
+
+    def _turn(self, out: Generation, text: str, start: int) -> Iterator[TokenEvent]:
         messages = self.messages + [{"role": "user", "content": text}]
         rendered = self._render(messages, add_generation_prompt=True)
         tokens = self._new_tokens(rendered)
         pieces: list[str] = []
+        reply: Generation | None = None
         try:
             n_keep = self.n_keep if self.keep_override is None else self.keep_override
-            for event in self.backend.extend(tokens, self.sampling, n_keep=n_keep, shift=self.sliding_window, start_ns=start):
+            reply = self.backend.extend(tokens, self.sampling, n_keep=n_keep, shift=self.sliding_window, start_ns=start)
+            for event in reply:
                 pieces.append(event.text)
                 yield event
         finally:
-            reply = "".join(pieces)
-            stats = self.backend.last_stats
-            self.messages = messages + [{"role": "assistant", "content": reply}]
-            self._cached_text = rendered + reply
+            if reply is not None:
+                reply.close()  # the engine's own finally: its stats exist from here
+            stats = reply.stats if reply is not None else None
+            out.finish(stats)
+            text_out = "".join(pieces)
+            self.messages = messages + [{"role": "assistant", "content": text_out}]
+            self._cached_text = rendered + text_out
             if stats is not None:
                 self.shifts.extend(stats.context_shifts)
-                self.turns.append(Turn(text, reply, stats))
+                self.turns.append(Turn(text, text_out, stats))
 
 
 def prompt_cache_path(model: Path, system_prompt: str, type_k: str, type_v: str, swa_full: bool) -> Path:

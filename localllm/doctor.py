@@ -16,6 +16,7 @@ from typing import Any
 from localllm import planner
 from localllm.backend import LoadConfig, LoadInfo, SamplingConfig
 from localllm.diagnose import verdict
+from localllm.engine_api import Engine
 from localllm.gguf_file import GGUFHeader
 from localllm.hardware import Hardware
 from localllm.metrics import GenerationStats
@@ -275,26 +276,20 @@ def _offload_over_devices(s: dict[str, Any], shape: planner.ModelShape) -> list[
         "layers run on the CPU while a device of the placement has free memory", 1.5 if remote else 3.0)]
 
 
-def measure(backend, prompt: str, *, gen_tokens: int = 64, chat: bool = True) -> GenerationStats:
+def measure(backend: Engine, prompt: str, *, gen_tokens: int = 64, chat: bool = True) -> GenerationStats:
     """Warm up, then one timed generation (greedy, a fixed length)."""
-    for _ in backend.stream("Hello", SamplingConfig(temperature=0, max_tokens=4, ignore_eos=True), chat=chat):
-        pass
-    for _ in backend.stream(prompt, SamplingConfig(temperature=0, max_tokens=gen_tokens, ignore_eos=True), chat=chat):
-        pass
-    assert backend.last_stats is not None
-    return backend.last_stats
+    backend.stream("Hello", SamplingConfig(temperature=0, max_tokens=4, ignore_eos=True), chat=chat).drain()
+    return backend.stream(prompt, SamplingConfig(temperature=0, max_tokens=gen_tokens, ignore_eos=True), chat=chat).drain()
 
 
-def measure_speculation(backend, prompt: str, *, gen_tokens: int, chat: bool) -> tuple[float, float]:
+def measure_speculation(backend: Engine, prompt: str, *, gen_tokens: int, chat: bool) -> tuple[float | None, float]:
     """(tokens/s with prompt-lookup drafts ÷ without, acceptance), greedy, on ``prompt``.
     Needs a context loaded with n_outputs_max >= 9."""
     from localllm.speculative import PromptLookup, generate
 
     tokens = backend.prompt_tokens(prompt, chat=chat)
-    for _ in backend.stream(tokens, SamplingConfig(temperature=0, max_tokens=gen_tokens, ignore_eos=True)):
-        pass
-    plain = backend.last_stats.tpot_ms
-    for _ in generate(backend, tokens, PromptLookup(), max_tokens=gen_tokens, k=8, stop_at_eog=False):
-        pass
-    spec = backend.last_stats.tpot_ms
-    return (plain / spec if spec and plain else None), backend.last_spec.acceptance
+    plain = backend.stream(tokens, SamplingConfig(temperature=0, max_tokens=gen_tokens, ignore_eos=True)).drain().tpot_ms
+    run = generate(backend, tokens, PromptLookup(), max_tokens=gen_tokens, k=8, stop_at_eog=False)
+    spec = run.drain().tpot_ms
+    assert run.spec is not None
+    return (plain / spec if spec and plain else None), run.spec.acceptance

@@ -18,7 +18,10 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from localllm.engine_api import Engine
 
 from localllm.units import MiB, format_size
 
@@ -191,7 +194,7 @@ def check_after_load(path: str | Path, load_config, lines: Iterable[str | tuple[
         return None
 
 
-def load_checked(backend, path: str | Path, load_config, placement=None):
+def load_checked(backend: Engine, path: str | Path, load_config, placement=None):
     """``backend.load(path, load_config)`` and the memory check of that load:
     (the backend's LoadInfo, a MemoryCheck or None). For run, doctor and the cockpit.
     ``placement``: the per-device plan of a load over ``--rpc`` workers."""

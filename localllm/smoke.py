@@ -20,8 +20,9 @@ def main() -> int:
 
     with LlamaCppBackend() as backend:
         backend.load(catalog.resolve(None), LoadConfig(n_ctx=256))
-        text = "".join(e.text for e in backend.stream("The capital of France is", SamplingConfig(temperature=0, max_tokens=8), chat=False))
-        stats = backend.last_stats
+        with backend.stream("The capital of France is", SamplingConfig(temperature=0, max_tokens=8), chat=False) as gen:
+            text = "".join(e.text for e in gen)
+        stats = gen.stats
     assert stats is not None and stats.generated_tokens > 0
     features = " ".join(part.strip() for part in system_info().split("|") if "= 1" in part)
     print(f"smoke test: decoded {stats.generated_tokens} tokens ({text.strip()[:40]!r}) at {fmt.num(stats.decode_tokens_per_s, 0)} t/s; CPU features: {features}", file=sys.stderr)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
 from localllm.backend import TokenEvent
+from localllm.engine_api import Engine, Generation
 from localllm.metrics import GenerationStats, compute_stats
 
 
@@ -54,7 +55,7 @@ class PromptLookup:
 class DraftModel:
     """A second (smaller) model with the same vocabulary, drafting greedily."""
 
-    def __init__(self, backend) -> None:
+    def __init__(self, backend: Engine) -> None:
         self.backend = backend
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
@@ -69,10 +70,10 @@ class DraftModel:
         if len(context) - 1 > common:
             b.prefill(list(context[common:-1]))
         out: list[int] = []
-        nxt = b.verify([context[-1]])[-1]
+        nxt = b.verify([context[-1]]).predictions[-1]
         for _ in range(k):
             out.append(nxt)
-            nxt = b.verify([nxt])[-1]
+            nxt = b.verify([nxt]).predictions[-1]
         return out
 
 
@@ -86,27 +87,30 @@ class SpecStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
-def generate(engine, prompt_tokens: Sequence[int], drafter: Drafter, *, max_tokens: int, k: int = 8, stop_at_eog: bool = True) -> Iterator[TokenEvent]:
-    """Greedy generation with drafts; sets ``engine.last_stats`` and ``engine.last_spec``."""
+def generate(engine: Engine, prompt_tokens: Sequence[int], drafter: Drafter, *, max_tokens: int, k: int = 8,
+             stop_at_eog: bool = True) -> Generation:
+    """Greedy generation with drafts; the ``Generation`` carries the stats and
+    the ``SpecStats`` (drafted, accepted) once it ends."""
+    return Generation(lambda out: _run(out, engine, list(prompt_tokens), drafter, max_tokens, k, stop_at_eog))
+
+
+def _run(out: Generation, engine: Engine, prompt: list[int], drafter: Drafter, max_tokens: int, k: int,
+         stop_at_eog: bool) -> Iterator[TokenEvent]:
     start = time.perf_counter_ns()
     engine.reset()
     spec = SpecStats()
-    engine.last_spec = spec
-    prompt = list(prompt_tokens)
-    prefill_ns = 0
-    for chunk in engine._prompt_chunks(prompt[:-1]) if len(prompt) > 1 else []:
-        prefill_ns += engine._decode(chunk)
-        engine.cache_tokens.extend(chunk)
+    prefill_ns = int(engine.prefill(prompt[:-1]) * 1e6) if len(prompt) > 1 else 0
     # The last prompt token goes through verify, which gives the first prediction.
-    t0 = time.perf_counter_ns()
-    nxt = engine.verify([prompt[-1]])[-1]
-    prefill_ns += time.perf_counter_ns() - t0
+    first = engine.verify([prompt[-1]])
+    prefill_ns += first.ns
+    nxt = first.predictions[-1]
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     token_ns: list[int] = []
     decode_ns = evals = 0
     emitted = 0
     k_now = min(4, k)
     stop = "length"
+    n_ctx = engine.n_ctx
     try:
         while emitted < max_tokens:
             if stop_at_eog and engine.is_eog(nxt):
@@ -116,12 +120,13 @@ def generate(engine, prompt_tokens: Sequence[int], drafter: Drafter, *, max_toke
             token_ns.append(now)
             yield TokenEvent(emitted, nxt, utf8.decode(engine.token_bytes(nxt)), now)
             emitted += 1
-            if emitted >= max_tokens or len(engine.cache_tokens) + k + 2 >= engine.n_ctx:
+            if emitted >= max_tokens or engine.context_used + k + 2 >= n_ctx:
                 break
             draft = drafter.propose(engine.cache_tokens + [nxt], k_now)[: max(0, min(k_now, max_tokens - emitted))]
-            base = len(engine.cache_tokens)
-            preds = engine.verify([nxt] + draft)
-            decode_ns += engine.last_verify_ns
+            base = engine.context_used
+            checked = engine.verify([nxt] + draft)
+            preds = checked.predictions
+            decode_ns += checked.ns
             evals += 1
             spec.drafted += len(draft)
             accepted = 0
@@ -151,14 +156,15 @@ def generate(engine, prompt_tokens: Sequence[int], drafter: Drafter, *, max_toke
             nxt = preds[accepted]
     finally:
         n = len(token_ns)
+        info = engine.info
         stats: GenerationStats = compute_stats(
             start_ns=start, token_ns=token_ns, prompt_tokens=len(prompt), prefill_ns=prefill_ns,
-            decode_ns=decode_ns, decode_evals=evals, load_ms=engine.info.load_ms if engine.info else 0.0,
-            end_ns=time.perf_counter_ns(), stop_reason=stop, n_ctx=engine.n_ctx, context_used=len(engine.cache_tokens),
+            decode_ns=decode_ns, decode_evals=evals, load_ms=info.load_ms if info else 0.0,
+            end_ns=time.perf_counter_ns(), stop_reason=stop, n_ctx=n_ctx, context_used=engine.context_used,
         )
         # The effective decode rate: every emitted token after the first, over the
         # wall time from the first token to the last, so drafting (a draft
         # model's own decodes) counts, not only the checking batches.
         span_ns = token_ns[-1] - token_ns[0] if n > 1 else 0
         stats.decode_tokens_per_s = (n - 1) / (span_ns / 1e9) if span_ns > 0 else None
-        engine.last_stats = stats
+        out.finish(stats, spec)

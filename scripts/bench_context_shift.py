@@ -17,43 +17,38 @@ import statistics
 
 from localllm import catalog
 from localllm.backend import LoadConfig, SamplingConfig
-from localllm.engine import LlamaCppBackend
+from localllm.engine import KVCache, LlamaCppBackend, ModelHandle
 from localllm.metrics import ShiftRecord
 
 
-def fill(b: LlamaCppBackend, n: int, seed: int) -> None:
+def fill(b: KVCache, n: int, seed: int) -> None:
     rng = random.Random(seed)
     n_vocab = 1000
     b.reset()
-    tokens = [rng.randrange(10, n_vocab) for _ in range(n)]
-    for chunk in b._prompt_chunks(tokens):
-        b._decode(chunk)
-        b.cache_tokens.extend(chunk)
+    b.append([rng.randrange(10, n_vocab) for _ in range(n)])
 
 
-def shift_ms(b: LlamaCppBackend, n_keep: int) -> float:
+def shift_ms(b: KVCache, n_keep: int) -> float:
     shifts: list[ShiftRecord] = []
-    b._make_room(1, n_keep, shifts)
+    b.make_room(1, n_keep, shifts)
     # the shift is applied to the cache on the next decode (RoPE re-rotation): include it
     import time
 
     t0 = time.perf_counter_ns()
-    b._decode([42])
-    b.cache_tokens.append(42)
+    b.handle.decode([42])
+    b.record([42])
     return shifts[0].ms + (time.perf_counter_ns() - t0) / 1e6
 
 
-def reprocess_ms(b: LlamaCppBackend, n_keep: int) -> float:
+def reprocess_ms(b: KVCache, n_keep: int) -> float:
     import time
 
-    n_past = len(b.cache_tokens)
-    n_discard = (n_past - n_keep) // 2
-    kept = b.cache_tokens[:n_keep] + b.cache_tokens[n_keep + n_discard :]
+    tokens = b.tokens
+    n_discard = (len(tokens) - n_keep) // 2
+    kept = tokens[:n_keep] + tokens[n_keep + n_discard :]
     t0 = time.perf_counter_ns()
     b.reset()
-    for chunk in b._prompt_chunks(kept):
-        b._decode(chunk)
-        b.cache_tokens.extend(chunk)
+    b.append(kept)
     return (time.perf_counter_ns() - t0) / 1e6
 
 
@@ -64,23 +59,23 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=2048)
     a = ap.parse_args()
     path = catalog.resolve(a.model)
-    b = LlamaCppBackend()
-    b.load(path, LoadConfig(n_ctx=a.ctx))
+    handle = ModelHandle.open(path, LoadConfig(n_ctx=a.ctx))  # the engine's own parts: the KV cache, timed alone
+    cache = KVCache(handle)
     n_keep = 64
     shifts, reprocs = [], []
     for r in range(a.reps):
         for which in (("s", "r") if r % 2 == 0 else ("r", "s")):
-            fill(b, b.n_ctx, r)
+            fill(cache, handle.n_ctx, r)
             if which == "s":
-                shifts.append(shift_ms(b, n_keep))
+                shifts.append(shift_ms(cache, n_keep))
             else:
-                reprocs.append(reprocess_ms(b, n_keep))
+                reprocs.append(reprocess_ms(cache, n_keep))
     s, rp = statistics.median(shifts), statistics.median(reprocs)
-    print(f"{path.name}, n_ctx {b.n_ctx}, keep {n_keep}, drop half of the rest, median of {a.reps}:")
+    print(f"{path.name}, n_ctx {handle.n_ctx}, keep {n_keep}, drop half of the rest, median of {a.reps}:")
     print(f"  shift in place (incl. the next decode): {s:8.2f} ms")
     print(f"  re-process the kept window:             {rp:8.2f} ms")
     print(f"  ratio {s / rp:.3f} ({'ok' if s / rp <= 0.10 else 'ABOVE 0.10'})")
-    b.close()
+    handle.close()
 
     print("\ndecode tokens/s by cache type (128 tokens after a 512-token prompt, median of reps):")
     base = None
@@ -91,9 +86,7 @@ def main() -> int:
         for r in range(a.reps):
             rng = random.Random(r)
             prompt = [rng.randrange(10, 1000) for _ in range(512)]
-            for _ in b.stream(prompt, SamplingConfig(temperature=0, max_tokens=128, ignore_eos=True)):
-                pass
-            rates.append(b.last_stats.decode_tokens_per_s)
+            rates.append(b.stream(prompt, SamplingConfig(temperature=0, max_tokens=128, ignore_eos=True)).drain().decode_tokens_per_s)
         m = statistics.median(rates)
         base = base or m
         print(f"  {kv:<5} {m:8.2f} t/s  ({m / base:.3f}x f16)")

@@ -51,14 +51,13 @@ def main() -> int:
         for r in range(a.reps):
             for which in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
                 if which == "plain":
-                    for _ in b.stream(tokens, SamplingConfig(temperature=0, max_tokens=a.tokens, ignore_eos=True)):
-                        pass
-                    plain.append((b.last_stats.tpot_ms, b.last_stats.itl_ms.p50))
+                    s = b.stream(tokens, SamplingConfig(temperature=0, max_tokens=a.tokens, ignore_eos=True)).drain()
+                    plain.append((s.tpot_ms, s.itl_ms.p50))
                 else:
-                    for _ in generate(b, tokens, drafter, max_tokens=a.tokens, k=a.k, stop_at_eog=False):
-                        pass
-                    spec.append((b.last_stats.tpot_ms, b.last_stats.itl_ms.p50))
-                    acc.append(b.last_spec.acceptance)
+                    run = generate(b, tokens, drafter, max_tokens=a.tokens, k=a.k, stop_at_eog=False)
+                    s = run.drain()
+                    spec.append((s.tpot_ms, s.itl_ms.p50))
+                    acc.append(run.spec.acceptance)
         pt, st = statistics.median(x[0] for x in plain), statistics.median(x[0] for x in spec)
         print(f"  {name}:")
         print(f"    without: TPOT {pt:6.2f} ms, ITL p50 {statistics.median(x[1] for x in plain):6.2f} ms")

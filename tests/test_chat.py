@@ -17,8 +17,9 @@ def test_shift_keeps_the_front_and_drops_the_oldest(synth_model: Path) -> None:
     with LlamaCppBackend() as b:
         info = b.load(synth_model, LoadConfig(n_ctx=256))
         prompt = list(range(3, 43))  # 40 tokens, all kept
-        events = list(b.stream(prompt, SamplingConfig(temperature=0, max_tokens=400, ignore_eos=True), n_keep=40))
-        s = b.last_stats
+        gen = b.stream(prompt, SamplingConfig(temperature=0, max_tokens=400, ignore_eos=True), n_keep=40)
+        events = list(gen)
+        s = gen.stats
         assert len(events) == 400 and s.stop_reason == "length"
         assert s.context_shifts and all(r.method == "shift" for r in s.context_shifts)
         assert b.cache_tokens[:40] == prompt and len(b.cache_tokens) <= info.n_ctx
@@ -82,8 +83,9 @@ def test_sliding_window_model_falls_back_to_reprocessing(gemma: Path, swa_full: 
         b.load(gemma, LoadConfig(n_ctx=1024, n_batch=256, n_ubatch=256, swa_full=swa_full))
         assert b.can_shift is swa_full
         prompt = b.tokenize("The history of the city of Paris begins with a small settlement on an island in the Seine. " * 50)[:900]
-        out = list(b.stream(prompt, SamplingConfig(temperature=0, max_tokens=200, ignore_eos=True)))
-        s = b.last_stats
+        gen = b.stream(prompt, SamplingConfig(temperature=0, max_tokens=200, ignore_eos=True))
+        out = list(gen)
+        s = gen.stats
     assert len(out) == 200 and s.context_shifts
     assert {r.method for r in s.context_shifts} == {method}
 
@@ -122,10 +124,11 @@ def test_state_save_and_load_roundtrip(synth_model: Path, tmp_path: Path) -> Non
     with LlamaCppBackend() as b:
         b.load(synth_model, LoadConfig(n_ctx=256))
         assert b.load_state(state) and b.cache_tokens == list(range(3, 60))
-        got = [e.token_id for e in b.extend([61, 62], SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True), n_keep=0)]
-        assert got == expected and b.last_stats.prompt_tokens == 2
+        gen = b.extend([61, 62], SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True), n_keep=0)
+        got = [e.token_id for e in gen]
+        assert got == expected and gen.stats.prompt_tokens == 2
         state.write_bytes(b"not a state file")
-        assert b.load_state(state) is False and b.cache_tokens == []
+        assert b.load_state(state) is False and b.cache_tokens == [] and b.state_error == "not a localllm prompt cache (an older format, or another file)"
 
 
 @pytest.mark.slow

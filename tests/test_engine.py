@@ -24,8 +24,9 @@ def test_stream_stamps_and_counts(synth_model: Path) -> None:
     with LlamaCppBackend() as b:
         info = b.load(synth_model, LoadConfig(n_ctx=256, n_batch=32))
         assert info.n_ctx == 256 and info.load_ms > 0
-        events = list(b.stream("the cat sat on the mat", SamplingConfig(temperature=0, max_tokens=20, ignore_eos=True), chat=False))
-        s = b.last_stats
+        gen = b.stream("the cat sat on the mat", SamplingConfig(temperature=0, max_tokens=20, ignore_eos=True), chat=False)
+        events = list(gen)
+        s = gen.stats
     assert [e.index for e in events] == list(range(20))
     stamps = [e.t_ns for e in events]
     assert stamps == sorted(stamps) and len(set(stamps)) == 20
@@ -50,8 +51,7 @@ def test_context_fills_up(synth_model: Path) -> None:
     with LlamaCppBackend() as b:
         info = b.load(synth_model, LoadConfig(n_ctx=32))
         assert info.n_ctx >= 32  # llama.cpp pads the context (to 256 cells)
-        list(b.stream(list(range(3, 23)), SamplingConfig(temperature=0, ignore_eos=True)))
-        s = b.last_stats
+        s = b.stream(list(range(3, 23)), SamplingConfig(temperature=0, ignore_eos=True)).drain()
         # The cache fills (n_ctx tokens), and the token sampled from the last position is emitted too.
         assert s.generated_tokens == info.n_ctx - 20 + 1 and s.stop_reason == "context"
         assert s.context_used == info.n_ctx == len(b.cache_tokens) and s.context_shifts == []
@@ -88,9 +88,7 @@ def test_timings_agree_with_llama_perf_counters(smollm2: Path, n_batch: int) -> 
     prompt = "Explain, step by step, why the sky is blue, and what a KV cache is. " * 12
     with LlamaCppBackend() as b:
         b.load(smollm2, LoadConfig(n_ctx=2048, n_batch=n_batch, n_ubatch=n_batch))
-        for _ in b.stream(prompt, SamplingConfig(temperature=0, max_tokens=48, ignore_eos=True)):
-            pass
-        s = b.last_stats
+        s = b.stream(prompt, SamplingConfig(temperature=0, max_tokens=48, ignore_eos=True)).drain()
         perf = b.perf_counters()
     assert s is not None
     # the prompt (~170 tokens) fills several 64-token batches, or one 512-token batch

@@ -33,18 +33,19 @@ def test_generate_keeps_the_cache_consistent(synth_model: Path) -> None:
     with LlamaCppBackend() as b:
         b.load(synth_model, LoadConfig(n_ctx=256, n_outputs_max=9))
         prompt = [1] + [10, 11, 12, 13] * 6
-        out = [e.token_id for e in generate(b, prompt, PromptLookup(), max_tokens=40, k=8, stop_at_eog=False)]
+        run = generate(b, prompt, PromptLookup(), max_tokens=40, k=8, stop_at_eog=False)
+        out = [e.token_id for e in run]
         # Each checking batch emits the tokens it accepted plus the model's own
         # next token; the first token comes from the prompt. So the count of
         # batches and the output length fix how many drafts were accepted (the
         # last batch's own token may be cut off by max_tokens).
-        evals, spec = b.last_stats.decode_evals, b.last_spec
+        evals, spec = run.stats.decode_evals, run.spec
         assert len(out) == 40 and evals >= 1
         assert spec.accepted in (len(out) - 1 - evals, len(out) - evals), (spec, evals)
         assert spec.drafted > 0 and spec.accepted <= spec.drafted  # the repeated prompt always gives a draft
         # Every emitted token but the last is in the cache, right after the prompt.
         assert b.cache_tokens == prompt + out[:-1]
-        assert b.last_stats.generated_tokens == 40
+        assert run.stats.generated_tokens == 40
 
 
 def test_usage_errors() -> None:
@@ -74,10 +75,11 @@ def test_a_model_drafting_for_itself_is_mostly_accepted(smollm2: Path) -> None:
         main.load(smollm2, LoadConfig(n_ctx=1024, n_outputs_max=9))
         draft.load(smollm2, LoadConfig(n_ctx=1024, n_outputs_max=9))
         tokens = main.prompt_tokens("Write a short story about a lighthouse keeper.", chat=True)
-        out = list(generate(main, tokens, DraftModel(draft), max_tokens=64, k=8, stop_at_eog=False))
-        assert len(out) == 64 and main.last_spec.drafted >= 20
+        run = generate(main, tokens, DraftModel(draft), max_tokens=64, k=8, stop_at_eog=False)
+        out = list(run)
+        assert len(out) == 64 and run.spec.drafted >= 20
         # Batched and one-token evaluation may flip a near-tie now and then; otherwise they agree.
-        assert main.last_spec.acceptance >= 0.8
+        assert run.spec.acceptance >= 0.8
 
 
 def test_draft_model_rate_counts_the_drafting(synth_model: Path) -> None:
@@ -92,10 +94,11 @@ def test_draft_model_rate_counts_the_drafting(synth_model: Path) -> None:
         main.load(synth_model, LoadConfig(n_ctx=512, n_outputs_max=9))
         draft.load(synth_model, LoadConfig(n_ctx=512, n_outputs_max=9))
         seen = []
-        for _ in generate(main, [1, 10, 11, 12], DraftModel(draft), max_tokens=48, k=4, stop_at_eog=False):
+        run = generate(main, [1, 10, 11, 12], DraftModel(draft), max_tokens=48, k=4, stop_at_eog=False)
+        for _ in run:
             seen.append(time.perf_counter())
         wall_rate = (len(seen) - 1) / (seen[-1] - seen[0])
-        s = main.last_stats
+        s = run.stats
         checking_only = s.decode_evals / (s.decode_ms / 1000)  # batches of the main model alone
         assert s.decode_tokens_per_s == pytest.approx(wall_rate, rel=0.15), (s.decode_tokens_per_s, wall_rate)
         # the drafting is not free: the rate the user sees is below "batches per second x tokens per batch"

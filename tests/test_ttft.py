@@ -30,8 +30,9 @@ def test_engine_clock_starts_at_submission(synth_model: Path) -> None:
         b.load(synth_model, LoadConfig(n_ctx=256))
         submitted = time.perf_counter_ns()
         time.sleep(0.05)  # the user's message waited 50 ms before generation began (template, cache load, ...)
-        events = list(b.stream("the dog", SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True), chat=False, start_ns=submitted))
-        s = b.last_stats
+        gen = b.stream("the dog", SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True), chat=False, start_ns=submitted)
+        events = list(gen)
+        s = gen.stats
     first_text = next(e for e in events if e.text)
     assert s.ttft_ms == pytest.approx((first_text.t_ns - submitted) / 1e6)
     assert s.ttft_ms >= 50 + s.prefill_ms * 0.99

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from localllm import sessions
-from tests.scripted import ScriptedBackend
+from localllm.testing import ScriptedEngine
 from localllm.tui.app import LocalLLMApp, create_app
 from localllm.tui.settings import Settings
 from localllm.tui.widgets import ChatView, Lines, MemoryPanel
@@ -62,8 +62,8 @@ async def send(app: LocalLLMApp, pilot, text: str) -> None:
     await pilot.pause(0.05)
 
 
-def scripted_app(synth_model: Path, **kw) -> tuple[LocalLLMApp, ScriptedBackend]:
-    backend = ScriptedBackend(**kw)
+def scripted_app(synth_model: Path, **kw) -> tuple[LocalLLMApp, ScriptedEngine]:
+    backend = ScriptedEngine(**kw)
     app = create_app(str(synth_model), vram=4 * GiB, settings=Settings(n_ctx=1024, system_prompt=""), backend_factory=lambda: backend)
     return app, backend
 
@@ -105,7 +105,8 @@ async def test_escape_stops_and_input_stays_responsive(synth_model: Path) -> Non
         await wait_idle(app, pilot)
         roles = [r for r, _ in chat_text(app)]
         assert roles[-1] == "note" and chat_text(app)[-1][1] == "(stopped)"
-        assert backend.last_stats is not None and 0 < backend.last_stats.generated_tokens < 2000
+        stats = app.chat.turns[-1].stats  # the stopped generation still has its stats
+        assert 0 < stats.generated_tokens < 2000 and stats.generated_tokens == len(backend.stamps)
         assert app.query_one("#prompt").value == "next question"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripted import ScriptedBackend
+from localllm.testing import ScriptedEngine
 from tests.test_tui import send, wait_idle
 from localllm.tui.app import create_app
 from localllm.tui.settings import Settings
@@ -18,7 +18,7 @@ GiB = 1024**3
 
 
 def _app(model: Path):
-    backend = ScriptedBackend(ttft_ms=30, itl_ms=10, tokens=8)
+    backend = ScriptedEngine(ttft_ms=30, itl_ms=10, tokens=8)
     return create_app(str(model), vram=4 * GiB, settings=Settings(n_ctx=1024, system_prompt=""), backend_factory=lambda: backend,
                       bandwidth=20e9)
 

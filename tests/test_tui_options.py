@@ -11,7 +11,7 @@ from pathlib import Path
 from localllm.cli import build_parser
 from localllm.config import LoadConfig
 from localllm.tui.cli import app_from_args
-from tests.scripted import ScriptedBackend
+from localllm.testing import ScriptedEngine
 from tests.test_tui import chat_text, models_screen, panel_text, wait_idle
 
 GiB = 1024**3
@@ -19,7 +19,7 @@ GiB = 1024**3
 
 def _app(*argv: str):
     args = build_parser().parse_args(["tui", *argv])
-    backend = ScriptedBackend()
+    backend = ScriptedEngine()
     return app_from_args(args, backend_factory=lambda: backend, bandwidth=20e9), backend
 
 

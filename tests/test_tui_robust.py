@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from localllm import sessions
-from tests.scripted import ScriptedBackend
+from localllm.testing import ScriptedEngine
 from tests.test_tui import chat_text, panel_text, send
 from localllm.tui.app import LocalLLMApp, create_app
 from localllm.tui.settings import Settings
@@ -34,8 +34,8 @@ async def settle(app: LocalLLMApp, pilot, timeout: float = 120.0) -> None:
     await pilot.pause(0.1)
 
 
-def scripted(model: Path, **kw) -> tuple[LocalLLMApp, ScriptedBackend]:
-    backend = ScriptedBackend(**kw)
+def scripted(model: Path, **kw) -> tuple[LocalLLMApp, ScriptedEngine]:
+    backend = ScriptedEngine(**kw)
     app = create_app(str(model), vram=4 * GiB, settings=Settings(n_ctx=1024, system_prompt="Be brief."),
                      backend_factory=lambda: backend, bandwidth=20e9)
     return app, backend

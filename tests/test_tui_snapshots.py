@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
-from tests.scripted import ScriptedBackend
+from localllm.testing import ScriptedEngine
 from tests.test_tui import send, wait_idle
 from localllm.tui.app import create_app
 from localllm.tui.settings import Settings
@@ -28,7 +28,7 @@ def fixed_model() -> Path:
 
 
 def make_app(model: Path):
-    backend = ScriptedBackend(ttft_ms=300, itl_ms=40, tokens=12, word="word")
+    backend = ScriptedEngine(ttft_ms=300, itl_ms=40, tokens=12, word="word")
     return create_app(str(model), vram=4 * GiB, settings=Settings(n_ctx=1024, system_prompt=""), backend_factory=lambda: backend,
                       bandwidth=20e9)
 

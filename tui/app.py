@@ -28,6 +28,7 @@ from localllm import fitting, planner, sessions
 from localllm.backend import LoadConfig, SamplingConfig
 from localllm.chat import ChatSession, prompt_cache_path
 from localllm.diagnose import verdict
+from localllm.engine_api import Engine
 from localllm.errors import InputError, LocalLLMError
 from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
@@ -59,6 +60,9 @@ class EngineLost(Message):
 
 
 class ReplyDone(Message):
+    """The engine thread's last word on a reply: the generation's own stats (None
+    after an error), whether Esc stopped it, and the error."""
+
     def __init__(self, stats: GenerationStats | None, stopped: bool, error: str | None) -> None:
         super().__init__()
         self.stats, self.stopped, self.error = stats, stopped, error
@@ -83,20 +87,25 @@ class LoadRequest:
     messages: list[dict[str, str]] | None  # the conversation to carry on (None: a new chat)
     saved: sessions.SavedSession | None  # the saved session that conversation belongs to
     redraw: bool  # show ``messages`` in the chat log instead of what it shows now
+    # What the engine thread needs of the app, read on the UI thread when the
+    # request is made: the engine thread reads its request, never the app.
+    previous: tuple[Engine, Path, LoadConfig] | None = None  # the loaded model, closed first and reloaded on failure
+    bandwidth: float | None = None  # the RAM bandwidth measured before (None: measure it)
+    gpu_bandwidth: float | None = None
 
 
 class ModelLoaded(Message):
     """The engine thread's answer to a LoadRequest: the loaded backend and its
     numbers, or the error and whether the previous model is still loaded."""
 
-    def __init__(self, request: LoadRequest, *, backend: object = None, config: LoadConfig | None = None, note: str = "",
+    def __init__(self, request: LoadRequest, *, backend: Engine | None = None, config: LoadConfig | None = None, note: str = "",
                  footprint: Footprint | None = None, bandwidth: float | None = None, error: str | None = None,
-                 kept: bool = False) -> None:
+                 kept: bool = False, gpu_bandwidth: float | None = None, memory_check: object = None) -> None:
         super().__init__()
         self.request, self.backend, self.config, self.note = request, backend, config, note
         self.footprint, self.bandwidth, self.error, self.kept = footprint, bandwidth, error, kept
-        self.gpu_bandwidth: float | None = None  # the GPU's memory bandwidth, where it is known
-        self.memory_check: object = None  # memcheck.MemoryCheck of this load, or None
+        self.gpu_bandwidth = gpu_bandwidth  # the GPU's memory bandwidth, where it is known
+        self.memory_check = memory_check  # memcheck.MemoryCheck of this load, or None
 
 
 def shown(path: Path) -> str:
@@ -136,13 +145,13 @@ class LocalLLMApp(App):
     model_name: reactive[str] = reactive("")
     """The loaded model's file name, shown in the header."""
 
-    def __init__(self, *, model_path: Path, backend_factory: Callable[[], object], hardware: Hardware, settings: Settings) -> None:
+    def __init__(self, *, model_path: Path, backend_factory: Callable[[], Engine], hardware: Hardware, settings: Settings) -> None:
         super().__init__()
         self.model_path = model_path
         self.backend_factory = backend_factory
         self.hardware = hardware
         self.settings = settings
-        self.backend = None
+        self.backend: Engine | None = None
         self.chat: ChatSession | None = None
         self.saved: sessions.SavedSession | None = None
         self.footprint: Footprint | None = None
@@ -192,7 +201,9 @@ class LocalLLMApp(App):
                      redraw: bool = False) -> None:
         """Load ``path`` with ``settings`` (by default the current ones) in the
         engine thread; they become current only once llama.cpp has loaded it."""
-        req = LoadRequest(path or self.model_path, settings or self.settings, messages, saved, redraw)
+        previous = (self.backend, self.model_path, self.load_config) if self.backend is not None and self.load_config is not None else None
+        req = LoadRequest(path or self.model_path, settings or self.settings, messages, saved, redraw, previous,
+                          self.bandwidth, self.gpu_bandwidth)
         self.busy = True
         self.query_one(ChatView).add("note", f"loading {shown(req.path)} …")
         self._load(req)
@@ -274,8 +285,8 @@ class LocalLLMApp(App):
         try:
             cfg, note, fp = self._choose_config(req.path, req.settings)
         except Exception as exc:  # noqa: BLE001 - a bad file must not end the app
-            return ModelLoaded(req, error=reason(exc), kept=self.backend is not None)
-        old, old_path, old_cfg = self.backend, self.model_path, self.load_config
+            return ModelLoaded(req, error=reason(exc), kept=req.previous is not None)
+        old, old_path, old_cfg = req.previous or (None, req.path, None)
         if old is not None:
             old.close()
         try:
@@ -294,7 +305,7 @@ class LocalLLMApp(App):
             return ModelLoaded(req, error=error, kept=kept)
         from localllm.hardware import gpu_memory_bandwidth
 
-        bandwidth = self.bandwidth
+        bandwidth = req.bandwidth
         if bandwidth is None:
             from localllm.hardware import physical_cores
             from localllm.roofline import measure_bandwidth
@@ -303,10 +314,9 @@ class LocalLLMApp(App):
                 bandwidth = measure_bandwidth(mib=128, passes=3, threads=cfg.n_threads or physical_cores())
             except Exception:  # noqa: BLE001 - the roofline line is then left out
                 bandwidth = None
-        loaded = ModelLoaded(req, backend=backend, config=cfg, note=note, footprint=fp, bandwidth=bandwidth)
-        loaded.gpu_bandwidth = self.gpu_bandwidth if self.bandwidth is not None else gpu_memory_bandwidth()
-        loaded.memory_check = check
-        return loaded
+        gpu_bandwidth = req.gpu_bandwidth if req.bandwidth is not None else gpu_memory_bandwidth()
+        return ModelLoaded(req, backend=backend, config=cfg, note=note, footprint=fp, bandwidth=bandwidth, gpu_bandwidth=gpu_bandwidth,
+                           memory_check=check)
 
     @on(ModelLoaded)
     def _loaded(self, msg: ModelLoaded) -> None:
@@ -422,15 +432,17 @@ class LocalLLMApp(App):
         self._stop.clear()
         self.stop_ns = None
         self.busy = True
-        self._generate(text, time.perf_counter_ns())
+        self._generate(self.chat, text, time.perf_counter_ns())
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
-    def _generate(self, text: str, submitted_ns: int) -> None:
-        self._wait_engine(self._engine.submit(self._generate_on_engine_thread, text, submitted_ns))
+    def _generate(self, chat: ChatSession, text: str, submitted_ns: int) -> None:
+        self._wait_engine(self._engine.submit(self._generate_on_engine_thread, chat, text, submitted_ns))
 
-    def _generate_on_engine_thread(self, text: str, submitted_ns: int) -> None:
+    def _generate_on_engine_thread(self, chat: ChatSession, text: str, submitted_ns: int) -> None:
         """TTFT runs from Enter (``submitted_ns``) to the first token that prints
-        text, on the same clock for the live figure and the final stats."""
+        text, on the same clock for the live figure and the final stats. What
+        it learns goes back in messages (TokenBatch, ReplyDone): the stats are
+        the generation's own, read once it is closed."""
         start = submitted_ns
         first_text: int | None = None
         pieces: list[str] = []
@@ -440,8 +452,7 @@ class LocalLLMApp(App):
         error = None
         reply = None
         try:
-            assert self.chat is not None
-            reply = self.chat.send(text, start_ns=start)
+            reply = chat.send(text, start_ns=start)
             for event in reply:
                 pieces.append(event.text)
                 stamps.append(event.t_ns)
@@ -460,8 +471,8 @@ class LocalLLMApp(App):
                 reply.close()  # ends the generation now and records the turn
         if pieces:
             self.post_message(TokenBatch("".join(pieces), stamps, start, first_text))
-        stats = self.backend.last_stats if self.backend is not None else None
-        self.post_message(ReplyDone(stats if error is None else None, stopped, error))
+        stats = reply.stats if reply is not None and error is None else None
+        self.post_message(ReplyDone(stats, stopped, error))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The last net: a worker that failed anyway shows why in the chat log."""
@@ -522,8 +533,8 @@ class LocalLLMApp(App):
                 kv = planner.kv_bytes_in_use(fp.plan, s.context_used)
                 # offloaded layers are read at the GPU's speed; a CPU build (or a
                 # --vram plan on a machine without a GPU) offloads nothing
-                info = getattr(self.backend, "info", None)
-                offloads = bool(getattr(info, "gpu_offload_supported", False))
+                info = self.backend.info if self.backend is not None else None
+                offloads = bool(info and info.gpu_offload_supported)
                 gpu_read = gpu_weights_read_per_token(fp.shape, fp.plan, True) if offloads else 0
                 latency.ceiling_tps = roofline(
                     self.bandwidth, weights_read_per_token(fp.shape), kv, s.decode_tokens_per_s,
@@ -647,7 +658,7 @@ def create_app(
     *,
     vram: int | None = None,
     settings: Settings | None = None,
-    backend_factory: Callable[[], object] | None = None,
+    backend_factory: Callable[[], Engine] | None = None,
     bandwidth: float | None = None,
     rpc: list[object] | None = None,
 ) -> LocalLLMApp:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from localllm import fitting
 from localllm.config import LoadConfig
+from localllm.engine_api import Engine
 from localllm.llama_rules import flash_attn_mode
 
 
@@ -108,7 +109,7 @@ def _has_local_gpu() -> bool:
     return bool(engine_rpc.local_gpus())
 
 
-def apply_template(backend: object, args: argparse.Namespace) -> None:
+def apply_template(backend: Engine, args: argparse.Namespace) -> None:
     """``--template FILE|NAME`` (run, chat): the chat template to use instead of the model's."""
     spec = getattr(args, "template", None)
     if spec is None:
@@ -117,7 +118,7 @@ def apply_template(backend: object, args: argparse.Namespace) -> None:
         from localllm.errors import UsageError
 
         raise UsageError("--raw uses no chat template: drop --template, or drop --raw")
-    backend.use_template(spec)  # type: ignore[attr-defined]
+    backend.use_template(spec)
 
 
 def say(msg: str) -> None:

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
         header = backend.header
         spec = None
-        if len(backend.cache_tokens) + args.gen_tokens + 10 < backend.n_ctx:
+        if backend.context_used + args.gen_tokens + 10 < backend.n_ctx:
             say("measuring prompt-lookup speculative decoding")
             spec = measure_speculation(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
     say("measuring memory bandwidth")

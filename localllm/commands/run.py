@@ -8,6 +8,7 @@ import sys
 from localllm import catalog, fitting, fmt
 from localllm.backend import SamplingConfig
 from localllm.commands._common import apply_template, device_table, fit_config, placement_for, say
+from localllm.engine_api import Engine, Generation
 from localllm.errors import InputError, UsageError
 from localllm.metrics import GenerationStats
 
@@ -75,18 +76,14 @@ def run(args: argparse.Namespace) -> int:
                 say(line)
         apply_template(backend, args)
         pieces: list[str] = []
-        if args.speculate:
-            events = _speculative(backend, prompt, args)
-        else:
-            events = backend.stream(prompt, sampling, chat=not args.raw)
-        for event in events:
-            pieces.append(event.text)
-            if not args.json:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-        stats = backend.last_stats
+        with (_speculative(backend, prompt, args) if args.speculate else backend.stream(prompt, sampling, chat=not args.raw)) as gen:
+            for event in gen:
+                pieces.append(event.text)
+                if not args.json:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+        stats, spec = gen.stats, gen.spec
         assert stats is not None
-        spec = backend.last_spec if args.speculate else None
         if args.json:
             out = {"model": str(path), "text": "".join(pieces), **stats.to_dict(),
                    "memory_check": memory_check.to_dict() if memory_check else None,
@@ -104,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _speculative(backend, prompt: str, args: argparse.Namespace):
+def _speculative(backend: Engine, prompt: str, args: argparse.Namespace) -> Generation:
     from localllm.speculative import DraftModel, PromptLookup, generate
 
     tokens = backend.prompt_tokens(prompt, chat=not args.raw)
@@ -123,19 +120,24 @@ def _speculative(backend, prompt: str, args: argparse.Namespace):
         draft.close()
         raise UsageError("the draft model's vocabulary differs from the model's: pick a draft from the same family")
 
-    def events():
+    def events(out: Generation):
+        inner = generate(backend, tokens, DraftModel(draft), max_tokens=max_tokens, k=args.draft_k)
         try:
-            yield from generate(backend, tokens, DraftModel(draft), max_tokens=max_tokens, k=args.draft_k)
+            yield from inner
         finally:
+            inner.close()
             draft.close()
+            out.finish(inner.stats, inner.spec)
 
-    return events()
+    return Generation(events)
 
 
-def _same_vocabulary(a, b) -> bool:
+def _same_vocabulary(a: Engine, b: Engine) -> bool:
     """Same size and the same text for a spread of token ids."""
     from localllm.model_info import describe
 
+    if a.header is None or b.header is None:
+        return False
     n = describe(a.header).n_vocab
     if n != describe(b.header).n_vocab:
         return False

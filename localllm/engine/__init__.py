@@ -1,0 +1,53 @@
+"""The llama.cpp adapter: with ``engine_rpc`` and ``batch_engine``, the only code
+that imports ``llama_cpp``. Importing it checks the installed llama-cpp-python
+(``native.missing_struct_fields``) before anything calls into it.
+
+One module per job, so a change to one (say, how a context shifts) is made in
+one small file:
+
+- ``native``     loading llama_cpp, the struct-field check, the log router, machine facts
+- ``model``      LoadConfig -> llama.cpp params; the model and context handle, decode
+- ``tokenizer``  text <-> tokens, BOS/EOG, rendering a chat
+- ``template``   which chat template (the model's, a file, a built-in)
+- ``sampler``    the sampler chain for a SamplingConfig
+- ``kvcache``    the KV cache and its token mirror: reset, truncate, shift, state files
+- ``statefile``  the checked state-file format (pure Python)
+- ``generator``  timed generation, returning a ``Generation``
+- ``scorer``     logits at every position: speculative verification, quality
+- ``quantize``   llama.cpp's quantizer
+- ``llama``      ``LlamaCppBackend``, the ``Engine`` (``localllm.engine_api``) built from them
+
+The names other modules import from ``localllm.engine`` are re-exported here.
+"""
+
+from __future__ import annotations
+
+# First: native's import-time check (missing_struct_fields) runs before any other part loads.
+from localllm.engine import native  # noqa: F401
+
+# isort: split
+from localllm.engine.kvcache import KVCache
+from localllm.engine.llama import LlamaCppBackend
+from localllm.engine.model import ModelHandle, _check_config, check_config, llama_params, load_model_and_context
+from localllm.engine.native import (
+    MAX_CTX,
+    MAX_THREADS,
+    default_threads,
+    gpu_offload_supported,
+    install_log_router,
+    max_threads,
+    missing_struct_fields,
+    system_info,
+)
+from localllm.engine.quantize import QUANT_TYPES, quantize_model
+from localllm.engine.statefile import STATE_MAGIC, STATE_VERSION, StateFileError, pack_state, unpack_state
+from localllm.engine.template import builtin_templates
+from localllm.engine.tokenizer import Tokenizer
+from localllm.llamalog import ROUTER
+
+__all__ = [
+    "KVCache", "LlamaCppBackend", "MAX_CTX", "MAX_THREADS", "ModelHandle", "QUANT_TYPES", "ROUTER", "STATE_MAGIC",
+    "STATE_VERSION", "StateFileError", "Tokenizer", "_check_config", "builtin_templates", "check_config",
+    "default_threads", "gpu_offload_supported", "install_log_router", "llama_params", "load_model_and_context",
+    "max_threads", "missing_struct_fields", "pack_state", "quantize_model", "system_info", "unpack_state",
+]

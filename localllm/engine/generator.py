@@ -1,0 +1,87 @@
+"""Timed generation: prefill, then sample and decode one token at a time.
+
+Every llama_decode is followed by llama_synchronize and a timestamp, and every
+sample is stamped, so the figures match llama.cpp's own perf counters
+(t_p_eval_ms / t_eval_ms). The result is a ``Generation`` whose stats exist
+once it ends, however it ends (exhausted, closed early, or failed).
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from typing import Iterator
+
+from localllm.backend import SamplingConfig, TokenEvent
+from localllm.engine.kvcache import KVCache
+from localllm.engine.model import ModelHandle
+from localllm.engine.sampler import free_sampler, new_sampler, sample
+from localllm.engine.tokenizer import Tokenizer
+from localllm.engine_api import Generation
+from localllm.metrics import ShiftRecord, compute_stats
+
+
+def generate(handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[int], sampling: SamplingConfig, *,
+             n_keep: int, start: int, shift: bool = True) -> Generation:
+    """Evaluate ``tokens`` after the cache and generate. With ``max_tokens`` set
+    a full context shifts (keeping ``n_keep`` tokens); with -1, or ``shift``
+    off, the generation stops at a full context (``stop_reason='context'``)."""
+    return Generation(lambda out: _run(out, handle, tok, cache, tokens, sampling, n_keep, start, shift))
+
+
+def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[int],
+         sampling: SamplingConfig, n_keep: int, start: int, shift: bool) -> Iterator[TokenEvent]:
+    handle.reset_perf()
+    sampler = new_sampler(sampling)
+    n_ctx = handle.n_ctx
+    prefill_ns = decode_ns = decode_evals = 0
+    token_ns: list[int] = []
+    first_text_ns: int | None = None
+    shifts: list[ShiftRecord] = []
+    stop = "length"
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    try:
+        for chunk in handle.prompt_chunks(tokens):
+            cache.make_room(len(chunk), n_keep, shifts)
+            prefill_ns += cache.append(chunk)
+        i = 0
+        while sampling.max_tokens < 0 or i < sampling.max_tokens:
+            t = sample(sampler, handle.ctx)
+            now = time.perf_counter_ns()
+            if not sampling.ignore_eos and tok.is_eog(t):
+                stop = "stop"
+                break
+            token_ns.append(now)
+            last = i == sampling.max_tokens - 1
+            # A character split across tokens is emitted whole, with the token that completes it.
+            text = utf8.decode(tok.token_bytes(t), final=last)
+            if first_text_ns is None and text:
+                first_text_ns = now
+            yield TokenEvent(i, t, text, now)
+            i += 1
+            if last:
+                break
+            if len(cache) >= n_ctx and (sampling.max_tokens < 0 or not shift):
+                stop = "context"  # no length asked for: stop at a full context rather than shift forever
+                break
+            cache.make_room(1, n_keep, shifts)
+            decode_ns += handle.decode([t])
+            decode_evals += 1
+            cache.record([t])
+    finally:
+        free_sampler(sampler)
+        out.finish(compute_stats(
+            start_ns=start,
+            token_ns=token_ns,
+            prompt_tokens=len(tokens),
+            prefill_ns=prefill_ns,
+            decode_ns=decode_ns,
+            decode_evals=decode_evals,
+            load_ms=handle.info.load_ms,
+            end_ns=time.perf_counter_ns(),
+            stop_reason=stop,
+            n_ctx=n_ctx,
+            context_used=len(cache),
+            shifts=shifts,
+            first_text_ns=first_text_ns,
+        ))

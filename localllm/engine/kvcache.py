@@ -1,0 +1,170 @@
+"""The KV cache of one sequence, and the token mirror that says what it holds.
+
+llama.cpp does not tell which tokens sit in its cache, so every change to the
+cache (prefill, decode, truncation, a context shift, a state file) goes through
+this class, which keeps ``tokens`` equal to the cache position by position.
+Nothing outside it writes the mirror.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp
+
+from localllm.engine.model import ModelHandle
+from localllm.engine.native import system_info
+from localllm.engine.statefile import StateFileError, pack_state, unpack_state
+from localllm.errors import EngineError, UsageError
+from localllm.metrics import ShiftRecord
+
+
+class KVCache:
+    """Sequence 0 of a ``ModelHandle``'s context, with its tokens."""
+
+    def __init__(self, handle: ModelHandle) -> None:
+        self.handle = handle
+        self._tokens: list[int] = []
+        self.state_error: str | None = None  # why the last load_state refused its file
+
+    @property
+    def tokens(self) -> list[int]:
+        """A copy of the cached tokens (the mirror itself stays private)."""
+        return list(self._tokens)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether llama.cpp can shift this cache (not a sliding-window cache
+        smaller than the context, not a recurrent model)."""
+        self.handle.require()
+        return bool(llama_cpp.llama_memory_can_shift(self.handle.memory))
+
+    def reset(self) -> None:
+        """Forget the conversation: an empty KV cache."""
+        self.handle.require()
+        llama_cpp.llama_memory_clear(self.handle.memory, True)
+        self._tokens = []
+
+    def truncate(self, n: int) -> None:
+        """Drop everything after the first ``n`` cached tokens (rejected draft tokens)."""
+        self.handle.require()
+        if n < len(self._tokens):
+            llama_cpp.llama_memory_seq_rm(self.handle.memory, 0, n, -1)
+            self._tokens = self._tokens[:n]
+
+    def append(self, tokens: Sequence[int]) -> int:
+        """Evaluate ``tokens`` after what the cache holds, in prompt-sized chunks
+        (no room is made: the caller checked). Returns nanoseconds."""
+        ns = 0
+        for chunk in self.handle.prompt_chunks(list(tokens)):
+            ns += self.handle.decode(chunk)
+            self._tokens.extend(chunk)
+        return ns
+
+    def record(self, tokens: Sequence[int]) -> None:
+        """Note tokens the caller evaluated itself (one batch, e.g. a verify)."""
+        self._tokens.extend(tokens)
+
+    def prefill(self, tokens: Sequence[int]) -> float:
+        """Evaluate ``tokens`` into the cache after what it holds, generating
+        nothing (a system prompt to save). Returns the milliseconds it took."""
+        self.handle.require()
+        n_ctx = self.handle.n_ctx
+        if len(self._tokens) + len(tokens) > n_ctx:
+            raise UsageError(f"{len(tokens)} tokens do not fit the context of {n_ctx} with {len(self._tokens)} already in it")
+        return self.append(tokens) / 1e6
+
+    def make_room(self, n_new: int, n_keep: int, shifts: list[ShiftRecord]) -> None:
+        """Context shift: drop the oldest half of what follows the first ``n_keep``
+        tokens (llama.cpp's seq_rm + seq_add, no re-evaluation); where the cache
+        cannot shift, re-evaluate the kept window instead."""
+        n_ctx = self.handle.n_ctx
+        while len(self._tokens) + n_new > n_ctx:
+            n_past = len(self._tokens)
+            n_left = n_past - n_keep
+            if n_left <= 0 or n_keep + n_new > n_ctx:
+                raise EngineError(f"the context ({n_ctx}) is full of kept tokens ({n_keep}): raise --ctx or shorten the system prompt")
+            n_discard = min(n_left, max(n_left // 2, n_new))
+            kept = self._tokens[:n_keep] + self._tokens[n_keep + n_discard :]
+            t0 = time.perf_counter_ns()
+            mem = self.handle.memory
+            if llama_cpp.llama_memory_can_shift(mem):
+                llama_cpp.llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard)
+                llama_cpp.llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard)
+                self._tokens = kept
+                method = "shift"
+            else:
+                self.reset()
+                self.append(kept)
+                method = "reprocess"
+            shifts.append(ShiftRecord(at_token=n_past, dropped=n_discard, kept=len(kept), ms=(time.perf_counter_ns() - t0) / 1e6, method=method))
+
+    # -- state files -----------------------------------------------------------------
+    def save_state(self, path: Path) -> int:
+        """Write the cache (sequence 0) and its tokens to ``path`` atomically, in
+        localllm's checked format (``statefile``); returns bytes written."""
+        self.handle.require()
+        ctx = self.handle.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        buf = (ctypes.c_uint8 * max(size, 1))()
+        n = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+        if not n:
+            raise EngineError(f"llama.cpp could not save the cache to {path}")
+        data = pack_state(self._state_meta(), self._tokens, bytes(buf)[:n])
+        from localllm import atomic
+
+        atomic.write_bytes(path, data)
+        return len(data)
+
+    def _state_meta(self) -> dict[str, object]:
+        """What a state file must match to be loaded here: this llama.cpp build,
+        the model file, the cache layout."""
+        import hashlib
+
+        info = self.handle.info
+        st = info.path.stat()
+        return {
+            "build": f"llama-cpp-python {llama_cpp.__version__}; " + hashlib.sha256(system_info().encode()).hexdigest()[:16],
+            "model": {"path": str(info.path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns},
+            "cache": {"type_k": info.type_k, "type_v": info.type_v, "flash_attn": info.flash_attn},
+        }
+
+    def load_state(self, path: Path) -> bool:
+        """Replace the cache with one saved by ``save_state``. False (and an
+        empty cache) when the file fails a check, with the reason in
+        ``state_error``: llama.cpp never reads a file that is not exactly what
+        this build wrote for this model and context."""
+        self.reset()
+        self.state_error = None
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            self.state_error = f"unreadable ({exc.strerror or exc})"
+            return False
+        try:
+            meta, tokens, payload = unpack_state(raw)
+        except StateFileError as exc:
+            self.state_error = str(exc)
+            return False
+        want = self._state_meta()
+        for key, what in (("build", "another llama.cpp build"), ("model", "another model file"), ("cache", "other cache settings")):
+            if meta.get(key) != want[key]:
+                self.state_error = f"written for {what}"
+                return False
+        n_vocab = self.handle.n_vocab
+        if len(tokens) > self.handle.n_ctx or any(not 0 <= t < n_vocab for t in tokens):
+            self.state_error = "holds tokens that do not fit this context"
+            return False
+        buf = (ctypes.c_uint8 * max(len(payload), 1)).from_buffer_copy(payload or b"\0")
+        if not llama_cpp.llama_state_seq_set_data(self.handle.ctx, buf, len(payload), 0):
+            self.reset()
+            self.state_error = "refused by llama.cpp"
+            return False
+        self._tokens = list(tokens)
+        return True

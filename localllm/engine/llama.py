@@ -1,0 +1,214 @@
+"""``LlamaCppBackend``: the ``Engine`` on llama.cpp, assembled from the parts.
+
+It holds a ``ModelHandle`` (model and context), a ``Tokenizer`` (vocabulary
+and chat template), a ``KVCache`` (the token mirror), and delegates generating
+and scoring to ``generator`` and ``scorer``. It drives llama.cpp through
+llama-cpp-python's low-level bindings rather than the ``Llama`` class, for
+three measured reasons:
+
+- ``Llama(verbose=False)`` redirects file descriptors 1 and 2 to /dev/null while
+  it loads, which would blank a Textual screen drawn on fd 1;
+- we need a timestamp at each llama_decode + llama_synchronize to match
+  llama.cpp's own perf counters (t_p_eval_ms / t_eval_ms), and at each sample;
+- the decode loop then has no per-token numpy copies of the logits.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from localllm.backend import LoadConfig, LoadInfo, SamplingConfig
+from localllm.engine import generator, scorer
+from localllm.engine.kvcache import KVCache
+from localllm.engine.model import ModelHandle
+from localllm.engine.template import TemplateChoice
+from localllm.engine.tokenizer import Tokenizer
+from localllm.engine_api import Generation, Verification
+from localllm.errors import EngineError, UsageError
+from localllm.gguf_file import GGUFHeader
+
+
+def _round_up(n: int, k: int) -> int:
+    return (n + k - 1) // k * k
+
+
+class LlamaCppBackend:
+    """Load a GGUF with llama.cpp and stream timed tokens from it (an ``Engine``)."""
+
+    def __init__(self) -> None:
+        self._handle: ModelHandle | None = None
+        self._tok: Tokenizer | None = None
+        self._cache: KVCache | None = None
+        self._template = TemplateChoice()  # outlives a reload: --template stays chosen
+
+    # -- load / close -----------------------------------------------------------
+    def load(self, path: Path, config: LoadConfig) -> LoadInfo:
+        header = ModelHandle.check(path, config)  # a bad file or setting keeps the loaded model
+        self.close()
+        handle = ModelHandle.open(path, config, header)
+        self._handle, self._cache = handle, KVCache(handle)
+        self._tok = Tokenizer(handle.vocab, handle.header, self._template)
+        return handle.info
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+        self._handle = self._tok = self._cache = None
+        self._template.forget_compiled()
+
+    def __enter__(self) -> "LlamaCppBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _parts(self) -> tuple[ModelHandle, Tokenizer, KVCache]:
+        if self._handle is None or self._tok is None or self._cache is None:
+            raise EngineError("no model is loaded")
+        return self._handle, self._tok, self._cache
+
+    @property
+    def info(self) -> LoadInfo | None:
+        return self._handle.info if self._handle is not None else None
+
+    @property
+    def header(self) -> GGUFHeader | None:
+        return self._handle.header if self._handle is not None else None
+
+    @property
+    def logged_buffers(self) -> dict[str, dict[str, list[float]]]:
+        return self._handle.logged_buffers if self._handle is not None else {}
+
+    @property
+    def n_ctx(self) -> int:
+        return self._parts()[0].n_ctx
+
+    def perf_counters(self) -> dict[str, float]:
+        """llama.cpp's own counters for the last generation (llama_perf_context)."""
+        return self._parts()[0].perf_counters()
+
+    # -- text <-> tokens --------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self._parts()[1].tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        return self._parts()[1].token_bytes(token, special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._parts()[1].detokenize(tokens)
+
+    def is_eog(self, token: int) -> bool:
+        return self._parts()[1].is_eog(token)
+
+    def bos_token(self) -> int | None:
+        return self._parts()[1].bos_token()
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template.available(self.header)
+
+    def use_template(self, spec: str) -> None:
+        """``--template FILE|NAME``: a Jinja file, or one of llama.cpp's built-in
+        templates by name (chatml, llama3, gemma, ...), instead of the model's."""
+        self._template.use(spec)
+
+    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        return self._parts()[1].render_chat(messages, add_generation_prompt=add_generation_prompt)
+
+    def prompt_tokens(self, prompt: str, *, chat: bool) -> list[int]:
+        return self._parts()[1].prompt_tokens(prompt, chat=chat)
+
+    # -- the KV cache -----------------------------------------------------------
+    @property
+    def cache_tokens(self) -> list[int]:
+        return self._cache.tokens if self._cache is not None else []
+
+    @property
+    def context_used(self) -> int:
+        return len(self._cache) if self._cache is not None else 0
+
+    @property
+    def can_shift(self) -> bool:
+        return self._parts()[2].can_shift
+
+    @property
+    def state_error(self) -> str | None:
+        return self._cache.state_error if self._cache is not None else None
+
+    def reset(self) -> None:
+        self._parts()[2].reset()
+
+    def prefill(self, tokens: Sequence[int]) -> float:
+        return self._parts()[2].prefill(tokens)
+
+    def truncate(self, n: int) -> None:
+        self._parts()[2].truncate(n)
+
+    def save_state(self, path: Path) -> int:
+        return self._parts()[2].save_state(path)
+
+    def load_state(self, path: Path) -> bool:
+        return self._parts()[2].load_state(path)
+
+    # -- generation -------------------------------------------------------------
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        sampling: SamplingConfig,
+        *,
+        chat: bool = True,
+        n_keep: int | None = None,
+        start_ns: int | None = None,
+    ) -> Generation:
+        """A fresh generation from ``prompt`` (the cache is cleared first).
+
+        With ``max_tokens`` set, a full context shifts to make room; with -1 the
+        generation stops at a full context (``stop_reason='context'``).
+        ``n_keep``: tokens at the front that a context shift never drops. By
+        default the whole prompt when it takes at most half the context, else
+        just the BOS token, so that ``run -n`` can go past ``n_ctx``.
+        ``start_ns``: when the user submitted the prompt (TTFT's clock); now by default."""
+        handle, tok, cache = self._parts()
+        start = start_ns if start_ns is not None else time.perf_counter_ns()
+        tokens = tok.prompt_tokens(prompt, chat=chat) if isinstance(prompt, str) else list(prompt)
+        if not tokens:
+            raise UsageError("the prompt is empty")
+        n_ctx = handle.n_ctx
+        if len(tokens) >= n_ctx:
+            raise UsageError(f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}: try --ctx {_round_up(len(tokens) + 256, 256)}")
+        if n_keep is None:
+            bos = 1 if tokens[0] == handle.header.get("tokenizer.ggml.bos_token_id") else 0
+            n_keep = len(tokens) if len(tokens) <= n_ctx // 2 else bos
+        cache.reset()
+        return generator.generate(handle, tok, cache, tokens, sampling, n_keep=n_keep, start=start)
+
+    def extend(
+        self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True, start_ns: int | None = None
+    ) -> Generation:
+        """Append ``tokens`` to what the cache holds and generate (a chat turn).
+        With ``shift=False`` a full context is an error instead of a shift.
+        ``start_ns``: when the user submitted the message (TTFT's clock)."""
+        handle, tok, cache = self._parts()
+        if not tokens:
+            raise UsageError("nothing to add to the conversation")
+        n_ctx = handle.n_ctx
+        if len(tokens) > n_ctx - n_keep - 1:
+            raise UsageError(f"the message is {len(tokens)} tokens; the context holds {n_ctx} with {n_keep} kept: try a larger --ctx")
+        if not shift and len(cache) + len(tokens) >= n_ctx:
+            raise EngineError(f"the context is full ({len(cache)} of {n_ctx} tokens): clear the chat, or turn the sliding window on")
+        start = start_ns if start_ns is not None else time.perf_counter_ns()
+        return generator.generate(handle, tok, cache, list(tokens), sampling, n_keep=n_keep, start=start, shift=shift)
+
+    # -- scoring ----------------------------------------------------------------
+    def verify(self, tokens: Sequence[int]) -> Verification:
+        """For each of ``tokens`` evaluated after the cache (one batch), the greedy
+        next token; and the batch's time. Needs ``n_outputs_max >= len(tokens)``."""
+        handle, _, cache = self._parts()
+        return scorer.verify(handle, cache, tokens)
+
+    def logits(self, tokens: Sequence[int]):
+        """Logits at every position of ``tokens`` from an empty cache ([n, n_vocab] float32)."""
+        handle, _, cache = self._parts()
+        return scorer.logits(handle, cache, tokens)

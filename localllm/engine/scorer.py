@@ -1,0 +1,86 @@
+"""Scoring: logits at many positions in one batch, for speculative decoding
+(is the draft what the model would pick?) and for quality (perplexity, KL).
+
+Generation needs one row of logits per decode; these need a row per position,
+which is why they build their own ``llama_batch`` with every position marked.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import llama_cpp
+
+from localllm.engine.kvcache import KVCache
+from localllm.engine.model import ModelHandle
+from localllm.engine_api import Verification
+from localllm.errors import EngineError, UsageError
+from localllm.llamalog import ROUTER
+
+
+def _decode_all(handle: ModelHandle, tokens: Sequence[int], start: int) -> int:
+    """Evaluate ``tokens`` at positions ``start``.. with logits for every one;
+    returns nanoseconds (decode + synchronize)."""
+    n = len(tokens)
+    batch = llama_cpp.llama_batch_init(n, 0, 1)
+    try:
+        batch.n_tokens = n
+        for i, tok in enumerate(tokens):
+            batch.token[i] = tok
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True
+        t0 = time.perf_counter_ns()
+        rc = llama_cpp.llama_decode(handle.ctx, batch)
+        llama_cpp.llama_synchronize(handle.ctx)
+        ns = time.perf_counter_ns() - t0
+        if rc != 0:
+            raise EngineError(f"llama_decode failed ({rc}): {ROUTER.last_error() or 'no reason given'}")
+        return ns
+    finally:
+        llama_cpp.llama_batch_free(batch)
+
+
+def verify(handle: ModelHandle, cache: KVCache, tokens: Sequence[int]) -> Verification:
+    """Evaluate ``tokens`` after the cache in one batch and return, for each
+    position, the most likely next token (greedy). Speculative decoding
+    checks a draft with this; needs ``n_outputs_max >= len(tokens)``."""
+    import numpy as np
+
+    handle.require()
+    n = len(tokens)
+    if n > handle.n_outputs_max:
+        # llama.cpp asserts (aborts the process) past n_outputs_max: refuse instead.
+        raise EngineError(f"verifying {n} tokens needs a context loaded with n_outputs_max >= {n} (it has {handle.n_outputs_max})")
+    if n > handle.n_batch:
+        raise UsageError(f"verifying {n} tokens at once needs --batch {n} or more")
+    n_vocab = handle.n_vocab
+    ns = _decode_all(handle, tokens, len(cache))
+    cache.record(tokens)
+    out = []
+    for i in range(n):
+        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(handle.ctx, i), shape=(n_vocab,))
+        out.append(int(row.argmax()))
+    return Verification(out, ns)
+
+
+def logits(handle: ModelHandle, cache: KVCache, tokens: Sequence[int]):
+    """Logits at every position of ``tokens``, evaluated from an empty cache
+    (a float32 array of shape [len(tokens), n_vocab]). Needs a context
+    loaded with ``n_outputs_max=0`` and ``n_batch >= len(tokens)``."""
+    import numpy as np
+
+    handle.require()
+    n = len(tokens)
+    if n > handle.n_batch:
+        raise UsageError(f"scoring {n} tokens needs --batch {n} or more")
+    n_vocab = handle.n_vocab
+    cache.reset()
+    try:
+        _decode_all(handle, tokens, 0)
+        ptr = llama_cpp.llama_get_logits(handle.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, n_vocab)).copy()
+    finally:
+        cache.reset()

@@ -1,0 +1,93 @@
+"""Text <-> tokens with llama.cpp's vocabulary, and the chat template on top.
+
+The engine and the batch engine (``localllm serve``) both hand a loaded
+vocabulary to a ``Tokenizer``, so a prompt is tokenized and templated the same
+way whichever of them answers it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Sequence
+
+import llama_cpp
+
+from localllm.engine.template import TemplateChoice
+from localllm.errors import EngineError
+from localllm.gguf_file import GGUFHeader
+
+
+class Tokenizer:
+    """A loaded model's vocabulary: tokens, their bytes, BOS/EOG, chat rendering."""
+
+    def __init__(self, vocab: object, header: GGUFHeader | None, template: TemplateChoice | None = None) -> None:
+        self.vocab = vocab
+        self.header = header
+        self.template = template or TemplateChoice()
+
+    def _require(self) -> None:
+        if not self.vocab:
+            raise EngineError("no model is loaded")
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        self._require()
+        raw = text.encode("utf-8")
+        cap = len(raw) + 16
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    @property
+    def n_vocab(self) -> int:
+        return int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+
+    def bos_token(self) -> int | None:
+        """The beginning-of-sequence token when the vocabulary adds one to a text
+        (llama_vocab_get_add_bos), else None."""
+        self._require()
+        if not llama_cpp.llama_vocab_get_add_bos(self.vocab):
+            return None
+        bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        return bos if bos >= 0 else None
+
+    # -- chat ------------------------------------------------------------------------
+    @property
+    def has_chat_template(self) -> bool:
+        return self.template.available(self.header)
+
+    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """Apply the chat template (the model's, or ``use_template``'s) under
+        time and size limits; a failing template is an ``InputError``."""
+        self._require()
+        # BOS/EOS as llama.cpp's vocabulary has them (it ignores ids out of range).
+        bos = llama_cpp.llama_vocab_bos(self.vocab)
+        eos = llama_cpp.llama_vocab_eos(self.vocab)
+        bos_text = self.token_bytes(bos, special=True).decode("utf-8", "replace") if bos >= 0 else ""
+        eos_text = self.token_bytes(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
+        return self.template.render(self.header, messages, bos_text, eos_text, add_generation_prompt)
+
+    def prompt_tokens(self, prompt: str, *, chat: bool) -> list[int]:
+        """Tokens for a user prompt: through the chat template when there is one."""
+        if chat and self.has_chat_template:
+            text = self.render_chat([{"role": "user", "content": prompt}])
+            # The template writes BOS itself where the model wants it.
+            return self.tokenize(text, add_special=False, parse_special=True)
+        return self.tokenize(prompt, add_special=True, parse_special=False)
