@@ -43,14 +43,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one repetition with a 300-token system prompt (CI: checks that it completes and prints its figures)")
     a = ap.parse_args()
+    system_tokens = 1500
+    if a.quick:
+        a.reps, system_tokens = 1, 300
     path = catalog.resolve(a.model)
     b = LlamaCppBackend()
     b.load(path, LoadConfig(n_ctx=2048))
     text = eval_text()
     # ~1,500 tokens of system prompt, measured with this model's tokenizer
     n = len(text)
-    while len(b.tokenize(text[:n])) > 1500:
+    while len(b.tokenize(text[:n])) > system_tokens:
         n = int(n * 0.95)
     system = text[:n]
     sampling = SamplingConfig(temperature=0, max_tokens=4, ignore_eos=True)
@@ -74,6 +78,7 @@ def main() -> int:
     print(f"  warm (state on disk) {w2:8.1f} ms  ({w2 / c:.3f} x cold)")
     ok = w1 <= 0.2 * c and w2 <= 0.2 * c
     print("ok" if ok else "ABOVE 0.2 x cold")
+    ok = ok or a.quick  # one short repetition: the figures are printed, not judged
     b.close()
     return 0 if ok else 1
 

@@ -35,7 +35,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="one repetition, few tokens (CI: checks that it completes and prints its figures)")
     a = ap.parse_args()
+    if a.quick:
+        a.reps, a.tokens = 1, 24
     b = LlamaCppBackend()
     b.load(catalog.resolve(a.model), LoadConfig(n_ctx=2048, n_outputs_max=a.k + 1))
     drafter = PromptLookup()

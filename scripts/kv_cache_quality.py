@@ -23,7 +23,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
     ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="two chunks of text (CI: checks that it completes and prints its figures)")
     a = ap.parse_args()
+    if a.quick:
+        a.tokens = 2 * CHUNK
     path = catalog.resolve(a.model)
     backends = {}
     for kv in ("f16", "q8_0", "q4_0"):

@@ -4,7 +4,8 @@ A quick mode is one repetition with few tokens: the figures are noise, so the
 tests check that the script completes and prints the figures it exists for
 (the line each user reads), not the targets. Two of these scripts had rotted
 before this file existed (plan_conformance could not import ``scripts``; bench_rpc
-crashed formatting a spread that one repetition does not have).
+crashed formatting a spread that one repetition does not have). A spread from
+one repetition prints n/a, never a made-up 0.
 
 bench_tui and soak_chat have their own tests (tests/test_tui_terminal.py,
 tests/test_soak_chat.py)."""
@@ -39,6 +40,27 @@ QUICK = {
         ["--quick"],
         [r"reference perplexity\s+[\d.]+\s+[\d.]+", r"mean KL divergence\s+-?[\d.]+\s+-?[\d.]+", r"same top \(%\)\s+[\d.]+"],
     ),
+    "bench_context_shift": (
+        ["--quick"],
+        [r"shift in place \(incl\. the next decode\):\s+[\d.]+ ms", r"re-process the kept window:\s+[\d.]+ ms", r"ratio [\d.]+",
+         r"f16\s+[\d.]+ t/s", r"q8_0\s+[\d.]+ t/s", r"q4_0\s+[\d.]+ t/s"],
+    ),
+    "bench_prefix_cache": (
+        ["--quick"],
+        [r"cold\s+[\d.]+ ms", r"warm \(same chat\)\s+[\d.]+ ms", r"warm \(state on disk\)\s+[\d.]+ ms"],
+    ),
+    "bench_speculative": (
+        ["--quick"],
+        [r"without: TPOT\s+[\d.]+ ms", r"with:\s+TPOT\s+[\d.]+ ms, ITL p50\s+[\d.]+ ms, acceptance \d+%\s+->\s+[\d.]+x"],
+    ),
+    "bench_vs_lowlevel": (
+        ["--quick", "--threads", "1"],
+        [r"pp64 \|\s+[\d.]+ ±\s+n/a \|\s+[\d.]+ ±\s+n/a \| [\d.]+", r"tg16@64 \|\s+[\d.]+ ±\s+n/a"],
+    ),
+    "kv_cache_quality": (
+        ["--quick"],
+        [r"f16 cache perplexity [\d.]+ on \d+ scored tokens", r"q8_0\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+%", r"q4_0\s+[\d.]+\s+[\d.]+"],
+    ),
     "bench_pull": (
         ["--quick"],
         [r"localllm pull\s+\d+ ms\s+[\d.]+ MB/s", r"hf_hub_download\s+\d+ ms", r"ratio localllm/huggingface_hub: [\d.]+"],
@@ -62,10 +84,6 @@ def test_every_benchmark_has_a_quick_mode_that_a_test_runs() -> None:
     covered = set(QUICK) | {"bench_tui", "soak_chat"}  # tested in their own files
     benches = {p.stem for p in (REPO / "scripts").glob("bench_*.py")}
     benches |= {"plan_conformance", "quality_vs_llama", "kv_cache_quality", "soak_chat"}
-    missing = sorted(benches - covered - PENDING)
+    missing = sorted(benches - covered)
     assert not missing, f"benchmarks without a quick-mode test: {missing}"
 
-
-# Benchmarks that drive the engine's internals; their quick modes are added once
-# the engine package split lands (issue 14 item 1).
-PENDING = {"bench_context_shift", "bench_prefix_cache", "bench_speculative", "bench_vs_lowlevel", "kv_cache_quality"}
