@@ -17,6 +17,7 @@ def test_random_prompt_is_seeded() -> None:
     assert a[0] == 1 and all(0 <= t < 1000 for t in a)
 
 
+@pytest.mark.slow
 def test_bench_json(synth_model: Path) -> None:
     proc = run_cli("bench", str(synth_model), "--prompt-tokens", "16,40", "--gen-tokens", "8", "--reps", "2", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -30,6 +31,7 @@ def test_bench_json(synth_model: Path) -> None:
         assert r["pp_std"] >= 0 and r["tg_std"] >= 0
 
 
+@pytest.mark.slow
 def test_missing_figures_are_null_and_na_not_zero(synth_model: Path) -> None:
     """--reps 1 has no spread and --gen-tokens 1 no decode: null in JSON, n/a in
     the table, never 0 (issue 12)."""
@@ -52,6 +54,7 @@ def test_bench_table_on_default_model() -> None:
     assert "warm-up" in proc.stderr
 
 
+@pytest.mark.slow
 def test_bench_context_too_small(synth_model: Path) -> None:
     proc = run_cli("bench", str(synth_model), "--prompt-tokens", "600", "--gen-tokens", "8", "--ctx", "256")
     assert proc.returncode == 2 and "exceed --ctx 256" in proc.stderr

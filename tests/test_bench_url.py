@@ -68,6 +68,7 @@ def no_usage_server():
     t.join(10)
 
 
+@pytest.mark.slow
 def test_bench_url_counts_the_stream_when_usage_is_missing(no_usage_server: str) -> None:
     proc = run_cli("bench", "--url", no_usage_server, "--concurrency", "1,2", "--requests", "3", "--gen-tokens", "3", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -79,6 +80,7 @@ def test_bench_url_counts_the_stream_when_usage_is_missing(no_usage_server: str)
         assert r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] > 5  # the stub sleeps 10 ms between chunks
 
 
+@pytest.mark.slow
 def test_bench_url_unreachable() -> None:
     proc = run_cli("bench", "--url", "http://127.0.0.1:9", "--concurrency", "1", "--requests", "1")
     assert proc.returncode == 1

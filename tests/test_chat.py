@@ -101,6 +101,7 @@ def test_chat_cli_lines_and_json() -> None:
     assert turns[1]["prompt_tokens"] < turns[1]["context_used"] - turns[1]["generated_tokens"]
 
 
+@pytest.mark.slow
 def test_quantized_v_turns_flash_attention_on(tmp_path: Path) -> None:
     from scripts.synth_gguf import SynthSpec, write_llama_gguf
 

@@ -58,10 +58,12 @@ def test_nonsense_options_are_usage_errors(args: list[str], needle: str) -> None
     _one_line_error(run_cli(*args), 2, needle)
 
 
+@pytest.mark.slow
 def test_no_prompt_is_usage_error(synth_model: Path) -> None:
     _one_line_error(run_cli("run", str(synth_model)), 2, "the prompt is empty")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["inspect"], ["run", "-p", "hi"], ["bench"]])
 def test_bad_files(command: list[str], tmp_path: Path, synth_model: Path) -> None:
     text = tmp_path / "notes.gguf"
@@ -99,6 +101,7 @@ def test_python_dash_m_and_console_script_agree() -> None:
     assert a.returncode == 0 and a.stdout == run_cli("--version").stdout
 
 
+@pytest.mark.slow
 def test_unknown_architecture_is_one_line(tmp_path: Path) -> None:
     """A well-formed GGUF that llama.cpp cannot build: its reason, in one line, exit 1."""
     import gguf

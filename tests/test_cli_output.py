@@ -38,6 +38,7 @@ def test_columns_align_by_terminal_cells() -> None:
     assert "[bold]" in fmt.table(("A",), [("[bold]x",)])  # names are text, never rich markup
 
 
+@pytest.mark.slow
 def test_list_aligns_a_cjk_model_name(synth_model: Path, tmp_path: Path) -> None:
     f = tmp_path / "模型-Q8_0.gguf"
     f.write_bytes(synth_model.read_bytes())
@@ -106,6 +107,7 @@ def f16(tmp_path: Path) -> Path:
     return write_llama_gguf(tmp_path / "Synth-F16.gguf", SynthSpec(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, dtype="f16"))
 
 
+@pytest.mark.slow
 def test_pull_and_quantize_draw_the_same_bar_on_a_terminal(f16: Path, tmp_path: Path) -> None:
     hub = FakeHub().start()
     try:
@@ -121,6 +123,7 @@ def test_pull_and_quantize_draw_the_same_bar_on_a_terminal(f16: Path, tmp_path: 
     assert _is_rich_bar(screen) and "quantizing" in screen and "tensors" in screen and "(25%)" not in screen, screen
 
 
+@pytest.mark.slow
 def test_piped_quantize_prints_plain_lines(f16: Path, tmp_path: Path) -> None:
     r = run_cli("quantize", str(f16), str(tmp_path / "out-Q8_0.gguf"), "--type", "Q8_0")
     assert r.returncode == 0, r.stderr

@@ -40,6 +40,7 @@ def _shape(d: Path, name: str, spec: SynthSpec | None = None) -> ModelShape:
 # -- rules from the header alone ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_phi3_window_key_turns_swa_off(synth_dir: Path) -> None:
     """models/phi3.cpp: a sliding_window key disables SWA; the cache is the full context on every layer."""
     with_key = _shape(synth_dir, "phi3+window")
@@ -59,6 +60,7 @@ def test_gemma2_has_a_window_without_the_key(synth_dir: Path) -> None:
     assert p.kv_swa_cells == 4096 + 512  # n_swa + n_ubatch, padded to 256 (llama-kv-cache-iswa.cpp)
 
 
+@pytest.mark.slow
 def test_exaone4_window_only_for_the_64_layer_model(synth_dir: Path) -> None:
     """models/exaone4.cpp: SWA (pattern 4) only when n_layer == 64; the key alone does nothing."""
     assert _shape(synth_dir, "exaone4").swa_layers == frozenset()
@@ -66,11 +68,13 @@ def test_exaone4_window_only_for_the_64_layer_model(synth_dir: Path) -> None:
     assert big.swa_layers == frozenset(i for i in range(64) if i % 4 < 3) and big.n_swa == 512
 
 
+@pytest.mark.slow
 def test_olmo2_and_gemma3_patterns(synth_dir: Path) -> None:
     assert _shape(synth_dir, "olmo2").swa_layers == frozenset({0, 1, 2})  # pattern 4: layer 3 is global
     assert _shape(synth_dir, "gemma3").swa_layers == frozenset({0, 1, 2, 3, 4})  # pattern 6
 
 
+@pytest.mark.slow
 def test_lfm2_recurrent_layers_hold_a_state_not_a_cache(synth_dir: Path) -> None:
     """models/lfm2.cpp: layers with n_head_kv 0 are short convolutions; llama-hparams.cpp n_embd_r = n_embd * (L - 1)."""
     s = _shape(synth_dir, "lfm2")
@@ -126,6 +130,7 @@ def _unknown_arch(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_unknown_architecture_is_planned_dense_and_says_so(tmp_path: Path) -> None:
     path = _unknown_arch(tmp_path / "mystery.gguf")
     rule = cache_rule(read_header(path))
@@ -138,6 +143,7 @@ def test_unknown_architecture_is_planned_dense_and_says_so(tmp_path: Path) -> No
     assert text.returncode == 0 and "(unverified architecture)" in text.stdout
 
 
+@pytest.mark.slow
 def test_known_architecture_is_verified_in_json(synth_dir: Path) -> None:
     proc = run_cli("plan", str(_write(synth_dir, "phi3+window", CASES["phi3+window"])), "--ctx", "4096", "--json")
     d = json.loads(proc.stdout)
@@ -165,6 +171,7 @@ def _row(case: str, setting: str, d: Path):
     return _ROWS[case, setting]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", list(_FAST))
 @pytest.mark.parametrize("case", list(CASES))
 def test_kv_and_output_match_llama_cpp(case: str, setting: str, synth_dir: Path) -> None:

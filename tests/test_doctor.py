@@ -36,6 +36,7 @@ def test_gpu_bandwidth_from_nvml_figures_matches_published_specs() -> None:
     assert apple_bandwidth("Apple M2 Pro") == 200e9 and apple_bandwidth("Apple M9 Hyper") is None
 
 
+@pytest.mark.slow
 def test_bandwidth_is_measured_against_a_plain_copy() -> None:
     """Our figure against an independent one: a plain bytes copy timed here. The
     streaming measure must not come out below it (it would make every decode
@@ -55,6 +56,7 @@ def test_bandwidth_is_measured_against_a_plain_copy() -> None:
     assert two > 0
 
 
+@pytest.mark.slow
 def test_prompt_file_errors(tmp_path: Path) -> None:
     proc = run_cli("doctor", "--prompt-file", str(tmp_path / "nope.txt"))
     assert proc.returncode == 1 and "prompt file not found" in proc.stderr and "Traceback" not in proc.stderr

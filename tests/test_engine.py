@@ -66,6 +66,7 @@ def test_quantized_kv_cache_runs(tmp_path: Path, kv: str) -> None:
     assert len(out) == 5
 
 
+@pytest.mark.slow
 def test_cache_type_that_cannot_divide_head_dim(synth_model: Path) -> None:
     """Head dim 16 cannot hold q8_0 blocks of 32: a usage error before llama.cpp is called."""
     proc = run_cli("run", str(synth_model), "-p", "hi", "--kv-type", "q8_0")

@@ -47,6 +47,7 @@ def test_sample_covers_every_kind(synth_model: Path) -> None:
     assert len(names) == len(_KINDS) + _DRAWN and len(set(names)) == len(names)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(_KINDS) + _DRAWN))
 def test_fuzz_case(synth_model: Path, tmp_path: Path, index: int) -> None:
     case = _sample(synth_model)[index]

@@ -22,6 +22,7 @@ def _reader_fields(path: Path) -> dict:
     return out, r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["synth_model", "smollm2"])
 def test_header_matches_gguf_reader(which: str, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(which)

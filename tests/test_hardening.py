@@ -38,6 +38,7 @@ def _mutated(synth: Path, tmp_path: Path, name: str, change) -> Path:  # type: i
 # -- 2. options llama.cpp would assert on ---------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [["--ctx", "1", "--batch", "1"], ["--batch", "1"], ["--ctx", "1"], ["--batch", "2", "--ubatch", "64"]])
 def test_tiny_context_and_batch_do_not_reach_llama_asserts(synth_model: Path, extra: list[str]) -> None:
     """--ctx 1 --batch 1 aborted in GGML_ASSERT(n_tokens_all <= cparams.n_batch):
@@ -77,6 +78,7 @@ def test_engine_refuses_absurd_configs_from_any_caller(synth_model: Path) -> Non
 # -- 2. header values bounded before any per-layer work ------------------------------
 
 
+@pytest.mark.slow
 def test_zero_layers_is_one_line_everywhere(synth_model: Path, tmp_path: Path) -> None:
     """block_count 0 aborted llama.cpp (GGML_ASSERT(n_layer_all > 0))."""
     f = _mutated(synth_model, tmp_path, "zero.gguf", lambda m: _replace_kv(m, "block_count", U32, enc(U32, 0)))
@@ -84,6 +86,7 @@ def test_zero_layers_is_one_line_everywhere(synth_model: Path, tmp_path: Path) -
         _one_line(run_cli(cmd[0], str(f), *cmd[1:], timeout=60), 1, str(f), "at least one layer")
 
 
+@pytest.mark.slow
 def test_absurd_layer_count_is_refused_at_once(synth_model: Path, tmp_path: Path) -> None:
     """2^31 layers in a small header made plan build per-layer lists for hours."""
     f = _mutated(synth_model, tmp_path, "huge.gguf", lambda m: _replace_kv(m, "block_count", U32, enc(U32, 1 << 31)))
@@ -102,6 +105,7 @@ def test_absurd_layer_count_is_refused_at_once(synth_model: Path, tmp_path: Path
         ("wrong-type", lambda m: _replace_kv(m, "embedding_length", STR, enc(STR, "sixty-four")), "embedding_length is a string"),
     ],
 )
+@pytest.mark.slow
 def test_model_file_problems_name_the_file(synth_model: Path, tmp_path: Path, name: str, change, needle: str) -> None:  # type: ignore[no-untyped-def]
     """These were an internal error (IndexError, ValueError) or a llama.cpp abort."""
     f = _mutated(synth_model, tmp_path, f"{name}.gguf", change)
@@ -173,6 +177,7 @@ def test_damaged_prompt_cache_is_deleted_and_rebuilt(smollm2: Path) -> None:
     assert json.loads(_chat(smollm2, system).stdout)["prompt_cache_hit"] is True  # rebuilt, and good again
 
 
+@pytest.mark.slow
 def test_registry_of_the_wrong_shape(tmp_path: Path, synth_model: Path, _isolated_home: Path) -> None:
     reg = _isolated_home / "registry.json"
     reg.parent.mkdir(parents=True, exist_ok=True)
@@ -189,6 +194,7 @@ def test_registry_of_the_wrong_shape(tmp_path: Path, synth_model: Path, _isolate
     assert run_cli("list").returncode == 0
 
 
+@pytest.mark.slow
 def test_eight_adds_at_once_lose_nothing(tmp_path: Path, synth_model: Path, _isolated_home: Path) -> None:
     files = []
     for i in range(8):
@@ -229,6 +235,7 @@ def test_saved_sessions_are_checked(_isolated_home: Path) -> None:
 # -- 4. chat templates with limits ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_template_limits_in_the_renderer() -> None:
     from localllm.chat_template import ChatTemplate, TemplateError
 
@@ -255,6 +262,7 @@ def test_template_limits_in_the_renderer() -> None:
         assert time.perf_counter() - t0 < 10, source
 
 
+@pytest.mark.slow
 def test_model_template_that_loops_is_the_models_fault(synth_model: Path, tmp_path: Path) -> None:
     """Rendered without limits, this header's template ran for hours."""
     loop = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
@@ -263,6 +271,7 @@ def test_model_template_that_loops_is_the_models_fault(synth_model: Path, tmp_pa
     assert run_cli("run", str(f), "-p", "hi", "-n", "2", "--raw", timeout=120).returncode == 0
 
 
+@pytest.mark.slow
 def test_template_option(synth_model: Path, tmp_path: Path) -> None:
     good = tmp_path / "good.jinja"
     good.write_text("{% for m in messages %}{{ m.content }} {% endfor %}")
@@ -378,6 +387,7 @@ def test_invalid_utf8_on_stdin_does_not_end_the_chat(smollm2: Path) -> None:
     assert [t["user"] for t in turns] == ["caf\ufffd \ufffd\ufffd ok", "second line"]
 
 
+@pytest.mark.slow
 def test_names_paths_and_metadata_are_printed_escaped(synth_model: Path, tmp_path: Path) -> None:
     evil = "evil\x1b[2J\nlocalllm: forged line"
     folder = tmp_path / "models"
@@ -406,6 +416,7 @@ def test_fmt_safe() -> None:
 
 
 
+@pytest.mark.slow
 def test_a_huge_name_from_a_damaged_length_stays_one_short_line(synth_model: Path, tmp_path: Path) -> None:
     """A damaged length field made a tensor "name" of megabytes, which the error
     message quoted whole (74 MB for SmolLM2: inspect took minutes)."""

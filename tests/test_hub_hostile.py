@@ -78,6 +78,7 @@ def one_line_failure(r, *words: str) -> None:
     "commit",
     ["../../../../outside", "../" * 6 + "a" * 20, "0123456789abcdef0123456789abcdef0123456/", "ABCDEF0123456789abcdef0123456789abcdef01", "\x1b[31m" + "0" * 35],
 )
+@pytest.mark.slow
 def test_a_commit_id_that_is_not_40_hex_digits_writes_nothing(hub: FakeHub, commit: str) -> None:
     hub.commit = commit
     r = run_cli("pull", REPO_ID, "--file", "Synth-Q8_0.gguf")
@@ -97,6 +98,7 @@ HOSTILE_NAMES = [
 ]
 
 
+@pytest.mark.slow
 def test_unsafe_names_in_the_listing_are_never_picked(hub: FakeHub, model_file: Path) -> None:
     size = model_file.stat().st_size
     hub.extra_tree = [{"type": "file", "path": n, "size": size, "oid": "0" * 40} for n in HOSTILE_NAMES]
@@ -112,6 +114,7 @@ def test_unsafe_names_in_the_listing_are_never_picked(hub: FakeHub, model_file: 
     assert files_outside() == [] and links_leaving(cache()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["x\x1b[31m.gguf", "a\nb.gguf", "~/x.gguf", "a/./b.gguf"])
 def test_a_user_file_name_with_control_characters_is_a_usage_error(hub: FakeHub, bad: str) -> None:
     r = run_cli("pull", REPO_ID, "--file", bad)
@@ -119,6 +122,7 @@ def test_a_user_file_name_with_control_characters_is_a_usage_error(hub: FakeHub,
     assert hub.requests == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delta", [-1000, +1000])
 def test_a_wrong_size_keeps_nothing(hub: FakeHub, delta: int) -> None:
     hub.size_delta = delta
@@ -131,6 +135,7 @@ def test_a_wrong_size_keeps_nothing(hub: FakeHub, delta: int) -> None:
     assert files_outside() == [] and links_leaving(cache()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["cdn", "resolve"])
 def test_a_redirect_loop_is_one_line_not_a_hang(hub: FakeHub, where: str) -> None:
     hub.redirect_loop = where
@@ -140,6 +145,7 @@ def test_a_redirect_loop_is_one_line_not_a_hang(hub: FakeHub, where: str) -> Non
     assert not any(cache().rglob("*.gguf"))
 
 
+@pytest.mark.slow
 def test_a_link_planted_in_the_cache_cannot_redirect_the_write(hub: FakeHub) -> None:
     outside = scratch() / "outside"
     outside.mkdir()
@@ -153,6 +159,7 @@ def test_a_link_planted_in_the_cache_cannot_redirect_the_write(hub: FakeHub) -> 
     assert (outside / "marker").read_text() == "the user's file"
 
 
+@pytest.mark.slow
 def test_a_planted_partial_link_is_not_appended_to(hub: FakeHub, model_file: Path) -> None:
     import hashlib
 
@@ -167,6 +174,7 @@ def test_a_planted_partial_link_is_not_appended_to(hub: FakeHub, model_file: Pat
     assert victim.read_text() == "the user's file"
 
 
+@pytest.mark.slow
 def test_a_good_pull_still_works_after_the_checks(hub: FakeHub, model_file: Path) -> None:
     r = run_cli("pull", REPO_ID, "--file", "Synth-Q8_0.gguf", "--json")
     assert r.returncode == 0, r.stderr

@@ -44,6 +44,7 @@ def test_row_bytes_are_block_accurate() -> None:
     assert row_bytes("iq4_nl", 32) == 18 and row_bytes("bf16", 10) == 20
 
 
+@pytest.mark.slow
 def test_context_padding_and_swa_cells(gemma: Path, smollm2: Path) -> None:
     g = shape_of(gemma)
     assert kv_cells(g, LoadConfig(n_ctx=1000, n_outputs_max=0)) == (1024, 1024)
@@ -86,6 +87,7 @@ def test_parse_size() -> None:
             parse_size(bad)
 
 
+@pytest.mark.slow
 def test_fit_prefers_cheaper_cache_then_policy(gemma: Path) -> None:
     g = shape_of(gemma)
     want = LoadConfig(n_ctx=32768, n_outputs_max=1)
@@ -99,6 +101,7 @@ def test_fit_prefers_cheaper_cache_then_policy(gemma: Path) -> None:
     assert big.max_ctx_by_kv_type["q4_0"] >= big.max_ctx_by_kv_type["q8_0"] >= big.max_ctx_by_kv_type["f16"] > 0
 
 
+@pytest.mark.slow
 def test_budget_too_small_for_one_layer_explains(gemma: Path) -> None:
     r = fit(shape_of(gemma), LoadConfig(n_ctx=4096, n_outputs_max=0), gpu_budget=150 * MiB, ram=None)
     assert r.fits and r.config.n_gpu_layers == 0
@@ -107,6 +110,7 @@ def test_budget_too_small_for_one_layer_explains(gemma: Path) -> None:
     assert not none.fits and "RAM" in none.reason
 
 
+@pytest.mark.slow
 def test_plan_cli_json(smollm2: Path) -> None:
     proc = run_cli("plan", "--vram", "4GiB", "--ctx", "4096", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -128,6 +132,7 @@ def test_plan_usage_errors(args: list[str], needle: str) -> None:
     assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_run_with_vram_says_what_it_chose(gemma: Path) -> None:
     proc = run_cli("run", str(gemma), "--raw", "-p", "The capital of France is", "-n", "4", "--temp", "0",
                    "--vram", "350MiB", "--ctx", "32768", "--policy", "offload", "--no-stats")

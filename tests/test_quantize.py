@@ -116,6 +116,7 @@ def test_quantized_input_needs_allow_requantize(smollm2: Path, tmp_path: Path) -
     assert not (tmp_path / "x.gguf").exists()
 
 
+@pytest.mark.slow
 def test_bad_input_files(tmp_path: Path) -> None:
     (tmp_path / "notes.gguf").write_text("not a model")
     for path, needle in ((tmp_path / "missing.gguf", "not found"), (tmp_path / "notes.gguf", "not a GGUF file")):

@@ -19,6 +19,7 @@ def f16_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_llama_gguf(tmp_path_factory.mktemp("qsize") / "synth-F16.gguf", SynthSpec(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, dtype="f16"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K_M"])
 def test_dry_run_size_is_the_file_size(f16_source: Path, tmp_path: Path, qtype: str) -> None:
     out = tmp_path / f"synth-{qtype}.gguf"

@@ -92,6 +92,7 @@ def test_malformed_rpc_is_a_usage_error(value: str) -> None:
     assert "--rpc" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_worker_refuses_open_host_without_the_flag() -> None:
     proc = run_cli("worker", "--host", "0.0.0.0", "--port", str(free_port()))
     assert proc.returncode == 2
@@ -100,6 +101,7 @@ def test_worker_refuses_open_host_without_the_flag() -> None:
     assert proc.returncode == 2 and "IPv4" in proc.stderr
 
 
+@pytest.mark.slow
 def test_worker_down_is_one_line_before_any_load(smollm2: Path) -> None:
     port = free_port()  # nothing listens there
     t0 = time.monotonic()
@@ -109,6 +111,7 @@ def test_worker_down_is_one_line_before_any_load(smollm2: Path) -> None:
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.slow
 def test_silent_worker_times_out_instead_of_hanging() -> None:
     """A port that accepts and never answers (a worker busy with another client
     looks like this): one line, exit 1, within the probe timeout."""

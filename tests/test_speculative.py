@@ -48,6 +48,7 @@ def test_generate_keeps_the_cache_consistent(synth_model: Path) -> None:
         assert run.stats.generated_tokens == 40
 
 
+@pytest.mark.slow
 def test_usage_errors() -> None:
     for args, needle in ((["--speculate", "lookup", "--temp", "0.7"], "add --temp 0"), (["--speculate", "draft", "--temp", "0"], "needs --draft")):
         proc = run_cli("run", "-p", "hi", *args)

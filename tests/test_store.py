@@ -78,6 +78,7 @@ def test_path_tricks_in_file_names_are_refused(bad: str) -> None:
         hf_cache.check_filename(bad)
 
 
+@pytest.mark.slow
 def test_cli_refuses_path_tricks_before_any_request(hub: FakeHub) -> None:
     for args in (["pull", "../../etc"], ["pull", "/abs/repo"], ["pull", REPO_ID, "--file", "../../../outside.gguf"], ["pull", REPO_ID, "--file", "/etc/passwd"]):
         r = run_cli(*args)
@@ -90,6 +91,7 @@ def test_cli_refuses_path_tricks_before_any_request(hub: FakeHub) -> None:
 # -- pull ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_pull_stores_once_in_the_layout_huggingface_hub_reads(hub: FakeHub, quants: dict[str, Path]) -> None:
     r = run_cli("pull", f"{REPO_ID}:F16", env={"HF_ENDPOINT": hub.endpoint})
     assert r.returncode == 0, r.stderr
@@ -118,6 +120,7 @@ def test_pull_stores_once_in_the_layout_huggingface_hub_reads(hub: FakeHub, quan
     assert r4.returncode == 0, r4.stderr
 
 
+@pytest.mark.slow
 def test_pull_reads_what_huggingface_hub_downloaded(hub: FakeHub) -> None:
     """A file huggingface_hub put in the cache is found, named, and not ours to delete."""
     from huggingface_hub import hf_hub_download
@@ -134,6 +137,7 @@ def test_pull_reads_what_huggingface_hub_downloaded(hub: FakeHub) -> None:
     assert Path(path).exists()
 
 
+@pytest.mark.slow
 def test_pull_resumes_after_ctrl_c(hub: FakeHub, quants: dict[str, Path]) -> None:
     hub.trickle = 0.05  # 64 KiB every 50 ms: ~4 s for the F32 file
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint}
@@ -168,6 +172,7 @@ def test_pull_resumes_after_ctrl_c(hub: FakeHub, quants: dict[str, Path]) -> Non
     assert not part.exists()
 
 
+@pytest.mark.slow
 def test_the_token_goes_to_the_hub_not_the_cdn(hub: FakeHub) -> None:
     r = run_cli("pull", REPO_ID, "--quant", "F16", env={"HF_TOKEN": "hf_secret"})
     assert r.returncode == 0, r.stderr
@@ -178,6 +183,7 @@ def test_the_token_goes_to_the_hub_not_the_cdn(hub: FakeHub) -> None:
     assert not any(auth for path, auth in hub.authorized if path.startswith("/cdn/"))
 
 
+@pytest.mark.slow
 def test_dropped_connection_resumes_in_the_same_run(hub: FakeHub, quants: dict[str, Path]) -> None:
     hub.cut_after = 1 << 20
     r = run_cli("pull", REPO_ID, "--quant", "F32", "--json")
@@ -186,6 +192,7 @@ def test_dropped_connection_resumes_in_the_same_run(hub: FakeHub, quants: dict[s
     assert Path(json.loads(r.stdout)["path"]).read_bytes() == quants["F32"].read_bytes()
 
 
+@pytest.mark.slow
 def test_checksum_mismatch_keeps_nothing(hub: FakeHub) -> None:
     hub.corrupt.add("Synth-F16.gguf")
     r = run_cli("pull", REPO_ID, "--quant", "F16", "--json")  # --json: no progress bar on stderr
@@ -196,6 +203,7 @@ def test_checksum_mismatch_keeps_nothing(hub: FakeHub) -> None:
     assert registry.find("synth:f16") is None
 
 
+@pytest.mark.slow
 def test_vram_picks_the_largest_quant_that_fits(hub: FakeHub, quants: dict[str, Path]) -> None:
     from localllm import planner, verdict
     from localllm.gguf_file import read_header
@@ -219,6 +227,7 @@ def test_vram_picks_the_largest_quant_that_fits(hub: FakeHub, quants: dict[str, 
     assert "fits 6.00 GB with" in json.loads(run_cli("pull", REPO_ID, "--vram", "6GB", "--json").stdout)["reason"]
 
 
+@pytest.mark.slow
 def test_offline_uses_the_cache_and_never_the_network(hub: FakeHub) -> None:
     assert run_cli("pull", REPO_ID, "--quant", "F16").returncode == 0
     hub.requests.clear()
@@ -234,6 +243,7 @@ def test_offline_uses_the_cache_and_never_the_network(hub: FakeHub) -> None:
     assert hub.requests == []
 
 
+@pytest.mark.slow
 def test_unknown_repo_and_unreachable_hub_are_one_line(hub: FakeHub) -> None:
     r = run_cli("pull", "acme/Missing-GGUF")
     assert r.returncode == 1 and "no repo acme/Missing-GGUF" in r.stderr
@@ -268,6 +278,7 @@ def _ollama_store(root: Path, blob_src: Path, name: str, tag: str, host: str = "
     return blob
 
 
+@pytest.mark.slow
 def test_list_names_models_of_every_source(tmp_path: Path, synth_model: Path) -> None:
     lms = Path(os.environ["LOCALLLM_LMSTUDIO_DIR"]) / "lmstudio-community" / "Synth-GGUF" / "Synth-Q8_0.gguf"
     lms.parent.mkdir(parents=True)
@@ -309,6 +320,7 @@ def test_ollama_names_from_manifests(synth_model: Path, tmp_path: Path) -> None:
     assert registry.find("acme/Synth-GGUF:Q4_K_M") == names["hf.co/acme/Synth-GGUF:Q4_K_M"]
 
 
+@pytest.mark.slow
 def test_rm_deletes_only_what_localllm_stored(hub: FakeHub, synth_model: Path, tmp_path: Path) -> None:
     assert run_cli("pull", REPO_ID, "--quant", "F16").returncode == 0
     folder = hf_cache_dir() / "models--acme--Synth-GGUF"
@@ -334,6 +346,7 @@ def test_rm_deletes_only_what_localllm_stored(hub: FakeHub, synth_model: Path, t
     assert r.returncode == 1 and "no model named" in r.stderr
 
 
+@pytest.mark.slow
 def test_add_refuses_what_is_not_a_model(tmp_path: Path) -> None:
     bad = tmp_path / "notes.gguf"
     bad.write_text("hello")
@@ -347,6 +360,7 @@ def test_add_refuses_what_is_not_a_model(tmp_path: Path) -> None:
 # -- the catalog -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_catalog_verdicts_are_the_planners() -> None:
     from scripts.catalog_verdicts import updated_text
 
@@ -365,6 +379,7 @@ def test_catalog_verdicts_are_the_planners() -> None:
     assert any(r["full_gpu_4gb"] for r in rows) and any(not r["full_gpu_4gb"] and r["full_gpu_6gb"] for r in rows)
 
 
+@pytest.mark.slow
 def test_list_catalog_shows_both_budgets() -> None:
     r = run_cli("list", "--catalog")
     assert r.returncode == 0, r.stderr
@@ -391,6 +406,7 @@ def test_a_pulled_model_runs_by_its_name(smollm2: Path) -> None:
         h.stop()
 
 
+@pytest.mark.slow
 def test_rm_deletes_files_in_localllms_own_folder(synth_model: Path) -> None:
     from localllm import paths
 
@@ -430,6 +446,7 @@ def test_catalog_estimate_matches_the_header_plan_gemma(gemma: Path) -> None:
     assert abs(ratio - 1) < 0.03 and dkv == 0 and dcompute == 0
 
 
+@pytest.mark.slow
 def test_a_name_two_stores_share_gets_the_source_appended(hub: FakeHub, quants: dict[str, Path]) -> None:
     assert run_cli("pull", REPO_ID, "--quant", "F16").returncode == 0
     lms = Path(os.environ["LOCALLLM_LMSTUDIO_DIR"]) / "someone" / "Synth-GGUF" / "Synth-F16.gguf"

@@ -69,6 +69,7 @@ def _reg(home: Path) -> Path:
     return home / "registry.json"
 
 
+@pytest.mark.slow
 def test_unknown_fields_are_kept_and_missing_ones_defaulted(synth_model: Path, _isolated_home: Path) -> None:
     reg = _reg(_isolated_home)
     reg.write_text(json.dumps({
@@ -87,6 +88,7 @@ def test_unknown_fields_are_kept_and_missing_ones_defaulted(synth_model: Path, _
     assert data["pulled"][0]["signature"] == {"by": "future"} and data["added"] == [str(synth_model.resolve())]
 
 
+@pytest.mark.slow
 def test_a_record_without_version_or_lists_loads(_isolated_home: Path) -> None:
     _reg(_isolated_home).write_text("{}")
     rec = registry.load_record()

@@ -61,6 +61,7 @@ def test_chat_ttft_includes_the_prompt_cache_load(smollm2: Path, tmp_path: Path)
                 assert session.prompt_cache_hit
 
 
+@pytest.mark.slow
 async def test_cockpit_live_ttft_is_the_final_ttft(synth_model: Path) -> None:
     """The live figure (shown when the first text arrives) and the final one
     (from the stats when the reply ends) are the same number: one clock from Enter."""

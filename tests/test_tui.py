@@ -68,6 +68,7 @@ def scripted_app(synth_model: Path, **kw) -> tuple[LocalLLMApp, ScriptedEngine]:
     return app, backend
 
 
+@pytest.mark.slow
 async def test_timings_shown_exactly(synth_model: Path) -> None:
     app, _ = scripted_app(synth_model, ttft_ms=300, itl_ms=40, tokens=10)
     async with app.run_test(size=(140, 40)) as pilot:
@@ -82,6 +83,7 @@ async def test_timings_shown_exactly(synth_model: Path) -> None:
         assert chat_text(app)[-1] == ("assistant", "".join(f" tok{i}" for i in range(10)))
 
 
+@pytest.mark.slow
 async def test_slow_start_verdict(synth_model: Path) -> None:
     app, _ = scripted_app(synth_model, ttft_ms=800, itl_ms=20, tokens=6)
     async with app.run_test(size=(140, 40)) as pilot:
@@ -92,6 +94,7 @@ async def test_slow_start_verdict(synth_model: Path) -> None:
         assert "TTFT is 89% of the reply" in panel_text(app)
 
 
+@pytest.mark.slow
 async def test_escape_stops_and_input_stays_responsive(synth_model: Path) -> None:
     app, backend = scripted_app(synth_model, ttft_ms=50, itl_ms=30, tokens=2000)  # 60 s: typing on a busy machine takes seconds
     async with app.run_test(size=(140, 40)) as pilot:
@@ -110,6 +113,7 @@ async def test_escape_stops_and_input_stays_responsive(synth_model: Path) -> Non
         assert app.query_one("#prompt").value == "next question"
 
 
+@pytest.mark.slow
 async def test_session_saved_and_reopened(synth_model: Path, _isolated_home: Path) -> None:
     app, _ = scripted_app(synth_model, ttft_ms=10, itl_ms=5, tokens=3)
     async with app.run_test(size=(140, 40)) as pilot:
@@ -135,6 +139,7 @@ async def test_session_saved_and_reopened(synth_model: Path, _isolated_home: Pat
         assert ("user", "remember me") in chat_text(app2)
 
 
+@pytest.mark.slow
 async def test_settings_change_reloads(synth_model: Path) -> None:
     app, backend = scripted_app(synth_model)
     async with app.run_test(size=(140, 50)) as pilot:
@@ -156,6 +161,7 @@ async def test_settings_change_reloads(synth_model: Path) -> None:
         assert backend.loads == 2 and app.chat.sampling.temperature == 0.1  # no reload for sampling
 
 
+@pytest.mark.slow
 async def test_models_screen_lists_and_judges_fit(synth_model: Path) -> None:
     from tests.test_store import _ollama_store
 
@@ -197,6 +203,7 @@ async def test_real_model_streams_and_panels_fill(smollm2: Path) -> None:
         assert "Rome" in chat_text(app)[-1][1]
 
 
+@pytest.mark.slow
 async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
     """From the models screen: quantize the selected model (a progress bar, a new
     file beside it), then switch to another model, which reloads."""

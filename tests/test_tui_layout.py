@@ -27,6 +27,7 @@ def _visible(widget) -> bool:
     return widget.display and all(a.display for a in widget.ancestors_with_self if hasattr(a, "display"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(80, 24), (100, 30), (140, 40), (200, 60), (120, 20)])
 async def test_input_never_covered_and_chat_keeps_room(synth_model: Path, size: tuple[int, int]) -> None:
     app = _app(synth_model)

@@ -5,6 +5,8 @@ engine records it; the fitting service decides it, as for ``run``)."""
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 from pathlib import Path
 
@@ -23,6 +25,7 @@ def _app(*argv: str):
     return app_from_args(args, backend_factory=lambda: backend, bandwidth=20e9), backend
 
 
+@pytest.mark.slow
 async def test_every_load_option_reaches_the_engine(synth_model: Path) -> None:
     app, backend = _app(str(synth_model), "--ctx", "1024", "--k-type", "q8_0", "--flash-attn", "off", "--batch", "256",
                         "--ubatch", "128", "--threads", "1", "--ngl", "0", "--swa-full", "--vram", "4GiB")
@@ -49,6 +52,7 @@ async def test_quantized_v_cache_turns_flash_attention_on(synth_model: Path) -> 
         assert (c.type_k, c.type_v, c.flash_attn, c.n_ctx) == ("q4_0", "q4_0", "on", 512)
 
 
+@pytest.mark.slow
 async def test_policy_and_vram_decide_the_fit(smollm2: Path) -> None:
     """SmolLM2 at 8192 tokens in a 300 MiB budget: the ctx policy keeps every
     layer on the GPU and gives up context, the offload policy keeps the context
@@ -68,6 +72,7 @@ async def test_policy_and_vram_decide_the_fit(smollm2: Path) -> None:
         assert c.n_ctx == 8192 and 0 < c.n_gpu_layers < 31
 
 
+@pytest.mark.slow
 async def test_what_does_not_fit_is_not_loaded(smollm2: Path) -> None:
     """Every layer fixed on a 50 MiB GPU: the fitting service says no, the
     cockpit says why and asks the engine for nothing."""
@@ -83,6 +88,7 @@ async def test_what_does_not_fit_is_not_loaded(smollm2: Path) -> None:
         assert backend.loads == 0 and app.backend is None
 
 
+@pytest.mark.slow
 async def test_models_screen_reads_headers_off_the_ui_thread(synth_model: Path, monkeypatch) -> None:
     """The models screen reads each model's header in a worker thread and gets
     the rows in a message; the UI thread reads none (a slow disk never freezes it)."""

@@ -45,6 +45,7 @@ def notes(app: LocalLLMApp) -> list[str]:
     return [t for r, t in chat_text(app) if r == "note"]
 
 
+@pytest.mark.slow
 async def test_model_without_template_opens_in_completion_mode(synth_model: Path) -> None:
     app, _ = scripted(synth_model, ttft_ms=20, itl_ms=10, tokens=5, chat_template=False)
     async with app.run_test(size=(140, 40)) as pilot:
@@ -85,6 +86,7 @@ def _write(d: Path, name: str, data: object) -> None:
     (d / name).write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
 
 
+@pytest.mark.slow
 async def test_damaged_session_files_are_skipped_with_a_notice(synth_model: Path) -> None:
     good = sessions.SavedSession.new(str(synth_model), None, {"n_ctx": 1024})
     good.messages = [{"role": "user", "content": "kept question"}, {"role": "assistant", "content": "kept answer"}]
@@ -116,6 +118,7 @@ async def test_damaged_session_files_are_skipped_with_a_notice(synth_model: Path
     assert all(p.exists() for p in d.iterdir())  # nothing deleted
 
 
+@pytest.mark.slow
 async def test_session_whose_model_is_gone_keeps_the_current_model(synth_model: Path, tmp_path: Path) -> None:
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\xff" * 40)
@@ -170,6 +173,7 @@ async def test_load_refused_for_memory_keeps_the_model(smollm2: Path) -> None:
         assert role == "assistant" and "Rome" in reply
 
 
+@pytest.mark.slow
 async def test_quit_mid_reply_stops_within_one_token(synth_model: Path) -> None:
     app, backend = scripted(synth_model, ttft_ms=20, itl_ms=50, tokens=400)  # 20 s if it ran to the end
     async with app.run_test(size=(140, 40)) as pilot:
@@ -184,6 +188,7 @@ async def test_quit_mid_reply_stops_within_one_token(synth_model: Path) -> None:
     assert 0 < len(backend.stamps) < 100
 
 
+@pytest.mark.slow
 async def test_failed_worker_shows_the_error_and_the_app_goes_on(synth_model: Path) -> None:
     app, backend = scripted(synth_model, ttft_ms=10, itl_ms=5, tokens=6, fail_at=3)
     async with app.run_test(size=(140, 40)) as pilot:
@@ -198,6 +203,7 @@ async def test_failed_worker_shows_the_error_and_the_app_goes_on(synth_model: Pa
         assert chat_text(app)[-1] == ("assistant", "".join(f" tok{i}" for i in range(6)))
 
 
+@pytest.mark.slow
 async def test_failing_backend_factory_is_reported(synth_model: Path) -> None:
     def factory():
         raise RuntimeError("no engine here")
@@ -210,6 +216,7 @@ async def test_failing_backend_factory_is_reported(synth_model: Path) -> None:
         assert app.is_running and notes(app)[-1] == "no model is loaded: F2 picks one"
 
 
+@pytest.mark.slow
 async def test_file_names_are_shown_escaped(synth_model: Path, tmp_path: Path) -> None:
     """A model file whose name carries an escape sequence cannot draw on the screen."""
     odd = tmp_path / "evil\x1b[2J\nname.gguf"

@@ -25,6 +25,7 @@ from tests.test_rpc import WorkerProc, free_port
 from tests.test_tui import panel_text, send, wait_idle
 
 
+@pytest.mark.slow
 def test_tui_worker_down_is_one_line_before_the_screen() -> None:
     port = free_port()  # nothing listens there
     t0 = time.monotonic()

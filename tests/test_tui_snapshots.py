@@ -38,6 +38,7 @@ async def _settle(app, pilot) -> None:
     app.query_one("#prompt").cursor_blink = False
 
 
+@pytest.mark.slow
 def test_main_screen_after_a_reply(snap_compare, fixed_model: Path) -> None:
     async def run_before(pilot) -> None:
         app = pilot.app
@@ -48,6 +49,7 @@ def test_main_screen_after_a_reply(snap_compare, fixed_model: Path) -> None:
     assert snap_compare(make_app(fixed_model), terminal_size=SIZE, run_before=run_before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
 def test_main_screen_fits_the_terminal(snap_compare, fixed_model: Path, size: tuple[int, int]) -> None:
     """80×24: the panels fold into one status line above a full-width input;
@@ -62,6 +64,7 @@ def test_main_screen_fits_the_terminal(snap_compare, fixed_model: Path, size: tu
     assert snap_compare(make_app(fixed_model), terminal_size=size, run_before=run_before)
 
 
+@pytest.mark.slow
 def test_settings_screen(snap_compare, fixed_model: Path) -> None:
     async def run_before(pilot) -> None:
         await _settle(pilot.app, pilot)
@@ -74,6 +77,7 @@ def test_settings_screen(snap_compare, fixed_model: Path) -> None:
     assert snap_compare(make_app(fixed_model), terminal_size=(140, 50), run_before=run_before)
 
 
+@pytest.mark.slow
 def test_models_screen(snap_compare, fixed_model: Path) -> None:
     async def run_before(pilot) -> None:
         await _settle(pilot.app, pilot)

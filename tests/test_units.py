@@ -39,6 +39,7 @@ def test_shown_as_typed_or_in_binary_units() -> None:
     assert json.dumps({"vram": units.parse_size("6GB")}) == '{"vram": 6000000000}'  # JSON stays bytes
 
 
+@pytest.mark.slow
 def test_vram_is_shown_in_the_unit_typed(synth_model) -> None:
     gb = run_cli("list", "--vram", "6GB")
     gib = run_cli("list", "--vram", "6GiB")
@@ -48,6 +49,7 @@ def test_vram_is_shown_in_the_unit_typed(synth_model) -> None:
     assert bad.returncode == 2 and "6GB (6·10⁹ bytes)" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_plan_shows_the_budget_as_typed_and_computes_with_it(synth_model) -> None:
     for typed, shown, n in (("6GB", "GPU budget 6.00 GB (--vram)", 6 * 10**9), ("6GiB", "GPU budget 6.00 GiB (--vram)", 6 * 2**30)):
         text = run_cli("plan", str(synth_model), "--vram", typed)
