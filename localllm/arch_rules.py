@@ -13,8 +13,9 @@ Pure Python over ``gguf_file.GGUFHeader``: no llama.cpp import.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from localllm.gguf_file import GGUFHeader
 

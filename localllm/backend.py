@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from localllm.config import LoadConfig
 from localllm.llama_rules import FLASH_ATTN_MODES, check_cache_types, ggml_type_id  # noqa: F401  (the engine adapter imports them from here)

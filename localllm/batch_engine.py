@@ -21,9 +21,9 @@ tokenizes and samples exactly as ``run`` does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import llama_cpp
 
@@ -146,6 +146,7 @@ class BatchModel:
         if not 0 < n <= self._cap:
             raise EngineError(f"a batch of {n} tokens does not fit n_batch {self._cap}")
         b = self._batch
+        assert b is not None  # n <= self._cap > 0 only once loaded
         token, pos, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
         for i, (tok, p, s, want) in enumerate(entries):
             token[i] = tok

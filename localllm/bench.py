@@ -10,8 +10,9 @@ single-token evaluations over their time; both as mean ± sample stddev over
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from localllm.backend import SamplingConfig
 from localllm.engine_api import Engine
@@ -63,7 +64,10 @@ def run_bench(
     _one(backend, random_prompt(min(prompt_lengths[0], 64), n_vocab, bos, seed), min(gen_tokens, 8))
     rows = []
     for p in prompt_lengths:
-        pp, tg, ttft, gaps = [], [], [], []
+        pp: list[float] = []
+        tg: list[float] = []
+        ttft: list[float] = []
+        gaps: list[float] = []
         for r in range(reps):
             if progress:
                 progress(f"pp{p} tg{gen_tokens} rep {r + 1}/{reps}")

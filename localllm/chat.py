@@ -11,9 +11,9 @@ Each shift is recorded (tokens dropped, time taken, in place or re-processed).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from localllm.backend import SamplingConfig, TokenEvent
 from localllm.engine_api import Engine, Generation

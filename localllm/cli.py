@@ -11,11 +11,12 @@ import argparse
 import logging
 import os
 import sys
-from typing import Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from localllm import __version__
-from localllm.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, LocalLLMError
+from localllm.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,7 +89,9 @@ def _int_list(text: str) -> list[int]:
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None, help="a name from localllm list (smollm2, gemma3-270m, llama-3.2-1b-instruct:q4_k_m, ...) or a path to a .gguf file; default: smollm2")
+    p.add_argument("model", nargs="?", default=None,
+        help="a name from localllm list (smollm2, gemma3-270m, llama-3.2-1b-instruct:q4_k_m, ...) or a path to a "
+        ".gguf file; default: smollm2")
 
 
 def _add_template(p: argparse.ArgumentParser) -> None:
@@ -100,19 +103,25 @@ def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fi
     g = p.add_argument_group("load options")
     g.add_argument("--ctx", type=_int_at_least(1, "--ctx", MAX_CTX), default=ctx_default, metavar="N", help="context size in tokens (default: %(default)s)")
     g.add_argument("--threads", type=_threads, default=None, metavar="N", help="CPU threads (default: physical cores)")
-    g.add_argument("--ngl", type=_int_at_least(-1, "--ngl", MAX_INT32), default=None, metavar="N", help="layers to offload to the GPU, -1 for all (default: all, or what fits --vram)")
+    g.add_argument("--ngl", type=_int_at_least(-1, "--ngl", MAX_INT32), default=None, metavar="N",
+        help="layers to offload to the GPU, -1 for all (default: all, or what fits --vram)")
     g.add_argument("--kv-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help=f"K and V cache type: {', '.join(KV_CACHE_TYPES)} (default: f16)")
     g.add_argument("--k-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help="K cache type alone")
     g.add_argument("--v-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help="V cache type alone (quantized needs flash attention)")
     g.add_argument("--flash-attn", choices=FLASH_ATTN_MODES, default="auto", help="flash attention (default: auto; a quantized V cache needs it)")
     g.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers (more memory; the cache can shift)")
     g.add_argument("--batch", type=_int_at_least(1, "--batch", MAX_CTX), default=512, metavar="N", help="logical batch for prompt processing (default: 512)")
-    g.add_argument("--ubatch", type=_int_at_least(1, "--ubatch", MAX_CTX), default=512, metavar="N", help="physical batch: sizes the compute buffer (default: 512)")
+    g.add_argument("--ubatch", type=_int_at_least(1, "--ubatch", MAX_CTX), default=512, metavar="N",
+        help="physical batch: sizes the compute buffer (default: 512)")
     if rpc:
-        g.add_argument("--rpc", type=_rpc, default=None, metavar="HOST:PORT[,...]", help="also use the devices of these workers (localllm worker on each machine); no authentication: trusted networks only")
+        g.add_argument("--rpc", type=_rpc, default=None, metavar="HOST:PORT[,...]",
+            help="also use the devices of these workers (localllm worker on each machine); no authentication: trusted "
+            "networks only")
     if fit:
-        g.add_argument("--vram", type=_size, default=None, metavar="SIZE", help="GPU memory budget: 4GiB (4·2³⁰ bytes), 6GB (6·10⁹), 512MiB; a bare number is GiB (default: detected)")
-        g.add_argument("--policy", choices=("ctx", "offload"), default="ctx", help="when it does not fit: shrink the context first (ctx, default) or offload fewer layers (offload)")
+        g.add_argument("--vram", type=_size, default=None, metavar="SIZE",
+            help="GPU memory budget: 4GiB (4·2³⁰ bytes), 6GB (6·10⁹), 512MiB; a bare number is GiB (default: detected)")
+        g.add_argument("--policy", choices=("ctx", "offload"), default="ctx",
+            help="when it does not fit: shrink the context first (ctx, default) or offload fewer layers (offload)")
 
 
 def _rpc(text: str):
@@ -217,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--file", default=None, metavar="NAME", help="the file in the repo")
     which.add_argument("--quant", default=None, metavar="Q", help="the quant to take, e.g. Q4_K_M or Q8_0")
-    p.add_argument("--vram", type=_size, default=None, metavar="SIZE", help="with no --file/--quant: the largest quant that fits this GPU budget, by the planner")
+    p.add_argument("--vram", type=_size, default=None, metavar="SIZE",
+        help="with no --file/--quant: the largest quant that fits this GPU budget, by the planner")
     p.add_argument("--revision", default="main", metavar="REV", help="branch, tag or commit (default: main)")
     p.add_argument("--offline", action="store_true", help="use the cache only; never touch the network (also: HF_HUB_OFFLINE=1)")
     p.add_argument("--json", action="store_true", help="one JSON object")
@@ -240,11 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; another one warns without --api-key)")
     p.add_argument("--port", type=_port, default=8080, help="TCP port, 0 for any free one (default: 8080)")
-    p.add_argument("--parallel", type=_int_at_least(1, "--parallel"), default=4, metavar="N", help="sequences decoded together; the KV cache holds N x --ctx (default: 4)")
+    p.add_argument("--parallel", type=_int_at_least(1, "--parallel"), default=4, metavar="N",
+        help="sequences decoded together; the KV cache holds N x --ctx (default: 4)")
     p.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY' (also: LOCALLLM_API_KEY)")
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: the name given)")
     p.add_argument("--max-queue", type=_int_at_least(1, "--max-queue"), default=64, metavar="N", help="requests waiting for a slot before 429 (default: 64)")
-    p.add_argument("--prefill-chunk", type=_int_at_least(1, "--prefill-chunk"), default=128, metavar="N", help="prompt tokens per step while others generate (default: 128)")
+    p.add_argument("--prefill-chunk", type=_int_at_least(1, "--prefill-chunk"), default=128, metavar="N",
+        help="prompt tokens per step while others generate (default: 128)")
     _add_load_options(p, ctx_default=None)
     p.add_argument("--json", action="store_true", help="the request log as one JSON object per line (stderr)")
 
@@ -258,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--url", default=None, metavar="URL", help="measure this OpenAI-compatible server instead, e.g. http://127.0.0.1:8080/v1")
     u.add_argument("--model", dest="served_model", default=None, metavar="NAME", help="model name to ask for (default: the server's first in /v1/models)")
     u.add_argument("--concurrency", type=_int_list, default=[1, 4, 8], metavar="N,N", help="concurrent streaming clients (default: 1,4,8)")
-    u.add_argument("--requests", type=_int_at_least(1, "--requests"), default=None, metavar="N", help="requests per concurrency level (default: 2 x concurrency, at least 4)")
+    u.add_argument("--requests", type=_int_at_least(1, "--requests"), default=None, metavar="N",
+        help="requests per concurrency level (default: 2 x concurrency, at least 4)")
     u.add_argument("--api-key", default=None, metavar="KEY", help="sent as 'Authorization: Bearer KEY' (also: OPENAI_API_KEY)")
     u.add_argument("--timeout", type=_nonneg_float, default=300.0, metavar="S", help="seconds per request (default: 300)")
     p.add_argument("--json", action="store_true", help="a JSON list of rows")
@@ -267,9 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="IPv4 address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=_worker_port, default=50052, metavar="N", help="TCP port (default: 50052)")
     p.add_argument("--threads", type=_int_at_least(1, "--threads"), default=None, metavar="N", help="CPU threads for a CPU device (default: physical cores)")
-    p.add_argument("--device", type=lambda t: [d for d in t.split(",") if d], default=None, metavar="DEV[,DEV]", help="devices to serve, e.g. CUDA0 or CPU (default: the GPUs, else the CPU)")
+    p.add_argument("--device", type=lambda t: [d for d in t.split(",") if d], default=None, metavar="DEV[,DEV]",
+        help="devices to serve, e.g. CUDA0 or CPU (default: the GPUs, else the CPU)")
     p.add_argument("--i-understand-this-is-open", action="store_true",
-                   help="allow a --host other than loopback: the RPC protocol has no authentication, anyone who reaches the port can use this machine's devices and memory")
+
+                       help="allow a --host other than loopback: the RPC protocol has no authentication, anyone who reaches the "
+                       "port can use this machine's devices and memory")
     p.add_argument("--json", action="store_true", help="one JSON line on stdout when the worker is ready (endpoint, devices)")
     return parser
 

@@ -18,7 +18,8 @@ Pure Python (no llama.cpp import); the graphs cover the architectures in
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # ggml type -> (bytes per block, values per block) (ggml/src/ggml.c type_traits)
 _TYPES = {"f32": (4, 1), "f16": (2, 1), "bf16": (2, 1), "i32": (4, 1), "i64": (8, 1),
@@ -40,8 +41,8 @@ class Tensor:
 
     __slots__ = ("ne", "nb", "type", "op", "src", "view_src", "input", "output", "ext")
 
-    def __init__(self, type_: str, ne: tuple[int, ...], op: str = "NONE", src: tuple["Tensor", ...] = (),
-                 view_src: "Tensor | None" = None, nb: tuple[int, ...] | None = None, ext: bool = False) -> None:
+    def __init__(self, type_: str, ne: tuple[int, ...], op: str = "NONE", src: tuple[Tensor | None, ...] = (),
+                 view_src: Tensor | None = None, nb: tuple[int, ...] | None = None, ext: bool = False) -> None:
         ne = tuple(ne) + (1,) * (4 - len(ne))
         self.ne, self.type, self.op, self.src, self.view_src, self.ext = ne, type_, op, src, view_src, ext
         if nb is None:
@@ -284,6 +285,7 @@ def allocate(graph: Graph) -> int:
             if n_children[id(p)] == 0 and n_views.get(id(p), 0) == 0:
                 if is_view(p):
                     vs = p.view_src
+                    assert vs is not None  # is_view: a view always has its source
                     n_views[id(vs)] -= 1
                     if n_views[id(vs)] == 0 and n_children.get(id(vs), 0) == 0 and own.get(id(vs)):
                         free_node(vs)
@@ -328,7 +330,7 @@ class Ctx:
     # src/llama-graph.cpp build_attn_inp_kv(_iswa) and src/llama-kv-cache.cpp build_input_*
     def attn_inputs(self, cache: dict[str, Any]) -> dict[str, Any]:
         T = self.T
-        inp = {"k_idxs": new("i64", T)}
+        inp: dict[str, Any] = {"k_idxs": new("i64", T)}
         inp["v_idxs"] = new("i64", T) if self.fa else new("i64", T * cache["n_embd_v_max"])
         if cache["has_v"] is False:
             inp["v_idxs"] = None
@@ -607,8 +609,7 @@ def _lfm2(c: Ctx, arch: str) -> Tensor:
         if il in p["recurrent_layers"]:
             cur = reshape(cur, E, T, 1)
             bcx = mul_mat(_w(E, 3 * E), cur)
-            chunk = dict(nb=(bcx.nb[1], bcx.nb[2]))
-            b, cc, x = (view(bcx, (E, T, 1), **chunk) for _ in range(3))
+            b, cc, x = (view(bcx, (E, T, 1), nb=(bcx.nb[1], bcx.nb[2])) for _ in range(3))
             bx = transpose(dup("MUL", b, x))
             state = Tensor("f32", (d_conv * E, 1), ext=True)
             states = reshape(state, d_conv * E, 1)

@@ -44,11 +44,11 @@ class DoctorReport:
     bottleneck: str
     prompt_tokens: int
     generated_tokens: int
-    ttft_ms: float
-    itl_p50_ms: float
-    itl_p95_ms: float
-    prefill_tokens_per_s: float
-    decode_tokens_per_s: float
+    ttft_ms: float | None
+    itl_p50_ms: float | None
+    itl_p95_ms: float | None
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
     bandwidth_gb_per_s: float  # the CPU's, measured with the decode's thread count
     bytes_per_token: int
     decode_ceiling_tokens_per_s: float | None  # None: the GPU's bandwidth is unknown
@@ -118,8 +118,12 @@ def examine(
     gpu_share = plan.kv_gpu_bytes / plan.kv_cache_bytes if plan.kv_cache_bytes else 0.0
     gpu_read = gpu_weights_read_per_token(shape, plan, gpu) + int(kv_now * gpu_share)
     rf: Roofline = roofline(
-        bandwidth, weights_read_per_token(shape), kv_now, stats.decode_tokens_per_s or None,
-        gpu_bytes=gpu_read, gpu_bandwidth=gpu_bandwidth,
+        bandwidth,
+        weights_read_per_token(shape),
+        kv_now,
+        stats.decode_tokens_per_s or None,
+        gpu_bytes=gpu_read,
+        gpu_bandwidth=gpu_bandwidth,
     )
     weights = plan.weights_gpu_bytes + plan.weights_cpu_bytes
     total = weights + plan.kv_cache_bytes + plan.compute_bytes + plan.output_bytes
@@ -144,8 +148,14 @@ def examine(
     }
     if placement is not None:
         settings["devices"] = [
-            {"name": u.device.name, "kind": u.device.kind, "layers": len(u.layers), "output_layer": u.output_layer,
-             "total_bytes": u.total_bytes, "free_bytes": u.device.free_bytes if u.device.kind != "cpu" else hw.ram_available_bytes}
+            {
+                "name": u.device.name,
+                "kind": u.device.kind,
+                "layers": len(u.layers),
+                "output_layer": u.output_layer,
+                "total_bytes": u.total_bytes,
+                "free_bytes": u.device.free_bytes if u.device.kind != "cpu" else hw.ram_available_bytes,
+            }
             for u in placement.uses
         ]
     report = DoctorReport(
@@ -208,45 +218,80 @@ def _actions(r: DoctorReport, shape: planner.ModelShape, plan: planner.MemoryPla
         if r.bits_per_weight > Q4_K_M_BPW + 0.5:
             w4 = int(w * Q4_K_M_BPW / r.bits_per_weight)
             gain = (w + kv_now) / (w4 + kv_now)
-            out.append(Action(
-                f"use a Q4_K_M file (localllm quantize --type Q4_K_M, from an F16 source) instead of {r.file_type}",
-                f"decode ceiling x{gain:.2f} ({fmt_bytes(w + kv_now)} -> {fmt_bytes(w4 + kv_now)} read per token)",
-                "decode is memory-bound: fewer bits per weight, fewer bytes per token", gain, "derived"))
+            out.append(
+                Action(
+                    f"use a Q4_K_M file (localllm quantize --type Q4_K_M, from an F16 source) instead of {r.file_type}",
+                    f"decode ceiling x{gain:.2f} ({fmt_bytes(w + kv_now)} -> {fmt_bytes(w4 + kv_now)} read per token)",
+                    "decode is memory-bound: fewer bits per weight, fewer bytes per token",
+                    gain,
+                    "derived",
+                )
+            )
         if s["type_k"] == "f16" and kv_now:
             gain = (w + kv_now) / (w + kv_now // 2)
             cost = f"measured mean KL {kl:.4f} against f16" if kl is not None else "quality cost: see scripts/kv_cache_quality.py"
-            out.append(Action(
-                "--kv-type q8_0 (a quantized KV cache)",
-                f"KV read per token halves (x{gain:.2f} at this length, more at long contexts); {cost}",
-                f"the KV cache is {100 * kv_now / (w + kv_now):.0f}% of the bytes read per token now and {fmt_bytes(plan.kv_cache_bytes)} at full context", gain, "derived"))
+            out.append(
+                Action(
+                    "--kv-type q8_0 (a quantized KV cache)",
+                    f"KV read per token halves (x{gain:.2f} at this length, more at long contexts); {cost}",
+                    f"the KV cache is {100 * kv_now / (w + kv_now):.0f}% of the bytes read per token now and {fmt_bytes(plan.kv_cache_bytes)} at full context",
+                    gain,
+                    "derived",
+                )
+            )
         if r.decode_efficiency is not None and r.decode_efficiency < 0.5:
-            out.append(Action(
-                f"check threads ({s['threads']}, {s['physical_cores']} physical cores) and other load on the machine",
-                f"decode runs at {100 * r.decode_efficiency:.0f}% of its {r.decode_ceiling_tokens_per_s:.0f} t/s ceiling",
-                "far below the memory roofline, the bottleneck is not bandwidth: compute, threads or contention",
-                1 / max(r.decode_efficiency, 0.05) ** 0.5, "rule of thumb"))
+            out.append(
+                Action(
+                    f"check threads ({s['threads']}, {s['physical_cores']} physical cores) and other load on the machine",
+                    f"decode runs at {100 * r.decode_efficiency:.0f}% of its {r.decode_ceiling_tokens_per_s:.0f} t/s ceiling",
+                    "far below the memory roofline, the bottleneck is not bandwidth: compute, threads or contention",
+                    1 / max(r.decode_efficiency, 0.05) ** 0.5,
+                    "rule of thumb",
+                )
+            )
     else:
-        out.append(Action(
-            "shorten the prompt, or keep it as a chat prefix (localllm chat reuses the cached history each turn)",
-            f"TTFT scales with the {r.prompt_tokens} prompt tokens: {r.ttft_ms:.0f} ms now",
-            "prefill is compute-bound: every prompt token costs a pass through the model", 2.0))
+        out.append(
+            Action(
+                "shorten the prompt, or keep it as a chat prefix (localllm chat reuses the cached history each turn)",
+                f"TTFT scales with the {r.prompt_tokens} prompt tokens: {r.ttft_ms:.0f} ms now",
+                "prefill is compute-bound: every prompt token costs a pass through the model",
+                2.0,
+            )
+        )
         if s["n_ubatch"] < 512:
             out.append(Action("--ubatch 512 --batch 512", "bigger matrix multiplies in prefill", "small physical batches waste compute", 1.3))
         if s["flash_attn"] == "off":
             out.append(Action("--flash-attn on", "less memory traffic in attention over long prompts", "flash attention is off", 1.2))
     if r.bottleneck == "decode" and r.speculative_gain is not None and r.speculative_gain >= 1.05:
-        out.append(Action(
-            "--speculate lookup --temp 0 (prompt-lookup speculative decoding)",
-            f"measured x{r.speculative_gain:.2f} tokens/s on this prompt ({100 * (r.speculative_acceptance or 0):.0f}% of drafts accepted)",
-            "the reply repeats the prompt, so drafts from it are often right", r.speculative_gain, "measured"))
+        out.append(
+            Action(
+                "--speculate lookup --temp 0 (prompt-lookup speculative decoding)",
+                f"measured x{r.speculative_gain:.2f} tokens/s on this prompt ({100 * (r.speculative_acceptance or 0):.0f}% of drafts accepted)",
+                "the reply repeats the prompt, so drafts from it are often right",
+                r.speculative_gain,
+                "measured",
+            )
+        )
     if "devices" in s:
         out.extend(_offload_over_devices(s, shape))
     elif s["gpu_offload_supported"] and s["n_gpu_layers"] < shape.n_layer + 1:
-        out.append(Action(f"offload more layers (--ngl, now {s['n_gpu_layers']} of {shape.n_layer + 1})",
-                          "GPU memory bandwidth and compute are several times the CPU's", "layers are running on the CPU", 3.0))
+        out.append(
+            Action(
+                f"offload more layers (--ngl, now {s['n_gpu_layers']} of {shape.n_layer + 1})",
+                "GPU memory bandwidth and compute are several times the CPU's",
+                "layers are running on the CPU",
+                3.0,
+            )
+        )
     if s["threads"] != s["physical_cores"]:
-        out.append(Action(f"--threads {s['physical_cores']}", "llama.cpp scales with physical cores, not hyper-threads",
-                          f"threads {s['threads']} vs {s['physical_cores']} physical cores", 1.1))
+        out.append(
+            Action(
+                f"--threads {s['physical_cores']}",
+                "llama.cpp scales with physical cores, not hyper-threads",
+                f"threads {s['threads']} vs {s['physical_cores']} physical cores",
+                1.1,
+            )
+        )
     if not out:
         eff = "n/a" if r.decode_efficiency is None else f"{100 * r.decode_efficiency:.0f}%"
         out.append(Action("nothing obvious to change", f"decode at {eff} of its roofline", "already near the limit", 1.0, "measured"))
@@ -263,17 +308,20 @@ def _offload_over_devices(s: dict[str, Any], shape: planner.ModelShape) -> list[
     if not cpu["layers"]:
         return []
     layer = max(shape.layer_bytes) if shape.layer_bytes else 0
-    room = [d for d in devices[:-1] if d["free_bytes"] is not None
-            and d["free_bytes"] - planner.default_margin(d["free_bytes"]) - d["total_bytes"] > layer]
+    room = [d for d in devices[:-1] if d["free_bytes"] is not None and d["free_bytes"] - planner.default_margin(d["free_bytes"]) - d["total_bytes"] > layer]
     if not room:
         return []
     names = ", ".join(d["name"] for d in room)
     remote = any(d["kind"] == "rpc" for d in room)
-    return [Action(
-        f"offload more layers to {names} (--ngl, now {s['n_gpu_layers']} of {shape.n_layer + 1})",
-        f"{cpu['layers']} layers run on this machine's CPU; {names} has room for more"
-        + (" (each token then also waits for the network round trips to the workers)" if remote else ""),
-        "layers run on the CPU while a device of the placement has free memory", 1.5 if remote else 3.0)]
+    return [
+        Action(
+            f"offload more layers to {names} (--ngl, now {s['n_gpu_layers']} of {shape.n_layer + 1})",
+            f"{cpu['layers']} layers run on this machine's CPU; {names} has room for more"
+            + (" (each token then also waits for the network round trips to the workers)" if remote else ""),
+            "layers run on the CPU while a device of the placement has free memory",
+            1.5 if remote else 3.0,
+        )
+    ]
 
 
 def measure(backend: Engine, prompt: str, *, gen_tokens: int = 64, chat: bool = True) -> GenerationStats:

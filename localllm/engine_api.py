@@ -10,8 +10,9 @@ left on the engine, so two generations can never read each other's stats.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from localllm.backend import LoadConfig, LoadInfo, SamplingConfig, TokenEvent
 from localllm.metrics import GenerationStats
@@ -29,17 +30,17 @@ class Generation:
     ``produce`` is a generator function given this object; it yields the
     events and calls ``finish`` in its ``finally``."""
 
-    def __init__(self, produce: Callable[["Generation"], Iterator[TokenEvent]]) -> None:
+    def __init__(self, produce: Callable[[Generation], Iterator[TokenEvent]]) -> None:
         self.stats: GenerationStats | None = None
         self.spec: SpecStats | None = None
         self.ended = False
         self._events = produce(self)
 
-    def finish(self, stats: GenerationStats | None, spec: "SpecStats | None" = None) -> None:
+    def finish(self, stats: GenerationStats | None, spec: SpecStats | None = None) -> None:
         """The producer's last word (from its ``finally``)."""
         self.stats, self.spec, self.ended = stats, spec, True
 
-    def __iter__(self) -> "Generation":
+    def __iter__(self) -> Generation:
         return self
 
     def __next__(self) -> TokenEvent:
@@ -62,7 +63,7 @@ class Generation:
         assert self.stats is not None, "the generation ended without stats"
         return self.stats
 
-    def __enter__(self) -> "Generation":
+    def __enter__(self) -> Generation:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -87,7 +88,7 @@ class Engine(Protocol):
     def info(self) -> LoadInfo | None: ...
 
     @property
-    def header(self) -> "GGUFHeader | None": ...
+    def header(self) -> GGUFHeader | None: ...
 
     @property
     def logged_buffers(self) -> dict[str, dict[str, list[float]]]:
@@ -101,7 +102,7 @@ class Engine(Protocol):
 
     def close(self) -> None: ...
 
-    def __enter__(self) -> "Engine": ...
+    def __enter__(self) -> Engine: ...
 
     def __exit__(self, *exc: object) -> None: ...
 

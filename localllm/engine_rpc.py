@@ -31,8 +31,8 @@ import ctypes
 import os
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from localllm.errors import EngineError, UsageError
 from localllm.rpc import Endpoint, probe_all
@@ -40,7 +40,7 @@ from localllm.rpc import Endpoint, probe_all
 _lock = threading.Lock()
 _libs: list[ctypes.CDLL] = []
 _abort_cb = None  # keep a reference: C holds the pointer
-_abort_hooks: list[Callable[[str], None]] = []
+_abort_hooks: list[Callable[[str], str | None]] = []
 _keep_alive_hooks: list[Callable[[str], None]] = []
 _parked = threading.Event()  # a thread is held in the abort callback for good
 

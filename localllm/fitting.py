@@ -48,7 +48,7 @@ class Budget:
     ram: int | None
 
     @classmethod
-    def of(cls, hw: Any) -> "Budget":
+    def of(cls, hw: Any) -> Budget:
         """The budget of a ``hardware.Hardware``."""
         return cls(hw.gpu_budget, hw.ram_available_bytes)
 
@@ -82,7 +82,7 @@ class Fit:
     max_ctx_by_kv_type: dict[str, int] = field(default_factory=dict)
     trained_ctx: int | None = None
     shift_extra_bytes: int | None = None  # what a shiftable (full-size SWA) cache costs more; None if it shifts already
-    placement: "Placement | None" = None  # with offload devices: per device
+    placement: Placement | None = None  # with offload devices: per device
 
     @property
     def fits(self) -> bool:
@@ -126,9 +126,9 @@ def fit(
     *,
     trained_ctx: int | None = None,
     ctx_limit: int | None = None,
-    devices: "list[Device] | None" = None,
-    cpu: "Device | None" = None,
-    header: "GGUFHeader | None" = None,
+    devices: list[Device] | None = None,
+    cpu: Device | None = None,
+    header: GGUFHeader | None = None,
 ) -> Fit:
     """Fit ``request`` to ``budget``. ``ctx_limit`` bounds the largest-context
     table (default: the larger of the asked and the trained context). With
@@ -178,7 +178,7 @@ def fit(
     )
 
 
-def fit_header(header: "GGUFHeader", request: Request, budget: Budget, **kw: Any) -> Fit:
+def fit_header(header: GGUFHeader, request: Request, budget: Budget, **kw: Any) -> Fit:
     """``fit`` for a model's GGUF header (its shape, its trained context, and
     its tensors for placing layers across ``devices``)."""
     from localllm.model_info import describe

@@ -216,7 +216,7 @@ def blob_path(cache: Path, repo_id: str, etag: str) -> Path:
     return _require_inside(folder, folder / "blobs" / etag)
 
 
-def hasher(etag: str, size: int) -> "hashlib._Hash":
+def hasher(etag: str, size: int) -> hashlib._Hash:
     """A hash object for checking bytes against an etag: LFS files are named by
     their sha256; small files kept in git by their git blob sha1
     (``sha1("blob <size>\\0" + data)``)."""
@@ -227,7 +227,7 @@ def hasher(etag: str, size: int) -> "hashlib._Hash":
     return h
 
 
-def hash_file(path: Path, etag: str, size: int | None = None, chunk: int = 1 << 20) -> "hashlib._Hash":
+def hash_file(path: Path, etag: str, size: int | None = None, chunk: int = 1 << 20) -> hashlib._Hash:
     """The file's bytes in a hasher; ``size`` is the full file's, when this is its first part."""
     h = hasher(etag, path.stat().st_size if size is None else size)
     with path.open("rb") as f:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Literal
 
 from localllm import atomic, fmt, hf_cache, paths, registry
 from localllm.errors import InputError, LocalLLMError
@@ -79,7 +80,7 @@ def list_ggufs(repo_id: str, revision: str) -> list[RemoteFile]:
     from huggingface_hub.utils import build_hf_headers
 
     url: str | None = f"{_endpoint()}/api/models/{repo_id}/tree/{quote(revision, safe='')}?recursive=true"
-    items: list[dict[str, Any]] = []
+    items: list[dict[str, Any] | None] = []  # None: a page that was not a list (refused below)
     while url:
         with _hub_errors(repo_id):
             resp = get_session().get(url, headers=build_hf_headers())
@@ -146,7 +147,7 @@ def pick_by_budget(
     candidates = sorted((f for f in files if split_part(f.filename) is None and f.quant), key=lambda f: -f.size)
     if not candidates:
         raise InputError("no single-file, quant-named GGUF in this repo to choose from: name one with --file")
-    tried = []
+    tried: list[str] = []
     for f in candidates:
         header = header_of(f)
         v = verdict.judge(planner.ModelShape.from_header(header), describe(header).context_length, gpu_budget, ram)
@@ -249,8 +250,19 @@ def _from_cache(cache: Path, repo_id: str, filename: str, revision: str, reason:
     etag = found.blob.name
     registry.record_pull(repo_id, filename, revision, found.commit, etag, found.size, stored=False)
     return PullResult(
-        repo_id, filename, revision, found.commit, str(found.path), found.size, etag,
-        _registry_name(repo_id, filename), 0, 0, False, True, reason,
+        repo_id,
+        filename,
+        revision,
+        found.commit,
+        str(found.path),
+        found.size,
+        etag,
+        _registry_name(repo_id, filename),
+        0,
+        0,
+        False,
+        True,
+        reason,
     )
 
 
@@ -316,7 +328,9 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
                             retries = _RETRIES
                     out.flush()
                 except httpx2.TooManyRedirects:
-                    raise InputError(f"the download of {hf_cache.safe(label)} redirected too many times (a redirect loop?); {_mb(have)} of {_mb(size)} kept") from None
+                    raise InputError(
+                        f"the download of {hf_cache.safe(label)} redirected too many times (a redirect loop?); {_mb(have)} of {_mb(size)} kept"
+                    ) from None
                 except (httpx2.TransportError, httpx2.TimeoutException) as exc:
                     out.flush()
                     retries -= 1
@@ -376,7 +390,7 @@ class _hub_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         if exc is None or isinstance(exc, (LocalLLMError, KeyboardInterrupt)):
             return False
         import httpx2

@@ -14,7 +14,7 @@ import collections
 import logging
 import re
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger("localllm.llama")
 

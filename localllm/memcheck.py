@@ -16,9 +16,10 @@ For the cockpit (or any caller that loads a model):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from localllm.engine_api import Engine
@@ -201,5 +202,5 @@ def load_checked(backend: Engine, path: str | Path, load_config, placement=None)
     from localllm.llamalog import ROUTER
 
     mark = ROUTER.mark()
-    info = backend.load(path, load_config)
+    info = backend.load(Path(path), load_config)
     return info, check_after_load(path, load_config, ROUTER.lines_since(mark), placement)

@@ -16,6 +16,7 @@ from gguf import LlamaFileType
 from localllm.arch_rules import cache_rule
 from localllm.gguf_file import ArrayInfo, GGUFHeader, read_header
 
+
 @dataclass(frozen=True)
 class TensorTypeStat:
     type: str

@@ -93,6 +93,11 @@ class Placement:
         return [u.to_dict() for u in self.uses]
 
 
+def _free(n: int | None) -> str:
+    """A device's free memory for a message; n/a where the device did not say."""
+    return "n/a" if n is None else size(n)
+
+
 def layer_devices(n_layer: int, n_gpu_layers: int, split: list[float]) -> list[int | None]:
     """For each of the ``n_layer + 1`` layers (the last is the output layer), the
     index of its offload device, or None for the CPU. float32 as in llama.cpp."""
@@ -158,9 +163,13 @@ def place(
     _compute(shape, cfg, plan, uses)
     rules = []
     if len(devices) > 1:
-        rules.append("layers split over the offload devices in proportion to their free memory (llama-model.cpp load_tensors), passed to llama.cpp as tensor_split")
+        rules.append(
+            "layers split over the offload devices in proportion to their free memory (llama-model.cpp load_tensors), passed to llama.cpp as tensor_split"
+        )
     if any(d.kind == "rpc" for d in devices):
-        rules.append("workers' devices first, then local GPUs (llama.cpp llama_prepare_model_devices); the token embeddings and the logits buffer stay on the CPU")
+        rules.append(
+            "workers' devices first, then local GPUs (llama.cpp llama_prepare_model_devices); the token embeddings and the logits buffer stay on the CPU"
+        )
         if out is not cpu_use and out.device.kind == "rpc":
             rules.append("the output layer is offloaded first (as to a GPU): every token's logits come back over the network")
     if pipeline_parallel(len(devices), shape, cfg):
@@ -323,7 +332,7 @@ def fit_across(
     offload device must keep planner.default_margin of its free memory free;
     the CPU's share must fit the RAM available."""
     limit = ctx_limit or max(want.n_ctx, planner.MIN_CTX)
-    ladder = [want.type_k] if (kv_fixed or want.type_k not in planner.KV_LADDER) else list(planner.KV_LADDER[planner.KV_LADDER.index(want.type_k):])
+    ladder = [want.type_k] if (kv_fixed or want.type_k not in planner.KV_LADDER) else list(planner.KV_LADDER[planner.KV_LADDER.index(want.type_k) :])
     n_all = shape.n_layer + 1
     ngl_options = [want.n_gpu_layers] if ngl_fixed or not devices else list(range(n_all, -1, -1))
 
@@ -363,7 +372,7 @@ def fit_across(
     if not fits:
         over = [u for u in p.uses if not _fits(Placement(p.plan, [u], p.split), ram)]
         reason = "does not fit even at the smallest settings: " + ", ".join(
-            f"{u.device.name} needs {size(u.total_bytes)}, has {size(u.device.free_bytes if u.device.kind != 'cpu' else ram or 0)}" for u in over
+            f"{u.device.name} needs {size(u.total_bytes)}, has {_free(u.device.free_bytes if u.device.kind != 'cpu' else ram)}" for u in over
         )
     elif cfg == want:
         reason = "fits as asked"
@@ -372,8 +381,15 @@ def fit_across(
     budgets = [d.free_bytes for d in devices if d.free_bytes is not None]
     table = {t: _max_ctx(shape, planner.replace_config(cfg, type_k=t, type_v=t), devices, cpu, ram, limit) for t in planner.KV_LADDER}
     result = planner.FitResult(
-        fits, cfg, p.plan, sum(budgets) if budgets else None, ram, sum(planner.default_margin(b) for b in budgets), reason,
-        [] if cfg == want else [reason], table,
+        fits,
+        cfg,
+        p.plan,
+        sum(budgets) if budgets else None,
+        ram,
+        sum(planner.default_margin(b) for b in budgets),
+        reason,
+        [] if cfg == want else [reason],
+        table,
     )
     return result, p
 

@@ -50,6 +50,13 @@ def row_bytes(type_name: str, n: int) -> int:
     return n // block * size
 
 
+def _mla_dims(header: GGUFHeader) -> tuple[int, int, int, int]:
+    """MLA graph sizes (key_length_mla, value_length_mla, q_lora_rank, leading_dense_block_count)."""
+    k, v, q, dense = (int(header.arch_key(key, 0) or 0) for key in (
+        "attention.key_length_mla", "attention.value_length_mla", "attention.q_lora_rank", "leading_dense_block_count"))
+    return k, v, q, dense
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the planner needs from a model, read from its header.
@@ -91,7 +98,7 @@ class ModelShape:
     mla_dims: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @classmethod
-    def from_header(cls, header: GGUFHeader) -> "ModelShape":
+    def from_header(cls, header: GGUFHeader) -> ModelShape:
         from localllm.arch_rules import cache_rule
 
         info = describe(header)
@@ -161,8 +168,7 @@ class ModelShape:
             n_expert_used=n_used,
             n_ff_exp=max(per_layer("expert_feed_forward_length", 0) or [0]),
             layer_active_bytes=active,
-            mla_dims=tuple(int(header.arch_key(k, 0) or 0) for k in (
-                "attention.key_length_mla", "attention.value_length_mla", "attention.q_lora_rank", "leading_dense_block_count")),
+            mla_dims=_mla_dims(header),
         )
 
     def has_kv(self, il: int) -> bool:
@@ -255,7 +261,7 @@ class MemoryPlan:
         """The KV buffers llama.cpp allocates, in the order it logs them ('KV
         buffer size'): the full-attention cache, then the sliding-window cache
         (llama-kv-cache-iswa.cpp), each summed over devices; empty caches omitted."""
-        out = [sum(l.k_bytes + l.v_bytes for l in self.kv_layers if l.swa == swa) for swa in (False, True)]
+        out = [sum(kl.k_bytes + kl.v_bytes for kl in self.kv_layers if kl.swa == swa) for swa in (False, True)]
         return [b for b in out if b]
 
     def to_dict(self, with_layers: bool = False) -> dict[str, Any]:

@@ -44,7 +44,16 @@ class Bar:
 
     def _start_rich(self) -> tuple[Any, Any]:
         from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         count = [DownloadColumn(binary_units=True), TransferSpeedColumn()] if self.unit == "bytes" else [MofNCompleteColumn(), TextColumn(self.unit)]
         progress = Progress(

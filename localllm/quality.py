@@ -14,9 +14,10 @@ Pure numpy; the logits come from any callable (``engine.LlamaCppBackend.logits``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib.resources import files
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

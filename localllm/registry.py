@@ -31,10 +31,11 @@ import importlib.util
 import json
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from localllm import atomic, builtin_models, hf_cache, paths
 from localllm.errors import InputError

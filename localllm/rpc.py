@@ -138,7 +138,7 @@ def probe(ep: Endpoint, *, timeout: float = PROBE_TIMEOUT_S) -> Worker:
         raise InputError(f"worker {ep}: cannot resolve host '{ep.host}'") from None
     except ConnectionRefusedError:
         raise InputError(f"worker {ep} refused the connection: is `localllm worker --port {ep.port}` running there?") from None
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise InputError(f"worker {ep} did not accept a connection within {timeout:g} s: is it up, and is the port open?") from None
     except OSError as exc:
         raise InputError(f"worker {ep} is not reachable: {exc.strerror or exc}") from None
@@ -161,7 +161,7 @@ def probe(ep: Endpoint, *, timeout: float = PROBE_TIMEOUT_S) -> Worker:
                 free, total = struct.unpack("<QQ", _call(sock, CMD_GET_DEVICE_MEMORY, struct.pack("<I", i), 16))
                 devices.append(RemoteDevice(ep, i, f"RPC{i}[{ep}]", free, total))
             return Worker(ep, (major, minor, patch), devices)
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise InputError(
             f"worker {ep} accepted the connection but did not answer within {timeout:g} s "
             "(a worker serves one client at a time: is another one using it?)"

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from localllm import atomic, paths
 from localllm.errors import InputError
@@ -30,7 +31,7 @@ class SavedSession:
     settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def new(cls, model: str, system_prompt: str | None, settings: dict[str, Any]) -> "SavedSession":
+    def new(cls, model: str, system_prompt: str | None, settings: dict[str, Any]) -> SavedSession:
         now = time.time()
         return cls(time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6], model, now, now, system_prompt, [], settings)
 

@@ -25,7 +25,10 @@ def main() -> int:
         stats = gen.stats
     assert stats is not None and stats.generated_tokens > 0
     features = " ".join(part.strip() for part in system_info().split("|") if "= 1" in part)
-    print(f"smoke test: decoded {stats.generated_tokens} tokens ({text.strip()[:40]!r}) at {fmt.num(stats.decode_tokens_per_s, 0)} t/s; CPU features: {features}", file=sys.stderr)
+    print(
+        f"smoke test: decoded {stats.generated_tokens} tokens ({text.strip()[:40]!r}) at {fmt.num(stats.decode_tokens_per_s, 0)} t/s; CPU features: {features}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import codecs
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence
+from typing import Protocol
 
 from localllm.backend import TokenEvent
 from localllm.engine_api import Engine, Generation

@@ -15,8 +15,8 @@ a way ``verify`` can check: after token ``t`` it predicts ``t + 1``.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from localllm.backend import LoadConfig, LoadInfo, SamplingConfig, TokenEvent
 from localllm.engine_api import Generation, Verification
@@ -57,7 +57,7 @@ class ScriptedEngine:
     def close(self) -> None:
         self._cache = []
 
-    def __enter__(self) -> "ScriptedEngine":
+    def __enter__(self) -> ScriptedEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:

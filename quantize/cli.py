@@ -13,7 +13,8 @@ from localllm.gguf_file import read_header
 from localllm.model_info import describe
 from localllm.progress import Bar as ProgressBar
 from localllm.quantize.naming import default_output
-from localllm.quantize.pipeline import Job, Progress, Report, dry_report, run as run_job
+from localllm.quantize.pipeline import Job, Progress, Report, dry_report
+from localllm.quantize.pipeline import run as run_job
 
 
 class Bar:

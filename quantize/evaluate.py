@@ -7,8 +7,8 @@ position's logits kept (``n_outputs_max=0``), and hands them to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from localllm.backend import LoadConfig
 from localllm.quality import QualityReport, compare, eval_text

@@ -22,9 +22,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from localllm import atomic
 from localllm.errors import InputError, UsageError
@@ -32,7 +33,26 @@ from localllm.gguf_file import GGUFHeader, read_header
 from localllm.model_info import TensorTypeStat, describe
 from localllm.units import format_size
 
-TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "IQ4_NL", "IQ4_XS", "Q3_K_M", "Q3_K_S", "Q2_K", "F16", "BF16", "F32")
+TYPES = (
+    "Q8_0",
+    "Q6_K",
+    "Q5_K_M",
+    "Q5_K_S",
+    "Q5_0",
+    "Q5_1",
+    "Q4_K_M",
+    "Q4_K_S",
+    "Q4_0",
+    "Q4_1",
+    "IQ4_NL",
+    "IQ4_XS",
+    "Q3_K_M",
+    "Q3_K_S",
+    "Q2_K",
+    "F16",
+    "BF16",
+    "F32",
+)
 SOURCE_TYPES = ("F32", "F16", "BF16")
 _PROGRESS = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
 _SIZE = re.compile(r"(model|quant) size\s+=\s+([\d.]+) MiB")
@@ -100,8 +120,13 @@ def _run_child(job: Job, dst: Path, dry: bool, tensor_lines: bool = False) -> It
     child gets its own session, so Ctrl+C reaches only us; we then kill it."""
     args = {
         "parent": os.getpid(),
-        "src": str(job.src.resolve()), "dst": str(dst.resolve()), "type": job.qtype, "threads": job.threads,
-        "allow_requantize": job.allow_requantize, "dry_run": dry, "imatrix": str(job.imatrix.resolve()) if job.imatrix else None,
+        "src": str(job.src.resolve()),
+        "dst": str(dst.resolve()),
+        "type": job.qtype,
+        "threads": job.threads,
+        "allow_requantize": job.allow_requantize,
+        "dry_run": dry,
+        "imatrix": str(job.imatrix.resolve()) if job.imatrix else None,
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "localllm.quantize.worker", json.dumps(args)],
@@ -214,7 +239,7 @@ def remove_stale_partials(folder: Path) -> list[Path]:
     kept. Returns what was removed."""
     import psutil
 
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(folder.iterdir())
     except OSError:
@@ -254,5 +279,6 @@ def dry_report(job: Job) -> Report:
     t0 = time.perf_counter()
     size, data = predicted_sizes(job)
     n_params = describe(read_header(job.src)).n_params  # bits per weight: of the tensor data, as llama.cpp counts it
-    return Report(str(job.src), None, job.qtype, job.src.stat().st_size, size, round(data * 8 / n_params, 4) if n_params else 0.0,
-                  time.perf_counter() - t0, True, [])
+    return Report(
+        str(job.src), None, job.qtype, job.src.stat().st_size, size, round(data * 8 / n_params, 4) if n_params else 0.0, time.perf_counter() - t0, True, []
+    )

@@ -20,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root, for scripts.* and tests.*
 
 from localllm import catalog
@@ -40,10 +39,7 @@ def main() -> None:
     hub.add("bench/Model-GGUF", src.name, src)
     root = Path(tempfile.mkdtemp(prefix="bench-pull-"))
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(root / "hf"), "LOCALLLM_HOME": str(root / "home"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    lib = (
-        "import sys, huggingface_hub as h; "
-        f"h.hf_hub_download('bench/Model-GGUF', {src.name!r})"
-    )
+    lib = f"import sys, huggingface_hub as h; h.hf_hub_download('bench/Model-GGUF', {src.name!r})"
     ours_cmd = [sys.executable, "-m", "localllm", "pull", "bench/Model-GGUF", "--file", src.name, "--json"]
     lib_cmd = [sys.executable, "-c", lib]
     times: dict[str, list[float]] = {"localllm pull": [], "hf_hub_download": []}
@@ -68,7 +64,10 @@ def main() -> None:
     hashlib.sha256(data).hexdigest()
     sha_ms = (time.perf_counter() - t0) * 1000
     print(f"ratio localllm/huggingface_hub: {med['localllm pull'] / med['hf_hub_download']:.3f}")
-    print(f"difference {(med['localllm pull'] - med['hf_hub_download']) * 1000:.0f} ms; the sha256 check alone (which hf_hub_download skips) costs {sha_ms:.0f} ms here")
+    print(
+        f"difference {(med['localllm pull'] - med['hf_hub_download']) * 1000:.0f} ms; "
+        f"the sha256 check alone (which hf_hub_download skips) costs {sha_ms:.0f} ms here"
+    )
 
 
 if __name__ == "__main__":

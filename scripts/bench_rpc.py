@@ -40,8 +40,13 @@ def free_port() -> int:
 
 def start_worker(threads: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localllm", "worker", "--port", str(port), "--threads", str(threads)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localllm", "worker", "--port", str(port), "--threads", str(threads)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -49,7 +54,7 @@ def start_worker(threads: int) -> tuple[subprocess.Popen, str]:
             return proc, f"127.0.0.1:{port}"
         except InputError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"worker did not start: {proc.stderr.read() if proc.stderr else ''}")
+                raise SystemExit(f"worker did not start: {proc.stderr.read() if proc.stderr else ''}") from None
             time.sleep(0.2)
 
 
@@ -151,16 +156,20 @@ def main() -> int:
             with LlamaCppBackend() as b:
                 b.load(path, cfg)
                 d = describe(b.header)
-                r = run_bench(b, prompt_lengths=[prompt], gen_tokens=gen, reps=reps, n_vocab=d.n_vocab,
-                              bos=b.header.get("tokenizer.ggml.bos_token_id"))[0]
+                r = run_bench(b, prompt_lengths=[prompt], gen_tokens=gen, reps=reps, n_vocab=d.n_vocab, bos=b.header.get("tokenizer.ggml.bos_token_id"))[0]
             rows.append((name, r))
-            print(f"{name:<34}{r.pp_tokens_per_s:>9.1f} ±{_spread(r.pp_std, 0):<4}{r.tg_tokens_per_s:>9.1f} ±{_spread(r.tg_std, 1):<4}"
-                  f"{_spread(r.itl_p50_ms, 2):>12}", flush=True)
+            print(
+                f"{name:<34}{r.pp_tokens_per_s:>9.1f} ±{_spread(r.pp_std, 0):<4}{r.tg_tokens_per_s:>9.1f} ±{_spread(r.tg_std, 1):<4}"
+                f"{_spread(r.itl_p50_ms, 2):>12}",
+                flush=True,
+            )
         relay = CountingRelay(eps[0])
         cfg = LoadConfig(**{**base.to_dict(), "rpc_servers": (relay.endpoint,)})
         pp_b, tg_sent, tg_recv = bytes_per_token(path, cfg, relay, prompt, gen)
         print()
-        print(f"network, one worker (counted by a relay): {pp_b:,.0f} B sent per prompt token; per decoded token {tg_sent:,.0f} B sent, {tg_recv:,.0f} B received")
+        print(
+            f"network, one worker (counted by a relay): {pp_b:,.0f} B sent per prompt token; per decoded token {tg_sent:,.0f} B sent, {tg_recv:,.0f} B received"
+        )
         local = rows[0][1].tg_tokens_per_s
         one = rows[1][1].tg_tokens_per_s
         per_tok_ms = 1000 / one - 1000 / local if one and local else float("nan")

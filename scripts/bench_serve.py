@@ -76,9 +76,19 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 def measure_level(name: str, base: str, c: int, args, first: bool) -> dict | str:
     try:
-        _, rows = asyncio.run(measure(base, model=None, concurrency=[c], requests=None, prompt_tokens=[args.prompt_tokens],
-                                      gen_tokens=args.gen_tokens, api_key=None, warmup=first,
-                                      progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True)))
+        _, rows = asyncio.run(
+            measure(
+                base,
+                model=None,
+                concurrency=[c],
+                requests=None,
+                prompt_tokens=[args.prompt_tokens],
+                gen_tokens=args.gen_tokens,
+                api_key=None,
+                warmup=first,
+                progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True),
+            )
+        )
         return rows[0].to_dict()
     except Exception as exc:
         return f"failed: {type(exc).__name__}: {exc}"
@@ -90,9 +100,31 @@ def run_decode(args, model_path: str) -> tuple[float | None, float | None]:
     stream's reader sees: decode + sampling + detokenizing)."""
     evals, seen = [], []
     for _ in range(2):
-        p = subprocess.run([sys.executable, "-m", "localllm", "run", model_path, "--raw", "-p", "1, 2, 3, 4, 5,", "-n", str(args.gen_tokens),
-                            "--temp", "0", "--ctx", str(args.ctx), "--threads", str(args.threads), "--json"],
-                           capture_output=True, text=True, cwd=REPO, timeout=600)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "localllm",
+                "run",
+                model_path,
+                "--raw",
+                "-p",
+                "1, 2, 3, 4, 5,",
+                "-n",
+                str(args.gen_tokens),
+                "--temp",
+                "0",
+                "--ctx",
+                str(args.ctx),
+                "--threads",
+                str(args.threads),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=600,
+        )
         if p.returncode == 0:
             d = json.loads(p.stdout)
             evals.append(d["decode_tokens_per_s"])
@@ -129,8 +161,10 @@ def main() -> int:
     log_dir.mkdir(exist_ok=True)
     servers: dict[str, tuple[list[str], int]] = {}
     port = free_port()
-    servers["localllm serve"] = ([sys.executable, "-m", "localllm", "serve", path, "--port", str(port), "--parallel", str(np_),
-                                  "--ctx", str(args.ctx), "--threads", str(args.threads)], port)
+    servers["localllm serve"] = (
+        [sys.executable, "-m", "localllm", "serve", path, "--port", str(port), "--parallel", str(np_), "--ctx", str(args.ctx), "--threads", str(args.threads)],
+        port,
+    )
     results: dict[str, list[dict] | str] = {}
     if not args.quick:
         try:
@@ -139,14 +173,48 @@ def main() -> int:
             import llama_cpp.server  # noqa: F401  (its 'server' extra is installed)
 
             port = free_port()
-            servers["llama_cpp.server"] = ([sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_ctx", str(args.ctx),
-                                            "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)], port)
+            servers["llama_cpp.server"] = (
+                [
+                    sys.executable,
+                    "-m",
+                    "llama_cpp.server",
+                    "--model",
+                    path,
+                    "--port",
+                    str(port),
+                    "--n_ctx",
+                    str(args.ctx),
+                    "--n_threads",
+                    str(args.threads),
+                    "--n_threads_batch",
+                    str(args.threads),
+                ],
+                port,
+            )
         except ImportError as exc:
             results["llama_cpp.server"] = f"not installed ({exc})"
         if args.llama_server.exists():
             port = free_port()
-            servers["llama-server"] = ([str(args.llama_server), "-m", path, "--port", str(port), "-np", str(np_), "-c", str(args.ctx * np_), "-kvu",
-                                        "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"], port)
+            servers["llama-server"] = (
+                [
+                    str(args.llama_server),
+                    "-m",
+                    path,
+                    "--port",
+                    str(port),
+                    "-np",
+                    str(np_),
+                    "-c",
+                    str(args.ctx * np_),
+                    "-kvu",
+                    "-t",
+                    str(args.threads),
+                    "-tb",
+                    str(args.threads),
+                    "--no-webui",
+                ],
+                port,
+            )
         else:
             results["llama-server"] = f"not built ({args.llama_server} missing)"
     # All servers up at once (idle ones cost no CPU); each concurrency level runs
@@ -162,7 +230,7 @@ def main() -> int:
             except RuntimeError as exc:
                 results[name] = f"failed to start: {exc}"
         for i, c in enumerate(args.clients):
-            for name, (proc, base) in procs.items():
+            for name, (_proc, base) in procs.items():
                 if isinstance(results[name], list):
                     row = measure_level(name, base, c, args, first=i == 0)
                     if isinstance(row, str):
@@ -173,18 +241,24 @@ def main() -> int:
         for proc, _ in procs.values():
             stop_server(proc)
     run_eval, run_rate = run_decode(args, path)
-    lines = [f"bench_serve: {Path(path).name}, prompt ~{args.prompt_tokens} tokens, {args.gen_tokens} generated per request (greedy, ignore_eos), "
-             f"ctx {args.ctx} per sequence, {args.threads} threads, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-             f"machine: {os.cpu_count()} CPUs shared with other jobs: figures are noisy, compare within one run only.", "",
-             "| server | clients | reqs | errors | tok/s (all) | per-stream tok/s p50 | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"bench_serve: {Path(path).name}, prompt ~{args.prompt_tokens} tokens, {args.gen_tokens} generated per request (greedy, ignore_eos), "
+        f"ctx {args.ctx} per sequence, {args.threads} threads, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"machine: {os.cpu_count()} CPUs shared with other jobs: figures are noisy, compare within one run only.",
+        "",
+        "| server | clients | reqs | errors | tok/s (all) | per-stream tok/s p50 | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, rows in results.items():
         if isinstance(rows, str):
             lines.append(f"| {name} | {rows} | | | | | | | | |")
             continue
         for r in rows:
-            lines.append(f"| {name} | {r['concurrency']} | {r['requests']} | {r['errors']} | {fmt(r['tokens_per_s'], '.2f')} | {fmt(r['stream_tok_per_s_p50'], '.2f')} | "
-                         f"{fmt(r['ttft_p50_ms'])} ms | {fmt(r['ttft_p95_ms'])} ms | {fmt(r['itl_p50_ms'])} ms | {fmt(r['itl_p95_ms'])} ms |")
+            lines.append(
+                f"| {name} | {r['concurrency']} | {r['requests']} | {r['errors']} | {fmt(r['tokens_per_s'], '.2f')} | "
+                f"{fmt(r['stream_tok_per_s_p50'], '.2f')} | "
+                f"{fmt(r['ttft_p50_ms'])} ms | {fmt(r['ttft_p95_ms'])} ms | {fmt(r['itl_p50_ms'])} ms | {fmt(r['itl_p95_ms'])} ms |"
+            )
     lines.append(f"| localllm run | 1 | | | | {fmt(run_rate, '.2f')} (1/TPOT; llama.cpp eval rate {fmt(run_eval, '.2f')}) | | | | |")
 
     def tps(server: str, c: int, key: str = "tokens_per_s"):

@@ -27,10 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -249,25 +249,62 @@ def cases(base: Path, tag: str) -> list[Case]:
 
             add(f"{what} = {v}", make)
     # 3. known keys with absurd values, of their own type
-    known_ints = ("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
-                  "attention.head_count_kv", "rope.dimension_count", "vocab_size", "tokenizer.ggml.bos_token_id",
-                  "tokenizer.ggml.eos_token_id", "general.alignment", "general.file_type", "expert_count", "expert_used_count",
-                  "attention.key_length", "attention.sliding_window")
+    known_ints = (
+        "block_count",
+        "context_length",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "rope.dimension_count",
+        "vocab_size",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "general.alignment",
+        "general.file_type",
+        "expert_count",
+        "expert_used_count",
+        "attention.key_length",
+        "attention.sliding_window",
+    )
     for key in known_ints:
         for v in (0, 1, 1 << 31, (1 << 32) - 1, (1 << 64) - 1):
             vtype = U64 if v >= 1 << 32 else U32
             add(f"{key} = {v}", lambda key=key, v=v, vtype=vtype: _ser(_replace_kv(m, key, vtype, enc(vtype, v), add=True)))
     # 4. wrong types for known keys
     wrong = {
-        "a string": (STR, enc(STR, "x")), "a float": (F32, enc(F32, 1.5)), "a bool": (BOOL, enc(BOOL, True)),
-        "an int array": (ARR, enc_array(I32, [1, 2])), "a string array": (ARR, enc_array(STR, ["a"])), "an int64": (I64, enc(I64, -7)),
-        "an empty array": (ARR, enc_array(U32, [])), "a float array": (ARR, enc_array(F32, [0.5] * n_layer)),
+        "a string": (STR, enc(STR, "x")),
+        "a float": (F32, enc(F32, 1.5)),
+        "a bool": (BOOL, enc(BOOL, True)),
+        "an int array": (ARR, enc_array(I32, [1, 2])),
+        "a string array": (ARR, enc_array(STR, ["a"])),
+        "an int64": (I64, enc(I64, -7)),
+        "an empty array": (ARR, enc_array(U32, [])),
+        "a float array": (ARR, enc_array(F32, [0.5] * n_layer)),
     }
-    wrong_keys = ("general.architecture", "general.alignment", "general.name", "block_count", "context_length", "embedding_length",
-                  "feed_forward_length", "attention.head_count", "attention.head_count_kv", "rope.dimension_count",
-                  "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id",
-                  "tokenizer.ggml.eos_token_id", "tokenizer.chat_template", "tokenizer.ggml.model", "general.file_type",
-                  "attention.layer_norm_rms_eps", "rope.freq_base", "attention.sliding_window")
+    wrong_keys = (
+        "general.architecture",
+        "general.alignment",
+        "general.name",
+        "block_count",
+        "context_length",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "rope.dimension_count",
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.scores",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.chat_template",
+        "tokenizer.ggml.model",
+        "general.file_type",
+        "attention.layer_norm_rms_eps",
+        "rope.freq_base",
+        "attention.sliding_window",
+    )
     for key in wrong_keys:
         for what, (vtype, raw) in wrong.items():
             add(f"{key} as {what}", lambda key=key, vtype=vtype, raw=raw: _ser(_replace_kv(m, key, vtype, raw, add=True)))
@@ -276,8 +313,14 @@ def cases(base: Path, tag: str) -> list[Case]:
         for what, raw in (("non-UTF-8", b"\xff\xfe\x80bad"), ("escape sequences", b"evil\x1b[2J\nlocalllm: forged line")):
             add(f"{key} with {what}", lambda key=key, raw=raw: _ser(_replace_kv(m, key, STR, enc(STR, raw), add=True)))
     first_blk = next((i for i, t in enumerate(m.tis) if t.name.startswith(b"blk.")), 0)
-    for what, name in (("non-UTF-8", b"blk.0.\xff\xfe"), ("escape sequences", b"blk.0.\x1b]0;x\x07\n"), ("no layer number", b"blk.x.attn_q.weight"),
-                       ("layer 999", b"blk.999.attn_q.weight"), ("100 bytes long", b"blk.0." + b"a" * 94), ("empty", b"")):
+    for what, name in (
+        ("non-UTF-8", b"blk.0.\xff\xfe"),
+        ("escape sequences", b"blk.0.\x1b]0;x\x07\n"),
+        ("no layer number", b"blk.x.attn_q.weight"),
+        ("layer 999", b"blk.999.attn_q.weight"),
+        ("100 bytes long", b"blk.0." + b"a" * 94),
+        ("empty", b""),
+    ):
         add(f"tensor name {what}", lambda name=name: _ser(_with_tensor(m, first_blk, name=name)))
     # 6. tensors duplicated or past the end
     add("tensor duplicated", lambda: _ser(Model(m.version, m.kvs, m.tis + [m.tis[first_blk]], m.data, m.align)))
@@ -298,13 +341,22 @@ def cases(base: Path, tag: str) -> list[Case]:
     add("head_count 0 in one layer", lambda: _ser(_replace_kv(m, "attention.head_count", ARR, enc_array(U32, [0] + [4] * (n_layer - 1)))))
     add("expert_count 8 with none used", lambda: _ser(_replace_kv(m, "expert_count", U32, enc(U32, 8), add=True)))
     add("expert_used_count 2 without experts", lambda: _ser(_replace_kv(m, "expert_used_count", U32, enc(U32, 2), add=True)))
-    add("expert_count 2048", lambda: _ser(_replace_kv(_replace_kv(m, "expert_count", U32, enc(U32, 2048), add=True), "expert_used_count", U32, enc(U32, 2), add=True)))
+    add(
+        "expert_count 2048",
+        lambda: _ser(_replace_kv(_replace_kv(m, "expert_count", U32, enc(U32, 2048), add=True), "expert_used_count", U32, enc(U32, 2), add=True)),
+    )
     add("rope.scaling.type bogus", lambda: _ser(_replace_kv(m, "rope.scaling.type", STR, enc(STR, "bogus"), add=True)))
     add("nextn_predict_layers past the layers", lambda: _ser(_replace_kv(m, "nextn_predict_layers", U32, enc(U32, n_layer + 5), add=True)))
     add("key duplicated", lambda: _ser(Model(m.version, m.kvs + [m.kvs[1]], m.tis, m.data, m.align)))
     add("version 1", lambda: _ser(Model(1, m.kvs, m.tis, m.data, m.align)))
-    add("chat template that loops", lambda: _ser(_replace_kv(m, "tokenizer.chat_template", STR,
-        enc(STR, "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), add=True)))
+    add(
+        "chat template that loops",
+        lambda: _ser(
+            _replace_kv(
+                m, "tokenizer.chat_template", STR, enc(STR, "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), add=True
+            )
+        ),
+    )
     add("chat template that explodes", lambda: _ser(_replace_kv(m, "tokenizer.chat_template", STR, enc(STR, "{{ 'x' * 10 ** 10 }}"), add=True)))
     add("chat template that errors", lambda: _ser(_replace_kv(m, "tokenizer.chat_template", STR, enc(STR, "{{ raise_exception('no') }}"), add=True)))
     add("chat template syntax error", lambda: _ser(_replace_kv(m, "tokenizer.chat_template", STR, enc(STR, "{% for %}"), add=True)))
@@ -351,16 +403,31 @@ def run_case(case: Case, workdir: Path) -> Result | None:
     models.mkdir()
     f = models / "model.gguf"
     f.write_bytes(data)
-    env = {**os.environ, "LOCALLLM_HOME": str(d / "home"), "LOCALLLM_LMSTUDIO_DIR": str(models), "HF_HOME": str(d / "hf"),
-           "OLLAMA_MODELS": str(d / "ollama"), "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env = {
+        **os.environ,
+        "LOCALLLM_HOME": str(d / "home"),
+        "LOCALLLM_LMSTUDIO_DIR": str(models),
+        "HF_HOME": str(d / "hf"),
+        "OLLAMA_MODELS": str(d / "ollama"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+    }
     problems: list[str] = []
     for cmd, (argv, limit) in COMMANDS.items():
         args = [a.replace("{f}", str(f)) for a in argv]
         if cmd == "run":
             args.append("--raw" if "template" not in case.name else "--no-stats")
         try:
-            proc = subprocess.run([sys.executable, "-m", "localllm", *args], capture_output=True, text=True, errors="replace",
-                                  env=env, cwd=REPO, timeout=limit, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                [sys.executable, "-m", "localllm", *args],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                env=env,
+                cwd=REPO,
+                timeout=limit,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             problems.append(f"{cmd}: no answer within {limit} s")
             continue
@@ -415,11 +482,17 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 results.append(r)
                 failed_now = sum(not x.ok for x in results)
-                print(f"{'ok  ' if r.ok else 'FAIL'} [{len(results)} ran, {failed_now} failed] {r.case} ({r.seconds:.1f} s)"
-                      + ("" if r.ok else ": " + " | ".join(r.problems)), flush=True)
+                print(
+                    f"{'ok  ' if r.ok else 'FAIL'} [{len(results)} ran, {failed_now} failed] {r.case} ({r.seconds:.1f} s)"
+                    + ("" if r.ok else ": " + " | ".join(r.problems)),
+                    flush=True,
+                )
         failed = [r for r in results if not r.ok]
-        print(f"fuzz: {len(results)} cases ran ({len(results) * len(COMMANDS)} commands), {len(results) - len(failed)} passed, "
-              f"{len(failed)} failed, in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(
+            f"fuzz: {len(results)} cases ran ({len(results) * len(COMMANDS)} commands), {len(results) - len(failed)} passed, "
+            f"{len(failed)} failed, in {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
         if a.json:
             Path(a.json).write_text(json.dumps([r.__dict__ for r in results], indent=1))
     return 1 if failed else 0

@@ -54,7 +54,7 @@ class Tmux:
     def close(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
 
-    def __enter__(self) -> "Tmux":
+    def __enter__(self) -> Tmux:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -69,7 +69,7 @@ class FakeHub:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "FakeHub":
+    def start(self) -> FakeHub:
         hub = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from localllm.arch_rules import cache_rule
-from localllm.gguf_file import read_header
 from localllm.config import LoadConfig
+from localllm.gguf_file import read_header
 from localllm.planner import MiB, ModelShape, plan_memory
 from scripts.plan_conformance import CASES, Setting, measure
 from scripts.synth_gguf import SynthSpec, write_gguf

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.fuzz_gguf import ARR, STR, U32, enc, enc_array, parse, serialize, _replace_kv, _with_tensor
+from scripts.fuzz_gguf import ARR, STR, U32, _replace_kv, _with_tensor, enc, enc_array, parse, serialize
 from tests.conftest import REPO, run_cli
 
 

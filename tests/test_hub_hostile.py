@@ -57,10 +57,7 @@ def links_leaving(root: Path) -> list[Path]:
 def files_outside() -> list[Path]:
     """What a pull may have written outside the cache and localllm's home."""
     keep = (cache(), Path(os.environ["LOCALLLM_HOME"]))
-    return [
-        p for p in scratch().rglob("*")
-        if (p.is_file() or p.is_symlink()) and not any(p.is_relative_to(k) for k in keep) and p.name != "marker"
-    ]
+    return [p for p in scratch().rglob("*") if (p.is_file() or p.is_symlink()) and not any(p.is_relative_to(k) for k in keep) and p.name != "marker"]
 
 
 def one_line_failure(r, *words: str) -> None:
@@ -76,7 +73,13 @@ def one_line_failure(r, *words: str) -> None:
 
 @pytest.mark.parametrize(
     "commit",
-    ["../../../../outside", "../" * 6 + "a" * 20, "0123456789abcdef0123456789abcdef0123456/", "ABCDEF0123456789abcdef0123456789abcdef01", "\x1b[31m" + "0" * 35],
+    [
+        "../../../../outside",
+        "../" * 6 + "a" * 20,
+        "0123456789abcdef0123456789abcdef0123456/",
+        "ABCDEF0123456789abcdef0123456789abcdef01",
+        "\x1b[31m" + "0" * 35,
+    ],
 )
 @pytest.mark.slow
 def test_a_commit_id_that_is_not_40_hex_digits_writes_nothing(hub: FakeHub, commit: str) -> None:

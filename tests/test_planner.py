@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from localllm.config import LoadConfig
 from localllm.gguf_file import read_header
 from localllm.hardware import parse_size
-from localllm.config import LoadConfig
 from localllm.planner import MiB, ModelShape, fit, kv_cells, offload, plan_memory, row_bytes
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.conftest import run_cli
@@ -31,8 +31,19 @@ def synth_pair(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         write_llama_gguf(d / "llama.gguf", SynthSpec(n_layer=2, n_embd=512, n_head=8, n_head_kv=4, n_ff=1408, dtype="f16")),
         write_llama_gguf(
             d / "gemma3.gguf",
-            SynthSpec(arch="gemma3", n_layer=6, n_embd=640, n_head=4, n_head_kv=1, head_dim=256, n_ff=2048,
-                      sliding_window=512, tied_output=True, dtype="f16", name="synthetic-gemma3"),
+            SynthSpec(
+                arch="gemma3",
+                n_layer=6,
+                n_embd=640,
+                n_head=4,
+                n_head_kv=1,
+                head_dim=256,
+                n_ff=2048,
+                sliding_window=512,
+                tied_output=True,
+                dtype="f16",
+                name="synthetic-gemma3",
+            ),
         ),
     ]
 
@@ -117,15 +128,35 @@ def test_plan_cli_json(smollm2: Path) -> None:
     import json
 
     d = json.loads(proc.stdout)
-    for key in ("kv_cache_bytes", "kv_bytes_per_token", "weights_gpu_bytes", "weights_cpu_bytes", "compute_bytes", "output_bytes",
-                "total_gpu_bytes", "total_cpu_bytes", "n_gpu_layers", "n_ctx", "type_k", "type_v", "swa_full", "fits", "max_ctx_by_kv_type"):
+    for key in (
+        "kv_cache_bytes",
+        "kv_bytes_per_token",
+        "weights_gpu_bytes",
+        "weights_cpu_bytes",
+        "compute_bytes",
+        "output_bytes",
+        "total_gpu_bytes",
+        "total_cpu_bytes",
+        "n_gpu_layers",
+        "n_ctx",
+        "type_k",
+        "type_v",
+        "swa_full",
+        "fits",
+        "max_ctx_by_kv_type",
+    ):
         assert key in d, key
     assert d["fits"] is True and d["n_gpu_layers"] == 31 and d["kv_cache_bytes"] == 90 * MiB
 
 
 @pytest.mark.parametrize(
     "args, needle",
-    [(["--vram", "-1"], "not a size"), (["--ctx", "0"], "--ctx must be at least 1"), (["--kv-type", "q3"], "invalid choice"), (["--vram", "lots"], "not a size")],
+    [
+        (["--vram", "-1"], "not a size"),
+        (["--ctx", "0"], "--ctx must be at least 1"),
+        (["--kv-type", "q3"], "invalid choice"),
+        (["--vram", "lots"], "not a size"),
+    ],
 )
 def test_plan_usage_errors(args: list[str], needle: str) -> None:
     proc = run_cli("plan", *args)
@@ -134,8 +165,24 @@ def test_plan_usage_errors(args: list[str], needle: str) -> None:
 
 @pytest.mark.slow
 def test_run_with_vram_says_what_it_chose(gemma: Path) -> None:
-    proc = run_cli("run", str(gemma), "--raw", "-p", "The capital of France is", "-n", "4", "--temp", "0",
-                   "--vram", "350MiB", "--ctx", "32768", "--policy", "offload", "--no-stats")
+    proc = run_cli(
+        "run",
+        str(gemma),
+        "--raw",
+        "-p",
+        "The capital of France is",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--vram",
+        "350MiB",
+        "--ctx",
+        "32768",
+        "--policy",
+        "offload",
+        "--no-stats",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "fitted to --vram 350.00 MiB" in proc.stderr and "layers on the GPU" in proc.stderr
 
@@ -153,8 +200,7 @@ def _llama_cpp_buffers(path: Path, cfg: LoadConfig) -> tuple[list[float], float,
 
     mark = ROUTER.mark()
     with LlamaCppBackend() as b:
-        b.load(path, LoadConfig(n_ctx=cfg.n_ctx, type_k=cfg.type_k, type_v=cfg.type_v, swa_full=cfg.swa_full,
-                                n_outputs_max=cfg.n_outputs_max, flash_attn="on"))
+        b.load(path, LoadConfig(n_ctx=cfg.n_ctx, type_k=cfg.type_k, type_v=cfg.type_v, swa_full=cfg.swa_full, n_outputs_max=cfg.n_outputs_max, flash_attn="on"))
     log = "\n".join(line for _, line in ROUTER.lines_since(mark))
     return [float(x) for x in _KV_RE.findall(log)], float(_COMPUTE_RE.search(log).group(1)), float(_OUTPUT_RE.search(log).group(1))
 
@@ -174,7 +220,7 @@ def test_estimates_against_llama_cpp_log(which: str, gemma: Path, synth_pair: li
         plan = plan_memory(shape, cfg)
         printed, compute, output = _llama_cpp_buffers(path, cfg)
         # One buffer per cache: full-attention first, then sliding-window.
-        ours = [sum(l.k_bytes + l.v_bytes for l in plan.kv_layers if l.swa == swa) for swa in (False, True)]
+        ours = [sum(kl.k_bytes + kl.v_bytes for kl in plan.kv_layers if kl.swa == swa) for swa in (False, True)]
         ours = [round(b / MiB, 2) for b in ours if b]
         if ours != printed:
             kv_wrong.append((cfg, ours, printed))

@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from localllm.config import LoadConfig
 from localllm.errors import InputError, UsageError
 from localllm.gguf_file import read_header
 from localllm.placement import Device, layer_devices, place
-from localllm.config import LoadConfig
 from localllm.planner import MiB, ModelShape
 from localllm.rpc import Endpoint, parse_endpoints, probe
 from tests.conftest import REPO, run_cli
@@ -40,7 +38,10 @@ class WorkerProc:
         self.ep = Endpoint("127.0.0.1", self.port)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "localllm", "worker", "--port", str(self.port), "--threads", "1", *extra],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,  # stdout: llama.cpp's per-client lines
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,  # stdout: llama.cpp's per-client lines
         )
         deadline = time.monotonic() + 60
         while True:
@@ -107,7 +108,9 @@ def test_worker_down_is_one_line_before_any_load(smollm2: Path) -> None:
     t0 = time.monotonic()
     proc = run_cli("run", "--rpc", f"127.0.0.1:{port}", "-p", "hi", "-n", "1")
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [f"localllm: error: worker 127.0.0.1:{port} refused the connection: is `localllm worker --port {port}` running there?"]
+    assert proc.stderr.strip().splitlines() == [
+        f"localllm: error: worker 127.0.0.1:{port} refused the connection: is `localllm worker --port {port}` running there?"
+    ]
     assert time.monotonic() - t0 < 30
 
 
@@ -249,7 +252,12 @@ def test_worker_dies_mid_generation(smollm2: Path) -> None:
     w = WorkerProc()
     proc = subprocess.Popen(
         [sys.executable, "-m", "localllm", "chat", "--rpc", str(w.ep), "--ctx", "2048", "-n", "-1", "--temp", "0", "--threads", "1", "--no-stats"],
-        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
     )
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write("Write a very long story about a lighthouse keeper, with many chapters.\n")
@@ -276,8 +284,13 @@ def test_worker_json_then_ctrl_c() -> None:
     """--json: one line on stdout when ready (llama.cpp's own chatter goes to
     stderr); Ctrl+C stops it at once with 130 and no traceback."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localllm", "worker", "--port", str(port), "--threads", "1", "--json"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localllm", "worker", "--port", str(port), "--threads", "1", "--json"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         ready = json.loads(proc.stdout.readline())

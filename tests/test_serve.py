@@ -27,7 +27,11 @@ class Server:
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "localllm", "serve", *args, "--port", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
         )
         self.lines: list[str] = []
         self.base = None
@@ -66,7 +70,22 @@ class Server:
 def server(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("serve-home")
     # One thread: llama.cpp's spinning thread barriers crawl on a busy shared CI machine.
-    s = Server("smollm2", "--parallel", "4", "--ctx", "512", "--max-queue", "4", "--prefill-chunk", "16", "--threads", "1", "--api-key", KEY, env={"LOCALLLM_HOME": str(home)})
+    s = Server(
+        "smollm2",
+        "--parallel",
+        "4",
+        "--ctx",
+        "512",
+        "--max-queue",
+        "4",
+        "--prefill-chunk",
+        "16",
+        "--threads",
+        "1",
+        "--api-key",
+        KEY,
+        env={"LOCALLLM_HOME": str(home)},
+    )
     yield s
     s.stop()
 
@@ -110,8 +129,9 @@ def test_openai_client_chat_and_stream(server) -> None:
     assert r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 5
     assert r.choices[0].finish_reason in ("stop", "length")
     pieces, usage, finish = [], None, None
-    for chunk in client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=24,
-                                                temperature=0, stream=True, stream_options={"include_usage": True}):
+    for chunk in client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True}
+    ):
         if chunk.usage:
             usage = chunk.usage
         for c in chunk.choices:
@@ -144,8 +164,9 @@ def test_four_concurrent_streams_match_sequential_greedy(server) -> None:
 
     def ask(prompt: str) -> str:
         out = []
-        for chunk in client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": prompt}], max_tokens=20,
-                                                    temperature=0, seed=1, stream=True):
+        for chunk in client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": prompt}], max_tokens=20, temperature=0, seed=1, stream=True
+        ):
             out.extend(c.delta.content or "" for c in chunk.choices)
         return "".join(out)
 
@@ -160,8 +181,10 @@ def test_four_concurrent_streams_match_sequential_greedy(server) -> None:
     assert len(set(sequential)) == 4 and all(sequential)
 
 
-LONG = ("The old lighthouse keeper climbed the spiral stairs every evening, counting the steps as his father had taught him, "
-        "and at the top he wiped the salt from the great lens before lighting the lamp that guided the fishing boats home. ") * 3
+LONG = (
+    "The old lighthouse keeper climbed the spiral stairs every evening, counting the steps as his father had taught him, "
+    "and at the top he wiped the salt from the great lens before lighting the lamp that guided the fishing boats home. "
+) * 3
 
 
 def _run_greedy(prompt: str, n: int) -> str:
@@ -194,14 +217,17 @@ def test_shared_prefix_and_chunked_prefill_match_single_sequence_runs(server) ->
 @pytest.mark.slow
 def test_curl_sse_framing(server) -> None:
     body = json.dumps({"model": "x", "prompt": "Hello", "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}})
-    proc = subprocess.run(["curl", "-sS", "-N", "-i", "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
-                           "-d", body, server.base + "/v1/completions"], capture_output=True, timeout=120)
+    proc = subprocess.run(
+        ["curl", "-sS", "-N", "-i", "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json", "-d", body, server.base + "/v1/completions"],
+        capture_output=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     head, _, payload = proc.stdout.decode().partition("\r\n\r\n")
     assert "content-type: text/event-stream" in head.lower()
     events = payload.split("\n\n")
     assert events[-1] == "" and events[-2] == "data: [DONE]"
-    objs = [json.loads(e[len("data: "):]) for e in events[:-2]]
+    objs = [json.loads(e[len("data: ") :]) for e in events[:-2]]
     assert all(e.startswith("data: ") and "\n" not in e for e in events[:-2])
     assert objs[-1]["usage"]["completion_tokens"] == 6 and objs[-1]["choices"] == []
     assert objs[-2]["choices"][0]["finish_reason"] == "length"
@@ -229,9 +255,16 @@ def test_limits(server) -> None:
         assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
         r = c.post("/v1/completions", json={"prompt": " ".join(["word"] * 700), "max_tokens": 4})
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded" and "512" in r.json()["error"]["message"]
-        for bad in ({"prompt": "x", "max_tokens": 0}, {"prompt": "x", "max_tokens": -3}, {"prompt": "x", "max_tokens": "9"},
-                    {"prompt": "x", "temperature": "hot"}, {"prompt": "x", "n": 2}, {"prompt": 5}, {"prompt": [10**9]},
-                    {"messages": "hi"}):
+        for bad in (
+            {"prompt": "x", "max_tokens": 0},
+            {"prompt": "x", "max_tokens": -3},
+            {"prompt": "x", "max_tokens": "9"},
+            {"prompt": "x", "temperature": "hot"},
+            {"prompt": "x", "n": 2},
+            {"prompt": 5},
+            {"prompt": [10**9]},
+            {"messages": "hi"},
+        ):
             path = "/v1/chat/completions" if "messages" in bad else "/v1/completions"
             r = c.post(path, json=bad)
             assert r.status_code == 400, bad
@@ -274,7 +307,7 @@ def test_queue_limit_and_disconnect_frees_sequences(server) -> None:
                 queued.append((cm, cm.__enter__()))
             r = c2.post("/v1/completions", json={"prompt": "one more", "max_tokens": 2})  # ... and one too many
             assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
-            for cm, resp in queued:
+            for cm, _resp in queued:
                 cm.__exit__(None, None, None)
         for cm, *_ in streams:
             cm.__exit__(None, None, None)  # clients go away mid-stream
@@ -298,8 +331,15 @@ def test_queue_limit_and_disconnect_frees_sequences(server) -> None:
 def test_metrics(server) -> None:
     with _client(server) as c:
         text = c.get("/metrics").text
-    for name in ("localllm_requests_total", "localllm_generated_tokens_total", "localllm_time_to_first_token_seconds_bucket",
-                 "localllm_inter_token_latency_seconds_count", "localllm_kv_cells_used", "localllm_batch_sequences", "localllm_kv_cells_total"):
+    for name in (
+        "localllm_requests_total",
+        "localllm_generated_tokens_total",
+        "localllm_time_to_first_token_seconds_bucket",
+        "localllm_inter_token_latency_seconds_count",
+        "localllm_kv_cells_used",
+        "localllm_batch_sequences",
+        "localllm_kv_cells_total",
+    ):
         assert name in text, name
     assert _metric(server, "localllm_generated_tokens_total") > 0
     assert _metric(server, "localllm_kv_cells_total") >= 2048
@@ -308,9 +348,44 @@ def test_metrics(server) -> None:
 
 def _fuzz_cases(rng: random.Random) -> list[tuple[str, str, bytes]]:
     valid = {"prompt": "hi", "max_tokens": 2}
-    values = [None, True, False, 0, -1, 1.5, 1e309 if False else 1e308, "", "x" * 5000, [], {}, [1, "a"], {"a": {"b": []}}, "\u0000\ud7ff\uffff", -2**63, 2**70]
-    keys = ["prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
-            "stream_options", "model", "logprobs", "tools", "echo", "suffix", "ignore_eos", "presence_penalty"]
+    values = [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        1.5,
+        1e309 if False else 1e308,
+        "",
+        "x" * 5000,
+        [],
+        {},
+        [1, "a"],
+        {"a": {"b": []}},
+        "\u0000\ud7ff\uffff",
+        -(2**63),
+        2**70,
+    ]
+    keys = [
+        "prompt",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "n",
+        "stream",
+        "stream_options",
+        "model",
+        "logprobs",
+        "tools",
+        "echo",
+        "suffix",
+        "ignore_eos",
+        "presence_penalty",
+    ]
     cases: list[tuple[str, str, bytes]] = []
     for _ in range(220):
         body = dict(valid) if rng.random() < 0.5 else {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -320,13 +395,18 @@ def _fuzz_cases(rng: random.Random) -> list[tuple[str, str, bytes]]:
         cases.append(("POST", path, json.dumps(body).encode()))
     for _ in range(40):
         cases.append(("POST", rng.choice(["/v1/completions", "/v1/chat/completions"]), bytes(rng.randrange(256) for _ in range(rng.randint(0, 300)))))
-    cases += [("POST", "/v1/completions", b"[" * 100000 + b"]" * 100000),
-              ("POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode()),
-              ("POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode()),
-              ("POST", "/v1/completions", b'{"prompt": "x", "max_tokens": NaN}'),
-              ("POST", "/v1/completions", b'{"prompt": "x", "temperature": Infinity}'),
-              ("GET", "/v1/completions", b""), ("DELETE", "/v1/models", b""), ("GET", "/../../etc/passwd", b""),
-              ("GET", "/v1/" + "a" * 3000, b""), ("PUT", "/metrics", b"x")]
+    cases += [
+        ("POST", "/v1/completions", b"[" * 100000 + b"]" * 100000),
+        ("POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode()),
+        ("POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode()),
+        ("POST", "/v1/completions", b'{"prompt": "x", "max_tokens": NaN}'),
+        ("POST", "/v1/completions", b'{"prompt": "x", "temperature": Infinity}'),
+        ("GET", "/v1/completions", b""),
+        ("DELETE", "/v1/models", b""),
+        ("GET", "/../../etc/passwd", b""),
+        ("GET", "/v1/" + "a" * 3000, b""),
+        ("PUT", "/metrics", b"x"),
+    ]
     return cases
 
 
@@ -348,7 +428,11 @@ def test_fuzz_leaves_server_answering(server) -> None:
                 assert r.json()["error"]["message"]
     # raw garbage on the socket
     host, port = server.base.removeprefix("http://").rsplit(":", 1)
-    for junk in (b"\x00\x01\x02garbage\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\n" + b"X: y\r\n" * 2000):
+    for junk in (
+        b"\x00\x01\x02garbage\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\n" + b"X: y\r\n" * 2000,
+    ):
         with socket.create_connection((host, int(port)), timeout=10) as s:
             s.sendall(junk)
             s.shutdown(socket.SHUT_WR)
@@ -365,8 +449,11 @@ def test_sigint_drains_then_exits(server) -> None:
     import httpx2
 
     with httpx2.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as c:
-        with c.stream("POST", "/v1/completions", json={"prompt": "Count:", "max_tokens": 10, "ignore_eos": True, "stream": True,
-                                                        "stream_options": {"include_usage": True}}) as r:
+        with c.stream(
+            "POST",
+            "/v1/completions",
+            json={"prompt": "Count:", "max_tokens": 10, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
+        ) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
             server.proc.send_signal(signal.SIGINT)
@@ -384,6 +471,7 @@ def test_non_loopback_host_warns_without_key(tmp_path: Path) -> None:
 
 
 # -- the scheduler alone, on a stand-in model (no llama.cpp): its own rules ----------
+
 
 class _CountingModel:
     """Predicts token t+1 after t; token k reads as chr(ord('a') + k % 26); 99 is end-of-generation."""
@@ -433,8 +521,13 @@ def _job(tokens, max_tokens=5, stop=()):
     from localllm.serve.scheduler import Job
 
     events = []
-    job = Job(tokens=list(tokens), sampling=SamplingConfig(temperature=0, max_tokens=max_tokens), max_tokens=max_tokens,
-              emit=lambda kind, payload: events.append((kind, payload)), stop=tuple(stop))
+    job = Job(
+        tokens=list(tokens),
+        sampling=SamplingConfig(temperature=0, max_tokens=max_tokens),
+        max_tokens=max_tokens,
+        emit=lambda kind, payload: events.append((kind, payload)),
+        stop=tuple(stop),
+    )
     return job, events
 
 
@@ -519,8 +612,11 @@ def test_serve_over_a_worker(tmp_path: Path) -> None:
         try:
             import httpx2
 
-            r = httpx2.post(s.base + "/v1/chat/completions", timeout=120, json={
-                "model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12, "temperature": 0})
+            r = httpx2.post(
+                s.base + "/v1/chat/completions",
+                timeout=120,
+                json={"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12, "temperature": 0},
+            )
             assert r.status_code == 200, r.text
             d = r.json()
             assert d["choices"][0]["message"]["content"] and d["usage"]["completion_tokens"] == 12

@@ -80,7 +80,12 @@ def test_path_tricks_in_file_names_are_refused(bad: str) -> None:
 
 @pytest.mark.slow
 def test_cli_refuses_path_tricks_before_any_request(hub: FakeHub) -> None:
-    for args in (["pull", "../../etc"], ["pull", "/abs/repo"], ["pull", REPO_ID, "--file", "../../../outside.gguf"], ["pull", REPO_ID, "--file", "/etc/passwd"]):
+    for args in (
+        ["pull", "../../etc"],
+        ["pull", "/abs/repo"],
+        ["pull", REPO_ID, "--file", "../../../outside.gguf"],
+        ["pull", REPO_ID, "--file", "/etc/passwd"],
+    ):
         r = run_cli(*args)
         assert r.returncode == 2, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
@@ -143,7 +148,11 @@ def test_pull_resumes_after_ctrl_c(hub: FakeHub, quants: dict[str, Path]) -> Non
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint}
     child = subprocess.Popen(
         [sys.executable, "-m", "localllm", "pull", REPO_ID, "--quant", "F32"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     blobs = hf_cache_dir() / "models--acme--Synth-GGUF" / "blobs"
     deadline = time.time() + 30
@@ -268,13 +277,17 @@ def _ollama_store(root: Path, blob_src: Path, name: str, tag: str, host: str = "
     blob.write_bytes(data)
     manifest = root / "manifests" / host / ns / name / tag
     manifest.parent.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({
-        "schemaVersion": 2,
-        "layers": [
-            {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": len(data)},
-            {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "0" * 64, "size": 10},
-        ],
-    }))
+    manifest.write_text(
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "layers": [
+                    {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": len(data)},
+                    {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "0" * 64, "size": 10},
+                ],
+            }
+        )
+    )
     return blob
 
 
@@ -400,7 +413,9 @@ def test_a_pulled_model_runs_by_its_name(smollm2: Path) -> None:
         r = run_cli("pull", "hf.co/HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", env=env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.split("\t")[0] == "smollm2-135m-instruct:q4_1"
-        r = run_cli("run", "smollm2-135m-instruct:q4_1", "-p", "What is the capital of France? Answer in one word.", "--temp", "0", "-n", "16", "--no-stats", env=env)
+        r = run_cli(
+            "run", "smollm2-135m-instruct:q4_1", "-p", "What is the capital of France? Answer in one word.", "--temp", "0", "-n", "16", "--no-stats", env=env
+        )
         assert r.returncode == 0 and "Paris" in r.stdout, r.stderr
     finally:
         h.stop()
@@ -434,7 +449,9 @@ def _catalog_vs_header(m: model_catalog.CatalogModel, path: Path) -> tuple[float
 def test_catalog_estimate_matches_the_header_plan_smollm2(smollm2: Path) -> None:
     """The catalog plans from published shapes and a file size: on SmolLM2's real
     file that lands within 2% of the header-based plan, KV and compute exact."""
-    m = model_catalog.CatalogModel("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "llama", "Apache-2.0", 8192, 30, 576, 9, 3, 64, 1536, 49152, True, 0, 0, ())
+    m = model_catalog.CatalogModel(
+        "smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "llama", "Apache-2.0", 8192, 30, 576, 9, 3, 64, 1536, 49152, True, 0, 0, ()
+    )
     ratio, dkv, dcompute = _catalog_vs_header(m, smollm2)
     assert abs(ratio - 1) < 0.02 and dkv == 0 and dcompute == 0
 

@@ -207,8 +207,8 @@ async def test_real_model_streams_and_panels_fill(smollm2: Path) -> None:
 async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
     """From the models screen: quantize the selected model (a progress bar, a new
     file beside it), then switch to another model, which reloads."""
-    from scripts.synth_gguf import SynthSpec, write_llama_gguf
     from localllm.tui.screens import ModelsScreen
+    from scripts.synth_gguf import SynthSpec, write_llama_gguf
 
     src = write_llama_gguf(tmp_path / "tiny-F32.gguf", SynthSpec(n_embd=256, n_head=4, n_head_kv=2, n_ff=512))
     app, backend = scripted_app(src)

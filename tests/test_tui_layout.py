@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from localllm.testing import ScriptedEngine
-from tests.test_tui import send, wait_idle
 from localllm.tui.app import create_app
 from localllm.tui.settings import Settings
 from localllm.tui.widgets import LatencyPanel, Lines, MemoryPanel, StatusLine
+from tests.test_tui import send, wait_idle
 
 GiB = 1024**3
 

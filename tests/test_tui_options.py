@@ -5,15 +5,15 @@ engine records it; the fitting service decides it, as for ``run``)."""
 
 from __future__ import annotations
 
-import pytest
-
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from localllm.cli import build_parser
 from localllm.config import LoadConfig
-from localllm.tui.cli import app_from_args
 from localllm.testing import ScriptedEngine
+from localllm.tui.cli import app_from_args
 from tests.test_tui import chat_text, models_screen, panel_text, wait_idle
 
 GiB = 1024**3

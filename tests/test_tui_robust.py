@@ -15,9 +15,9 @@ import pytest
 
 from localllm import sessions
 from localllm.testing import ScriptedEngine
-from tests.test_tui import chat_text, panel_text, send
 from localllm.tui.app import LocalLLMApp, create_app
 from localllm.tui.settings import Settings
+from tests.test_tui import chat_text, panel_text, send
 
 GiB = 1024**3
 

@@ -31,7 +31,9 @@ def test_tui_worker_down_is_one_line_before_the_screen() -> None:
     t0 = time.monotonic()
     proc = run_cli("tui", "--rpc", f"127.0.0.1:{port}")
     assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.strip().splitlines() == [f"localllm: error: worker 127.0.0.1:{port} refused the connection: is `localllm worker --port {port}` running there?"]
+    assert proc.stderr.strip().splitlines() == [
+        f"localllm: error: worker 127.0.0.1:{port} refused the connection: is `localllm worker --port {port}` running there?"
+    ]
     assert proc.stdout == "" and time.monotonic() - t0 < 30  # no screen was drawn
 
 
@@ -59,8 +61,7 @@ async def test_one_bar_per_device_with_llama_cpp_figures(worker, smollm2: Path) 
     one for the CPU; each bar's weights and KV figures are what llama.cpp
     printed for that device (its log), the budget is the free memory the worker
     reported; KV now grows with the chat."""
-    app = create_app(str(smollm2), settings=Settings(n_ctx=2048, threads=1, temperature=0.0, max_tokens=8, system_prompt=""),
-                     rpc=[worker.ep], bandwidth=20e9)
+    app = create_app(str(smollm2), settings=Settings(n_ctx=2048, threads=1, temperature=0.0, max_tokens=8, system_prompt=""), rpc=[worker.ep], bandwidth=20e9)
     async with app.run_test(size=(140, 50)) as pilot:
         await wait_idle(app, pilot)
         logged = app.backend.logged_buffers
@@ -94,8 +95,13 @@ def test_worker_dies_mid_reply_cockpit_stays_up(tmp_path: Path) -> None:
     aborts, so that process leaves with os._exit, as `localllm tui` does."""
     w = WorkerProc()
     try:
-        proc = subprocess.run([sys.executable, str(REPO / "tests" / "cockpit_worker_death.py"), str(w.port), str(w.proc.pid)],
-                              cwd=REPO, capture_output=True, text=True, timeout=240)
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "tests" / "cockpit_worker_death.py"), str(w.port), str(w.proc.pid)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
     finally:
         w.stop()
     assert proc.returncode == 0, proc.stderr
@@ -104,8 +110,10 @@ def test_worker_dies_mid_reply_cockpit_stays_up(tmp_path: Path) -> None:
     assert out["loaded"] and out["started"] and out["ended"] and out["end_s"] < 10
     assert out["reply"].startswith(out["text_at_kill"])  # what was shown stays shown
     lost = [n for n in out["notes"] if n.startswith("error:")]
-    assert lost == ["error: a worker stopped answering (Remote RPC server crashed or returned malformed response) · "
-                    "the model is lost (the chat is saved: F4); quit (Ctrl+Q) and start the cockpit again to load one"]
+    assert lost == [
+        "error: a worker stopped answering (Remote RPC server crashed or returned malformed response) · "
+        "the model is lost (the chat is saved: F4); quit (Ctrl+Q) and start the cockpit again to load one"
+    ]
     assert out["reload"] and len(out["after"]) == 3, out["after"]
     assert out["after"][0] == "no model is loaded: F2 picks one" and out["after"][1].startswith("loading ")
     assert "llama.cpp still holds the connection to the worker that stopped: quit (Ctrl+Q)" in out["after"][2]
@@ -157,8 +165,10 @@ def test_worker_dies_in_a_real_terminal_then_quit(_isolated_home: Path) -> None:
     if not available():
         pytest.skip("tmux is not installed (apt-get install tmux)")
     w = WorkerProc()
-    cmd = " ".join(shlex.quote(c) for c in [sys.executable, "-m", "localllm", "tui", "--rpc", str(w.ep), "--temp", "0", "--ctx", "2048",
-                                             "--threads", "1", "-n", "1500", "--system", ""])
+    cmd = " ".join(
+        shlex.quote(c)
+        for c in [sys.executable, "-m", "localllm", "tui", "--rpc", str(w.ep), "--temp", "0", "--ctx", "2048", "--threads", "1", "-n", "1500", "--system", ""]
+    )
     env = {"LOCALLLM_HOME": str(_isolated_home), "PYTHONPATH": str(REPO), "TERM": "xterm-256color"}
     try:
         with Tmux(["sh", "-c", f"{cmd}; echo EXIT=$?; sleep 60"], env=env) as t:
@@ -201,8 +211,13 @@ def test_memory_check_per_device_names_the_device_and_both_figures(smollm2: Path
     def line(dev: str, kind: str, n: float) -> str:
         return f"llama_x: {dev} {kind} buffer size = {n / MiB:8.2f} MiB"
 
-    lines = [line("RPC0[a:1]", "KV", rpc.kv_bytes), line("CPU", "KV", cpu.kv_bytes), line("RPC0[a:1]", "compute", rpc.compute_bytes),
-             line("CPU", "compute", cpu.compute_bytes), line("CPU", "output", cpu.output_bytes)]
+    lines = [
+        line("RPC0[a:1]", "KV", rpc.kv_bytes),
+        line("CPU", "KV", cpu.kv_bytes),
+        line("RPC0[a:1]", "compute", rpc.compute_bytes),
+        line("CPU", "compute", cpu.compute_bytes),
+        line("CPU", "output", cpu.output_bytes),
+    ]
     assert check_placement(pl, lines).ok
     off = [ln for ln in lines if "CPU KV" not in ln and "RPC0[a:1] compute" not in ln] + [line("RPC0[a:1]", "compute", rpc.compute_bytes * 1.05)]
     mc = check_placement(pl, off)

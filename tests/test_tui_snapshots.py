@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from localllm.testing import ScriptedEngine
-from tests.test_tui import send, wait_idle
 from localllm.tui.app import create_app
 from localllm.tui.settings import Settings
+from scripts.synth_gguf import SynthSpec, write_llama_gguf
+from tests.test_tui import send, wait_idle
 
 GiB = 1024**3
 SIZE = (140, 40)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -33,6 +34,7 @@ from localllm.errors import InputError, LocalLLMError
 from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
 from localllm.metrics import GenerationStats
+from localllm.rpc import Endpoint
 from localllm.tui.settings import Settings
 from localllm.tui.widgets import ChatView, LatencyPanel, MemoryPanel, MessageView, StatusLine
 
@@ -158,7 +160,7 @@ class LocalLLMApp(App):
         self.bandwidth: float | None = None  # bytes/s, measured once, for the decode roofline
         self.gpu_bandwidth: float | None = None  # the GPU's, where hardware.gpu_memory_bandwidth knows it
         self.load_config: LoadConfig | None = None
-        self.rpc: list[object] = []  # rpc.Endpoint: workers whose devices join the local ones (--rpc)
+        self.rpc: list[Endpoint] = []  # rpc.Endpoint: workers whose devices join the local ones (--rpc)
         self.memory_check: object = None  # memcheck.MemoryCheck of the loaded model, or None
         self._lost: Future = Future()  # set when llama.cpp aborts (see EngineLost)
         self._lost_text = ""  # why, once it has happened
@@ -247,7 +249,7 @@ class LocalLLMApp(App):
         if loaded is not None:
             self.post_message(loaded)
 
-    def _wait_engine(self, fut: Future) -> object:
+    def _wait_engine(self, fut: Future) -> Any:
         """The engine thread's answer, or None when llama.cpp aborted meanwhile:
         its thread then never answers (see EngineLost)."""
         wait([fut, self._lost], return_when=FIRST_COMPLETED)
@@ -660,7 +662,7 @@ def create_app(
     settings: Settings | None = None,
     backend_factory: Callable[[], Engine] | None = None,
     bandwidth: float | None = None,
-    rpc: list[object] | None = None,
+    rpc: list[Endpoint] | None = None,
 ) -> LocalLLMApp:
     """The one app factory: the CLI and the tests build the cockpit here.
     ``bandwidth`` (bytes/s) skips measuring it, for reproducible screens.

@@ -32,7 +32,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     )
 
 
-def app_from_args(args: argparse.Namespace, **kw: Any) -> "LocalLLMApp":
+def app_from_args(args: argparse.Namespace, **kw: Any) -> LocalLLMApp:
     """The cockpit ``localllm tui`` opens (``kw``: ``create_app``'s test hooks)."""
     from localllm.tui.app import create_app
 

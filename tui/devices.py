@@ -5,9 +5,9 @@ memory panel's bars, one per device."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
 
 from rich.text import Text
 from textual.geometry import Size

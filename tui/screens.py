@@ -171,8 +171,14 @@ def read_rows(current: Path, made: list[Path], settings: Settings, hw: Hardware)
             shape = planner.ModelShape.from_header(header)
             request = settings.fit_request(min(settings.n_ctx, info.context_length or settings.n_ctx))
             fit = fitting.fit(shape, request, fitting.Budget.of(hw), trained_ctx=info.context_length)
-            cells = (name + (" (loaded)" if p == current else ""), fmt.size(info.size_bytes), info.file_type,
-                     f"{info.context_length:,}", FIT_LABELS.get(fit.outcome, "with changes"), source)
+            cells = (
+                name + (" (loaded)" if p == current else ""),
+                fmt.size(info.size_bytes),
+                info.file_type,
+                f"{info.context_length:,}",
+                FIT_LABELS.get(fit.outcome, "with changes"),
+                source,
+            )
             rows.append(ModelRow(p, cells, info))
         except Exception as exc:  # noqa: BLE001 - one bad file is one row, never the end of the app
             rows.append(ModelRow(p, (name, "?", "?", "?", f"unreadable: {_one_line(exc)}", source), None, _one_line(exc)))
@@ -293,7 +299,9 @@ class ModelsScreen(Screen[Path | None]):
                 if isinstance(event, Progress):
                     self.app.call_from_thread(bar.update, total=event.total, progress=event.index)
                 else:
-                    self.app.call_from_thread(details.update, f"wrote {dst.name}: {fmt.size(event.output_bytes)}, {event.bits_per_weight:.2f} bpw in {event.seconds:.1f} s")
+                    self.app.call_from_thread(
+                        details.update, f"wrote {dst.name}: {fmt.size(event.output_bytes)}, {event.bits_per_weight:.2f} bpw in {event.seconds:.1f} s"
+                    )
         except Exception as exc:  # noqa: BLE001 - shown where the user looks; the app goes on
             self.app.call_from_thread(details.update, f"quantize failed: {_one_line(exc)}")
             return

@@ -38,7 +38,7 @@ class Settings:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Settings":
+    def from_dict(cls, d: dict[str, Any]) -> Settings:
         """Settings from a saved session: a value of the wrong type (a hand edit,
         an older version) falls back to its default instead of reaching llama.cpp."""
         default = cls()
@@ -59,7 +59,7 @@ class Settings:
                 kept[f.name] = float(v) if type(want) is float else v
         return cls(**kept)
 
-    def needs_reload(self, other: "Settings") -> bool:
+    def needs_reload(self, other: Settings) -> bool:
         return any(getattr(self, f) != getattr(other, f) for f in RELOAD_FIELDS)
 
     def fit_request(self, n_ctx: int | None = None) -> fitting.Request:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.geometry import Size
 from textual.containers import Vertical
+from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Log, Sparkline
@@ -50,7 +50,7 @@ class ChatView(Log):
         self.messages: list[MessageView] = []
         self._col = 0
 
-    def add(self, role: str, text: str = "") -> "MessageView":
+    def add(self, role: str, text: str = "") -> MessageView:
         if self.line_count:
             self.write("\n\n" if self._col else "\n")
         self._col = 0
@@ -138,7 +138,7 @@ class StatusLine(Lines):
     def __init__(self, **kw: object) -> None:
         super().__init__(1, max_rows=1, **kw)
 
-    def show(self, latency: "LatencyPanel", memory: "MemoryPanel") -> None:
+    def show(self, latency: LatencyPanel, memory: MemoryPanel) -> None:
         gaps = latency.gaps_ms
         parts = [
             "TTFT —" if latency.ttft_ms is None else f"TTFT {latency.ttft_ms:.0f} ms",

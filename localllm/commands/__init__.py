@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib
 
-
 # Commands whose implementation lives in a package built on the core (the core
 # itself never imports them; this lazy import is the only link).
 _EXTERNAL = {"quantize": "localllm.quantize.cli", "tui": "localllm.tui.cli", "list": "localllm.commands.list_models"}

@@ -11,6 +11,7 @@ from pathlib import Path
 from localllm import fitting
 from localllm.config import LoadConfig
 from localllm.engine_api import Engine
+from localllm.hardware import Hardware
 from localllm.llama_rules import flash_attn_mode
 
 
@@ -51,7 +52,7 @@ def fit_request(args: argparse.Namespace, n_ctx: int) -> fitting.Request:
 @dataclass
 class Fitted:
     fit: fitting.Fit
-    hardware: object  # hardware.Hardware
+    hardware: Hardware
 
     @property
     def config(self) -> LoadConfig:

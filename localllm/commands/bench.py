@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         fmt.print_json([r.to_dict() for r in rows])
     else:
-        header = f"{fmt.safe(info.name)} · {info.file_type} · {fmt.size(info.size_bytes)} · {fmt.count(info.n_params)} params · {li.n_threads} threads · ctx {li.n_ctx} · KV {li.type_k}/{li.type_v}"
+        header = (f"{fmt.safe(info.name)} · {info.file_type} · {fmt.size(info.size_bytes)} · {fmt.count(info.n_params)} params · "
+                  f"{li.n_threads} threads · ctx {li.n_ctx} · KV {li.type_k}/{li.type_v}")
         print(table(rows, header))
     return 0

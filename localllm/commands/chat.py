@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 from localllm import catalog, fmt
 from localllm.backend import SamplingConfig
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             sampling=SamplingConfig(temperature=args.temp, seed=args.seed, max_tokens=args.n_predict),
             prompt_cache=cache,
         )
-        turn_now: dict[str, object] = {"user": None, "pieces": []}
+        turn_now: dict[str, Any] = {"user": None, "pieces": []}
         if cfg.rpc_servers:
             _save_if_a_worker_dies(path, args, cfg, session, turn_now)
         while True:
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             turn_now.update(user=text, pieces=[])
             for event in session.send(text, start_ns=submitted):
-                turn_now["pieces"].append(event.text)  # type: ignore[union-attr]
+                turn_now["pieces"].append(event.text)
                 if not args.json:
                     sys.stdout.write(event.text)
                     sys.stdout.flush()

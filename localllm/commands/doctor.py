@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         say("measuring prefill and decode")
         stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
         header = backend.header
+        assert header is not None  # loaded just above
         spec = None
         if backend.context_used + args.gen_tokens + 10 < backend.n_ctx:
             say("measuring prompt-lookup speculative decoding")

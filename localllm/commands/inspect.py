@@ -38,17 +38,14 @@ def render(info: ModelInfo) -> str:
 
 
 def _ranges(idx: list[int]) -> str:
-    out: list[str] = []
-    start = prev = None
-    for i in idx + [None]:  # type: ignore[list-item]
-        if start is None:
-            start = prev = i
-        elif i is not None and i == prev + 1:
-            prev = i
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
         else:
-            out.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = i
-    return ", ".join(out)
+            runs.append([i, i])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -45,7 +45,9 @@ def rows(hw: Any) -> list[Row]:
             header = read_header(e.path)
             info = describe(header)
             v = verdict.judge(planner.ModelShape.from_header(header), info.context_length, hw.gpu_budget, ram)
-            out.append(Row(e.name, e.source, e.owner, str(e.path), info.architecture, info.file_type, info.size_bytes, info.context_length, v.full_gpu, v.text, e.repo))
+            out.append(
+                Row(e.name, e.source, e.owner, str(e.path), info.architecture, info.file_type, info.size_bytes, info.context_length, v.full_gpu, v.text, e.repo)
+            )
         except LocalLLMError as exc:
             out.append(Row(e.name, e.source, e.owner, str(e.path), None, e.quant, None, None, False, f"unreadable: {exc}", e.repo))
     return out
@@ -55,9 +57,14 @@ def render(table: list[Row], budget_note: str) -> str:
     head = ("NAME", "SOURCE", "ARCH", "QUANT", "SIZE", "CTX", "FITS " + budget_note, "PATH")
     body = [
         (
-            r.name, r.source, r.architecture or "-", r.quant or "-",
+            r.name,
+            r.source,
+            r.architecture or "-",
+            r.quant or "-",
             fmt.size(r.size_bytes) if r.size_bytes else "-",
-            f"{r.context_length:,}" if r.context_length else "-", r.fit, r.path,
+            f"{r.context_length:,}" if r.context_length else "-",
+            r.fit,
+            r.path,
         )
         for r in table
     ]

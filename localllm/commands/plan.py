@@ -20,15 +20,22 @@ def render(f, architecture: str = "") -> str:
         + (f" · {p.n_gpu_layers} layers on the GPU" if gpu else "")
         + ("" if p.verified else " (unverified architecture)"),
         "",
-        fmt.table(("", "GPU", "CPU"), [
-            ("weights", fmt.size(p.weights_gpu_bytes), fmt.size(p.weights_cpu_bytes)),
-            ("KV cache", fmt.size(p.kv_gpu_bytes), fmt.size(p.kv_cache_bytes - p.kv_gpu_bytes)),
-            *([("recurrent", fmt.size(p.rs_gpu_bytes), fmt.size(p.rs_bytes - p.rs_gpu_bytes))] if p.rs_bytes else []),
-            ("compute" + (" (estimate)" if p.compute_estimated else ""),
-             fmt.size(p.compute_bytes if p.compute_on_gpu else 0), fmt.size(0 if p.compute_on_gpu else p.compute_bytes)),
-            ("output", fmt.size(0), fmt.size(p.output_bytes)),
-            ("total", fmt.size(p.total_gpu_bytes), fmt.size(p.total_cpu_bytes)),
-        ], right=(1, 2)),
+        fmt.table(
+            ("", "GPU", "CPU"),
+            [
+                ("weights", fmt.size(p.weights_gpu_bytes), fmt.size(p.weights_cpu_bytes)),
+                ("KV cache", fmt.size(p.kv_gpu_bytes), fmt.size(p.kv_cache_bytes - p.kv_gpu_bytes)),
+                *([("recurrent", fmt.size(p.rs_gpu_bytes), fmt.size(p.rs_bytes - p.rs_gpu_bytes))] if p.rs_bytes else []),
+                (
+                    "compute" + (" (estimate)" if p.compute_estimated else ""),
+                    fmt.size(p.compute_bytes if p.compute_on_gpu else 0),
+                    fmt.size(0 if p.compute_on_gpu else p.compute_bytes),
+                ),
+                ("output", fmt.size(0), fmt.size(p.output_bytes)),
+                ("total", fmt.size(p.total_gpu_bytes), fmt.size(p.total_cpu_bytes)),
+            ],
+            right=(1, 2),
+        ),
         "",
     ]
     if gpu:
@@ -40,13 +47,16 @@ def render(f, architecture: str = "") -> str:
     lines.append(f"RAM available {fmt.size(r.ram or 0)}")
     lines.append(("fits: " + r.sentence) if r.fits else ("does not fit: " + r.sentence))
     if not p.verified:
-        lines.append(f"(unverified architecture) localllm knows no llama.cpp cache rule for '{architecture}': planned as dense, "
-                     "every layer with its own full-context cache; check with localllm run -v")
+        lines.append(
+            f"(unverified architecture) localllm knows no llama.cpp cache rule for '{architecture}': planned as dense, "
+            "every layer with its own full-context cache; check with localllm run -v"
+        )
     if f.shift_extra_bytes is None:
         lines.append("context shift: in place (the cache can shift without re-reading)")
     else:
         lines.append(
-            f"context shift: this sliding-window cache re-reads the kept window; --swa-full makes it shift in place for {fmt.size(f.shift_extra_bytes)} more KV cache"
+            "context shift: this sliding-window cache re-reads the kept window; "
+            f"--swa-full makes it shift in place for {fmt.size(f.shift_extra_bytes)} more KV cache"
         )
     lines.append("largest context that fits: " + ", ".join(f"{k} {v:,}" if v else f"{k} none" for k, v in r.max_ctx_by_kv_type.items()))
     return "\n".join(lines)
@@ -67,16 +77,20 @@ def render_devices(f) -> str:
         + (f" · sliding-window layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
         + f" · {p.n_gpu_layers} of {sum(len(u.layers) for u in uses) + 1} layers offloaded",
         "",
-        fmt.table(("", *(u.device.name for u in uses)), [  # device names come from the workers: measured in cells
-            row("layers", lambda u: f"{len(u.layers)}" + ("+out" if u.output_layer else "")),
-            row("weights", lambda u: fmt.size(u.weights_bytes)),
-            row(" mapped", lambda u: fmt.size(u.mapped_bytes) if u.mapped_bytes is not None else ""),
-            row("KV cache", lambda u: fmt.size(u.kv_bytes)),
-            row("compute", lambda u: fmt.size(u.compute_bytes)),
-            row("output", lambda u: fmt.size(u.output_bytes)),
-            row("total", lambda u: fmt.size(u.total_bytes)),
-            row("free", lambda u: fmt.size(u.device.free_bytes) if u.device.free_bytes is not None else "n/a"),
-        ], right=tuple(range(1, len(uses) + 1))),
+        fmt.table(
+            ("", *(u.device.name for u in uses)),
+            [  # device names come from the workers: measured in cells
+                row("layers", lambda u: f"{len(u.layers)}" + ("+out" if u.output_layer else "")),
+                row("weights", lambda u: fmt.size(u.weights_bytes)),
+                row(" mapped", lambda u: fmt.size(u.mapped_bytes) if u.mapped_bytes is not None else ""),
+                row("KV cache", lambda u: fmt.size(u.kv_bytes)),
+                row("compute", lambda u: fmt.size(u.compute_bytes)),
+                row("output", lambda u: fmt.size(u.output_bytes)),
+                row("total", lambda u: fmt.size(u.total_bytes)),
+                row("free", lambda u: fmt.size(u.device.free_bytes) if u.device.free_bytes is not None else "n/a"),
+            ],
+            right=tuple(range(1, len(uses) + 1)),
+        ),
         "",
         "split: " + ", ".join(f"{u.device.name} {s / sum(pl.split):.0%}" for u, s in zip(uses, pl.split)) if pl.split else "no offload device",
         *pl.rules,

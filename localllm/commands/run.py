@@ -60,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
     if fitted.fit.outcome is not fitting.Outcome.FITS_AS_ASKED or args.vram is not None:
         c = fitted.config
-        say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx}, KV {c.type_k}/{c.type_v}, "
-            f"{fitted.fit.plan.n_gpu_layers} layers {'offloaded' if c.rpc_servers else 'on the GPU'} ({fitted.fit.sentence})")
+        say(
+            f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx}, KV {c.type_k}/{c.type_v}, "
+            f"{fitted.fit.plan.n_gpu_layers} layers {'offloaded' if c.rpc_servers else 'on the GPU'} ({fitted.fit.sentence})"
+        )
     with LlamaCppBackend() as backend:
         cfg = fitted.config
         if args.speculate:
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                 say(line)
         apply_template(backend, args)
         pieces: list[str] = []
-        with (_speculative(backend, prompt, args) if args.speculate else backend.stream(prompt, sampling, chat=not args.raw)) as gen:
+        with _speculative(backend, prompt, args) if args.speculate else backend.stream(prompt, sampling, chat=not args.raw) as gen:
             for event in gen:
                 pieces.append(event.text)
                 if not args.json:
@@ -85,9 +87,13 @@ def run(args: argparse.Namespace) -> int:
         stats, spec = gen.stats, gen.spec
         assert stats is not None
         if args.json:
-            out = {"model": str(path), "text": "".join(pieces), **stats.to_dict(),
-                   "memory_check": memory_check.to_dict() if memory_check else None,
-                   "devices": device_table(fitted, path, backend.logged_buffers)}
+            out = {
+                "model": str(path),
+                "text": "".join(pieces),
+                **stats.to_dict(),
+                "memory_check": memory_check.to_dict() if memory_check else None,
+                "devices": device_table(fitted, path, backend.logged_buffers),
+            }
             if spec is not None:
                 out["speculative"] = {"mode": args.speculate, "drafted": spec.drafted, "accepted": spec.accepted, "acceptance": spec.acceptance}
             fmt.print_json(out)
@@ -97,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_stats:
             print("\n" + stats_block(stats), file=sys.stderr)
             if spec is not None:
-                print(f"{'speculative:':<22}{args.speculate}, {spec.accepted} of {spec.drafted} drafted tokens accepted ({100 * spec.acceptance:.0f}%)", file=sys.stderr)
+                print(
+                    f"{'speculative:':<22}{args.speculate}, {spec.accepted} of {spec.drafted} drafted tokens accepted ({100 * spec.acceptance:.0f}%)",
+                    file=sys.stderr,
+                )
     return 0
 
 

@@ -20,7 +20,6 @@ from localllm.commands._common import fit_config, say
 from localllm.errors import InputError, UsageError
 
 
-
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

@@ -75,7 +75,11 @@ def run(args: argparse.Namespace) -> int:
             done.set()
 
     # SIGTERM ends the worker like Ctrl+C does (exit 130 is for SIGINT; 0 for TERM).
-    signal.signal(signal.SIGTERM, lambda *_: (_say("worker stopped"), os._exit(0)))
+    def _on_term(*_: object) -> None:
+        _say("worker stopped")
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, _on_term)
     thread = threading.Thread(target=serve, name="rpc-server", daemon=True)
     try:
         thread.start()

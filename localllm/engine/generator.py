@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from localllm.backend import SamplingConfig, TokenEvent
 from localllm.engine.kvcache import KVCache

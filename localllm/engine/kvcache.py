@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import llama_cpp
 

@@ -16,8 +16,8 @@ three measured reasons:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from localllm.backend import LoadConfig, LoadInfo, SamplingConfig
 from localllm.engine import generator, scorer
@@ -58,7 +58,7 @@ class LlamaCppBackend:
         self._handle = self._tok = self._cache = None
         self._template.forget_compiled()
 
-    def __enter__(self) -> "LlamaCppBackend":
+    def __enter__(self) -> LlamaCppBackend:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import llama_cpp
 
@@ -140,7 +141,7 @@ class ModelHandle:
         return header
 
     @classmethod
-    def open(cls, path: Path, config: LoadConfig, header: GGUFHeader | None = None) -> "ModelHandle":
+    def open(cls, path: Path, config: LoadConfig, header: GGUFHeader | None = None) -> ModelHandle:
         """Load ``path`` (checked first unless ``check`` already gave its header)."""
         if header is None:
             header = cls.check(path, config)

@@ -36,7 +36,7 @@ def quantize_model(
     n_threads: int = 0,
     allow_requantize: bool = False,
     dry_run: bool = False,
-    imatrix: dict[str, "object"] | None = None,
+    imatrix: dict[str, object] | None = None,
 ) -> None:
     """llama.cpp's own quantizer (llama_model_quantize). Progress and sizes go
     to the log (``ROUTER``): one '[ i/ n] tensor ...' line per tensor, then

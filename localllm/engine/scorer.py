@@ -8,7 +8,7 @@ which is why they build their own ``llama_batch`` with every position marked.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import llama_cpp
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 STATE_MAGIC = b"LOCALLLM-KV\0"
 STATE_VERSION = 1

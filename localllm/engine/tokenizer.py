@@ -8,7 +8,7 @@ way whichever of them answers it.
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from collections.abc import Sequence
 
 import llama_cpp
 
