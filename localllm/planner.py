@@ -35,6 +35,7 @@ from localllm.config import LoadConfig
 from localllm.gguf_file import GGUFHeader
 from localllm.llama_rules import is_quantized
 from localllm.model_info import describe
+from localllm.units import format_size
 
 CTX_PAD = 256
 MiB = 1024 * 1024
@@ -613,7 +614,8 @@ def _describe_change(want: LoadConfig, got: LoadConfig, shape: ModelShape) -> st
 
 
 def _gib(n: float) -> str:
-    return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / MiB:.0f} MiB"
+    """A size in a message: the unit the user typed (a --vram budget), else binary units."""
+    return format_size(n)
 
 
 def _why_not(first: MemoryPlan, smallest: MemoryPlan, gpu_budget: int | None, ram: int | None, margin: int) -> str:

@@ -1,4 +1,4 @@
-"""Child process for the quantization pipeline: ``python -m quantize.worker ARGS_JSON``.
+"""Child process for the quantization pipeline: ``python -m localllm.quantize.worker ARGS_JSON``.
 
 Runs llama.cpp's quantizer and writes each llama.cpp log line to stdout as a
 JSON pair ``["log", line]``, then ``["done", null]`` or ``["error", message]``.
