@@ -203,7 +203,11 @@ class ModelHandle:
     def decode(self, tokens: Sequence[int]) -> int:
         """Evaluate tokens and wait for the result; returns elapsed nanoseconds."""
         arr = (llama_cpp.llama_token * len(tokens))(*tokens)
-        batch = llama_cpp.llama_batch_get_one(arr, len(tokens))
+        return self.decode_batch(llama_cpp.llama_batch_get_one(arr, len(tokens)))
+
+    def decode_batch(self, batch: object) -> int:
+        """llama_decode + llama_synchronize of a prepared ``llama_batch``, timed
+        (nanoseconds); llama.cpp's last error line on failure."""
         t0 = time.perf_counter_ns()
         rc = llama_cpp.llama_decode(self.ctx, batch)
         llama_cpp.llama_synchronize(self.ctx)

@@ -7,7 +7,6 @@ which is why they build their own ``llama_batch`` with every position marked.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import llama_cpp
@@ -16,7 +15,6 @@ from localllm.engine.kvcache import KVCache
 from localllm.engine.model import ModelHandle
 from localllm.engine_api import Verification
 from localllm.errors import EngineError, UsageError
-from localllm.llamalog import ROUTER
 
 
 def _decode_all(handle: ModelHandle, tokens: Sequence[int], start: int) -> int:
@@ -32,13 +30,7 @@ def _decode_all(handle: ModelHandle, tokens: Sequence[int], start: int) -> int:
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
             batch.logits[i] = True
-        t0 = time.perf_counter_ns()
-        rc = llama_cpp.llama_decode(handle.ctx, batch)
-        llama_cpp.llama_synchronize(handle.ctx)
-        ns = time.perf_counter_ns() - t0
-        if rc != 0:
-            raise EngineError(f"llama_decode failed ({rc}): {ROUTER.last_error() or 'no reason given'}")
-        return ns
+        return handle.decode_batch(batch)
     finally:
         llama_cpp.llama_batch_free(batch)
 
