@@ -31,7 +31,7 @@ def _env() -> dict[str, str]:
     been started with another environment than this process."""
     import os
 
-    keep = ("LOCALLLM_HOME", "HF_HOME", "HF_ENDPOINT", "OLLAMA_MODELS", "LOCALLLM_LMSTUDIO_DIR")
+    keep = ("LOCALLLM_TUI_BATCH_MS", "LOCALLLM_TUI_PANEL_MS", "LOCALLLM_HOME", "HF_HOME", "HF_ENDPOINT", "OLLAMA_MODELS", "LOCALLLM_LMSTUDIO_DIR")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     return env
@@ -46,7 +46,7 @@ def tui_rate(model: list[str], tokens: int) -> tuple[float, int]:
         # The verdict is drawn with the reply's final figures: wait for it, then
         # read them from that same screen (other lines, e.g. the roofline, may
         # stand between the decode rate and the verdict).
-        t.wait_for(r"slow (start|stream)", timeout=300)
+        t.wait_for(r"slow (start|stream)", timeout=300, interval=1.0)
         screen = t.screen()
         decode = re.search(r"decode ([\d.]+) t/s", screen)
         used = re.search(r"context (\d+) of", screen)
@@ -59,7 +59,7 @@ def run_rate(model: list[str], tokens: int) -> tuple[float, int]:
     cmd = [sys.executable, "-m", "localllm", "run", *model, "--temp", "0", "-n", str(tokens), "--vram", "4GiB", "-p", PROMPT]
     shell = ["bash", "-c", " ".join(f"'{c}'" for c in cmd) + "; sleep 600"]
     with Tmux(shell, env=_env()) as t:
-        rate = float(t.wait_for(r"eval rate:\s+([\d.]+) tokens/s\s*\n[^\n]*time to first", timeout=300).group(1))
+        rate = float(t.wait_for(r"eval rate:\s+([\d.]+) tokens/s\s*\n[^\n]*time to first", timeout=300, interval=1.0).group(1))
         count = int(t.wait_for(r"\n\s*eval count:\s+(\d+)").group(1))
         prompt = int(t.wait_for(r"prompt eval count:\s+(\d+)").group(1))
         return rate, prompt + count

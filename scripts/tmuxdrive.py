@@ -42,13 +42,16 @@ class Tmux:
     def screen(self) -> str:
         return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
 
-    def wait_for(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
+    def wait_for(self, pattern: str, timeout: float = 60.0, interval: float = 0.1) -> re.Match[str]:
+        """Poll the screen every ``interval`` seconds until ``pattern`` shows. Each
+        poll starts a tmux client (a few ms of CPU): a benchmark polls slowly
+        while the program under test computes."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = re.search(pattern, self.screen())
             if m:
                 return m
-            time.sleep(0.1)
+            time.sleep(interval)
         raise TimeoutError(f"{pattern!r} did not appear; the screen was:\n{self.screen()}")
 
     def close(self) -> None:

@@ -18,8 +18,8 @@ async def main(port: int, worker_pid: int) -> dict:
     from localllm.cli import _setup_logging
     from localllm.rpc import Endpoint
     from localllm.tui.app import create_app
+    from localllm.tui.chatview import ChatView
     from localllm.tui.settings import Settings
-    from localllm.tui.widgets import ChatView
 
     _setup_logging(False)  # as `localllm tui` does: llama.cpp's log must not reach the terminal
     out: dict = {}

@@ -13,8 +13,9 @@ import pytest
 from localllm import sessions
 from localllm.testing import ScriptedEngine
 from localllm.tui.app import LocalLLMApp, create_app
+from localllm.tui.chatview import ChatView
 from localllm.tui.settings import Settings
-from localllm.tui.widgets import ChatView, Lines, MemoryPanel
+from localllm.tui.widgets import Lines, MemoryPanel
 
 GiB = 1024**3
 

@@ -35,14 +35,15 @@ from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
 from localllm.metrics import GenerationStats
 from localllm.rpc import Endpoint
+from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.settings import Settings
-from localllm.tui.widgets import ChatView, LatencyPanel, MemoryPanel, MessageView, StatusLine
+from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
 
 # Redraws cost CPU that the decode threads need (on 2 cores, a 20 fps chat cost
 # 25% of decode speed, measured by scripts/bench_tui.py). So tokens reach the
 # screen in batches, and the number panels refresh less often than the text.
 BATCH_NS = int(float(os.environ.get("LOCALLLM_TUI_BATCH_MS", "200")) * 1e6)  # text redraws: 5 a second
-PANEL_NS = int(float(os.environ.get("LOCALLLM_TUI_PANEL_MS", "500")) * 1e6)  # number panels: twice a second
+PANEL_NS = int(float(os.environ.get("LOCALLLM_TUI_PANEL_MS", "1000")) * 1e6)  # number panels: once a second
 
 
 class TokenBatch(Message):
@@ -176,23 +177,38 @@ class LocalLLMApp(App):
         self._gaps: list[float] = []
         self._last_stamp: int | None = None
         self._panel_ns = 0
+        self._blink = True  # the input cursor's blink, off while busy
 
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
+        # Kept: the streaming path reaches them 5 times a second, and a DOM
+        # query costs about a millisecond of the CPU the decode threads need.
+        self._view, self._latency, self._memory = ChatView(id="chat"), LatencyPanel(), MemoryPanel()
+        self._status = StatusLine(id="status")
         yield Header()
         with Horizontal(id="main"):
             with Vertical(id="chat-pane"):
-                yield ChatView(id="chat")
-                yield StatusLine(id="status")
+                yield self._view
+                yield self._status
                 yield Input(placeholder="Message (Enter to send, Esc to stop)", id="prompt")
             with Vertical(id="side"):
-                yield LatencyPanel()
-                yield MemoryPanel()
+                yield self._latency
+                yield self._memory
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#prompt", Input).focus()
         self.reload_model()
+
+    def watch_busy(self, busy: bool) -> None:
+        """The input's cursor stops blinking while a reply streams or a model
+        loads: each blink redraws the input box (about 3 ms of CPU, twice a
+        second), time the decode threads need on a 2-core laptop."""
+        for box in self.query("#prompt").results(Input):
+            if busy:
+                self._blink, box.cursor_blink = box.cursor_blink, False
+            else:
+                box.cursor_blink = self._blink
 
     def watch_model_name(self, name: str) -> None:
         self.sub_title = name
@@ -403,12 +419,12 @@ class LocalLLMApp(App):
     def _update_footprint(self) -> None:
         if self.footprint is None or self.chat is None:
             return
-        panel = self.query_one(MemoryPanel)
+        panel = self._memory
         used = self.chat.context_used
         panel.context_used = used
         panel.kv_now_bytes = planner.kv_bytes_in_use(self.footprint.plan, used)
         panel.shifts = len(self.chat.shifts)
-        self.query_one(StatusLine).show(self.query_one(LatencyPanel), panel)
+        self._status.show(self._latency, panel)
 
     # -- chatting ----------------------------------------------------------------
     @on(Input.Submitted, "#prompt")
@@ -485,7 +501,7 @@ class LocalLLMApp(App):
     def _gone(self) -> bool:
         """The chat screen is gone (the app is closing): the engine thread's last
         messages may still arrive, and have nothing left to draw on."""
-        return not self.query(ChatView)
+        return not self._view.is_attached
 
     @on(TokenBatch)
     def _tokens(self, msg: TokenBatch) -> None:
@@ -493,7 +509,7 @@ class LocalLLMApp(App):
             return
         if self._reply is not None:
             self._reply.append(msg.text)
-        latency = self.query_one(LatencyPanel)
+        latency = self._latency
         if latency.ttft_ms is None and msg.first_text_ns is not None:
             latency.ttft_ms = (msg.first_text_ns - msg.start_ns) / 1e6
         for t in msg.stamps:
