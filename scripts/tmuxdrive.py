@@ -39,6 +39,11 @@ class Tmux:
     def send(self, *keys: str, literal: bool = False) -> None:
         subprocess.run(["tmux", "send-keys", "-t", self.name, *(["-l"] if literal else []), *keys], check=True)
 
+    def pane_pid(self) -> int | None:
+        """The process id of the program in the pane (None if tmux cannot say)."""
+        out = subprocess.run(["tmux", "display-message", "-p", "-t", self.name, "#{pane_pid}"], capture_output=True, text=True).stdout.strip()
+        return int(out) if out.isdigit() else None
+
     def screen(self) -> str:
         return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
 
