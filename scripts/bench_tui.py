@@ -1,21 +1,27 @@
-"""Does the cockpit slow the stream? Decode t/s shown by the TUI against
-``localllm run`` streaming the same reply, both in a real terminal (tmux, same
-size), same model, prompt and settings (greedy, so both generate the same
-tokens), alternating, side by side. Target: ratio >= 0.95.
+"""Does the cockpit slow the stream? Decode t/s the cockpit shows against
+``localllm chat`` (the same chat loop with no screen to draw: headless decode)
+for the same prompt, model and settings (greedy: the same tokens), both in a
+real terminal (tmux, same size), alternating reply by reply. Target: ratio >= 0.95.
 
 Both run in the terminal because drawing text costs CPU in the terminal too
-(tmux's own process): comparing against ``run`` writing into a pipe would
-charge that cost to the TUI alone.
+(tmux's own process): comparing against output into a pipe would charge that
+cost to the cockpit alone.
 
-On a 2-core machine one run's decode rate varies by several percent from the
-next, so the ratio of medians moves by a few percent between invocations: use
-``--reps 5`` or more. The steadier figure is the cockpit's own cost: the CPU
-time of its UI thread (Textual's event loop: it computes and draws every
-frame) while the reply streamed, read from /proc on Linux. llama.cpp's decode
-threads use every core, so that time comes out of decoding.
+On this 2-core machine one reply's decode rate varies by up to 15% from the
+next, in the same process too, so the comparison needs many replies. Both
+programs stay open (no start-up or model load between replies), each reply
+starts from an empty chat (Ctrl+L in the cockpit, /clear in chat), one warm-up
+reply each is not counted, and the program not answering is stopped (SIGSTOP)
+so that its timers take nothing from the other. The verdict uses the median of
+the per-pair ratios (a reply of each, back to back).
 
-    python scripts/bench_tui.py [--model smollm2] [--tokens 256] [--reps 5]
-    python scripts/bench_tui.py --quick    # one repetition, 32 tokens: checks it completes (no verdict on the ratio)
+The steadier figure is the cockpit's own cost: the CPU time of its UI thread
+(Textual's event loop: it computes and draws every frame) from Enter to the
+reply's final figures, read from /proc on Linux. llama.cpp's decode threads
+use every core, so that time comes out of decoding.
+
+    python scripts/bench_tui.py [--model smollm2] [--tokens 256] [--reps 12]
+    python scripts/bench_tui.py --quick    # one pair of 32-token replies: checks it completes (no verdict on the ratio)
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import statistics
 import sys
 import time
@@ -57,21 +64,49 @@ def _cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def tui_rate(model: list[str], tokens: int) -> tuple[float, int, float | None]:
-    """Decode t/s the cockpit shows, tokens in context, and the share of one
-    core its UI thread used from Enter to the reply's final figures."""
-    cmd = [sys.executable, "-m", "localllm", "tui", *model, "--temp", "0", "-n", str(tokens), "--system", "", "--vram", "4GiB"]
-    with Tmux(cmd, env=_env()) as t:
-        t.wait_for(r"context \d+ · KV", timeout=120)
-        pid = t.pane_pid()  # env(1) execs python: the pane's process is the cockpit
-        cpu0, wall0 = _cpu_seconds(pid), time.monotonic()
+class Side:
+    """One program in its own tmux session, answering the same prompt on demand."""
+
+    def __init__(self, name: str, cmd: list[str], ready: str) -> None:
+        self.name = name
+        self.term = Tmux(cmd, env=_env())
+        self.term.wait_for(ready, timeout=180)
+        self.pid = self.term.pane_pid()  # env(1) execs python: the pane's process is the program
+
+    def pause(self) -> None:
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        self.resume()
+        self.term.close()
+
+
+class Cockpit(Side):
+    def __init__(self, model: list[str], tokens: int) -> None:
+        super().__init__("tui", [sys.executable, "-m", "localllm", "tui", *model, "--temp", "0", "-n", str(tokens), "--system", "",
+                                 "--vram", "4GiB"], r"context \d+ · KV")
+
+    def reply(self) -> tuple[float, int, float | None]:
+        """Decode t/s the cockpit shows, tokens in context, and the share of
+        one core its UI thread used from Enter to the reply's final figures."""
+        t = self.term
+        t.send("C-l")  # a new chat: the reply starts from the same empty context each time
+        t.wait_for_absent("you ›", timeout=30)  # cleared: the prompt below can only be the one in the input box
         t.send(PROMPT, literal=True)
+        t.wait_for(re.escape(PROMPT[-20:]), timeout=30)  # typed whole: the keys are not counted as the reply's cost
+        cpu0, wall0 = _cpu_seconds(self.pid), time.monotonic()
         t.send("Enter")
-        # The verdict is drawn with the reply's final figures: wait for it, then
-        # read them from that same screen (other lines, e.g. the roofline, may
-        # stand between the decode rate and the verdict).
-        t.wait_for(r"slow (start|stream)", timeout=300, interval=1.0)
-        cpu1, wall1 = _cpu_seconds(pid), time.monotonic()
+        # The verdict goes when a reply starts and comes back with its final
+        # figures: wait for that, then read them from the same screen (other
+        # lines, e.g. the roofline, may stand between decode rate and verdict).
+        t.wait_for_absent(r"slow (start|stream)", timeout=60, interval=0.2)
+        t.wait_for(r"slow (start|stream)", timeout=300, interval=0.5)
+        cpu1, wall1 = _cpu_seconds(self.pid), time.monotonic()
         screen = t.screen()
         decode = re.search(r"decode ([\d.]+) t/s", screen)
         used = re.search(r"context (\d+) of", screen)
@@ -81,22 +116,35 @@ def tui_rate(model: list[str], tokens: int) -> tuple[float, int, float | None]:
         return float(decode.group(1)), int(used.group(1)), share
 
 
-def run_rate(model: list[str], tokens: int) -> tuple[float, int]:
-    cmd = [sys.executable, "-m", "localllm", "run", *model, "--temp", "0", "-n", str(tokens), "--vram", "4GiB", "-p", PROMPT]
-    shell = ["bash", "-c", " ".join(f"'{c}'" for c in cmd) + "; sleep 600"]
-    with Tmux(shell, env=_env()) as t:
-        rate = float(t.wait_for(r"eval rate:\s+([\d.]+) tokens/s\s*\n[^\n]*time to first", timeout=300, interval=1.0).group(1))
-        count = int(t.wait_for(r"\n\s*eval count:\s+(\d+)").group(1))
-        prompt = int(t.wait_for(r"prompt eval count:\s+(\d+)").group(1))
-        return rate, prompt + count
+class Chat(Side):
+    SUMMARY = r"([\d.]+) tokens/s · ITL[^\n]*context (\d+)/"
+
+    def __init__(self, model: list[str], tokens: int) -> None:
+        super().__init__("chat", [sys.executable, "-m", "localllm", "chat", *model, "--temp", "0", "-n", str(tokens), "--system", "",
+                                  "--vram", "4GiB", "--no-prompt-cache"], r">>>")
+
+    def reply(self) -> tuple[float, int]:
+        t = self.term
+        t.send("/clear", literal=True)
+        t.send("Enter")
+        seen = len(re.findall(self.SUMMARY, t.screen(history=True)))
+        t.send(PROMPT, literal=True)
+        t.send("Enter")
+        deadline = time.monotonic() + 300
+        while (found := re.findall(self.SUMMARY, t.screen(history=True))) and len(found) <= seen or not found:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"chat printed no summary:\n{t.screen()}")
+            time.sleep(0.5)
+        rate, used = found[-1]
+        return float(rate), int(used)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
     ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="one repetition of 32 tokens: check that it completes and prints its figures")
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--quick", action="store_true", help="one pair of 32-token replies: check that it completes and prints its figures")
     a = ap.parse_args()
     if a.quick:
         a.reps, a.tokens = 1, 32
@@ -104,28 +152,43 @@ def main() -> int:
     tui: list[float] = []
     cli: list[float] = []
     shares: list[float] = []
-    for r in range(a.reps):
-        for which in (("tui", "run") if r % 2 == 0 else ("run", "tui")):
-            if which == "tui":
-                rate, used, share = tui_rate(model, a.tokens)
-                tui.append(rate)
-                shares += [share] if share is not None else []
-                ui = "n/a" if share is None else f"{100 * share:.1f}% of a core"
-                print(f"  tui: {rate:.2f} t/s ({used} tokens in context; UI thread {ui} while it streamed)", flush=True)
-            else:
-                rate, used = run_rate(model, a.tokens)
-                cli.append(rate)
-                print(f"  run: {rate:.2f} t/s ({used} tokens in context)", flush=True)
+    cockpit = chat = None
+    try:
+        cockpit = Cockpit(model, a.tokens)
+        cockpit.pause()
+        chat = Chat(model, a.tokens)
+        for r in range(a.reps + 1):  # the first pair warms both up (page faults, caches): not counted
+            for side in ((cockpit, chat) if r % 2 == 0 else (chat, cockpit)):
+                other = chat if side is cockpit else cockpit
+                other.pause()
+                side.resume()
+                if side is cockpit:
+                    rate, used, share = cockpit.reply()
+                    ui = "n/a" if share is None else f"{100 * share:.1f}% of a core"
+                    line = f"  tui: {rate:.2f} t/s ({used} tokens in context; UI thread {ui} while it streamed)"
+                    if r:
+                        tui.append(rate)
+                        shares += [share] if share is not None else []
+                else:
+                    rate, used = chat.reply()
+                    line = f"  chat: {rate:.2f} t/s ({used} tokens in context)"
+                    if r:
+                        cli.append(rate)
+                print(line + ("" if r else " [warm-up, not counted]"), flush=True)
+    finally:
+        for side in (cockpit, chat):
+            if side is not None:
+                side.close()
     t, c = statistics.median(tui), statistics.median(cli)
-    ok = t / c >= 0.95
-    ui = f"UI thread {100 * statistics.median(shares):.1f}% of a core" if shares else "UI thread n/a"
-    if a.quick:  # one short repetition measures noise, not the cockpit: report, do not judge
-        print(f"decode t/s, quick (1 repetition, {a.tokens} tokens): TUI {t:.2f} · run {c:.2f} · ratio {t / c:.3f} (not judged) · {ui}")
-        return 0
     pairs = sorted(x / y for x, y in zip(tui, cli))
-    print(f"decode t/s, median of {a.reps}: TUI {t:.2f} (range {min(tui):.2f}-{max(tui):.2f}) · run {c:.2f} "
-          f"(range {min(cli):.2f}-{max(cli):.2f}) · ratio {t / c:.3f} {'ok' if ok else 'BELOW 0.95'}")
-    print(f"  side-by-side pairs: ratio median {statistics.median(pairs):.3f}, range {pairs[0]:.3f}-{pairs[-1]:.3f}; "
+    ratio = statistics.median(pairs)
+    ui = f"UI thread {100 * statistics.median(shares):.1f}% of a core" if shares else "UI thread n/a"
+    if a.quick:  # one short pair measures noise, not the cockpit: report, do not judge
+        print(f"decode t/s, quick (1 pair, {a.tokens} tokens): TUI {t:.2f} · chat {c:.2f} · ratio {ratio:.3f} (not judged) · {ui}")
+        return 0
+    ok = ratio >= 0.95
+    print(f"decode t/s, median of {a.reps}: TUI {t:.2f} (range {min(tui):.2f}-{max(tui):.2f}) · chat {c:.2f} (range {min(cli):.2f}-{max(cli):.2f})")
+    print(f"TUI/chat, median of {a.reps} side-by-side pairs: {ratio:.3f} (range {pairs[0]:.3f}-{pairs[-1]:.3f}) {'ok' if ok else 'BELOW 0.95'}; "
           f"{ui} (median) while a reply streamed")
     return 0 if ok else 1
 

@@ -44,8 +44,10 @@ class Tmux:
         out = subprocess.run(["tmux", "display-message", "-p", "-t", self.name, "#{pane_pid}"], capture_output=True, text=True).stdout.strip()
         return int(out) if out.isdigit() else None
 
-    def screen(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+    def screen(self, history: bool = False) -> str:
+        """The visible screen, or with ``history`` everything the pane has shown."""
+        start = ["-S", "-"] if history else []
+        return subprocess.run(["tmux", "capture-pane", "-p", *start, "-t", self.name], capture_output=True, text=True).stdout
 
     def wait_for(self, pattern: str, timeout: float = 60.0, interval: float = 0.1) -> re.Match[str]:
         """Poll the screen every ``interval`` seconds until ``pattern`` shows. Each
@@ -58,6 +60,15 @@ class Tmux:
                 return m
             time.sleep(interval)
         raise TimeoutError(f"{pattern!r} did not appear; the screen was:\n{self.screen()}")
+
+    def wait_for_absent(self, pattern: str, timeout: float = 60.0, interval: float = 0.1) -> None:
+        """Poll until ``pattern`` is no longer on the screen."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not re.search(pattern, self.screen()):
+                return
+            time.sleep(interval)
+        raise TimeoutError(f"{pattern!r} stayed on the screen:\n{self.screen()}")
 
     def close(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)

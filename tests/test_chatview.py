@@ -5,6 +5,7 @@ costs comes out of the decode threads: scripts/bench_tui.py)."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,46 @@ async def test_a_streamed_reply_does_not_lay_out_the_screen_per_line(synth_model
         assert added > 15  # the reply overflowed the view: the scrollbar came
         assert len(layouts) <= 6, f"{len(layouts)} layout passes for {added} lines"
         assert view.is_vertical_scroll_end
+
+
+@pytest.mark.slow
+async def test_streamed_pieces_wrap_as_the_whole_text_would() -> None:
+    """The view wraps again only the last row as pieces arrive; the rows must be
+    those of wrapping the whole text at once (words, long words, wide characters,
+    newlines, pieces that split words)."""
+    rng = random.Random(3)
+    vocab = ["a", "word", "longerword", "x" * 70, "模型", "运行很快", "\n", "\n\n", " ", "end."]
+    text = "".join(rng.choice(vocab) + (" " if rng.random() < 0.7 else "") for _ in range(600))
+    app = _One()
+    async with app.run_test(size=(50, 20)) as pilot:
+        view = app.query_one(ChatView)
+        i = 0
+        while i < len(text):
+            n = rng.randint(1, 9)
+            view.write(text[i:i + n])
+            i += n
+        await pilot.pause()
+        width = view.scrollable_content_region.width
+        assert view.lines == [row for para in text.split("\n") for row in wrap(para, width)]
+
+
+@pytest.mark.slow
+async def test_a_load_takes_long_lived_objects_out_of_the_collectors_way(synth_model: Path) -> None:
+    """A full garbage collection while a reply streamed took 75 ms here,
+    holding the GIL the engine thread needs between tokens: after a load the
+    cockpit freezes what is alive (gc.freeze), a reload unfreezes it first (so
+    the replaced model can be freed), and closing the app unfreezes it."""
+    import gc
+
+    backend = ScriptedEngine(ttft_ms=10, itl_ms=1, tokens=4)
+    app = create_app(str(synth_model), vram=4 * GiB, settings=Settings(n_ctx=1024, system_prompt=""), backend_factory=lambda: backend)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_idle(app, pilot)
+        assert gc.get_freeze_count() > 10_000
+        walked = len(gc.get_objects())
+        app.reload_model()
+        assert gc.get_freeze_count() == 0  # unfrozen before the old model goes
+        await wait_idle(app, pilot)
+        assert gc.get_freeze_count() > 10_000
+        assert walked < gc.get_freeze_count()  # a full collection walks fewer objects than are kept out of it
+    assert gc.get_freeze_count() == 0

@@ -7,6 +7,7 @@ the stream. The core (``localllm``) never imports this package.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -44,6 +45,18 @@ from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
 # screen in batches, and the number panels refresh less often than the text.
 BATCH_NS = int(float(os.environ.get("LOCALLLM_TUI_BATCH_MS", "200")) * 1e6)  # text redraws: 5 a second
 PANEL_NS = int(float(os.environ.get("LOCALLLM_TUI_PANEL_MS", "1000")) * 1e6)  # number panels: once a second
+
+
+def _settle_heap() -> None:
+    """After a load, take every object alive (Textual's widgets, the model's
+    vocabulary and chat template, ...) out of the garbage collector's
+    generations (``gc.freeze``), after one collection so that no garbage is
+    kept. Measured while a reply streamed: a full collection took 75 ms on the
+    UI thread, holding the GIL while the engine thread waited to sample the
+    next token; with these objects frozen, collections only walk what the
+    reply allocates. ``reload_model`` unfreezes them first."""
+    gc.collect()
+    gc.freeze()
 
 
 class TokenBatch(Message):
@@ -223,6 +236,7 @@ class LocalLLMApp(App):
         req = LoadRequest(path or self.model_path, settings or self.settings, messages, saved, redraw, previous,
                           self.bandwidth, self.gpu_bandwidth)
         self.busy = True
+        gc.unfreeze()  # the model being replaced can be collected once it is closed
         self.query_one(ChatView).add("note", f"loading {shown(req.path)} …")
         self._load(req)
 
@@ -376,6 +390,7 @@ class LocalLLMApp(App):
         self.query_one("#prompt", Input).placeholder = (
             "Text to continue (Enter to send, Esc to stop)" if self.chat.completion else "Message (Enter to send, Esc to stop)")
         self._show_plan()
+        _settle_heap()
 
     def _new_chat(self, messages: list[dict[str, str]] | None) -> ChatSession:
         """A chat on the loaded model. A model without a chat template (a base
@@ -574,6 +589,7 @@ class LocalLLMApp(App):
         self._stop.set()
 
     def on_unmount(self) -> None:
+        gc.unfreeze()  # what this app froze (_settle_heap) can be collected again
         self._stop_reply()
         if self.rpc:
             from localllm import engine_rpc
