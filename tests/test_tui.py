@@ -63,6 +63,20 @@ async def send(app: LocalLLMApp, pilot, text: str) -> None:
     await pilot.pause(0.05)
 
 
+async def sessions_screen(app: LocalLLMApp, pilot, timeout: float = 30.0) -> None:
+    """F4, then wait until the worker has read the saved sessions."""
+    import asyncio
+
+    await pilot.press("f4")
+    waited = 0.0
+    while not app.screen.query("#title") or "reading" in str(app.screen.query_one("#title").render()):
+        await asyncio.sleep(0.05)
+        waited += 0.05
+        if waited > timeout:
+            raise TimeoutError("the sessions screen did not fill")
+    await pilot.pause(0.05)
+
+
 def scripted_app(synth_model: Path, **kw) -> tuple[LocalLLMApp, ScriptedEngine]:
     backend = ScriptedEngine(**kw)
     app = create_app(str(synth_model), vram=4 * GiB, settings=Settings(n_ctx=1024, system_prompt=""), backend_factory=lambda: backend)
@@ -132,8 +146,7 @@ async def test_session_saved_and_reopened(synth_model: Path, _isolated_home: Pat
     app2, backend2 = scripted_app(synth_model, ttft_ms=10, itl_ms=5, tokens=3)
     async with app2.run_test(size=(140, 40)) as pilot:
         await wait_idle(app2, pilot)
-        await pilot.press("f4")
-        await pilot.pause(0.2)
+        await sessions_screen(app2, pilot)
         await pilot.press("enter")
         await wait_idle(app2, pilot)
         assert [m["content"] for m in app2.chat.messages] == ["remember me", " tok0 tok1 tok2"]

@@ -17,7 +17,7 @@ from localllm import sessions
 from localllm.testing import ScriptedEngine
 from localllm.tui.app import LocalLLMApp, create_app
 from localllm.tui.settings import Settings
-from tests.test_tui import chat_text, panel_text, send
+from tests.test_tui import chat_text, panel_text, send, sessions_screen
 
 GiB = 1024**3
 
@@ -102,8 +102,7 @@ async def test_damaged_session_files_are_skipped_with_a_notice(synth_model: Path
     app, backend = scripted(synth_model, ttft_ms=10, itl_ms=5, tokens=3)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
-        await pilot.press("f4")
-        await pilot.pause(0.3)
+        await sessions_screen(app, pilot)
         skipped = str(app.screen.query_one("#skipped").render())
         assert "skipped 4 damaged session files" in skipped
         for cause in ("no-content.json: message 1 has no text content", "a-list.json: not a JSON object",
@@ -130,8 +129,7 @@ async def test_session_whose_model_is_gone_keeps_the_current_model(synth_model: 
         await settle(app, pilot)
         await send(app, pilot, "before")
         await settle(app, pilot)
-        await pilot.press("f4")
-        await pilot.pause(0.3)
+        await sessions_screen(app, pilot)
         listed = app.screen.query_one("OptionList")
         listed.highlighted = 1  # newest first: this chat, then the broken model's
         await pilot.press("enter")
@@ -235,3 +233,76 @@ def test_saved_settings_of_the_wrong_type_fall_back_to_defaults() -> None:
     d = Settings()
     assert (s.n_ctx, s.temperature, s.type_k, s.threads, s.system_prompt) == (d.n_ctx, d.temperature, d.type_k, d.threads, d.system_prompt)
     assert (s.n_gpu_layers, s.max_tokens, s.swa_full) == (-1, 64, True)
+
+
+@pytest.mark.slow
+async def test_sessions_are_saved_off_the_ui_thread_and_a_failed_save_is_one_line(synth_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save is two fsyncs: they run on the disk thread, in order, never on
+    Textual's thread. A disk that refuses (ENOSPC here) gives one line in the
+    chat log however many saves fail, and one when saving works again; the
+    chat goes on."""
+    import errno
+    import threading
+
+    real_save = sessions.save
+    threads: list[str] = []
+    full = threading.Event()
+
+    def save(session):
+        threads.append(threading.current_thread().name)
+        if full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(session)
+
+    monkeypatch.setattr(sessions, "save", save)
+    app, _ = scripted(synth_model, ttft_ms=10, itl_ms=5, tokens=3)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        await settle(app, pilot)
+        full.set()
+        await send(app, pilot, "second")
+        await settle(app, pilot)
+        await pilot.pause(0.3)
+        failed = [n for n in notes(app) if n.startswith("the session could not be saved")]
+        assert len(failed) == 1 and "No space left on device" in failed[0], notes(app)  # two saves failed: one line
+        full.clear()
+        await send(app, pilot, "third")
+        await settle(app, pilot)
+        await pilot.pause(0.3)
+        assert notes(app)[-1] == "the session is saved again"
+        assert [r for r, _ in chat_text(app) if r == "assistant"] == ["assistant"] * 3
+    assert threads and all(name.startswith("save") for name in threads), threads
+    # closing the app waited for the last save: the third reply is on disk
+    assert any(m["content"] == "third" for s in sessions.list_sessions() for m in s.messages)
+
+
+@pytest.mark.slow
+async def test_sessions_screen_reads_the_files_off_the_ui_thread(synth_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """F4 reads every saved chat in a worker and shows them from a message:
+    hundreds of files on a slow disk never freeze the cockpit."""
+    import threading
+
+    from localllm.tui import saved as saved_module
+
+    for i in range(3):
+        s = sessions.SavedSession.new(str(synth_model), None, {})
+        s.messages = [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "answer"}]
+        sessions.save(s)
+    on_ui: list[bool] = []
+    real = saved_module.read
+
+    def spy(path):
+        on_ui.append(threading.current_thread() is threading.main_thread())
+        return real(path)
+
+    monkeypatch.setattr(saved_module, "read", spy)
+    app, _ = scripted(synth_model, ttft_ms=10, itl_ms=5, tokens=3)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        await sessions_screen(app, pilot)
+        assert app.screen.query_one("OptionList").option_count == 3
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert ("user", "question 2") in chat_text(app) or ("user", "question 0") in chat_text(app)
+    assert len(on_ui) == 3 and not any(on_ui)  # each file read once, by the worker; opening one reads nothing again

@@ -7,6 +7,7 @@ the stream. The core (``localllm``) never imports this package.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import threading
@@ -64,6 +65,15 @@ class TokenBatch(Message):
         super().__init__()
         self.text, self.stamps, self.start_ns = text, stamps, start_ns
         self.first_text_ns = first_text_ns  # the first token that printed text: TTFT's end
+
+
+class SaveFailed(Message):
+    """The disk thread could not write the session (the reason, one line), or
+    (None) it could again after failing."""
+
+    def __init__(self, text: str | None) -> None:
+        super().__init__()
+        self.text = text
 
 
 class EngineLost(Message):
@@ -184,6 +194,8 @@ class LocalLLMApp(App):
         # Textual's thread workers are new threads each time, so they hand the
         # work to this executor and wait.
         self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
+        self._disk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="save")  # sessions, in order, off the UI thread
+        self._disk_error: str | None = None  # the last save's failure (read and set on the disk thread)
         self._stop = threading.Event()
         self.stop_ns: int | None = None  # when the reply was asked to stop (perf_counter_ns)
         self._reply: MessageView | None = None
@@ -303,7 +315,7 @@ class LocalLLMApp(App):
             return
         if self.saved is not None and self._reply is not None and self._reply.text and self.busy:
             self.saved.messages = [*self.saved.messages, {"role": "assistant", "content": self._reply.text}]
-            sessions.save(self.saved)
+            self._save(self.saved)
         self.backend = self.chat = self.load_config = None
         self.model_name = ""
         self.busy = False
@@ -598,6 +610,7 @@ class LocalLLMApp(App):
         if self.backend is not None:
             self._engine.submit(self.backend.close).result()
         self._engine.shutdown(wait=True)
+        self._disk.shutdown(wait=True)  # the last saves reach the disk before the app ends
 
     def action_stop(self) -> None:
         if self.busy:
@@ -625,7 +638,32 @@ class LocalLLMApp(App):
             msgs.append({"role": "user", "content": extra_user})
         self.saved.messages = msgs
         self.saved.settings = self.settings.to_dict()
-        sessions.save(self.saved)
+        self._save(self.saved)
+
+    def _save(self, saved: sessions.SavedSession) -> None:
+        """Write a copy of the session on the disk thread: a save is two fsyncs,
+        which a slow disk can hold for longer than a frame. One thread, so the
+        saves land in the order they were made; a failed one (disk full, a
+        read-only folder) is a line in the chat log, and the chat goes on."""
+        snapshot = dataclasses.replace(saved, messages=list(saved.messages), settings=dict(saved.settings or {}))
+        self._disk.submit(self._save_on_disk_thread, snapshot)
+
+    def _save_on_disk_thread(self, snapshot: sessions.SavedSession) -> None:
+        """Save; tell the app only when saving starts failing or works again
+        (one line for a full disk, not one per message)."""
+        try:
+            sessions.save(snapshot)
+            error = None
+        except (OSError, LocalLLMError) as exc:
+            error = reason(exc)
+        if error != self._disk_error:
+            self._disk_error = error
+            self.post_message(SaveFailed(error))
+
+    @on(SaveFailed)
+    def _save_failed(self, msg: SaveFailed) -> None:
+        if not self._gone():
+            self._view.add("note", "the session is saved again" if msg.text is None else f"the session could not be saved: {msg.text}")
 
     def open_session(self, saved: sessions.SavedSession) -> None:
         """Load the session's model with its settings and show its messages (once
@@ -638,15 +676,11 @@ class LocalLLMApp(App):
         self.reload_model(Path(saved.model), settings, messages=msgs, saved=saved, redraw=True)
 
     def action_sessions(self) -> None:
-        from localllm.tui.saved import SessionError, load_session
         from localllm.tui.screens import SessionsScreen
 
-        def chosen(session_id: str | None) -> None:
-            if session_id:
-                try:
-                    self.open_session(load_session(session_id))
-                except SessionError as exc:
-                    self.query_one(ChatView).add("note", f"session not opened: {exc}")
+        def chosen(saved: sessions.SavedSession | None) -> None:
+            if saved is not None:
+                self.open_session(saved)
 
         if not self.busy:
             self.push_screen(SessionsScreen(), chosen)

@@ -80,7 +80,3 @@ def scan() -> tuple[list[sessions.SavedSession], list[str]]:
             except SessionError as exc:
                 skipped.append(printable(str(exc)))
     return sorted(good, key=lambda s: -s.updated), skipped
-
-
-def load_session(session_id: str) -> sessions.SavedSession:
-    return read(sessions.sessions_dir() / f"{session_id}.json")

@@ -13,7 +13,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, ProgressBar, Select, Static, Switch
 from textual.widgets.option_list import Option
 
-from localllm import fitting, fmt, paths, planner, registry
+from localllm import fitting, fmt, paths, planner, registry, sessions
 from localllm.gguf_file import read_header
 from localllm.hardware import Hardware
 from localllm.llama_rules import KV_CACHE_TYPES
@@ -103,9 +103,11 @@ class SettingsScreen(ModalScreen[Settings | None]):
         self.dismiss(None)
 
 
-class SessionsScreen(ModalScreen[str | None]):
+class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
     """Saved chats, newest first; Enter reopens one. Damaged files are listed
-    below as skipped, each with what is wrong."""
+    below as skipped, each with what is wrong. The files are read in a worker
+    (hundreds of chats on a slow disk never freeze the screen) and arrive in a
+    message; the chosen session is returned as read, not read again."""
 
     DEFAULT_CSS = """
     SessionsScreen { align: center middle; }
@@ -114,19 +116,53 @@ class SessionsScreen(ModalScreen[str | None]):
     """
     BINDINGS = [("escape", "cancel", "Cancel")]
 
-    def compose(self) -> ComposeResult:
-        from localllm.tui.saved import printable, scan
+    class Scanned(Message):
+        """The worker's sessions (newest first) and one notice per skipped file."""
 
-        saved, skipped = scan()
+        def __init__(self, saved: list[sessions.SavedSession], skipped: list[str]) -> None:
+            super().__init__()
+            self.saved, self.skipped = saved, skipped
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._saved: dict[str, sessions.SavedSession] = {}
+
+    def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(f"Saved sessions ({len(saved)}) · Enter to open · Esc to go back")
-            yield OptionList(*[Option(printable(f"{s.title}  ·  {Path(s.model).name}  ·  {len(s.messages)} messages"), id=s.id) for s in saved])
-            if skipped:
-                yield Static(f"skipped {len(skipped)} damaged session file{'s' if len(skipped) > 1 else ''}: " + "; ".join(skipped), id="skipped")
+            yield Label("Saved sessions · reading …", id="title")
+            yield OptionList(id="sessions")
+            yield Static("", id="skipped")
+
+    def on_mount(self) -> None:
+        self.query_one("#skipped", Static).display = False
+        self._scan()
+
+    @work(thread=True, exclusive=True, group="sessions", exit_on_error=False)
+    def _scan(self) -> None:
+        from localllm.tui.saved import scan
+
+        self.post_message(self.Scanned(*scan()))
+
+    @on(Scanned)
+    def _show(self, msg: Scanned) -> None:
+        from localllm.tui.saved import printable
+
+        self._saved = {s.id: s for s in msg.saved}
+        self.query_one("#title", Label).update(f"Saved sessions ({len(msg.saved)}) · Enter to open · Esc to go back")
+        listed = self.query_one("#sessions", OptionList)
+        listed.add_options([Option(printable(f"{s.title}  ·  {Path(s.model).name}  ·  {len(s.messages)} messages"), id=s.id) for s in msg.saved])
+        if msg.saved:
+            listed.highlighted = 0  # Enter opens the newest
+        listed.focus()
+        if msg.skipped:
+            n = len(msg.skipped)
+            skipped = self.query_one("#skipped", Static)
+            skipped.update(f"skipped {n} damaged session file{'s' if n > 1 else ''}: " + "; ".join(msg.skipped))
+            skipped.display = True
 
     @on(OptionList.OptionSelected)
     def _pick(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(event.option.id)
+        self.dismiss(self._saved.get(event.option.id or ""))
 
     def action_cancel(self) -> None:
         self.dismiss(None)
