@@ -63,6 +63,22 @@ async def send(app: LocalLLMApp, pilot, text: str) -> None:
     await pilot.pause(0.05)
 
 
+def spy_on_ui_thread(monkeypatch, module, name: str) -> list[bool]:
+    """Replace ``module.name`` with a pass-through that records, per call,
+    whether it ran on the UI (main) thread."""
+    import threading
+
+    calls: list[bool] = []
+    real = getattr(module, name)
+
+    def spy(*args, **kw):
+        calls.append(threading.current_thread() is threading.main_thread())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
 async def sessions_screen(app: LocalLLMApp, pilot, timeout: float = 30.0) -> None:
     """F4, then wait until the worker has read the saved sessions."""
     import asyncio

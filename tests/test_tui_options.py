@@ -92,18 +92,10 @@ async def test_what_does_not_fit_is_not_loaded(smollm2: Path) -> None:
 async def test_models_screen_reads_headers_off_the_ui_thread(synth_model: Path, monkeypatch) -> None:
     """The models screen reads each model's header in a worker thread and gets
     the rows in a message; the UI thread reads none (a slow disk never freezes it)."""
-    import threading
-
     from localllm.tui import screens
+    from tests.test_tui import spy_on_ui_thread
 
-    on_ui: list[bool] = []
-    real = screens.read_header
-
-    def spy(path):
-        on_ui.append(threading.current_thread() is threading.main_thread())
-        return real(path)
-
-    monkeypatch.setattr(screens, "read_header", spy)
+    on_ui = spy_on_ui_thread(monkeypatch, screens, "read_header")
     app, _ = _app(str(synth_model), "--ctx", "512")
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_idle(app, pilot)

@@ -17,7 +17,7 @@ from localllm import sessions
 from localllm.testing import ScriptedEngine
 from localllm.tui.app import LocalLLMApp, create_app
 from localllm.tui.settings import Settings
-from tests.test_tui import chat_text, panel_text, send, sessions_screen
+from tests.test_tui import chat_text, panel_text, send, sessions_screen, spy_on_ui_thread
 
 GiB = 1024**3
 
@@ -281,22 +281,13 @@ async def test_sessions_are_saved_off_the_ui_thread_and_a_failed_save_is_one_lin
 async def test_sessions_screen_reads_the_files_off_the_ui_thread(synth_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """F4 reads every saved chat in a worker and shows them from a message:
     hundreds of files on a slow disk never freeze the cockpit."""
-    import threading
-
     from localllm.tui import saved as saved_module
 
     for i in range(3):
         s = sessions.SavedSession.new(str(synth_model), None, {})
         s.messages = [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "answer"}]
         sessions.save(s)
-    on_ui: list[bool] = []
-    real = saved_module.read
-
-    def spy(path):
-        on_ui.append(threading.current_thread() is threading.main_thread())
-        return real(path)
-
-    monkeypatch.setattr(saved_module, "read", spy)
+    on_ui = spy_on_ui_thread(monkeypatch, saved_module, "read")
     app, _ = scripted(synth_model, ttft_ms=10, itl_ms=5, tokens=3)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
