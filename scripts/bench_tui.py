@@ -70,7 +70,11 @@ class Side:
     def __init__(self, name: str, cmd: list[str], ready: str) -> None:
         self.name = name
         self.term = Tmux(cmd, env=_env())
-        self.term.wait_for(ready, timeout=180)
+        try:
+            self.term.wait_for(ready, timeout=180)
+        except BaseException:
+            self.term.close()
+            raise
         self.pid = self.term.pane_pid()  # env(1) execs python: the pane's process is the program
 
     def pause(self) -> None:
@@ -96,15 +100,16 @@ class Cockpit(Side):
         one core its UI thread used from Enter to the reply's final figures."""
         t = self.term
         t.send("C-l")  # a new chat: the reply starts from the same empty context each time
-        t.wait_for_absent("you ›", timeout=30)  # cleared: the prompt below can only be the one in the input box
+        # cleared (the chat and the last reply's figures): the prompt below can
+        # only be the one in the input box, and a verdict can only be the new reply's
+        t.wait_for_absent(r"you ›|slow (start|stream)", timeout=30)
         t.send(PROMPT, literal=True)
         t.wait_for(re.escape(PROMPT[-20:]), timeout=30)  # typed whole: the keys are not counted as the reply's cost
         cpu0, wall0 = _cpu_seconds(self.pid), time.monotonic()
         t.send("Enter")
-        # The verdict goes when a reply starts and comes back with its final
-        # figures: wait for that, then read them from the same screen (other
-        # lines, e.g. the roofline, may stand between decode rate and verdict).
-        t.wait_for_absent(r"slow (start|stream)", timeout=60, interval=0.2)
+        # The verdict is drawn with the reply's final figures: wait for it, then
+        # read them from the same screen (other lines, e.g. the roofline, may
+        # stand between decode rate and verdict).
         t.wait_for(r"slow (start|stream)", timeout=300, interval=0.5)
         cpu1, wall1 = _cpu_seconds(self.pid), time.monotonic()
         screen = t.screen()
@@ -127,15 +132,10 @@ class Chat(Side):
         t = self.term
         t.send("/clear", literal=True)
         t.send("Enter")
-        seen = len(re.findall(self.SUMMARY, t.screen(history=True)))
+        t.clear_history()  # the reply's summary is then the only one the pane has shown
         t.send(PROMPT, literal=True)
         t.send("Enter")
-        deadline = time.monotonic() + 300
-        while (found := re.findall(self.SUMMARY, t.screen(history=True))) and len(found) <= seen or not found:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"chat printed no summary:\n{t.screen()}")
-            time.sleep(0.5)
-        rate, used = found[-1]
+        rate, used = t.wait_for(self.SUMMARY, timeout=300, interval=0.5, history=True).groups()
         return float(rate), int(used)
 
 
@@ -153,6 +153,12 @@ def main() -> int:
     cli: list[float] = []
     shares: list[float] = []
     cockpit = chat = None
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)  # the finally below resumes and closes both programs
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
     try:
         cockpit = Cockpit(model, a.tokens)
         cockpit.pause()

@@ -49,13 +49,19 @@ class Tmux:
         start = ["-S", "-"] if history else []
         return subprocess.run(["tmux", "capture-pane", "-p", *start, "-t", self.name], capture_output=True, text=True).stdout
 
-    def wait_for(self, pattern: str, timeout: float = 60.0, interval: float = 0.1) -> re.Match[str]:
+    def clear_history(self) -> None:
+        """Blank the screen and forget what scrolled off it: ``screen(history=True)``
+        then holds only what the program prints from here on."""
+        subprocess.run(["tmux", "send-keys", "-R", "-t", self.name], capture_output=True)
+        subprocess.run(["tmux", "clear-history", "-t", self.name], capture_output=True)
+
+    def wait_for(self, pattern: str, timeout: float = 60.0, interval: float = 0.1, history: bool = False) -> re.Match[str]:
         """Poll the screen every ``interval`` seconds until ``pattern`` shows. Each
         poll starts a tmux client (a few ms of CPU): a benchmark polls slowly
         while the program under test computes."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            m = re.search(pattern, self.screen())
+            m = re.search(pattern, self.screen(history=history))
             if m:
                 return m
             time.sleep(interval)

@@ -126,3 +126,34 @@ async def test_a_load_takes_long_lived_objects_out_of_the_collectors_way(synth_m
         assert gc.get_freeze_count() > 10_000
         assert walked < gc.get_freeze_count()  # a full collection walks fewer objects than are kept out of it
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.slow
+async def test_the_view_follows_the_end_until_the_user_scrolls_up() -> None:
+    """New text scrolls a view that shows the end, also after the terminal got
+    shorter; a view the user scrolled up stays where it is while a reply
+    streams; sending a message brings it back to the end."""
+    app = _One()
+    async with app.run_test(size=(60, 20)) as pilot:
+        view = app.query_one(ChatView)
+        msg = view.add("assistant", "")
+        for i in range(200):
+            msg.append(f" word{i}")
+        await pilot.pause()
+        assert view.is_vertical_scroll_end
+        await pilot.resize_terminal(60, 12)  # shorter: the end moves down
+        await pilot.pause()
+        for i in range(40):
+            msg.append(f" more{i}")
+        await pilot.pause()
+        assert view.is_vertical_scroll_end and view.scroll_offset.y > 0
+        view.scroll_to(y=0, animate=False)
+        await pilot.pause()
+        for i in range(40):
+            msg.append(f" later{i}")
+        await pilot.pause()
+        assert view.scroll_offset.y == 0  # left where the user put it
+        view.add("user", "a new question")
+        view.add("assistant", "and its answer")
+        await pilot.pause()
+        assert view.is_vertical_scroll_end

@@ -297,3 +297,29 @@ async def test_sessions_screen_reads_the_files_off_the_ui_thread(synth_model: Pa
         await settle(app, pilot)
         assert ("user", "question 2") in chat_text(app) or ("user", "question 0") in chat_text(app)
     assert len(on_ui) == 3 and not any(on_ui)  # each file read once, by the worker; opening one reads nothing again
+
+
+@pytest.mark.slow
+async def test_sessions_screen_lists_the_chat_as_last_saved(synth_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saves are queued on the disk thread: F4 waits for them before reading the
+    files, so the chat it lists (and reopens) is the latest, not an older copy
+    that would then overwrite it."""
+    import time as _time
+
+    real_save = sessions.save
+
+    def slow_save(session):
+        _time.sleep(0.4)
+        return real_save(session)
+
+    monkeypatch.setattr(sessions, "save", slow_save)
+    app, _ = scripted(synth_model, ttft_ms=10, itl_ms=5, tokens=3)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        await send(app, pilot, "first")
+        await settle(app, pilot)
+        await send(app, pilot, "second")
+        await settle(app, pilot)  # the reply is done; its saves are still queued
+        await sessions_screen(app, pilot)
+        option = str(app.screen.query_one("OptionList").get_option_at_index(0).prompt)
+        assert "5 messages" in option, option  # the system prompt and both exchanges

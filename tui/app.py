@@ -366,6 +366,12 @@ class LocalLLMApp(App):
     def _loaded(self, msg: ModelLoaded) -> None:
         if self._gone():
             return
+        try:
+            self._apply_load(msg)
+        finally:
+            _settle_heap()  # whatever came of it: reload_model unfroze the heap
+
+    def _apply_load(self, msg: ModelLoaded) -> None:
         view = self.query_one(ChatView)
         req = msg.request
         self.busy = False
@@ -402,7 +408,6 @@ class LocalLLMApp(App):
         self.query_one("#prompt", Input).placeholder = (
             "Text to continue (Enter to send, Esc to stop)" if self.chat.completion else "Message (Enter to send, Esc to stop)")
         self._show_plan()
-        _settle_heap()
 
     def _new_chat(self, messages: list[dict[str, str]] | None) -> ChatSession:
         """A chat on the loaded model. A model without a chat template (a base
@@ -467,11 +472,7 @@ class LocalLLMApp(App):
         view.add("user", text)
         self._reply = view.add("assistant", "")
         self._persist(extra_user=text)
-        latency = self.query_one(LatencyPanel)
-        latency.ttft_ms = None
-        latency.gaps_ms = []
-        latency.prefill_tps = latency.decode_tps = None
-        latency.verdict = ("", "")
+        self._reset_latency()
         self._gaps = []
         self._last_stamp = None
         self._stop.clear()
@@ -607,10 +608,12 @@ class LocalLLMApp(App):
             from localllm import engine_rpc
 
             engine_rpc.drop_keep_alive(self._abort_hook)
-        if self.backend is not None:
-            self._engine.submit(self.backend.close).result()
-        self._engine.shutdown(wait=True)
-        self._disk.shutdown(wait=True)  # the last saves reach the disk before the app ends
+        try:
+            if self.backend is not None:
+                self._engine.submit(self.backend.close).result()
+            self._engine.shutdown(wait=True)
+        finally:
+            self._disk.shutdown(wait=True)  # the last saves reach the disk before the app ends
 
     def action_stop(self) -> None:
         if self.busy:
@@ -624,7 +627,16 @@ class LocalLLMApp(App):
         view = self.query_one(ChatView)
         view.clear_messages()
         view.add("note", "new chat")
+        self._reset_latency()  # its figures were the old chat's last reply
+        self._latency.ceiling_tps = None
         self._update_footprint()
+
+    def _reset_latency(self) -> None:
+        latency = self._latency
+        latency.ttft_ms = None
+        latency.gaps_ms = []
+        latency.prefill_tps = latency.decode_tps = None
+        latency.verdict = ("", "")
 
     # -- sessions ----------------------------------------------------------------
     def _persist(self, extra_user: str | None = None) -> None:
@@ -647,6 +659,11 @@ class LocalLLMApp(App):
         read-only folder) is a line in the chat log, and the chat goes on."""
         snapshot = dataclasses.replace(saved, messages=list(saved.messages), settings=dict(saved.settings or {}))
         self._disk.submit(self._save_on_disk_thread, snapshot)
+
+    def wait_for_saves(self) -> None:
+        """Block until the saves queued so far are on disk (call it off the UI
+        thread): a reader of the session files must not see an older chat."""
+        self._disk.submit(lambda: None).result()
 
     def _save_on_disk_thread(self, snapshot: sessions.SavedSession) -> None:
         """Save; tell the app only when saving starts failing or works again
@@ -683,7 +700,7 @@ class LocalLLMApp(App):
                 self.open_session(saved)
 
         if not self.busy:
-            self.push_screen(SessionsScreen(), chosen)
+            self.push_screen(SessionsScreen(self.wait_for_saves), chosen)
 
     # -- settings and models -------------------------------------------------------
     def action_settings(self) -> None:

@@ -101,6 +101,7 @@ class ChatView(ScrollView, can_focus=True):
         self._width = 0  # the width they were wrapped to
         self._strips: LRUCache[int, Strip] = LRUCache(1024)
         self._style: Style | None = None
+        self._following = True  # the view shows the end: new text scrolls it (until the user scrolls up)
 
     @property
     def line_count(self) -> int:
@@ -114,6 +115,8 @@ class ChatView(ScrollView, can_focus=True):
     def add(self, role: str, text: str = "") -> MessageView:
         if self._paras:
             self.write("\n\n" if self._paras[-1] else "\n")
+        if role == "user":  # the user sent it: show it, and the reply under it, wherever the view was
+            self._following = True
         msg = MessageView(role, "")
         msg.log = self
         self.messages.append(msg)
@@ -128,6 +131,7 @@ class ChatView(ScrollView, can_focus=True):
         self._strips.clear()
         self._resize_virtual()
         self.scroll_home(animate=False, immediate=True)
+        self._following = True
         self.refresh()
 
     def write(self, data: str) -> None:
@@ -138,7 +142,7 @@ class ChatView(ScrollView, can_focus=True):
         new ones are repainted."""
         if not data:
             return
-        at_end = self.is_vertical_scroll_end
+        at_end = self._following or self.is_vertical_scroll_end
         width = self._wrap_width()
         parts = _CONTROL.sub("", data.replace("\t", "    ")).split("\n")
         if not self._paras:
@@ -171,13 +175,18 @@ class ChatView(ScrollView, can_focus=True):
         self._strips.clear()
 
     def on_resize(self, event: events.Resize) -> None:
+        """Wrap again at a new width; a view that showed the end still does,
+        whichever way the terminal changed."""
         if self.scrollable_content_region.width and self.scrollable_content_region.width != self._width:
-            at_end = self.is_vertical_scroll_end
             self._wrap_width()
             self._resize_virtual()
             self.refresh()
-            if at_end:
-                self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)  # force: the scrollbar may be due in the next layout
+        if self._following:
+            self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._following = round(new_value) >= self.max_scroll_y  # the user scrolled up, or back to the end
 
     def _resize_virtual(self) -> None:
         """A new virtual size, with a layout pass only when the scrollbar appears

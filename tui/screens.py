@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -123,8 +124,11 @@ class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
             super().__init__()
             self.saved, self.skipped = saved, skipped
 
-    def __init__(self) -> None:
+    def __init__(self, before_reading: Callable[[], None] | None = None) -> None:
+        """``before_reading`` runs in the worker first: the cockpit's saves still
+        queued on its disk thread land before the files are read."""
         super().__init__()
+        self._before_reading = before_reading
         self._saved: dict[str, sessions.SavedSession] = {}
 
     def compose(self) -> ComposeResult:
@@ -141,6 +145,8 @@ class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
     def _scan(self) -> None:
         from localllm.tui.saved import scan
 
+        if self._before_reading is not None:
+            self._before_reading()
         self.post_message(self.Scanned(*scan()))
 
     @on(Scanned)

@@ -105,6 +105,12 @@ class ItlSparkline(Sparkline):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._drawn: tuple[tuple[object, ...], list[Strip]] | None = None
+        self._style: Style | None = None
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._style = None
+        self._drawn = None
 
     def render_line(self, y: int) -> Strip:
         rows = self._rows()
@@ -113,10 +119,12 @@ class ItlSparkline(Sparkline):
     def _rows(self) -> list[Strip]:
         data = list(self.data or [])
         width, height = self.size.width, max(self.size.height, 1)
-        key = (tuple(data), width, height, self.rich_style)
+        if self._style is None:  # computing it walks the ancestors: kept until the styles change
+            self._style = self.rich_style
+        base = self._style
+        key = (tuple(data), width, height, base)
         if self._drawn is not None and self._drawn[0] == key:
             return self._drawn[1]
-        base = self.rich_style
         _, background = self.background_colors
         low = background + self.get_component_styles("sparkline--min-color").color
         high = background + self.get_component_styles("sparkline--max-color").color
