@@ -235,6 +235,17 @@ def test_saved_settings_of_the_wrong_type_fall_back_to_defaults() -> None:
     assert (s.n_gpu_layers, s.max_tokens, s.swa_full) == (-1, 64, True)
 
 
+def _wrap_save(monkeypatch: pytest.MonkeyPatch, before) -> None:
+    """sessions.save runs ``before(session)`` first (which may raise or wait)."""
+    real_save = sessions.save
+
+    def save(session):
+        before(session)
+        return real_save(session)
+
+    monkeypatch.setattr(sessions, "save", save)
+
+
 @pytest.mark.slow
 async def test_sessions_are_saved_off_the_ui_thread_and_a_failed_save_is_one_line(synth_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A save is two fsyncs: they run on the disk thread, in order, never on
@@ -244,17 +255,15 @@ async def test_sessions_are_saved_off_the_ui_thread_and_a_failed_save_is_one_lin
     import errno
     import threading
 
-    real_save = sessions.save
     threads: list[str] = []
     full = threading.Event()
 
-    def save(session):
+    def before(_session) -> None:
         threads.append(threading.current_thread().name)
         if full.is_set():
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(session)
 
-    monkeypatch.setattr(sessions, "save", save)
+    _wrap_save(monkeypatch, before)
     app, _ = scripted(synth_model, ttft_ms=10, itl_ms=5, tokens=3)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
@@ -306,13 +315,7 @@ async def test_sessions_screen_lists_the_chat_as_last_saved(synth_model: Path, m
     that would then overwrite it."""
     import time as _time
 
-    real_save = sessions.save
-
-    def slow_save(session):
-        _time.sleep(0.4)
-        return real_save(session)
-
-    monkeypatch.setattr(sessions, "save", slow_save)
+    _wrap_save(monkeypatch, lambda _session: _time.sleep(0.4))
     app, _ = scripted(synth_model, ttft_ms=10, itl_ms=5, tokens=3)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
