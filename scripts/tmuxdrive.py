@@ -5,16 +5,26 @@ Used by the end-to-end TUI test and by scripts/bench_tui.py.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 
 def available() -> bool:
-    return shutil.which("tmux") is not None
+    """tmux is here. Where it must be (``LOCALLLM_REQUIRE_TMUX=1``, set by
+    .ci/run once tmux is installed), its absence is an error, so that the
+    terminal tests cannot pass by being skipped."""
+    if shutil.which("tmux") is not None:
+        return True
+    if os.environ.get("LOCALLLM_REQUIRE_TMUX") == "1":
+        raise RuntimeError("tmux is required here (LOCALLLM_REQUIRE_TMUX=1) but is not on PATH")
+    return False
 
 
 class Tmux:
@@ -59,22 +69,25 @@ class Tmux:
         """Poll the screen every ``interval`` seconds until ``pattern`` shows. Each
         poll starts a tmux client (a few ms of CPU): a benchmark polls slowly
         while the program under test computes."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(pattern, self.screen(history=history))
-            if m:
-                return m
-            time.sleep(interval)
-        raise TimeoutError(f"{pattern!r} did not appear; the screen was:\n{self.screen()}")
+        m = self._poll(lambda screen: re.search(pattern, screen), timeout, interval, history)
+        if m is None:
+            raise TimeoutError(f"{pattern!r} did not appear; the screen was:\n{self.screen()}")
+        return m
 
     def wait_for_absent(self, pattern: str, timeout: float = 60.0, interval: float = 0.1) -> None:
         """Poll until ``pattern`` is no longer on the screen."""
+        if self._poll(lambda screen: not re.search(pattern, screen), timeout, interval, False) is None:
+            raise TimeoutError(f"{pattern!r} stayed on the screen:\n{self.screen()}")
+
+    def _poll(self, found: Callable[[str], Any], timeout: float, interval: float, history: bool) -> Any:
+        """The first truthy ``found(screen)`` within ``timeout`` seconds, or None."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not re.search(pattern, self.screen()):
-                return
+            result = found(self.screen(history=history))
+            if result:
+                return result
             time.sleep(interval)
-        raise TimeoutError(f"{pattern!r} stayed on the screen:\n{self.screen()}")
+        return None
 
     def close(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
