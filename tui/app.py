@@ -547,9 +547,9 @@ class LocalLLMApp(App):
         now = time.perf_counter_ns()
         if now - self._panel_ns >= PANEL_NS:
             self._panel_ns = now
+            if self._gaps:  # set quietly: the gaps' watcher (it always fires) paints once for both
+                latency.set_reactive(LatencyPanel.decode_tps, 1000 / (sum(self._gaps) / len(self._gaps)))
             latency.gaps_ms = self._gaps
-            if self._gaps:
-                latency.decode_tps = 1000 / (sum(self._gaps) / len(self._gaps))
             self._update_footprint()
 
     @on(ReplyDone)
