@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from localllm import __version__
+from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, LocalLLMError
-from localllm.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -126,7 +126,7 @@ def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fi
 
 def _rpc(text: str):
     from localllm.errors import UsageError
-    from localllm.rpc import parse_endpoints
+    from localllm.plan.workers import parse_endpoints
 
     try:
         return parse_endpoints(text)
@@ -137,7 +137,7 @@ def _rpc(text: str):
 def _size(text: str) -> int:
     """A ``units.Size``: bytes that remember the unit typed, to be shown in it."""
     from localllm.errors import UsageError
-    from localllm.units import parse_size
+    from localllm.util.units import parse_size
 
     try:
         return parse_size(text)
@@ -336,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return dispatch(args)
     except LocalLLMError as exc:
-        from localllm.fmt import safe  # names in messages come from files and servers
+        from localllm.util.fmt import safe  # names in messages come from files and servers
 
         print(f"localllm: error: {safe(exc)}", file=sys.stderr)
         return exc.exit_code
@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line, unless --debug
         if args.debug:
             raise
-        from localllm.fmt import safe
+        from localllm.util.fmt import safe
 
         print(f"localllm: internal error: {type(exc).__name__}: {safe(exc)} (rerun with --debug for details)", file=sys.stderr)
         return EXIT_ERROR

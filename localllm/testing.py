@@ -18,10 +18,10 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from localllm.backend import LoadConfig, LoadInfo, SamplingConfig, TokenEvent
 from localllm.engine_api import Generation, Verification
+from localllm.engine_api.records import LoadConfig, LoadInfo, SamplingConfig, TokenEvent
+from localllm.engine_api.stats import ShiftRecord, compute_stats
 from localllm.errors import EngineError, UsageError
-from localllm.metrics import ShiftRecord, compute_stats
 
 EOG = 0  # the end-of-generation token id
 

@@ -1,1 +1,1 @@
-"""Data files: the model catalog lives in ``localllm.catalog``; small test vocabularies live here."""
+"""Data files: the model catalog lives in ``localllm.store.resolver``; small test vocabularies live here."""

@@ -7,18 +7,18 @@ import argparse
 import threading
 from pathlib import Path
 
-from localllm import fmt
 from localllm.errors import Terminated, UsageError
-from localllm.gguf_file import read_header
-from localllm.model_info import describe
-from localllm.progress import Bar as ProgressBar
+from localllm.modelfile.gguf_file import read_header
+from localllm.modelfile.model_info import describe
 from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import Job, Progress, Report, dry_report
 from localllm.quantize.pipeline import run as run_job
+from localllm.util import fmt
+from localllm.util.progress import Bar as ProgressBar
 
 
 class Bar:
-    """quantize's progress: ``localllm.progress.Bar`` (the same kind as pull's), made
+    """quantize's progress: ``localllm.util.progress.Bar`` (the same kind as pull's), made
     when the first event says how many tensors there are."""
 
     def __init__(self) -> None:

@@ -2,7 +2,7 @@
 
 Loads each model with a context the size of one evaluation chunk and every
 position's logits kept (``n_outputs_max=0``), and hands them to
-``localllm.quality.compare``.
+``localllm.measure.quality.compare``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from localllm.backend import LoadConfig
-from localllm.quality import QualityReport, compare, eval_text
+from localllm.engine_api.records import LoadConfig
+from localllm.measure.quality import QualityReport, compare, eval_text
 
 CHUNK = 256
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from localllm.errors import InputError
-from localllm.gguf_file import read_header
+from localllm.modelfile.gguf_file import read_header
 
 
 def load_imatrix(path: Path) -> dict[str, np.ndarray]:

@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localllm import atomic
 from localllm.errors import InputError, UsageError
-from localllm.gguf_file import GGUFHeader, read_header
-from localllm.model_info import TensorTypeStat, describe
-from localllm.units import format_size
+from localllm.modelfile.gguf_file import GGUFHeader, read_header
+from localllm.modelfile.model_info import TensorTypeStat, describe
+from localllm.util import atomic
+from localllm.util.units import format_size
 
 TYPES = (
     "Q8_0",
@@ -187,7 +187,7 @@ def predicted_sizes(job: Job) -> tuple[int, int]:
 def predicted_file_size(src: GGUFHeader, new_types: dict[str, str]) -> tuple[int, int]:
     """(file bytes, tensor data bytes) when ``src``'s tensors take ``new_types``
     (name -> ggml type name; a tensor not named keeps its type)."""
-    from localllm.planner import row_bytes
+    from localllm.plan.planner import row_bytes
 
     align = int(src.get("general.alignment", 32))
     pad = lambda n: (n + align - 1) // align * align  # noqa: E731

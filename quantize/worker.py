@@ -55,8 +55,8 @@ def main() -> int:
         out.flush()
 
     from localllm.engine import quantize_model
+    from localllm.engine.llamalog import ROUTER
     from localllm.errors import LocalLLMError
-    from localllm.llamalog import ROUTER
 
     ROUTER.listeners.append(lambda level, line: emit("log", line))
     try:

@@ -15,10 +15,10 @@ import argparse
 import random
 import statistics
 
-from localllm import catalog
-from localllm.backend import LoadConfig, SamplingConfig
 from localllm.engine import KVCache, LlamaCppBackend, ModelHandle
-from localllm.metrics import ShiftRecord
+from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.engine_api.stats import ShiftRecord
+from localllm.store import resolver
 
 
 def fill(b: KVCache, n: int, seed: int) -> None:
@@ -62,7 +62,7 @@ def main() -> int:
     prompt_len, gen = 512, 128
     if a.quick:
         a.reps, a.ctx, prompt_len, gen = 1, 512, 64, 16
-    path = catalog.resolve(a.model)
+    path = resolver.resolve(a.model)
     handle = ModelHandle.open(path, LoadConfig(n_ctx=a.ctx))  # the engine's own parts: the KV cache, timed alone
     cache = KVCache(handle)
     n_keep = 64

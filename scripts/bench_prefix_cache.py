@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from localllm import catalog  # noqa: E402
-from localllm.backend import LoadConfig, SamplingConfig  # noqa: E402
-from localllm.chat import ChatSession  # noqa: E402
+from localllm.chat.session import ChatSession  # noqa: E402
 from localllm.engine import LlamaCppBackend  # noqa: E402
-from localllm.quality import eval_text  # noqa: E402
+from localllm.engine_api.records import LoadConfig, SamplingConfig  # noqa: E402
+from localllm.measure.quality import eval_text  # noqa: E402
+from localllm.store import resolver  # noqa: E402
 
 
 def first_token_ms(chat: ChatSession, text: str) -> float:
@@ -48,7 +48,7 @@ def main() -> int:
     system_tokens = 1500
     if a.quick:
         a.reps, system_tokens = 1, 300
-    path = catalog.resolve(a.model)
+    path = resolver.resolve(a.model)
     b = LlamaCppBackend()
     b.load(path, LoadConfig(n_ctx=2048))
     text = eval_text()

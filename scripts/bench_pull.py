@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root, for scripts.* and tests.*
 
-from localllm import catalog
+from localllm.store import resolver
 from tests.fake_hub import FakeHub
 
 
@@ -34,7 +34,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.reps = 1
-    src = catalog.resolve(a.model)
+    src = resolver.resolve(a.model)
     hub = FakeHub().start()
     hub.add("bench/Model-GGUF", src.name, src)
     root = Path(tempfile.mkdtemp(prefix="bench-pull-"))

@@ -21,13 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from localllm import catalog  # noqa: E402
-from localllm.backend import LoadConfig, SamplingConfig  # noqa: E402
-from localllm.bench import random_prompt, run_bench  # noqa: E402
 from localllm.engine import LlamaCppBackend  # noqa: E402
+from localllm.engine_api.records import LoadConfig, SamplingConfig  # noqa: E402
 from localllm.errors import InputError  # noqa: E402
-from localllm.model_info import describe  # noqa: E402
-from localllm.rpc import Endpoint, probe  # noqa: E402
+from localllm.measure.bench import random_prompt, run_bench  # noqa: E402
+from localllm.modelfile.model_info import describe  # noqa: E402
+from localllm.plan.workers import Endpoint, probe  # noqa: E402
+from localllm.store import resolver  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     prompt, gen, reps = (64, 16, 1) if a.quick else (a.prompt, a.gen, a.reps)
-    path = catalog.resolve(a.model)
+    path = resolver.resolve(a.model)
     base = LoadConfig(n_ctx=1024, n_threads=a.threads, n_gpu_layers=-1)
     workers = [start_worker(a.threads), start_worker(a.threads)]
     eps = [w[1] for w in workers]

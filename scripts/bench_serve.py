@@ -1,6 +1,6 @@
 """localllm serve against the anchors, side by side in one run.
 
-For 1, 2, 4 and 8 concurrent streaming clients (``localllm.loadtest``, the
+For 1, 2, 4 and 8 concurrent streaming clients (``localllm.measure.loadtest``, the
 same client as ``localllm bench --url``): aggregate tokens/s, TTFT and ITL
 p50/p95, for
 
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from localllm.loadtest import measure  # noqa: E402
+from localllm.measure.loadtest import measure  # noqa: E402
 
 LLAMA_SERVER = Path.home() / ".cache/localllm/llama.cpp-tools/bin/llama-server"
 
@@ -153,7 +153,7 @@ def main() -> int:
     if args.quick:
         args.clients, args.gen_tokens = "1,4", 24
     args.clients = [int(x) for x in args.clients.split(",")]
-    from localllm.catalog import resolve
+    from localllm.store.resolver import resolve
 
     path = str(resolve(args.model))
     np_ = max(args.clients)

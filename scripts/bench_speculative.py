@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from localllm import catalog  # noqa: E402
-from localllm.backend import LoadConfig, SamplingConfig  # noqa: E402
+from localllm.chat.speculative import DraftModel, PromptLookup, generate  # noqa: E402
 from localllm.engine import LlamaCppBackend  # noqa: E402
-from localllm.speculative import DraftModel, PromptLookup, generate  # noqa: E402
+from localllm.engine_api.records import LoadConfig, SamplingConfig  # noqa: E402
+from localllm.store import resolver  # noqa: E402
 
 TEXT = ("The lighthouse stood on the northern cape, and its keeper, an old sailor named Tobias, "
         "climbed the ninety steps every evening to light the lamp. He kept a log of every ship that passed, "
@@ -40,12 +40,12 @@ def main() -> int:
     if a.quick:
         a.reps, a.tokens = 1, 24
     b = LlamaCppBackend()
-    b.load(catalog.resolve(a.model), LoadConfig(n_ctx=2048, n_outputs_max=a.k + 1))
+    b.load(resolver.resolve(a.model), LoadConfig(n_ctx=2048, n_outputs_max=a.k + 1))
     drafter = PromptLookup()
     label = "prompt lookup"
     if a.draft:
         d = LlamaCppBackend()
-        d.load(catalog.resolve(a.draft), LoadConfig(n_ctx=2048, n_outputs_max=a.k + 1))
+        d.load(resolver.resolve(a.draft), LoadConfig(n_ctx=2048, n_outputs_max=a.k + 1))
         drafter, label = DraftModel(d), f"draft {a.draft}"
     print(f"{b.info.path.name}, greedy, {a.tokens} tokens, k={a.k}, {label}, median of {a.reps}")
     for name, prompt in TASKS.items():

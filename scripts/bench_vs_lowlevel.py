@@ -1,7 +1,7 @@
 """Is localllm's engine as fast as llama.cpp allows? Side by side, in one run.
 
 For each prompt length, rounds alternate between
-  A: ``localllm bench``'s code path (localllm.bench.run_bench on LlamaCppBackend), and
+  A: ``localllm bench``'s code path (localllm.measure.bench.run_bench on LlamaCppBackend), and
   B: a plain loop over llama-cpp-python's low-level API (llama_decode + greedy
      sampler), with the same model, threads, context, batch and random prompt,
 and the script prints pp and tg t/s for both and the ratio A/B. The target is a
@@ -19,11 +19,11 @@ import time
 
 import llama_cpp
 
-from localllm import catalog
-from localllm.backend import LoadConfig
-from localllm.bench import random_prompt, run_bench
 from localllm.engine import LlamaCppBackend, default_threads, install_log_router
-from localllm.model_info import inspect_model
+from localllm.engine_api.records import LoadConfig
+from localllm.measure.bench import random_prompt, run_bench
+from localllm.modelfile.model_info import inspect_model
+from localllm.store import resolver
 
 
 class PlainLoop:
@@ -84,7 +84,7 @@ def main() -> int:
     if a.quick:
         a.prompt_tokens, a.gen_tokens, a.reps = "64", 16, 1
     lengths = [int(x) for x in a.prompt_tokens.split(",")]
-    path = catalog.resolve(a.model)
+    path = resolver.resolve(a.model)
     info = inspect_model(path)
     threads = a.threads or default_threads()
     n_ctx = (max(lengths) + a.gen_tokens + 255) // 256 * 256

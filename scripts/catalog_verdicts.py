@@ -12,19 +12,19 @@ import argparse
 import re
 from importlib.resources import as_file, files
 
-from localllm import model_catalog
+from localllm.store import curated
 
 
 def updated_text(text: str) -> str:
-    models = model_catalog.load(text)
+    models = curated.load(text)
     by_file = {f.file: (m, f) for m in models for f in m.files}
 
     def fix(match: re.Match[str]) -> str:
         line = match.group(0)
         file = re.search(r'file = "([^"]+)"', line).group(1)  # type: ignore[union-attr]
         m, f = by_file[file]
-        for key in model_catalog.BUDGETS:
-            v = model_catalog.judge(m, f, key).text
+        for key in curated.BUDGETS:
+            v = curated.judge(m, f, key).text
             line = re.sub(rf'fits_{key} = "[^"]*"', f'fits_{key} = "{v}"', line)
         return line
 
@@ -35,9 +35,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
-    text = model_catalog.catalog_text()
+    text = curated.catalog_text()
     new = updated_text(text)
-    for r in model_catalog.rows():
+    for r in curated.rows():
         print(f"{r['name']:<26} {r['quant']:<7} {r['size_gb']:>5.2f} GB  4 GiB: {r['fits_4gb']:<34} 6 GiB: {r['fits_6gb']}")
     if a.write:
         with as_file(files("localllm.models").joinpath("catalog.toml")) as path:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 
-from localllm import catalog
-from localllm.backend import LoadConfig
 from localllm.engine import LlamaCppBackend
-from localllm.quality import compare, eval_text
+from localllm.engine_api.records import LoadConfig
+from localllm.measure.quality import compare, eval_text
+from localllm.store import resolver
 
 CHUNK = 256
 
@@ -27,7 +27,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.tokens = 2 * CHUNK
-    path = catalog.resolve(a.model)
+    path = resolver.resolve(a.model)
     backends = {}
     for kv in ("f16", "q8_0", "q4_0"):
         b = LlamaCppBackend()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root, for scripts.* and tests.*
 
-from localllm.llama_rules import needs_flash_attn
+from localllm.engine_api.llama_rules import needs_flash_attn
 from scripts.synth_gguf import SynthSpec, write_gguf
 
 MiB = 1024 * 1024
@@ -120,11 +120,11 @@ class Row:
 
 def measure(case: str, path: Path, s: Setting) -> Row:
     """Load ``path`` with setting ``s`` in llama.cpp and compare with the plan."""
-    from localllm import memcheck, planner
-    from localllm.backend import LoadConfig
     from localllm.engine import ROUTER, LlamaCppBackend
+    from localllm.engine_api.records import LoadConfig
     from localllm.errors import LocalLLMError
-    from localllm.gguf_file import read_header
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan import memcheck, planner
 
     lc = LoadConfig(n_ctx=s.n_ctx, n_threads=1, n_batch=512, n_ubatch=s.n_ubatch, type_k=s.kv, type_v=s.kv,
                     flash_attn="on" if s.flash else "off", swa_full=s.swa_full, n_outputs_max=s.n_outputs_max)
@@ -196,7 +196,7 @@ def real_models(d: Path) -> dict[str, Path]:
     package; Gemma 3 270M assembled from its chunks), where installed."""
     out: dict[str, Path] = {}
     try:
-        from localllm.catalog import resolve
+        from localllm.store.resolver import resolve
 
         out["SmolLM2-135M"] = resolve("smollm2")
     except Exception:  # noqa: BLE001 - not installed: the table says so by leaving it out
@@ -211,8 +211,8 @@ def real_models(d: Path) -> dict[str, Path]:
 
 
 def run(cases: list[str], quick: bool, out=sys.stdout, real: bool = False) -> list[Row]:
-    from localllm import planner
-    from localllm.gguf_file import read_header
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan import planner
 
     rows: list[Row] = []
     verified: dict[str, bool] = {}

@@ -92,7 +92,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="SmolLM2 against itself, two chunks (a CI run that checks the script works)")
     args = ap.parse_args()
     bin_dir = tools_bin()
-    from localllm.quality import eval_text
+    from localllm.measure.quality import eval_text
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -100,7 +100,7 @@ def main() -> int:
         text.write_text(eval_text(), encoding="utf-8")
         chunks = None
         if args.quick:
-            from localllm.catalog import resolve
+            from localllm.store.resolver import resolve
 
             src = cand = Path(resolve("smollm2"))
             chunks = 2

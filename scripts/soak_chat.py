@@ -1,5 +1,5 @@
 """Soak: many chat turns on a small context, with context shifts, through
-``localllm.chat.ChatSession`` on the real engine. Does memory stay flat and does
+``localllm.chat.session.ChatSession`` on the real engine. Does memory stay flat and does
 every turn succeed?
 
 Resident memory (psutil) is read after a warm-up (allocators, llama.cpp's
@@ -55,12 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.turns <= warmup:
         ap.error(f"--turns must exceed the warm-up ({warmup})")
 
-    from localllm import catalog
-    from localllm.backend import LoadConfig, SamplingConfig
-    from localllm.chat import ChatSession
+    from localllm.chat.session import ChatSession
     from localllm.engine import LlamaCppBackend
+    from localllm.engine_api.records import LoadConfig, SamplingConfig
+    from localllm.store import resolver
 
-    path = catalog.resolve(a.model)
+    path = resolver.resolve(a.model)
     backend = LlamaCppBackend()
     backend.load(path, LoadConfig(n_ctx=a.ctx, n_threads=a.threads))
     chat = ChatSession(

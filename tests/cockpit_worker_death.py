@@ -1,7 +1,7 @@
 """Run by tests/test_tui_rpc.py in its own process: the cockpit under Pilot over
 one worker, which the script kills mid-reply. Prints one JSON object with what
 the screen showed. Its own process because llama.cpp then holds a thread for
-good (engine_rpc.keep_alive_on_abort): the interpreter could not exit normally,
+good (rpc.keep_alive_on_abort): the interpreter could not exit normally,
 so this script leaves as ``localllm tui`` does, with os._exit."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 async def main(port: int, worker_pid: int) -> dict:
     from localllm.cli import _setup_logging
-    from localllm.rpc import Endpoint
+    from localllm.plan.workers import Endpoint
     from localllm.tui.app import create_app
     from localllm.tui.chatview import ChatView
     from localllm.tui.settings import Settings
@@ -67,9 +67,9 @@ async def main(port: int, worker_pid: int) -> dict:
         t0 = time.monotonic()
         await pilot.press("ctrl+q")
     out["quit_s"] = time.monotonic() - t0
-    from localllm import engine_rpc
+    from localllm.engine import rpc
 
-    out["parked"] = engine_rpc.parked()
+    out["parked"] = rpc.parked()
     out["saved"] = app.saved.messages if app.saved is not None else None
     return out
 

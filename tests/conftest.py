@@ -40,7 +40,7 @@ def synth_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
-    from localllm.catalog import resolve
+    from localllm.store.resolver import resolve
 
     return resolve("smollm2")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.bench import random_prompt
+from localllm.measure.bench import random_prompt
 from tests.conftest import run_cli
 
 

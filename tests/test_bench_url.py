@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from localllm.loadtest import Sample, api_base, summarize
+from localllm.measure.loadtest import Sample, api_base, summarize
 from tests.conftest import run_cli
 
 

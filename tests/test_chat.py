@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from localllm.backend import LoadConfig, SamplingConfig
-from localllm.chat import ChatSession
+from localllm.chat.session import ChatSession
 from localllm.engine import LlamaCppBackend
+from localllm.engine_api.records import LoadConfig, SamplingConfig
 from tests.conftest import run_cli
 
 
@@ -134,8 +134,8 @@ def test_state_save_and_load_roundtrip(synth_model: Path, tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_system_prompt_state_is_reused_from_disk(smollm2: Path, tmp_path: Path) -> None:
-    from localllm.chat import prompt_cache_path
-    from localllm.quality import eval_text
+    from localllm.chat.session import prompt_cache_path
+    from localllm.measure.quality import eval_text
 
     system = eval_text()[:1500]
     cache = prompt_cache_path(smollm2, system, "f16", "f16", False)

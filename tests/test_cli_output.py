@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from rich.cells import cell_len
 
-from localllm import fmt
-from localllm.progress import Bar
+from localllm.util import fmt
+from localllm.util.progress import Bar
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.conftest import REPO, run_cli
 from tests.fake_hub import FakeHub

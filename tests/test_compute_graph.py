@@ -4,7 +4,7 @@ tests/test_conformance.py (compute within 5% on every case)."""
 
 from __future__ import annotations
 
-from localllm.compute_graph import Graph, _DynAlloc, allocate, dup, mul_mat, new, weight
+from localllm.plan.compute_graph import Graph, _DynAlloc, allocate, dup, mul_mat, new, weight
 
 
 def test_best_fit_reuses_a_hole_and_grows_at_the_end() -> None:

@@ -14,10 +14,10 @@ import gguf
 import numpy as np
 import pytest
 
-from localllm.arch_rules import cache_rule
-from localllm.config import LoadConfig
-from localllm.gguf_file import read_header
-from localllm.planner import MiB, ModelShape, plan_memory
+from localllm.engine_api.config import LoadConfig
+from localllm.modelfile.arch_rules import cache_rule
+from localllm.modelfile.gguf_file import read_header
+from localllm.plan.planner import MiB, ModelShape, plan_memory
 from scripts.plan_conformance import CASES, Setting, measure
 from scripts.synth_gguf import SynthSpec, write_gguf
 from tests.conftest import run_cli
@@ -99,7 +99,7 @@ def test_moe_reads_only_the_used_experts(synth_dir: Path) -> None:
     h = read_header(_write(synth_dir, "qwen3moe", CASES["qwen3moe"]))
     experts = sum(t.n_bytes for t in h.tensors if t.name.startswith("blk.0.") and "_exps." in t.name)
     assert s.layer_bytes[0] - s.active_layer_bytes[0] == experts - experts * 2 // 8
-    from localllm.planner import weights_read_per_token
+    from localllm.plan.planner import weights_read_per_token
 
     dense_read = sum(s.layer_bytes) + s.output_bytes + s.tied_bytes
     assert weights_read_per_token(s) == dense_read - 2 * (experts - experts * 2 // 8)
@@ -198,16 +198,16 @@ def test_compute_is_replayed_or_marked_as_an_estimate(synth_dir: Path) -> None:
     assert streams.compute_estimated and streams.to_dict()["compute_estimated"] is True
 
 
-# -- every load checks the plan (localllm.memcheck) ------------------------------------------
+# -- every load checks the plan (localllm.plan.memcheck) ------------------------------------------
 
 
 def test_memcheck_names_both_figures_when_the_plan_is_wrong(synth_dir: Path) -> None:
     """The issue's Phi-3 case: a plan that wrongly slides the window is caught on load, with both figures."""
     from dataclasses import replace
 
-    from localllm import memcheck
-    from localllm.backend import LoadConfig
     from localllm.engine import ROUTER, LlamaCppBackend
+    from localllm.engine_api.records import LoadConfig
+    from localllm.plan import memcheck
 
     path = _write(synth_dir, "phi3+window", CASES["phi3+window"])
     cfg = LoadConfig(n_ctx=4096, n_threads=1)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.roofline import apple_bandwidth, measure_bandwidth, nvidia_bandwidth, roofline
+from localllm.measure.roofline import apple_bandwidth, measure_bandwidth, nvidia_bandwidth, roofline
 from tests.conftest import run_cli
 
 
@@ -124,9 +124,9 @@ def test_doctor_over_a_worker_follows_the_placement(tmp_path: Path) -> None:
 def test_offload_advice_over_devices_needs_cpu_layers_and_room(smollm2: Path) -> None:
     """Offloading more is advised only while the CPU holds layers and a device
     of the placement has room for one more layer, by its name."""
-    from localllm.doctor import _offload_over_devices
-    from localllm.gguf_file import read_header
-    from localllm.planner import MiB, ModelShape
+    from localllm.measure.doctor import _offload_over_devices
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan.planner import MiB, ModelShape
 
     shape = ModelShape.from_header(read_header(smollm2))
     GiB = 1024 * MiB

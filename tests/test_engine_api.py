@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from localllm.backend import LoadConfig, SamplingConfig
-from localllm.chat import ChatSession
+from localllm.chat.session import ChatSession
 from localllm.engine_api import Engine, Generation
+from localllm.engine_api.records import LoadConfig, SamplingConfig
 from localllm.testing import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ def test_speculative_output_is_the_greedy_output() -> None:
     """The fake's greedy rule is "t + 1": speculative decoding with prompt-lookup
     drafts must emit exactly that sequence, keep the cache consistent and count
     its drafts."""
-    from localllm.speculative import PromptLookup, generate
+    from localllm.chat.speculative import PromptLookup, generate
 
     e = loaded()
     prompt = [10, 11, 12, 13, 14, 10, 11]
@@ -116,7 +116,7 @@ def test_speculative_output_is_the_greedy_output() -> None:
 
 
 def test_bench_measures_through_the_protocol() -> None:
-    from localllm.bench import run_bench
+    from localllm.measure.bench import run_bench
 
     e = ScriptedEngine(ttft_ms=5, itl_ms=2, tokens=100)
     e.load(Path("scripted.gguf"), LoadConfig(n_ctx=512))
@@ -151,7 +151,7 @@ def test_the_protocol_and_the_fake_need_no_native_build() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, localllm.testing, localllm.chat, localllm.speculative, localllm.bench, localllm.doctor; "
+    code = ("import sys, localllm.testing, localllm.chat.session, localllm.chat.speculative, localllm.measure.bench, localllm.measure.doctor; "
             "print('llama_cpp' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from localllm import fitting
-from localllm.config import LoadConfig
-from localllm.fitting import Budget, Outcome, Request
-from localllm.gguf_file import read_header
-from localllm.placement import Device
-from localllm.planner import ModelShape, default_margin
+from localllm.engine_api.config import LoadConfig
+from localllm.modelfile.gguf_file import read_header
+from localllm.plan import fitting
+from localllm.plan.fitting import Budget, Outcome, Request
+from localllm.plan.placement import Device
+from localllm.plan.planner import ModelShape, default_margin
 
 MiB = 1 << 20
 RAM = 8 * 1024 * MiB

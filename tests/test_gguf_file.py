@@ -9,7 +9,7 @@ import gguf
 import pytest
 
 from localllm.errors import InputError
-from localllm.gguf_file import ArrayInfo, read_header
+from localllm.modelfile.gguf_file import ArrayInfo, read_header
 
 
 def _reader_fields(path: Path) -> dict:

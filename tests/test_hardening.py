@@ -66,8 +66,8 @@ def test_absurd_options_are_usage_errors(synth_model: Path, args: list[str], nee
 
 
 def test_engine_refuses_absurd_configs_from_any_caller(synth_model: Path) -> None:
-    from localllm.backend import LoadConfig
     from localllm.engine import LlamaCppBackend
+    from localllm.engine_api.records import LoadConfig
     from localllm.errors import UsageError
 
     for cfg in (LoadConfig(n_ctx=256, n_threads=10**6), LoadConfig(n_ctx=1 << 40), LoadConfig(n_ctx=256, n_batch=0)):
@@ -147,7 +147,7 @@ def test_damaged_prompt_cache_is_deleted_and_rebuilt(smollm2: Path) -> None:
     """A damaged state file aborted chat on every start, and one with tampered
     numbers loaded as a hit and gave empty replies. Now each is deleted and
     rebuilt with a one-line notice, and the reply is the same as before."""
-    from localllm.chat import prompt_cache_path
+    from localllm.chat.session import prompt_cache_path
 
     system = "You are a terse assistant. Answer in one word."
     first = _chat(smollm2, system)
@@ -211,7 +211,7 @@ def test_eight_adds_at_once_lose_nothing(tmp_path: Path, synth_model: Path, _iso
 
 
 def test_saved_sessions_are_checked(_isolated_home: Path) -> None:
-    from localllm import sessions
+    from localllm.chat import sessions
     from localllm.errors import InputError
 
     d = _isolated_home / "sessions"
@@ -237,7 +237,7 @@ def test_saved_sessions_are_checked(_isolated_home: Path) -> None:
 
 @pytest.mark.slow
 def test_template_limits_in_the_renderer() -> None:
-    from localllm.chat_template import ChatTemplate, TemplateError
+    from localllm.engine.chat_template import ChatTemplate, TemplateError
 
     msgs = [{"role": "user", "content": "hi"}]
     ok = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}", "t")
@@ -407,7 +407,7 @@ def test_names_paths_and_metadata_are_printed_escaped(synth_model: Path, tmp_pat
 
 
 def test_fmt_safe() -> None:
-    from localllm.fmt import safe, table
+    from localllm.util.fmt import safe, table
 
     assert safe("plain name: q4_k_m") == "plain name: q4_k_m"
     assert safe("a\nb\tc\x1b[0m\x7f\u202e\x00") == "a\\nb\\tc\\x1b[0m\\x7f\\u202e\\x00"

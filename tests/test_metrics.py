@@ -7,7 +7,7 @@ import statistics
 import numpy as np
 import pytest
 
-from localllm.metrics import ITL, compute_stats, mean_std, percentile
+from localllm.engine_api.stats import ITL, compute_stats, mean_std, percentile
 
 
 @pytest.mark.parametrize("values", [[5.0], [1.0, 2.0], [3.0, 1.0, 2.0, 10.0, 7.5], list(np.random.default_rng(1).random(101))])
@@ -60,7 +60,7 @@ def test_no_tokens() -> None:
 
 
 def test_one_repetition_has_no_spread() -> None:
-    from localllm.metrics import mean_std
+    from localllm.engine_api.stats import mean_std
 
     assert mean_std([12.0]) == (12.0, None)
     assert mean_std([10.0, None]) == (None, None)

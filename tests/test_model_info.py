@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.model_info import inspect_model
+from localllm.modelfile.model_info import inspect_model
 from scripts.synth_gguf import SynthSpec, vocabulary
 
 
@@ -43,8 +43,8 @@ def test_smollm2(smollm2: Path) -> None:
 @pytest.mark.slow
 def test_gemma_matches_llama_cpp_log(gemma: Path) -> None:
     """SWA layers, head counts and bits per weight agree with what llama.cpp prints on load."""
-    from localllm.backend import LoadConfig
     from localllm.engine import ROUTER, LlamaCppBackend
+    from localllm.engine_api.records import LoadConfig
 
     info = inspect_model(gemma)
     mark = ROUTER.mark()

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from localllm.config import LoadConfig
-from localllm.gguf_file import read_header
-from localllm.hardware import parse_size
-from localllm.planner import MiB, ModelShape, fit, kv_cells, offload, plan_memory, row_bytes
+from localllm.engine_api.config import LoadConfig
+from localllm.modelfile.gguf_file import read_header
+from localllm.plan.hardware import parse_size
+from localllm.plan.planner import MiB, ModelShape, fit, kv_cells, offload, plan_memory, row_bytes
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.conftest import run_cli
 
@@ -195,8 +195,8 @@ _OUTPUT_RE = re.compile(r"output buffer size =\s+([\d.]+) MiB")
 
 
 def _llama_cpp_buffers(path: Path, cfg: LoadConfig) -> tuple[list[float], float, float]:
-    from localllm.backend import LoadConfig
     from localllm.engine import ROUTER, LlamaCppBackend
+    from localllm.engine_api.records import LoadConfig
 
     mark = ROUTER.mark()
     with LlamaCppBackend() as b:

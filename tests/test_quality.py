@@ -1,4 +1,4 @@
-"""localllm.quality: the statistics llama-perplexity reports, on llama-perplexity's chunks."""
+"""localllm.measure.quality: the statistics llama-perplexity reports, on llama-perplexity's chunks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from localllm.quality import compare
+from localllm.measure.quality import compare
 
 
 def _recording(n_vocab: int, seen: list[list[int]]):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.model_info import inspect_model
+from localllm.modelfile.model_info import inspect_model
 from localllm.quantize.naming import default_output
 from tests.conftest import REPO, run_cli
 
@@ -168,7 +168,7 @@ def test_imatrix_guides_the_quantizer(gemma_f16: Path, quantized: dict[str, dict
     import gguf
     import numpy as np
 
-    from localllm.gguf_file import read_header
+    from localllm.modelfile.gguf_file import read_header
 
     rng = np.random.default_rng(0)
     path = tmp_path / "imatrix.gguf"

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from localllm.config import LoadConfig
+from localllm.engine_api.config import LoadConfig
 from localllm.errors import InputError, UsageError
-from localllm.gguf_file import read_header
-from localllm.placement import Device, layer_devices, place
-from localllm.planner import MiB, ModelShape
-from localllm.rpc import Endpoint, parse_endpoints, probe
+from localllm.modelfile.gguf_file import read_header
+from localllm.plan.placement import Device, layer_devices, place
+from localllm.plan.planner import MiB, ModelShape
+from localllm.plan.workers import Endpoint, parse_endpoints, probe
 from tests.conftest import REPO, run_cli
 
 
@@ -147,8 +147,8 @@ def test_layer_split_follows_llama_cpp() -> None:
 
 
 def _load_and_log(path: Path, cfg, eps: list[str], split: tuple[float, ...]):
-    from localllm.backend import LoadConfig
     from localllm.engine import LlamaCppBackend
+    from localllm.engine_api.records import LoadConfig
 
     with LlamaCppBackend() as b:
         b.load(path, LoadConfig(**{**cfg.to_dict(), "rpc_servers": tuple(eps), "tensor_split": split}))
@@ -207,7 +207,7 @@ GEMMA_CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2", "gemma"])
 def test_placement_matches_llama_cpp_per_device(model: str, workers, smollm2: Path, gemma: Path) -> None:
-    from localllm.backend import LoadConfig
+    from localllm.engine_api.records import LoadConfig
 
     path, cases = (smollm2, SMOL_CASES) if model == "smollm2" else (gemma, GEMMA_CASES)
     eps = [str(w.ep) for w in workers]
@@ -310,8 +310,8 @@ def test_worker_json_then_ctrl_c() -> None:
 def test_fit_across_keeps_every_device_within_its_memory(smollm2: Path) -> None:
     """Two small workers: the policies give up context or layers until each
     device's total fits its free memory less the head-room."""
-    from localllm.placement import fit_across
-    from localllm.planner import default_margin
+    from localllm.plan.placement import fit_across
+    from localllm.plan.planner import default_margin
 
     shape = ModelShape.from_header(read_header(smollm2))
     small = [Device("RPC0[a:1]", "rpc", 300 * MiB), Device("RPC0[b:1]", "rpc", 300 * MiB)]

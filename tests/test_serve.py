@@ -508,7 +508,7 @@ class _CountingModel:
 
 
 def _scheduler(model, **kw):
-    from localllm.serve.metrics import ServerMetrics
+    from localllm.serve.prometheus import ServerMetrics
     from localllm.serve.scheduler import Scheduler
 
     args = dict(n_seq=2, n_ctx_seq=64, n_batch=32, prefix_reuse=True, max_queue=4, prefill_chunk=4, metrics=ServerMetrics())
@@ -517,7 +517,7 @@ def _scheduler(model, **kw):
 
 
 def _job(tokens, max_tokens=5, stop=()):
-    from localllm.backend import SamplingConfig
+    from localllm.engine_api.records import SamplingConfig
     from localllm.serve.scheduler import Job
 
     events = []
@@ -603,7 +603,7 @@ def test_serve_over_a_worker(tmp_path: Path) -> None:
     process), a request answers, and the worker is held by the server while it
     serves (a worker serves one client at a time) and free again after."""
     from localllm.errors import InputError
-    from localllm.rpc import probe
+    from localllm.plan.workers import probe
     from tests.test_rpc import WorkerProc
 
     w = WorkerProc()

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from localllm.config import LoadConfig
+from localllm.engine_api.config import LoadConfig
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2", "gemma"])
 def test_serve_plan_matches_what_llama_cpp_allocates(model: str, request: pytest.FixtureRequest) -> None:
-    from localllm import memcheck
-    from localllm.batch_engine import BatchModel
-    from localllm.llamalog import ROUTER
+    from localllm.engine.batch import BatchModel
+    from localllm.engine.llamalog import ROUTER
+    from localllm.plan import memcheck
 
     path: Path = request.getfixturevalue(model)
     n_seq = 4
@@ -41,8 +41,8 @@ def test_a_unified_pool_sizes_the_window_for_every_sequence(gemma: Path) -> None
     """Pure planner, on Gemma 3's header (512-token window): a unified pool of 4
     sequences keeps 4 x 512 + 512 window cells, 4 separate streams keep
     512 + 512 each (src/llama-kv-cache-iswa.cpp), padded to 256."""
-    from localllm.gguf_file import read_header
-    from localllm.planner import ModelShape, kv_cells
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan.planner import ModelShape, kv_cells
 
     shape = ModelShape.from_header(read_header(gemma))
     assert shape.n_swa == 512

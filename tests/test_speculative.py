@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from localllm.backend import LoadConfig
+from localllm.chat.speculative import PromptLookup, generate
 from localllm.engine import LlamaCppBackend
+from localllm.engine_api.records import LoadConfig
 from localllm.errors import EngineError
-from localllm.speculative import PromptLookup, generate
 from tests.conftest import run_cli
 
 
@@ -70,7 +70,7 @@ def test_speculative_run_matches_greedy(smollm2: Path, mode: str) -> None:
 
 @pytest.mark.slow
 def test_a_model_drafting_for_itself_is_mostly_accepted(smollm2: Path) -> None:
-    from localllm.speculative import DraftModel
+    from localllm.chat.speculative import DraftModel
 
     with LlamaCppBackend() as main, LlamaCppBackend() as draft:
         main.load(smollm2, LoadConfig(n_ctx=1024, n_outputs_max=9))
@@ -89,7 +89,7 @@ def test_draft_model_rate_counts_the_drafting(synth_model: Path) -> None:
     decodes included. Timed here, by the test, as each token arrives."""
     import time
 
-    from localllm.speculative import DraftModel
+    from localllm.chat.speculative import DraftModel
 
     with LlamaCppBackend() as main, LlamaCppBackend() as draft:
         main.load(synth_model, LoadConfig(n_ctx=512, n_outputs_max=9))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from localllm import hf_cache, model_catalog, registry
 from localllm.errors import UsageError
-from localllm.modelname import model_name, quant_of, split_part
+from localllm.store import curated, hf_cache, registry
+from localllm.store.modelname import model_name, quant_of, split_part
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.conftest import REPO, run_cli
 from tests.fake_hub import FakeHub
@@ -214,8 +214,8 @@ def test_checksum_mismatch_keeps_nothing(hub: FakeHub) -> None:
 
 @pytest.mark.slow
 def test_vram_picks_the_largest_quant_that_fits(hub: FakeHub, quants: dict[str, Path]) -> None:
-    from localllm import planner, verdict
-    from localllm.gguf_file import read_header
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan import planner, verdict
 
     def need(q: str, budget: int) -> verdict.Verdict:
         return verdict.judge(planner.ModelShape.from_header(read_header(quants[q])), 2048, budget, None)
@@ -377,9 +377,9 @@ def test_add_refuses_what_is_not_a_model(tmp_path: Path) -> None:
 def test_catalog_verdicts_are_the_planners() -> None:
     from scripts.catalog_verdicts import updated_text
 
-    text = model_catalog.catalog_text()
+    text = curated.catalog_text()
     assert updated_text(text) == text, "models/catalog.toml is stale: python -m scripts.catalog_verdicts --write"
-    models = model_catalog.load()
+    models = curated.load()
     assert len(models) >= 10
     for m in models:
         hf_cache.check_repo_id(m.repo)
@@ -387,7 +387,7 @@ def test_catalog_verdicts_are_the_planners() -> None:
         for f in m.files:
             assert quant_of(f.file) == f.quant and 0.1 < f.size_gb < 6.5
             assert f.fits["4gb"] and f.fits["6gb"]
-    rows = model_catalog.rows()
+    rows = curated.rows()
     # the verdicts discriminate: small models fit 4 GiB, some 7-8B quants need 6 GiB
     assert any(r["full_gpu_4gb"] for r in rows) and any(not r["full_gpu_4gb"] and r["full_gpu_6gb"] for r in rows)
 
@@ -398,7 +398,7 @@ def test_list_catalog_shows_both_budgets() -> None:
     assert r.returncode == 0, r.stderr
     head = r.stdout.splitlines()[0]
     assert "4 GiB GPU" in head and "6 GiB GPU" in head and "llama-3.2-1b-instruct" in r.stdout  # the budgets' unit, 2^30
-    assert model_catalog.BUDGETS == {"4gb": 4 * 2**30, "6gb": 6 * 2**30}
+    assert curated.BUDGETS == {"4gb": 4 * 2**30, "6gb": 6 * 2**30}
     rows = json.loads(run_cli("list", "--catalog", "--json").stdout)
     assert {"repo", "file", "size_gb", "context", "architecture", "license", "fits_4gb", "fits_6gb"} <= set(rows[0])
 
@@ -435,21 +435,21 @@ def test_rm_deletes_files_in_localllms_own_folder(synth_model: Path) -> None:
     assert run_cli("rm", "gemma3-270m", "--yes").returncode == 0 and not gemma.exists()
 
 
-def _catalog_vs_header(m: model_catalog.CatalogModel, path: Path) -> tuple[float, int, int]:
-    from localllm import planner
-    from localllm.backend import LoadConfig
-    from localllm.gguf_file import read_header
+def _catalog_vs_header(m: curated.CatalogModel, path: Path) -> tuple[float, int, int]:
+    from localllm.engine_api.records import LoadConfig
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan import planner
 
     cfg = LoadConfig(n_ctx=4096)
     real = planner.plan_memory(planner.ModelShape.from_header(read_header(path)), cfg, gpu=True)
-    est = planner.plan_memory(model_catalog.shape(m, path.stat().st_size), cfg, gpu=True)
+    est = planner.plan_memory(curated.shape(m, path.stat().st_size), cfg, gpu=True)
     return est.total_gpu_bytes / real.total_gpu_bytes, est.kv_cache_bytes - real.kv_cache_bytes, est.compute_bytes - real.compute_bytes
 
 
 def test_catalog_estimate_matches_the_header_plan_smollm2(smollm2: Path) -> None:
     """The catalog plans from published shapes and a file size: on SmolLM2's real
     file that lands within 2% of the header-based plan, KV and compute exact."""
-    m = model_catalog.CatalogModel(
+    m = curated.CatalogModel(
         "smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "llama", "Apache-2.0", 8192, 30, 576, 9, 3, 64, 1536, 49152, True, 0, 0, ()
     )
     ratio, dkv, dcompute = _catalog_vs_header(m, smollm2)
@@ -458,7 +458,7 @@ def test_catalog_estimate_matches_the_header_plan_smollm2(smollm2: Path) -> None
 
 @pytest.mark.slow
 def test_catalog_estimate_matches_the_header_plan_gemma(gemma: Path) -> None:
-    m = model_catalog.CatalogModel("gemma3-270m", "google/gemma-3-270m", "gemma3", "Gemma", 32768, 18, 640, 4, 1, 256, 2048, 262144, True, 512, 6, ())
+    m = curated.CatalogModel("gemma3-270m", "google/gemma-3-270m", "gemma3", "Gemma", 32768, 18, 640, 4, 1, 256, 2048, 262144, True, 512, 6, ())
     ratio, dkv, dcompute = _catalog_vs_header(m, gemma)
     assert abs(ratio - 1) < 0.03 and dkv == 0 and dcompute == 0
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from localllm.backend import LoadConfig, SamplingConfig
-from localllm.metrics import compute_stats
+from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.engine_api.stats import compute_stats
 from tests.test_tui import panel_text, scripted_app, send, wait_idle
 
 
@@ -42,7 +42,7 @@ def test_engine_clock_starts_at_submission(synth_model: Path) -> None:
 def test_chat_ttft_includes_the_prompt_cache_load(smollm2: Path, tmp_path: Path) -> None:
     """A second session loads the system prompt's state from disk: that load is
     part of what the user waits for, so TTFT covers it (it used to start after)."""
-    from localllm.chat import ChatSession
+    from localllm.chat.session import ChatSession
     from localllm.engine import LlamaCppBackend
 
     cache = tmp_path / "prefix.state"

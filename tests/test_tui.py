@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm import sessions
+from localllm.chat import sessions
 from localllm.testing import ScriptedEngine
 from localllm.tui.app import LocalLLMApp, create_app
 from localllm.tui.chatview import ChatView
@@ -259,7 +259,7 @@ async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
         assert out.exists() and "tiny-Q8_0.gguf" in names
         bar = screen.query_one("#qprogress")
         assert bar.total and bar.progress == bar.total  # one step per tensor, all done
-        from localllm.model_info import inspect_model
+        from localllm.modelfile.model_info import inspect_model
 
         assert inspect_model(out).file_type == "Q8_0"
         row = names.index("tiny-Q8_0.gguf")

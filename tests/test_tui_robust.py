@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm import sessions
+from localllm.chat import sessions
 from localllm.testing import ScriptedEngine
 from localllm.tui.app import LocalLLMApp, create_app
 from localllm.tui.settings import Settings

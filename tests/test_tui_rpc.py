@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from localllm.fmt import size
-from localllm.planner import MiB
+from localllm.plan.planner import MiB
 from localllm.tui.app import create_app
 from localllm.tui.devices import DeviceBars
 from localllm.tui.settings import Settings
+from localllm.util.fmt import size
 from tests.conftest import REPO, run_cli
 from tests.test_rpc import WorkerProc, free_port
 from tests.test_tui import panel_text, send, wait_idle
@@ -138,7 +138,7 @@ async def test_memory_panel_shows_both_figures_when_the_plan_is_off(smollm2: Pat
     llama.cpp): the panel names the buffer with both figures."""
     from dataclasses import replace
 
-    from localllm import planner
+    from localllm.plan import planner
 
     real = planner.plan_memory
     monkeypatch.setattr(planner, "plan_memory", lambda *a, **k: replace(p := real(*a, **k), compute_bytes=int(p.compute_bytes * 1.2)))
@@ -196,11 +196,11 @@ def test_memory_check_per_device_names_the_device_and_both_figures(smollm2: Path
     --rpc: a device whose compute buffer llama.cpp printed 5% larger than the
     plan, and a device that logged no KV buffer where the plan has one, are
     both flagged, each with the device's name and both figures."""
-    from localllm.config import LoadConfig
-    from localllm.gguf_file import read_header
-    from localllm.memcheck import check_placement
-    from localllm.placement import Device, place
-    from localllm.planner import ModelShape
+    from localllm.engine_api.config import LoadConfig
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan.memcheck import check_placement
+    from localllm.plan.placement import Device, place
+    from localllm.plan.planner import ModelShape
 
     header = read_header(smollm2)
     cfg = LoadConfig(n_ctx=2048, n_gpu_layers=12)

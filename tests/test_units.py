@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from localllm import fmt, units
 from localllm.errors import UsageError
+from localllm.util import fmt, units
 from tests.conftest import run_cli
 
 

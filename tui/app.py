@@ -27,16 +27,17 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Header, Input
 from textual.worker import Worker, WorkerState
 
-from localllm import fitting, planner, sessions
-from localllm.backend import LoadConfig, SamplingConfig
-from localllm.chat import ChatSession, prompt_cache_path
-from localllm.diagnose import verdict
+from localllm.chat import sessions
+from localllm.chat.session import ChatSession, prompt_cache_path
 from localllm.engine_api import Engine
+from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.engine_api.stats import GenerationStats
 from localllm.errors import InputError, LocalLLMError
-from localllm.gguf_file import read_header
-from localllm.hardware import Hardware
-from localllm.metrics import GenerationStats
-from localllm.rpc import Endpoint
+from localllm.measure.diagnose import verdict
+from localllm.modelfile.gguf_file import read_header
+from localllm.plan import fitting, planner
+from localllm.plan.hardware import Hardware
+from localllm.plan.workers import Endpoint
 from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.settings import Settings
 from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
@@ -257,7 +258,7 @@ class LocalLLMApp(App):
         are kept, blank GPU layers are fitted, the context shrinks (or layers
         move to the CPU, by the policy) when the budget is short. With --rpc,
         across the workers' devices, a local GPU and the CPU."""
-        from localllm.model_info import describe
+        from localllm.modelfile.model_info import describe
 
         hw = self.hardware
         if self.rpc:
@@ -298,7 +299,7 @@ class LocalLLMApp(App):
         return fut.result() if fut.done() else None
 
     def _abort_hook(self, text: str) -> None:
-        """On llama.cpp's aborting thread (engine_rpc.keep_alive_on_abort)."""
+        """On llama.cpp's aborting thread (rpc.keep_alive_on_abort)."""
         if not self._lost.done():  # several workers may stop at once: one line
             self._lost.set_result(text)
             self.post_message(EngineLost(text))
@@ -334,7 +335,7 @@ class LocalLLMApp(App):
         if old is not None:
             old.close()
         try:
-            from localllm.memcheck import load_checked
+            from localllm.plan.memcheck import load_checked
 
             backend = self.backend_factory()
             _, check = load_checked(backend, req.path, cfg, fp.placement)
@@ -347,12 +348,12 @@ class LocalLLMApp(App):
                 except Exception as again:  # noqa: BLE001
                     error += f"; reloading {shown(old_path)} failed too: {reason(again)}"
             return ModelLoaded(req, error=error, kept=kept)
-        from localllm.hardware import gpu_memory_bandwidth
+        from localllm.plan.hardware import gpu_memory_bandwidth
 
         bandwidth = req.bandwidth
         if bandwidth is None:
-            from localllm.hardware import physical_cores
-            from localllm.roofline import measure_bandwidth
+            from localllm.measure.roofline import measure_bandwidth
+            from localllm.plan.hardware import physical_cores
 
             try:
                 bandwidth = measure_bandwidth(mib=128, passes=3, threads=cfg.n_threads or physical_cores())
@@ -572,8 +573,8 @@ class LocalLLMApp(App):
             latency.verdict = (v.headline, v.detail) if v else ("", "")
             # over --rpc, layers are read by the workers' devices at bandwidths we do not know: no roofline
             if self.bandwidth and self.footprint is not None and self.footprint.placement is None:
-                from localllm.doctor import gpu_weights_read_per_token, weights_read_per_token
-                from localllm.roofline import roofline
+                from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
+                from localllm.measure.roofline import roofline
 
                 fp = self.footprint
                 kv = planner.kv_bytes_in_use(fp.plan, s.context_used)
@@ -605,9 +606,9 @@ class LocalLLMApp(App):
         gc.unfreeze()  # what this app froze (_settle_heap) can be collected again
         self._stop_reply()
         if self.rpc:
-            from localllm import engine_rpc
+            from localllm.engine import rpc
 
-            engine_rpc.drop_keep_alive(self._abort_hook)
+            rpc.drop_keep_alive(self._abort_hook)
         try:
             if self.backend is not None:
                 self._engine.submit(self.backend.close).result()
@@ -751,13 +752,13 @@ def create_app(
     ``bandwidth`` (bytes/s) skips measuring it, for reproducible screens.
     ``rpc`` (rpc.Endpoint): workers whose devices join this machine's; each is
     probed here, so one that is down is one line before the screen opens."""
-    from localllm import catalog, hardware
+    from localllm.plan import hardware
+    from localllm.store import resolver
 
-    path = catalog.resolve(model)
+    path = resolver.resolve(model)
     read_header(path)  # a bad file is a one-line error before the screen opens
     if rpc:
-        from localllm import engine_rpc
-        from localllm.rpc import probe_all
+        from localllm.plan.workers import probe_all
 
         probe_all(list(rpc))
     if backend_factory is None:
@@ -769,5 +770,7 @@ def create_app(
     if rpc:
         app.rpc = list(rpc)
         # a worker that dies mid-reply: llama.cpp aborts; the cockpit says so and stays up
-        engine_rpc.keep_alive_on_abort(app._abort_hook)
+        from localllm.engine.rpc import keep_alive_on_abort
+
+        keep_alive_on_abort(app._abort_hook)
     return app

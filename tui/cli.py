@@ -48,9 +48,9 @@ def run(args: argparse.Namespace) -> int:
     # shell must not read that as success.
     rc = app.return_code or 0
     if rpc:
-        from localllm import engine_rpc
+        from localllm.engine.rpc import parked
 
-        if engine_rpc.parked():  # llama.cpp holds a thread since a worker died: the interpreter would wait for it at exit
+        if parked():  # llama.cpp holds a thread since a worker died: the interpreter would wait for it at exit
             import os
             import sys
 

@@ -14,7 +14,7 @@ from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from localllm import fmt
+from localllm.util import fmt
 
 COLORS = {"weights": "dodger_blue2", "kv": "magenta", "kv_later": "plum4", "compute": "yellow3", "free": "grey35"}
 
@@ -25,10 +25,10 @@ def fit_over_workers(path: Path, settings, hardware, endpoints: Sequence[object]
     split, a note on what the fit changed, the placement). The settings' cache
     types are kept, a set number of GPU layers too. Probes every worker first:
     one that is down is an InputError naming it."""
-    from localllm import fitting
     from localllm.commands._common import rpc_devices
     from localllm.errors import InputError
-    from localllm.gguf_file import read_header
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan import fitting
 
     servers = tuple(str(ep) for ep in endpoints)
     request = settings.fit_request()

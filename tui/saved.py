@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from localllm import sessions
+from localllm.chat import sessions
 
 ROLES = ("system", "user", "assistant")
 

@@ -14,12 +14,16 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, ProgressBar, Select, Static, Switch
 from textual.widgets.option_list import Option
 
-from localllm import fitting, fmt, paths, planner, registry, sessions
-from localllm.gguf_file import read_header
-from localllm.hardware import Hardware
-from localllm.llama_rules import KV_CACHE_TYPES
-from localllm.model_info import ModelInfo, describe
+from localllm import paths
+from localllm.chat import sessions
+from localllm.engine_api.llama_rules import KV_CACHE_TYPES
+from localllm.modelfile.gguf_file import read_header
+from localllm.modelfile.model_info import ModelInfo, describe
+from localllm.plan import fitting, planner
+from localllm.plan.hardware import Hardware
+from localllm.store import registry
 from localllm.tui.settings import Settings
+from localllm.util import fmt
 
 
 def _int_or_none(text: str) -> int | None:

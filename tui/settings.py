@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from localllm import fitting
-from localllm.config import LoadConfig
-from localllm.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES, flash_attn_mode
+from localllm.engine_api.config import LoadConfig
+from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES, flash_attn_mode
+from localllm.plan import fitting
 
 RELOAD_FIELDS = ("n_ctx", "type_k", "type_v", "n_gpu_layers", "threads", "swa_full", "flash_attn", "n_batch", "n_ubatch", "policy")
 POLICIES = ("ctx", "offload")

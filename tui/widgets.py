@@ -15,9 +15,9 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Sparkline
 
-from localllm import fmt
-from localllm.metrics import percentile
+from localllm.engine_api.stats import percentile
 from localllm.tui.devices import DeviceBars
+from localllm.util import fmt
 
 
 class Lines(Widget):

@@ -1,5 +1,5 @@
 """Helpers the model-loading commands share: options -> load config, and the
-fitting service (``localllm.fitting``) asked with them."""
+fitting service (``localllm.plan.fitting``) asked with them."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from localllm import fitting
-from localllm.config import LoadConfig
 from localllm.engine_api import Engine
-from localllm.hardware import Hardware
-from localllm.llama_rules import flash_attn_mode
+from localllm.engine_api.config import LoadConfig
+from localllm.engine_api.llama_rules import flash_attn_mode
+from localllm.plan import fitting
+from localllm.plan.hardware import Hardware
 
 
 def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
@@ -73,9 +73,9 @@ def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq
 
     ``n_seq`` > 1 plans serve's batch engine as it loads: one unified cache for
     ``n_seq`` sequences and one row of logits per sequence (n_outputs_max)."""
-    from localllm import hardware
-    from localllm.gguf_file import read_header
-    from localllm.model_info import describe
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.modelfile.model_info import describe
+    from localllm.plan import hardware
 
     header = read_header(path)
     trained = describe(header).context_length
@@ -94,9 +94,9 @@ def rpc_devices(endpoints, hw):
     """With --rpc: probe every worker (one line and exit 1 for one that is down,
     before anything loads); the devices to fit layers across are the workers',
     a local GPU's and the CPU."""
-    from localllm import placement, rpc
+    from localllm.plan import placement, workers
 
-    workers = rpc.probe_all(endpoints)
+    workers = workers.probe_all(endpoints)
     devices = [placement.Device(d.name, "rpc", d.free_bytes, d.total_bytes) for w in workers for d in w.devices]
     if hw.gpu_source in ("nvml", "apple-unified") or (hw.gpu_source == "--vram" and _has_local_gpu()):
         devices.append(placement.Device(hw.gpu_name or "GPU", "gpu", hw.gpu_budget, hw.gpu_total_bytes))
@@ -105,9 +105,9 @@ def rpc_devices(endpoints, hw):
 
 
 def _has_local_gpu() -> bool:
-    from localllm import engine_rpc
+    from localllm.engine import rpc
 
-    return bool(engine_rpc.local_gpus())
+    return bool(rpc.local_gpus())
 
 
 def apply_template(backend: Engine, args: argparse.Namespace) -> None:
@@ -123,7 +123,7 @@ def apply_template(backend: Engine, args: argparse.Namespace) -> None:
 
 
 def say(msg: str) -> None:
-    from localllm.fmt import safe  # names and paths come from files and servers
+    from localllm.util.fmt import safe  # names and paths come from files and servers
 
     print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
@@ -136,8 +136,8 @@ def placement_for(fitted: Fitted, path: Path, cfg: LoadConfig):
         return None
     if cfg == fitted.config:
         return pl
-    from localllm import placement, planner
-    from localllm.gguf_file import read_header
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan import placement, planner
 
     header = read_header(path)
     shape = planner.ModelShape.from_header(header)
@@ -148,8 +148,8 @@ def device_table(fitted: Fitted, path: Path, logged: dict | None = None) -> list
     """Per device (workers' devices, a local GPU, the CPU): the planned weights,
     KV, compute and output bytes and the free memory; with ``logged`` (the engine's
     ``logged_buffers``) also what llama.cpp printed for each, in MiB."""
-    from localllm import placement, planner
-    from localllm.gguf_file import read_header
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan import placement, planner
 
     pl = fitted.placement
     if pl is None:

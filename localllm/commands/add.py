@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from localllm import fmt, registry
 from localllm.commands._common import say
 from localllm.errors import InputError
-from localllm.gguf_file import read_header
+from localllm.modelfile.gguf_file import read_header
+from localllm.store import registry
+from localllm.util import fmt
 
 
 def run(args: argparse.Namespace) -> int:

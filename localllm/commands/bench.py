@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localllm import catalog, fmt
-from localllm.bench import BenchRow, run_bench
 from localllm.commands._common import load_config
-from localllm.model_info import inspect_model
+from localllm.measure.bench import BenchRow, run_bench
+from localllm.modelfile.model_info import inspect_model
+from localllm.store import resolver
+from localllm.util import fmt
 
 
 def table(rows: list[BenchRow], header: str) -> str:
@@ -23,11 +24,11 @@ def table(rows: list[BenchRow], header: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.url:
-        from localllm.loadtest import run_url
+        from localllm.measure.loadtest import run_url
 
         return run_url(args)
     args.prompt_tokens = args.prompt_tokens or [128, 512, 2048]
-    path = catalog.resolve(args.model)
+    path = resolver.resolve(args.model)
     info = inspect_model(path)
     need = max(args.prompt_tokens) + args.gen_tokens
     n_ctx = args.ctx or (need + 255) // 256 * 256

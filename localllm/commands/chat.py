@@ -14,11 +14,12 @@ import sys
 import time
 from typing import Any
 
-from localllm import catalog, fmt
-from localllm.backend import SamplingConfig
 from localllm.commands._common import apply_template, fit_config
+from localllm.engine_api.records import SamplingConfig
+from localllm.engine_api.stats import GenerationStats
 from localllm.errors import InputError, UsageError
-from localllm.metrics import GenerationStats
+from localllm.store import resolver
+from localllm.util import fmt
 
 
 def summary(s: GenerationStats, shifts_total: int) -> str:
@@ -29,10 +30,10 @@ def summary(s: GenerationStats, shifts_total: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localllm.chat import ChatSession, prompt_cache_path
+    from localllm.chat.session import ChatSession, prompt_cache_path
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
-    path = catalog.resolve(args.model)
+    path = resolver.resolve(args.model)
     fitted = fit_config(args, path, args.ctx)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
@@ -91,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
 def _save_if_a_worker_dies(path, args: argparse.Namespace, cfg, session, turn_now: dict) -> None:
     """With --rpc, llama.cpp aborts when a worker dies mid-reply: save the chat
     so far (the cut reply included) where the cockpit's sessions live."""
-    from localllm import engine_rpc, sessions
+    from localllm.chat import sessions
+    from localllm.engine import rpc
 
     def save(_detail: str) -> str:
         messages = list(session.messages)
@@ -103,4 +105,4 @@ def _save_if_a_worker_dies(path, args: argparse.Namespace, cfg, session, turn_no
         cut = "the reply is cut short; " if turn_now["user"] is not None else ""
         return f"{cut}the chat is saved in {where}"
 
-    engine_rpc.on_abort(save)
+    rpc.on_abort(save)

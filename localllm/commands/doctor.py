@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from localllm import catalog, fmt
 from localllm.commands._common import fit_config, placement_for
 from localllm.errors import InputError, UsageError
+from localllm.store import resolver
+from localllm.util import fmt
 
 
 def _prompt(args: argparse.Namespace) -> str:
@@ -20,7 +21,7 @@ def _prompt(args: argparse.Namespace) -> str:
         if not text.strip():
             raise UsageError(f"{p} is empty")
         return text
-    from localllm.quality import eval_text
+    from localllm.measure.quality import eval_text
 
     # A typical request: a page of context and a question about it.
     return eval_text()[:2000] + "\n\nSummarize the text above in three sentences."
@@ -28,9 +29,9 @@ def _prompt(args: argparse.Namespace) -> str:
 
 def _kv_kl(path: Path, threads: int | None) -> dict[str, float]:
     """Mean KL of q8_0 and q4_0 caches against f16 on one 256-token chunk of the shipped text."""
-    from localllm.backend import LoadConfig
     from localllm.engine import LlamaCppBackend
-    from localllm.quality import compare, eval_text
+    from localllm.engine_api.records import LoadConfig
+    from localllm.measure.quality import compare, eval_text
 
     backends = []
     try:
@@ -101,12 +102,12 @@ def render(r, name: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from localllm.doctor import examine, measure, measure_speculation
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
-    from localllm.hardware import gpu_memory_bandwidth
-    from localllm.roofline import measure_by_threads
+    from localllm.measure.doctor import examine, measure, measure_speculation
+    from localllm.measure.roofline import measure_by_threads
+    from localllm.plan.hardware import gpu_memory_bandwidth
 
-    path = catalog.resolve(args.model)
+    path = resolver.resolve(args.model)
     prompt = _prompt(args)
     fitted = fit_config(args, path, args.ctx)
     if not fitted.fit.fits:
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
     with LlamaCppBackend() as backend:
         # Room for 9 rows of logits, so the same context can check speculative drafts.
-        from localllm.memcheck import load_checked
+        from localllm.plan.memcheck import load_checked
 
         cfg = replace(fitted.config, n_outputs_max=9)
         placement = placement_for(fitted, path, cfg)

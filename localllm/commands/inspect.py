@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from localllm import catalog, fmt
-from localllm.model_info import ModelInfo, inspect_model
+from localllm.modelfile.model_info import ModelInfo, inspect_model
+from localllm.store import resolver
+from localllm.util import fmt
 
 
 def render(info: ModelInfo) -> str:
@@ -49,7 +50,7 @@ def _ranges(idx: list[int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = inspect_model(catalog.resolve(args.model))
+    info = inspect_model(resolver.resolve(args.model))
     if args.json:
         fmt.print_json(info.to_dict())
     else:

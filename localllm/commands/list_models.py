@@ -7,8 +7,9 @@ import argparse
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from localllm import fmt, registry
 from localllm.errors import LocalLLMError
+from localllm.store import registry
+from localllm.util import fmt
 
 
 @dataclass
@@ -31,9 +32,9 @@ class Row:
 
 def rows(hw: Any) -> list[Row]:
     """One row per registry model, judged against ``hw`` (a hardware.Hardware)."""
-    from localllm import planner, verdict
-    from localllm.gguf_file import read_header
-    from localllm.model_info import describe
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.modelfile.model_info import describe
+    from localllm.plan import planner, verdict
 
     ram = hw.ram_available_bytes
     out = []
@@ -73,10 +74,10 @@ def render(table: list[Row], budget_note: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.catalog:
-        from localllm.commands import catalog_view
+        from localllm.commands import list_catalog
 
-        return catalog_view.run(args)
-    from localllm import hardware
+        return list_catalog.run(args)
+    from localllm.plan import hardware
 
     hw = hardware.detect(args.vram)
     table = rows(hw)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from localllm import catalog, fmt
 from localllm.commands._common import fit_config
 from localllm.errors import EXIT_ERROR
+from localllm.store import resolver
+from localllm.util import fmt
 
 
 def render(f, architecture: str = "") -> str:
@@ -102,9 +103,9 @@ def render_devices(f) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = catalog.resolve(args.model)
+    path = resolver.resolve(args.model)
     f = fit_config(args, path, args.ctx)
-    from localllm.model_info import inspect_model
+    from localllm.modelfile.model_info import inspect_model
 
     info = inspect_model(path)
     if args.json:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from localllm import fmt, hf_cache, hub
 from localllm.commands._common import say
 from localllm.errors import InputError, UsageError
+from localllm.store import hf_cache, hub
+from localllm.util import fmt
 
 
 def parse_repo(text: str) -> tuple[str, str | None]:
@@ -62,7 +63,7 @@ def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | 
         return _single(f, repo_id), f"{f.quant}, as asked"
     budget = args.vram
     if budget is None:
-        from localllm import hardware
+        from localllm.plan import hardware
 
         hw = hardware.detect(None)
         budget = hw.gpu_budget
@@ -81,7 +82,7 @@ def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | 
 
 
 def _single(f: hub.RemoteFile, repo_id: str) -> str:
-    from localllm.modelname import split_part
+    from localllm.store.modelname import split_part
 
     part = split_part(f.filename)
     if part is not None:
@@ -95,7 +96,7 @@ def _single(f: hub.RemoteFile, repo_id: str) -> str:
 def _header(repo_id: str, revision: str, f: hub.RemoteFile, off: bool):
     if off:
         from localllm import paths
-        from localllm.gguf_file import read_header
+        from localllm.modelfile.gguf_file import read_header
 
         found = hf_cache.lookup(paths.hf_hub_cache(), repo_id, f.filename, revision)
         if found is None:

@@ -13,9 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from localllm import catalog, fmt, hf_cache, paths, registry
+from localllm import paths
 from localllm.commands._common import say
 from localllm.errors import InputError
+from localllm.store import hf_cache, registry, resolver
+from localllm.util import fmt
 
 _NOT_OURS = {
     "embedded": "ships in a pip package; remove it with pip uninstall {pkg}",
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if entry is None:
         raise InputError(f"no model named '{args.name}' (see localllm list)")
     if entry.source in _NOT_OURS and not _assembled(entry):
-        builtin = catalog.find_entry(entry.name)
+        builtin = resolver.find_entry(entry.name)
         pkg = builtin.package if builtin else entry.name
         msg = _NOT_OURS[entry.source].format(pkg=pkg, repo=entry.repo, name=entry.name)
         raise InputError(f"{entry.name} {msg}; localllm deletes only what it stored")

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localllm import catalog, fitting, fmt
-from localllm.backend import SamplingConfig
 from localllm.commands._common import apply_template, device_table, fit_config, placement_for, say
 from localllm.engine_api import Engine, Generation
+from localllm.engine_api.records import SamplingConfig
+from localllm.engine_api.stats import GenerationStats
 from localllm.errors import InputError, UsageError
-from localllm.metrics import GenerationStats
+from localllm.plan import fitting
+from localllm.store import resolver
+from localllm.util import fmt
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -43,7 +45,7 @@ def stats_block(s: GenerationStats) -> str:
 
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
-    path = catalog.resolve(args.model)
+    path = resolver.resolve(args.model)
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
     if args.ignore_eos and args.n_predict < 0:
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             from dataclasses import replace
 
             cfg = replace(cfg, n_outputs_max=args.draft_k + 1)
-        from localllm.memcheck import load_checked
+        from localllm.plan.memcheck import load_checked
 
         _, memory_check = load_checked(backend, path, cfg, placement_for(fitted, path, cfg))
         if getattr(args, "verbose", False) and not args.json:
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _speculative(backend: Engine, prompt: str, args: argparse.Namespace) -> Generation:
-    from localllm.speculative import DraftModel, PromptLookup, generate
+    from localllm.chat.speculative import DraftModel, PromptLookup, generate
 
     tokens = backend.prompt_tokens(prompt, chat=not args.raw)
     room = backend.n_ctx - len(tokens) - args.draft_k - 2  # speculative decoding does not shift the context
@@ -120,11 +122,11 @@ def _speculative(backend: Engine, prompt: str, args: argparse.Namespace) -> Gene
     max_tokens = args.n_predict if args.n_predict > 0 else room
     if args.speculate == "lookup":
         return generate(backend, tokens, PromptLookup(), max_tokens=max_tokens, k=args.draft_k)
-    from localllm.backend import LoadConfig
     from localllm.engine import LlamaCppBackend
+    from localllm.engine_api.records import LoadConfig
 
     draft = LlamaCppBackend()
-    draft.load(catalog.resolve(args.draft), LoadConfig(n_ctx=backend.n_ctx, n_outputs_max=args.draft_k + 1))
+    draft.load(resolver.resolve(args.draft), LoadConfig(n_ctx=backend.n_ctx, n_outputs_max=args.draft_k + 1))
     if not _same_vocabulary(backend, draft):
         draft.close()
         raise UsageError("the draft model's vocabulary differs from the model's: pick a draft from the same family")
@@ -143,7 +145,7 @@ def _speculative(backend: Engine, prompt: str, args: argparse.Namespace) -> Gene
 
 def _same_vocabulary(a: Engine, b: Engine) -> bool:
     """Same size and the same text for a spread of token ids."""
-    from localllm.model_info import describe
+    from localllm.modelfile.model_info import describe
 
     if a.header is None or b.header is None:
         return False

@@ -15,9 +15,11 @@ import signal
 import socket
 from dataclasses import replace
 
-from localllm import catalog, fitting, fmt
 from localllm.commands._common import fit_config, say
 from localllm.errors import InputError, UsageError
+from localllm.plan import fitting
+from localllm.store import resolver
+from localllm.util import fmt
 
 
 def _is_loopback(host: str) -> bool:
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("LOCALLLM_API_KEY") or None
     if not _is_loopback(args.host) and not api_key:
         say(f"warning: listening on {args.host} without --api-key: anyone who can reach this address can use the model")
-    path = catalog.resolve(args.model)
+    path = resolver.resolve(args.model)
     parallel = args.parallel
     if parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h)
         raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch {args.batch} cannot hold one token of each of --parallel {parallel} sequences: raise --batch")
     ctx_seq = args.ctx
     if ctx_seq is None:  # as run: the trained context, at most 4096, for each sequence
-        from localllm.model_info import inspect_model
+        from localllm.modelfile.model_info import inspect_model
 
         ctx_seq = min(inspect_model(path).context_length or 4096, 4096)
     fitted = fit_config(args, path, ctx_seq * parallel, n_seq=parallel)
@@ -73,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx} ({n_ctx_seq} per sequence), "
             f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.sentence})")
     sock = _bind(args.host, args.port)
-    from localllm.batch_engine import BatchModel  # lazy: loads llama.cpp
+    from localllm.engine.batch import BatchModel  # lazy: loads llama.cpp
     from localllm.serve.app import ServeState, build_app
-    from localllm.serve.metrics import ServerMetrics
+    from localllm.serve.prometheus import ServerMetrics
     from localllm.serve.scheduler import Scheduler
 
     model = BatchModel()
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         metrics.kv_cells_total = info.n_ctx
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics)
-        name = args.alias or (path.stem if args.model and catalog.looks_like_path(args.model) else args.model or catalog.DEFAULT_MODEL)
+        name = args.alias or (path.stem if args.model and resolver.looks_like_path(args.model) else args.model or resolver.DEFAULT_MODEL)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
                            tokenize=_tokenizer(model), api_key=api_key, json_log=args.json)
         scheduler.start()

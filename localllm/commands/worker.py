@@ -19,8 +19,8 @@ import threading
 import time
 
 from localllm.errors import EXIT_INTERRUPTED, InputError
-from localllm.rpc import Endpoint, check_bind_host, probe
-from localllm.units import format_size
+from localllm.plan.workers import Endpoint, check_bind_host, probe
+from localllm.util.units import format_size
 
 OPEN_WARNING = (
     "WARNING: llama.cpp's RPC protocol has no authentication and no encryption. Anyone who can reach {ep} "
@@ -49,17 +49,16 @@ def _port_free(ep: Endpoint) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localllm import engine_rpc
-    from localllm.engine import default_threads
+    from localllm.engine import default_threads, rpc
 
     host = check_bind_host(args.host, args.i_understand_this_is_open)
     ep = Endpoint(host, args.port)
-    devices = engine_rpc.server_devices(args.device or [])
+    devices = rpc.server_devices(args.device or [])
     threads = args.threads or default_threads()
     _port_free(ep)
     if host != "127.0.0.1" and not host.startswith("127."):
         _say(OPEN_WARNING.format(ep=ep))
-    names = [f"{engine_rpc.dev_name(d)} ({engine_rpc.dev_description(d)}, {format_size(engine_rpc.dev_memory(d)[0], 'GiB', 1)} free)" for d in devices]
+    names = [f"{rpc.dev_name(d)} ({rpc.dev_description(d)}, {format_size(rpc.dev_memory(d)[0], 'GiB', 1)} free)" for d in devices]
     # llama.cpp's server prints its banner and a line per client on C's stdout:
     # send that to stderr, so that stdout carries only our --json line.
     sys.stdout.flush()
@@ -70,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     def serve() -> None:
         try:
-            engine_rpc.start_server(ep, devices, threads)
+            rpc.start_server(ep, devices, threads)
         finally:
             done.set()
 
@@ -98,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"llama.cpp's RPC server could not listen on {ep} (see its message above)")
         _say(f"worker ready on {ep}, serving {'; '.join(names)} with {threads} threads")
         if args.json:
-            devs = [{"name": engine_rpc.dev_name(d), "description": engine_rpc.dev_description(d),
-                     "free_bytes": engine_rpc.dev_memory(d)[0], "total_bytes": engine_rpc.dev_memory(d)[1]} for d in devices]
+            devs = [{"name": rpc.dev_name(d), "description": rpc.dev_description(d),
+                     "free_bytes": rpc.dev_memory(d)[0], "total_bytes": rpc.dev_memory(d)[1]} for d in devices]
             out.write(json.dumps({"endpoint": str(ep), "threads": threads, "devices": devs}) + "\n")
             out.flush()
         _say(f"on the other machine: localllm run --rpc {'THIS-MACHINE-IP' if host == '0.0.0.0' else host}:{ep.port} ...   (Ctrl+C stops the worker)")

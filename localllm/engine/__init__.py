@@ -15,7 +15,7 @@ one small file:
 - ``generator``  timed generation, returning a ``Generation``
 - ``scorer``     logits at every position: speculative verification, quality
 - ``quantize``   llama.cpp's quantizer
-- ``llama``      ``LlamaCppBackend``, the ``Engine`` (``localllm.engine_api``) built from them
+- ``llama``      ``LlamaCppBackend``, the ``Engine`` (``localllm.engine_api.protocol``) built from them
 
 The names other modules import from ``localllm.engine`` are re-exported here.
 """
@@ -28,6 +28,7 @@ from localllm.engine import native  # noqa: F401
 # isort: split
 from localllm.engine.kvcache import KVCache
 from localllm.engine.llama import LlamaCppBackend
+from localllm.engine.llamalog import ROUTER
 from localllm.engine.model import ModelHandle, _check_config, check_config, llama_params, load_model_and_context
 from localllm.engine.native import (
     MAX_CTX,
@@ -43,7 +44,6 @@ from localllm.engine.quantize import QUANT_TYPES, quantize_model
 from localllm.engine.statefile import STATE_MAGIC, STATE_VERSION, StateFileError, pack_state, unpack_state
 from localllm.engine.template import builtin_templates
 from localllm.engine.tokenizer import Tokenizer
-from localllm.llamalog import ROUTER
 
 __all__ = [
     "KVCache", "LlamaCppBackend", "MAX_CTX", "MAX_THREADS", "ModelHandle", "QUANT_TYPES", "ROUTER", "STATE_MAGIC",

@@ -12,13 +12,13 @@ import codecs
 import time
 from collections.abc import Iterator
 
-from localllm.backend import SamplingConfig, TokenEvent
 from localllm.engine.kvcache import KVCache
 from localllm.engine.model import ModelHandle
 from localllm.engine.sampler import free_sampler, new_sampler, sample
 from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import Generation
-from localllm.metrics import ShiftRecord, compute_stats
+from localllm.engine_api.records import SamplingConfig, TokenEvent
+from localllm.engine_api.stats import ShiftRecord, compute_stats
 
 
 def generate(handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[int], sampling: SamplingConfig, *,

@@ -18,8 +18,8 @@ import llama_cpp
 from localllm.engine.model import ModelHandle
 from localllm.engine.native import system_info
 from localllm.engine.statefile import StateFileError, pack_state, unpack_state
+from localllm.engine_api.stats import ShiftRecord
 from localllm.errors import EngineError, UsageError
-from localllm.metrics import ShiftRecord
 
 
 class KVCache:
@@ -117,7 +117,7 @@ class KVCache:
         if not n:
             raise EngineError(f"llama.cpp could not save the cache to {path}")
         data = pack_state(self._state_meta(), self._tokens, bytes(buf)[:n])
-        from localllm import atomic
+        from localllm.util import atomic
 
         atomic.write_bytes(path, data)
         return len(data)

@@ -19,15 +19,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from localllm.backend import LoadConfig, LoadInfo, SamplingConfig
 from localllm.engine import generator, scorer
 from localllm.engine.kvcache import KVCache
 from localllm.engine.model import ModelHandle
 from localllm.engine.template import TemplateChoice
 from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import Generation, Verification
+from localllm.engine_api.records import LoadConfig, LoadInfo, SamplingConfig
 from localllm.errors import EngineError, UsageError
-from localllm.gguf_file import GGUFHeader
+from localllm.modelfile.gguf_file import GGUFHeader
 
 
 def _round_up(n: int, k: int) -> int:

@@ -1,7 +1,7 @@
 """Model and context handles: turning a ``LoadConfig`` into a loaded llama.cpp
 model and context, and the one decode call everything else builds on.
 
-The engine and the batch engine (``localllm.batch_engine``) share
+The engine and the batch engine (``localllm.engine.batch``) share
 ``llama_params`` and ``load_model_and_context``, so both honour the same
 settings and word a refused file the same way.
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 import llama_cpp
 
-from localllm.backend import FLASH_ATTN_MODES, LoadConfig, LoadInfo, check_cache_types, ggml_type_id, needs_flash_attn
+from localllm.engine.llamalog import ROUTER
 from localllm.engine.native import MAX_CTX, default_threads, gpu_offload_supported, install_log_router, max_threads
+from localllm.engine_api.records import FLASH_ATTN_MODES, LoadConfig, LoadInfo, check_cache_types, ggml_type_id, needs_flash_attn
 from localllm.errors import EngineError, UsageError
-from localllm.gguf_file import GGUFHeader, read_header
-from localllm.llamalog import ROUTER
-from localllm.model_info import describe
+from localllm.modelfile.gguf_file import GGUFHeader, read_header
+from localllm.modelfile.model_info import describe
 
 
 def check_config(cfg: LoadConfig) -> None:
@@ -79,13 +79,13 @@ def _set_devices(mparams, config: LoadConfig) -> list[object]:
     split. Returns the ctypes arrays, which must stay alive through the load."""
     keep: list[object] = []
     if config.rpc_servers:
-        from localllm import engine_rpc
-        from localllm.rpc import parse_endpoints
+        from localllm.engine import rpc
+        from localllm.plan.workers import parse_endpoints
 
-        devs = engine_rpc.add_servers(parse_endpoints(",".join(config.rpc_servers)))
+        devs = rpc.add_servers(parse_endpoints(",".join(config.rpc_servers)))
         n_local = len(config.tensor_split) - len(devs) if config.tensor_split else None
-        devs += engine_rpc.local_gpus()[:n_local]
-        engine_rpc.on_abort()  # a worker that dies mid-generation: one line and exit 1, not a backtrace
+        devs += rpc.local_gpus()[:n_local]
+        rpc.on_abort()  # a worker that dies mid-generation: one line and exit 1, not a backtrace
         arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
         mparams.devices = ctypes.addressof(arr)
         keep.append(arr)
@@ -151,7 +151,7 @@ class ModelHandle:
         cparams.no_perf = False
         mark = ROUTER.mark()  # the allocation lines of this load, for logged_buffers
         model, ctx, load_ms = load_model_and_context(path, config, mparams, cparams)
-        from localllm.placement import logged_buffers
+        from localllm.plan.placement import logged_buffers
 
         info = LoadInfo(
             path=Path(path),

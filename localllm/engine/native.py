@@ -15,8 +15,8 @@ from pathlib import Path
 
 import llama_cpp
 
+from localllm.engine.llamalog import ROUTER
 from localllm.errors import EngineError
-from localllm.llamalog import ROUTER
 
 # Every struct field this package sets on llama.cpp's parameter structs. ctypes
 # silently accepts an unknown attribute on a Structure (it becomes a plain

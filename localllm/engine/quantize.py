@@ -11,9 +11,9 @@ from pathlib import Path
 
 import llama_cpp
 
+from localllm.engine.llamalog import ROUTER
 from localllm.engine.native import install_log_router
 from localllm.errors import EngineError
-from localllm.llamalog import ROUTER
 
 QUANT_TYPES: dict[str, int] = {
     "F32": 0, "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import llama_cpp
 
 from localllm.errors import InputError, UsageError
-from localllm.gguf_file import GGUFHeader
+from localllm.modelfile.gguf_file import GGUFHeader
 
 if TYPE_CHECKING:
-    from localllm.chat_template import ChatTemplate
+    from localllm.engine.chat_template import ChatTemplate
 
 
 def builtin_templates() -> list[str]:
@@ -58,7 +58,7 @@ class TemplateChoice:
                 raise InputError(f"the template {p} is not UTF-8 text") from None
             except OSError as exc:
                 raise InputError(f"cannot read the template {p}: {exc.strerror or exc}") from None
-            from localllm.chat_template import ChatTemplate
+            from localllm.engine.chat_template import ChatTemplate
 
             self._compiled = ChatTemplate(source, f"the chat template {p}")  # compile now: errors before the first turn
             self._override = ("jinja", source)
@@ -74,7 +74,7 @@ class TemplateChoice:
         if self._override and self._override[0] == "builtin":
             return _render_builtin(self._override[1], messages, add_generation_prompt)
         if self._compiled is None:
-            from localllm.chat_template import ChatTemplate
+            from localllm.engine.chat_template import ChatTemplate
 
             source: object
             if self._override is not None:

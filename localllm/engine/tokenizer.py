@@ -14,7 +14,7 @@ import llama_cpp
 
 from localllm.engine.template import TemplateChoice
 from localllm.errors import EngineError
-from localllm.gguf_file import GGUFHeader
+from localllm.modelfile.gguf_file import GGUFHeader
 
 
 class Tokenizer:

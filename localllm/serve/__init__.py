@@ -1,8 +1,8 @@
 """``localllm serve``: an OpenAI-compatible HTTP server with continuous batching.
 
 - ``scheduler``: the engine thread (slots, chunked prefill, prefix reuse, stop strings);
-  it drives ``localllm.batch_engine`` and never imports llama_cpp itself;
+  it drives ``localllm.engine.batch`` and never imports llama_cpp itself;
 - ``protocol``: request validation and OpenAI-shaped responses (pure Python);
-- ``metrics``: counters and histograms in the Prometheus text format;
+- ``prometheus``: counters and histograms in the Prometheus text format;
 - ``app``: the Starlette routes, auth and body limits.
 """

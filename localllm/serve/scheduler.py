@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from localllm.backend import SamplingConfig
-from localllm.metrics import percentile
-from localllm.serve.metrics import ServerMetrics
+from localllm.engine_api.records import SamplingConfig
+from localllm.engine_api.stats import percentile
+from localllm.serve.prometheus import ServerMetrics
 
 
 @dataclass(eq=False)
@@ -82,7 +82,7 @@ class Slot:
 
 
 class BatchModel(Protocol):
-    """The scheduler's seam to llama.cpp (localllm.batch_engine.BatchModel, or
+    """The scheduler's seam to llama.cpp (localllm.engine.batch.BatchModel, or
     a fake in tests): sequences in one unified KV cache, one sampler each."""
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool: ...

@@ -1,0 +1,185 @@
+"""A chat session in the core, for the CLI's ``chat`` and the TUI.
+
+It keeps the messages, renders them with the model's chat template, and feeds
+the engine only what is new each turn (the template's text after what the cache
+already holds), so a turn costs its own tokens, not the whole history. When the
+context fills, the engine shifts it: the system prompt (the first ``n_keep``
+tokens) stays, the oldest turns after it go, and what remains is not re-read.
+Each shift is recorded (tokens dropped, time taken, in place or re-processed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localllm.engine_api import Engine, Generation
+from localllm.engine_api.records import SamplingConfig, TokenEvent
+from localllm.engine_api.stats import GenerationStats, ShiftRecord
+from localllm.errors import UsageError
+
+
+class NoChatTemplate(UsageError, ValueError):
+    """A base model (no chat template) cannot chat. Also a ValueError, which is
+    what callers caught before."""
+
+
+@dataclass
+class Turn:
+    """One exchange, with the numbers the UI shows for it."""
+
+    user: str
+    reply: str
+    stats: GenerationStats
+
+
+@dataclass
+class ChatSession:
+    backend: Engine
+    system_prompt: str | None = None
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_tokens=512))
+    messages: list[dict[str, str]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    shifts: list[ShiftRecord] = field(default_factory=list)
+    n_keep: int = 0
+    sliding_window: bool = True  # shift a full context (keeping the system prompt) instead of stopping
+    keep_override: int | None = None  # tokens to keep at a shift; default: the system prompt's
+    prompt_cache: Path | None = None  # where the system prompt's KV state is saved and loaded from
+    prompt_cache_hit: bool = False  # the last fresh start loaded the system prompt from disk
+    completion: bool = False  # a base model (no chat template): the conversation is one text the model continues
+    on_notice: Callable[[str], None] | None = None  # one-line notices (a prompt cache rebuilt); default: stderr
+    _cached_text: str = ""  # the rendered conversation the KV cache stands for
+
+    def __post_init__(self) -> None:
+        if not self.completion and not self.backend.has_chat_template:
+            raise NoChatTemplate("this model has no chat template (a base model): use run --raw, or --template FILE|NAME")
+        if self.system_prompt and not self.messages:
+            self.messages.append({"role": "system", "content": self.system_prompt})
+
+    @property
+    def context_used(self) -> int:
+        return self.backend.context_used
+
+    @property
+    def n_ctx(self) -> int:
+        return self.backend.n_ctx
+
+    def clear(self) -> None:
+        """Start over with the same system prompt."""
+        self.backend.reset()
+        self.messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        self._cached_text = ""
+        self.turns.clear()
+
+    def _tok(self, text: str) -> list[int]:
+        # A template writes special tokens as text; typed text continued by a base model stays text.
+        return self.backend.tokenize(text, add_special=False, parse_special=not self.completion)
+
+    def _render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """The conversation as the model reads it: its chat template, or in
+        completion mode the plain text, each message continuing the last (a
+        space before typed text that would otherwise glue to the previous word)."""
+        if not self.completion:
+            return self.backend.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        text = ""
+        for m in messages:
+            piece = m["content"] + ("\n\n" if m["role"] == "system" else "")
+            if m["role"] == "user" and text and piece and not text[-1].isspace() and not piece[0].isspace():
+                piece = " " + piece
+            text += piece
+        return text
+
+    def _new_tokens(self, rendered: str) -> list[int]:
+        """Tokens to append for this turn. If the template's text extends what the
+        cache stands for, only the new part; otherwise start over, keeping the
+        system prompt's tokens separate so their count is exact."""
+        cache = self.backend.cache_tokens
+        if self._cached_text and cache and rendered.startswith(self._cached_text):
+            return self._tok(rendered[len(self._cached_text) :])
+        self.backend.reset()
+        head = ""
+        if self.system_prompt:
+            head = self._render(self.messages[:1], add_generation_prompt=False)
+            if not rendered.startswith(head):
+                head = ""
+        # In completion mode no template writes BOS: the tokenizer adds it where the model wants it.
+        bos = self.backend.tokenize("", add_special=True, parse_special=False) if self.completion else []
+        head_tokens = bos + (self._tok(head) if head else [])
+        self.n_keep = len(head_tokens)
+        rest = self._tok(rendered[len(head) :])
+        if head_tokens and self.prompt_cache is not None:
+            # Reuse the system prompt's KV state from disk, or compute and save it.
+            self.prompt_cache_hit = self.prompt_cache.exists() and self.backend.load_state(self.prompt_cache)
+            if self.prompt_cache_hit and self.backend.cache_tokens == head_tokens:
+                return rest
+            reason = self.backend.state_error if self.prompt_cache.exists() else None
+            if self.prompt_cache_hit:
+                reason = "for another system prompt"
+            if reason:
+                # Never loaded, never trusted: delete it and build it again.
+                self.prompt_cache.unlink(missing_ok=True)
+                self._notice(f"the prompt cache {self.prompt_cache} was {reason}: deleted, rebuilding it")
+            self.prompt_cache_hit = False
+            self.backend.reset()
+            self.backend.prefill(head_tokens)
+            self.prompt_cache.parent.mkdir(parents=True, exist_ok=True)
+            self.backend.save_state(self.prompt_cache)
+            return rest
+        return head_tokens + rest
+
+    def _notice(self, msg: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(msg)
+        else:
+            import sys
+
+            from localllm.util.fmt import safe
+
+            print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
+
+    def send(self, text: str, start_ns: int | None = None) -> Generation:
+        """Stream the reply to ``text``; the turn is recorded when it ends, and
+        the returned ``Generation`` carries its stats once closed.
+        ``start_ns``: when the user submitted it (TTFT's clock; now by default),
+        so rendering, tokenizing and a prompt-cache load count in TTFT."""
+        start = start_ns if start_ns is not None else time.perf_counter_ns()
+        return Generation(lambda out: self._turn(out, text, start))
+
+    def _turn(self, out: Generation, text: str, start: int) -> Iterator[TokenEvent]:
+        messages = self.messages + [{"role": "user", "content": text}]
+        rendered = self._render(messages, add_generation_prompt=True)
+        tokens = self._new_tokens(rendered)
+        pieces: list[str] = []
+        reply: Generation | None = None
+        try:
+            n_keep = self.n_keep if self.keep_override is None else self.keep_override
+            reply = self.backend.extend(tokens, self.sampling, n_keep=n_keep, shift=self.sliding_window, start_ns=start)
+            for event in reply:
+                pieces.append(event.text)
+                yield event
+        finally:
+            if reply is not None:
+                reply.close()  # the engine's own finally: its stats exist from here
+            stats = reply.stats if reply is not None else None
+            out.finish(stats)
+            text_out = "".join(pieces)
+            self.messages = messages + [{"role": "assistant", "content": text_out}]
+            self._cached_text = rendered + text_out
+            if stats is not None:
+                self.shifts.extend(stats.context_shifts)
+                self.turns.append(Turn(text, text_out, stats))
+
+
+def prompt_cache_path(model: Path, system_prompt: str, type_k: str, type_v: str, swa_full: bool) -> Path:
+    """Where a system prompt's KV state lives: keyed by the model file (path,
+    size, modification time), the prompt and the cache settings, since a state
+    only loads into the same model with the same cache layout."""
+    import hashlib
+
+    from localllm import paths
+
+    st = model.stat()
+    key = f"{model.resolve()}|{st.st_size}|{st.st_mtime_ns}|{type_k}|{type_v}|{swa_full}|{system_prompt}"
+    return paths.data_dir() / "prompt-cache" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".state")

@@ -1,0 +1,28 @@
+"""``localllm list --catalog``: the curated 4-6 GiB list with the planner's verdicts."""
+
+from __future__ import annotations
+
+import argparse
+
+from localllm.store import curated, registry
+from localllm.util import fmt
+from localllm.util.units import GB, format_size
+
+
+def run(args: argparse.Namespace) -> int:
+    table = curated.rows()
+    here = {(e.repo, e.filename) for e in registry.discover() if e.repo}
+    for r in table:
+        r["here"] = (r["repo"], r["file"]) in here
+    if args.json:
+        fmt.print_json(table)
+        return 0
+    head = ("MODEL", "QUANT", "SIZE", "CTX", "ARCH", "LICENSE", *(f"{curated.budget_label(k)} GPU" for k in curated.BUDGETS), "HERE")
+    body = [
+        (r["name"], r["quant"], "≈" + format_size(r["size_gb"] * GB, "GB"), f"{r['context']:,}", r["architecture"], r["license"],
+         r["fits_4gb"], r["fits_6gb"], "yes" if r["here"] else "")
+        for r in table
+    ]
+    print(fmt.table(head, body, right=(2, 3)))
+    print("\npull one with: localllm pull REPO --quant Q (repos: localllm list --catalog --json), or --vram SIZE for the largest that fits")
+    return 0

@@ -1,0 +1,160 @@
+"""The llama.cpp adapter for batched decoding: one context, several sequences.
+
+This module imports ``llama_cpp`` (like ``localllm.engine``, it is an engine
+adapter; nothing else in ``localllm.serve`` does). ``localllm serve`` drives it
+from a single engine thread: each step fills one ``llama_batch`` with tokens of
+several sequences (each token tagged with its ``seq_id`` and position), calls
+``llama_decode`` once, and samples each sequence's next token from its own row
+of logits with its own sampler chain.
+
+The context is created with ``n_seq_max`` = the number of parallel sequences
+and a *unified* KV cache (``kv_unified``): llama.cpp then keeps one pool of
+``n_ctx`` cells shared by every sequence (``cparams.n_ctx_seq = cparams.n_ctx``
+in src/llama-context.cpp), so no sequence reserves a whole context up front,
+and ``llama_memory_seq_cp`` shares a prefix's cells between sequences without
+copying them (a cell carries a set of seq ids, src/llama-kv-cells.h).
+
+Text <-> tokens and the chat template come from ``engine.Tokenizer`` and the
+sampler chain from ``engine.sampler``, on the model loaded here, so ``serve``
+tokenizes and samples exactly as ``run`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from localllm.engine import Tokenizer, check_config, install_log_router, llama_params, load_model_and_context
+from localllm.engine.llamalog import ROUTER
+from localllm.engine.sampler import free_sampler, new_sampler, sample
+from localllm.engine_api.records import LoadConfig, SamplingConfig, check_cache_types
+from localllm.errors import EngineError
+from localllm.modelfile.gguf_file import read_header
+from localllm.modelfile.model_info import describe
+
+
+@dataclass(frozen=True)
+class BatchLoadInfo:
+    path: Path
+    load_ms: float
+    n_ctx: int  # cells in the shared pool, as llama.cpp sized it (padded to 256)
+    n_seq: int
+    n_batch: int
+    n_threads: int
+    type_k: str
+    type_v: str
+    n_vocab: int
+    prefix_reuse: bool  # whether a cached prefix can be kept or copied (not SWA, not recurrent)
+
+
+class BatchModel:
+    """A model and one multi-sequence context; every method is called from one thread."""
+
+    def __init__(self) -> None:
+        self.tok = Tokenizer(None, None)  # tokenizer, chat template, token pieces (once loaded)
+        self.model: object = None
+        self.ctx: object = None
+        self.mem = None
+        self._batch = None
+        self._cap = 0
+        self.info: BatchLoadInfo | None = None
+
+    def load(self, path: Path, config: LoadConfig, n_seq: int) -> BatchLoadInfo:
+        """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences."""
+        check_config(config)
+        header = read_header(path)
+        shape = describe(header)
+        check_cache_types(config.type_k, config.type_v, shape.head_dim_k, shape.head_dim_v)
+        install_log_router()
+        self.close()
+        mparams, cparams, keep = llama_params(config)  # noqa: F841  (keep: arrays that must outlive the load)
+        cparams.n_seq_max = n_seq
+        cparams.kv_unified = True
+        # One row of logits per sequence per step at most (a prompt chunk outputs
+        # only its last token's): the compute buffer needs no more rows.
+        cparams.n_outputs_max = n_seq
+        cparams.no_perf = True
+        model, ctx, load_ms = load_model_and_context(path, config, mparams, cparams)
+        self.model, self.ctx = model, ctx
+        self.tok = Tokenizer(llama_cpp.llama_model_get_vocab(model), header)
+        self.mem = llama_cpp.llama_get_memory(ctx)
+        self._cap = int(llama_cpp.llama_n_batch(ctx))
+        self._batch = llama_cpp.llama_batch_init(self._cap, 0, 1)
+        reuse = not shape.swa_layers and bool(llama_cpp.llama_memory_can_shift(self.mem))
+        self.info = BatchLoadInfo(
+            path=Path(path),
+            load_ms=load_ms,
+            n_ctx=int(llama_cpp.llama_n_ctx(ctx)),
+            n_seq=n_seq,
+            n_batch=self._cap,
+            n_threads=cparams.n_threads,
+            type_k=config.type_k,
+            type_v=config.type_v,
+            n_vocab=self.tok.n_vocab,
+            prefix_reuse=reuse,
+        )
+        return self.info
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+        self.tok = Tokenizer(None, None)
+        self.model = self.ctx = self.mem = None
+
+    # -- the KV cache, per sequence ---------------------------------------------
+    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool:
+        """Drop positions [p0, p1) of ``seq`` (p1=-1: to the end). False where the
+        cache cannot drop part of a sequence (then drop it whole)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, n: int) -> None:
+        """Let ``dst`` share the cells of ``src``'s first ``n`` positions."""
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+
+    # -- sampling ------------------------------------------------------------------
+    def new_sampler(self, sampling: SamplingConfig):
+        return new_sampler(sampling)
+
+    @staticmethod
+    def free_sampler(sampler) -> None:
+        free_sampler(sampler)
+
+    def sample(self, sampler, i: int) -> int:
+        """Sample from the logits of batch entry ``i`` (and accept the token)."""
+        return sample(sampler, self.ctx, i)
+
+    def is_eog(self, token: int) -> bool:
+        return self.tok.is_eog(token)
+
+    def piece(self, token: int) -> bytes:
+        return self.tok.token_bytes(token)
+
+    # -- one step ------------------------------------------------------------------
+    def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
+        """Evaluate ``(token, pos, seq_id, wants_logits)`` entries as one batch;
+        then ``sample(sampler, i)`` reads the logits of entry i (llama_get_logits_ith
+        takes the batch index)."""
+        n = len(entries)
+        if not 0 < n <= self._cap:
+            raise EngineError(f"a batch of {n} tokens does not fit n_batch {self._cap}")
+        b = self._batch
+        assert b is not None  # n <= self._cap > 0 only once loaded
+        token, pos, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+        for i, (tok, p, s, want) in enumerate(entries):
+            token[i] = tok
+            pos[i] = p
+            n_seq_id[i] = 1
+            seq_id[i][0] = s
+            logits[i] = want
+        b.n_tokens = n
+        rc = llama_cpp.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed ({rc}): {ROUTER.last_error() or 'no reason given'}")

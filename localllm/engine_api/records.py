@@ -1,0 +1,63 @@
+"""The settings and records that cross the seam between localllm and an
+inference engine: how to load (``LoadConfig``), how to sample, each token, the
+load's facts. The seam itself, the ``Engine`` protocol, is in ``engine_api``;
+``engine.LlamaCppBackend`` is the product's implementation, and
+``localllm.testing.ScriptedEngine`` a scripted one for UI and unit tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from localllm.engine_api.config import LoadConfig
+from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, check_cache_types, ggml_type_id  # noqa: F401  (the engine adapter imports them from here)
+
+
+def needs_flash_attn(cfg: LoadConfig) -> bool:
+    """A quantized V cache works only with flash attention (``llama_rules``)."""
+    from localllm.engine_api.llama_rules import needs_flash_attn as rule
+
+    return rule(cfg.type_v)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling for one generation. ``temperature=0`` is greedy (deterministic).
+
+    ``max_tokens=-1`` generates until an end-of-generation token or a full
+    context; a positive ``max_tokens`` shifts the context to get there.
+    ``ignore_eos`` keeps going past end-of-generation (benchmarks).
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    max_tokens: int = -1
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token, stamped with ``time.perf_counter_ns`` when sampled."""
+
+    index: int
+    token_id: int
+    text: str
+    t_ns: int
+
+
+@dataclass(frozen=True)
+class LoadInfo:
+    path: Path
+    load_ms: float
+    n_ctx: int
+    n_threads: int
+    n_gpu_layers: int
+    type_k: str
+    type_v: str
+    flash_attn: str
+    gpu_offload_supported: bool
+

@@ -1,0 +1,187 @@
+"""Does it fit? The one fitting service.
+
+Given what the user fixed (the model's shape, the requested load config and
+which of its settings are the user's own choice) and the hardware budget, say
+what to load and how that compares with what was asked: an ``Outcome`` to
+branch on, the numbers (the memory plan, the layers on the GPU, the largest
+context per cache type) and a sentence for people. Every caller asks here: the
+loading commands (run, chat, plan, doctor, serve, through
+``commands/_common.fit_config``), the cockpit and its models screen, ``list``,
+``pull --vram`` and the catalog verdicts (through ``verdict.judge``).
+
+The search itself is the planner's (``planner.fit``), or with ``--rpc`` devices
+``placement.fit_across``. Pure Python: no I/O, no llama.cpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from localllm.engine_api.config import LoadConfig
+from localllm.plan import planner
+
+if TYPE_CHECKING:
+    from localllm.modelfile.gguf_file import GGUFHeader
+    from localllm.plan.placement import Device, Placement
+
+DEFAULT_CTX = 4096  # the context asked when the user names none (at most the trained one)
+
+
+class Outcome(Enum):
+    """How the settings to load compare with the ones asked for."""
+
+    FITS_AS_ASKED = "fits_as_asked"  # every setting as asked
+    FITS_REDUCED = "fits_reduced"  # a cheaper cache type or a smaller context; the layers where asked
+    PARTIAL_OFFLOAD = "partial_offload"  # fewer layers on the GPU (or offload devices) than asked
+    CPU_ONLY = "cpu_only"  # the GPU budget holds not even one layer: everything on the CPU
+    DOES_NOT_FIT = "does_not_fit"  # not even at the smallest settings
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the model may use: GPU bytes (None: no GPU budget) and RAM bytes
+    available (None: unknown, not checked)."""
+
+    gpu: int | None
+    ram: int | None
+
+    @classmethod
+    def of(cls, hw: Any) -> Budget:
+        """The budget of a ``hardware.Hardware``."""
+        return cls(hw.gpu_budget, hw.ram_available_bytes)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked: the config (unset options at their defaults), which
+    of its settings the user fixed (kept as they are), and the policy when it
+    does not fit: shrink the context first (``ctx``) or offload fewer layers
+    (``offload``)."""
+
+    config: LoadConfig
+    kv_fixed: bool = False
+    ngl_fixed: bool = False
+    policy: str = "ctx"
+
+
+@dataclass(frozen=True)
+class Fit:
+    outcome: Outcome
+    asked: LoadConfig
+    config: LoadConfig  # what to load
+    plan: planner.MemoryPlan  # of ``config`` (of ``asked`` when it does not fit)
+    gpu_budget: int | None  # GPU bytes (with --rpc devices: their free memory summed)
+    ram: int | None
+    margin: int  # GPU bytes kept free
+    n_layers: int  # repeating layers + the output layer
+    gpu_layers: int  # of n_layers, placed on the GPU (or offload devices) by ``config``
+    sentence: str  # for people: "fits as asked", what changed, or why it does not fit
+    changes: tuple[str, ...] = ()
+    max_ctx_by_kv_type: dict[str, int] = field(default_factory=dict)
+    trained_ctx: int | None = None
+    shift_extra_bytes: int | None = None  # what a shiftable (full-size SWA) cache costs more; None if it shifts already
+    placement: Placement | None = None  # with offload devices: per device
+
+    @property
+    def fits(self) -> bool:
+        return self.outcome is not Outcome.DOES_NOT_FIT
+
+    @property
+    def full_gpu(self) -> bool:
+        """It fits with every layer on the GPU (always, with no GPU budget)."""
+        return self.fits and (self.gpu_budget is None or self.gpu_layers >= self.n_layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "fits": self.fits,
+            "reason": self.sentence,
+            "asked": self.asked.to_dict(),
+            "config": self.config.to_dict(),
+            "n_layers": self.n_layers,
+            "gpu_layers": self.gpu_layers,
+            "budget_gpu_bytes": self.gpu_budget,
+            "ram_available_bytes": self.ram,
+            "margin_bytes": self.margin,
+            "max_ctx_by_kv_type": dict(self.max_ctx_by_kv_type),
+        }
+
+
+def default_ctx(trained_ctx: int | None) -> int:
+    """The context to ask for when the user names none: the trained one, at most 4096."""
+    return min(trained_ctx or DEFAULT_CTX, DEFAULT_CTX)
+
+
+def layers_on(cfg: LoadConfig, n_layers: int) -> int:
+    """Of ``n_layers`` (repeating + output), how many ``cfg`` puts on the GPU."""
+    return n_layers if cfg.n_gpu_layers < 0 else min(cfg.n_gpu_layers, n_layers)
+
+
+def fit(
+    shape: planner.ModelShape,
+    request: Request,
+    budget: Budget,
+    *,
+    trained_ctx: int | None = None,
+    ctx_limit: int | None = None,
+    devices: list[Device] | None = None,
+    cpu: Device | None = None,
+    header: GGUFHeader | None = None,
+) -> Fit:
+    """Fit ``request`` to ``budget``. ``ctx_limit`` bounds the largest-context
+    table (default: the larger of the asked and the trained context). With
+    ``devices`` (``--rpc``: the workers' devices and a local GPU) and ``cpu``,
+    layers are placed across them (``placement.fit_across``)."""
+    want = request.config
+    limit = ctx_limit or max(want.n_ctx, trained_ctx or 0)
+    placed = None
+    if devices is not None:
+        from localllm.plan import placement
+
+        assert cpu is not None, "devices go with the cpu device"
+        r, placed = placement.fit_across(
+            shape, want, devices, cpu, ram=budget.ram, policy=request.policy,
+            kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit, header=header,
+        )
+        config = replace(r.config, tensor_split=placed.split)
+        has_gpu = bool(devices)
+    else:
+        r = planner.fit(
+            shape, want, gpu_budget=budget.gpu, ram=budget.ram, policy=request.policy,
+            kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit,
+        )
+        config = r.config
+        has_gpu = budget.gpu is not None
+    n_all = shape.n_layer + 1
+    asked_on, got_on = layers_on(want, n_all), layers_on(r.config, n_all)
+    if not r.fits:
+        outcome = Outcome.DOES_NOT_FIT
+    elif r.config == want:
+        outcome = Outcome.FITS_AS_ASKED
+    elif has_gpu and got_on == 0 < asked_on:
+        outcome = Outcome.CPU_ONLY
+    elif has_gpu and got_on < asked_on:
+        outcome = Outcome.PARTIAL_OFFLOAD
+    else:
+        outcome = Outcome.FITS_REDUCED
+    extra = None
+    c = r.config
+    if shape.swa_layers and shape.n_swa and not c.swa_full:
+        full = planner.plan_memory(shape, replace(c, swa_full=True), gpu=budget.gpu is not None)
+        extra = full.kv_cache_bytes - r.plan.kv_cache_bytes
+    return Fit(
+        outcome=outcome, asked=want, config=config, plan=r.plan, gpu_budget=r.budget_bytes, ram=r.ram_bytes,
+        margin=r.margin_bytes, n_layers=n_all, gpu_layers=got_on, sentence=r.reason, changes=tuple(r.steps),
+        max_ctx_by_kv_type=dict(r.max_ctx_by_kv_type), trained_ctx=trained_ctx, shift_extra_bytes=extra, placement=placed,
+    )
+
+
+def fit_header(header: GGUFHeader, request: Request, budget: Budget, **kw: Any) -> Fit:
+    """``fit`` for a model's GGUF header (its shape, its trained context, and
+    its tensors for placing layers across ``devices``)."""
+    from localllm.modelfile.model_info import describe
+
+    shape = planner.ModelShape.from_header(header)
+    return fit(shape, request, budget, trained_ctx=describe(header).context_length, header=header, **kw)

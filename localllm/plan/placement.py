@@ -1,0 +1,423 @@
+"""Placement across several devices: this machine's CPU (and GPU), and the
+devices of llama.cpp RPC workers. Pure Python over planner.py's public functions.
+
+llama.cpp's rules (the vendored llama.cpp of llama-cpp-python 0.3.36):
+
+- device order: RPC devices first, then local GPUs (llama.cpp
+  ``llama_prepare_model_devices``: "add RPC servers at the front of the list to
+  minimize network transfers"); the CPU is not in the list, it takes what is
+  not offloaded;
+- which layers are offloaded: the same rule as one GPU (planner.offload: the
+  last ``n_gpu_layers`` of ``n_layer + 1``, the output layer counted last);
+- which device an offloaded layer goes to (llama-model.cpp ``load_tensors``):
+  ``upper_bound(splits, float(il - i_gpu_start) / act_gpu_layers)`` over the
+  cumulative, normalised split, in float32; the split defaults to each device's
+  free memory. We hand llama.cpp the split we planned with (``tensor_split``),
+  so the load follows the plan even if a worker's free memory moved meanwhile;
+- the KV cache of a layer lives on that layer's device (llama-kv-cache.cpp,
+  one buffer per device and per cache: full-attention, then sliding-window);
+- the output (logits) buffer is host memory (llama-context.cpp ``output_reserve``
+  takes the CPU's host buffer type: an RPC device has none), so it is always the CPU's;
+- compute buffers (ggml_backend_sched): every device that runs part of the
+  graph gets one, sized for the peak of its part of the worst-case graph; see
+  ``_compute``. Remote devices differ from a local GPU in one rule here: an RPC
+  device has no host buffer type and no ``offload_op``, so large CPU-side
+  batches are never moved to it, and the CPU's part of the graph (the input
+  embeddings, and all non-offloaded layers) is computed on the CPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from localllm.engine_api.config import LoadConfig
+from localllm.engine_api.llama_rules import is_quantized
+from localllm.modelfile.gguf_file import GGUFHeader
+from localllm.plan import planner
+from localllm.plan.planner import MemoryPlan, ModelShape
+from localllm.util.fmt import size
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # as llama.cpp names its buffers: RPC0[host:port], CUDA0, CPU
+    kind: str  # "rpc", "gpu" or "cpu"
+    free_bytes: int | None
+    total_bytes: int | None = None
+
+
+@dataclass
+class DeviceUse:
+    device: Device
+    layers: list[int]
+    output_layer: bool
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    output_bytes: int  # the logits buffer (host memory: the CPU's)
+    kv_by_cache: list[int] = field(default_factory=list)  # one figure per KV buffer llama.cpp makes here: full-attention, then sliding-window
+    mapped_bytes: int | None = None  # the CPU's: the file range llama.cpp maps for its weights (see cpu_mapped_span)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.device.name,
+            "kind": self.device.kind,
+            "layers": len(self.layers),
+            "output_layer": self.output_layer,
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes": self.kv_bytes,
+            "kv_by_cache": self.kv_by_cache,
+            "compute_bytes": self.compute_bytes,
+            "output_bytes": self.output_bytes,
+            "total_bytes": self.total_bytes,
+            "free_bytes": self.device.free_bytes,
+            "mapped_bytes": self.mapped_bytes,
+        }
+
+
+@dataclass
+class Placement:
+    plan: MemoryPlan  # the whole model's plan (all offload devices counted as "GPU")
+    uses: list[DeviceUse]  # offload devices in llama.cpp's order, then the CPU
+    split: tuple[float, ...]  # tensor_split, one per offload device
+    rules: list[str] = field(default_factory=list)
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [u.to_dict() for u in self.uses]
+
+
+def _free(n: int | None) -> str:
+    """A device's free memory for a message; n/a where the device did not say."""
+    return "n/a" if n is None else size(n)
+
+
+def layer_devices(n_layer: int, n_gpu_layers: int, split: list[float]) -> list[int | None]:
+    """For each of the ``n_layer + 1`` layers (the last is the output layer), the
+    index of its offload device, or None for the CPU. float32 as in llama.cpp."""
+    import numpy as np
+
+    n_all = n_layer + 1
+    if not split:
+        return [None] * n_all
+    ngl = n_all if n_gpu_layers < 0 else min(n_gpu_layers, n_all)
+    start = max(n_all - ngl, 0)
+    cum = np.cumsum(np.asarray(split, dtype=np.float32), dtype=np.float32)
+    cum = (cum / cum[-1]).astype(np.float32)
+    points = [float(x) for x in cum]
+    out: list[int | None] = []
+    for il in range(n_all):
+        if il < start or il - start >= ngl:
+            out.append(None)
+        else:
+            frac = float(np.float32(il - start) / np.float32(ngl))
+            out.append(min(bisect.bisect_right(points, frac), len(split) - 1))
+    return out
+
+
+def place(
+    shape: ModelShape, cfg: LoadConfig, devices: list[Device], cpu: Device, split: list[float] | None = None, header: GGUFHeader | None = None
+) -> Placement:
+    """Per-device weights, KV cache, compute and output bytes for ``cfg`` over
+    the offload ``devices`` (llama.cpp's order) and the CPU. With the ``header``,
+    also the file range the CPU maps (``mapped_bytes``)."""
+    if split is None:
+        split = [float(d.free_bytes or 0) for d in devices]
+        if devices and not any(split):
+            split = [1.0] * len(devices)
+    plan = planner.plan_memory(shape, cfg, gpu=bool(devices))
+    where = layer_devices(shape.n_layer, cfg.n_gpu_layers, split) if devices else [None] * (shape.n_layer + 1)
+    slots: list[Device] = [*devices, cpu]
+
+    def slot(il: int) -> int:
+        d = where[il]
+        return len(devices) if d is None else d
+
+    uses = [DeviceUse(d, [], False, 0, 0, 0, 0) for d in slots]
+    for il in range(shape.n_layer):
+        u = uses[slot(il)]
+        u.layers.append(il)
+        u.weights_bytes += shape.layer_bytes[il]
+    for kl in plan.kv_layers:
+        uses[slot(kl.layer)].kv_bytes += kl.k_bytes + kl.v_bytes
+    for i, u in enumerate(uses):
+        per = [sum(kl.k_bytes + kl.v_bytes for kl in plan.kv_layers if slot(kl.layer) == i and kl.swa == swa) for swa in (False, True)]
+        u.kv_by_cache = [b for b in per if b]
+    out = uses[slot(shape.n_layer)]
+    out.output_layer = True
+    cpu_use = uses[-1]
+    cpu_use.weights_bytes += shape.input_bytes
+    if out is cpu_use:
+        out.weights_bytes += shape.output_bytes  # a tied output reads token_embd in place
+    else:
+        out.weights_bytes += shape.output_bytes + shape.tied_bytes
+    cpu_use.output_bytes = plan.output_bytes
+    if header is not None:
+        cpu_use.mapped_bytes = cpu_mapped_span(header, set(cpu_use.layers), cpu_use.output_layer)
+    _compute(shape, cfg, plan, uses)
+    rules = []
+    if len(devices) > 1:
+        rules.append(
+            "layers split over the offload devices in proportion to their free memory (llama-model.cpp load_tensors), passed to llama.cpp as tensor_split"
+        )
+    if any(d.kind == "rpc" for d in devices):
+        rules.append(
+            "workers' devices first, then local GPUs (llama.cpp llama_prepare_model_devices); the token embeddings and the logits buffer stay on the CPU"
+        )
+        if out is not cpu_use and out.device.kind == "rpc":
+            rules.append("the output layer is offloaded first (as to a GPU): every token's logits come back over the network")
+    if pipeline_parallel(len(devices), shape, cfg):
+        rules.append("pipeline parallelism (llama-context.cpp: more than one device, all layers offloaded): each device keeps 4 copies of its inputs")
+    return Placement(plan, uses, tuple(split), rules)
+
+
+def _q_live(shape: ModelShape, cfg: LoadConfig, cells: int) -> int:
+    """Values per token of the Q-sized activation planner.compute_bytes counts
+    live at the feed-forward peak (its ``q_live``), when that peak is the layer
+    phase's largest; 0 otherwise. Mirrors planner.compute_bytes' terms."""
+    T = min(cells, cfg.n_ubatch)
+    t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
+    E = shape.n_embd
+    F = max(shape.n_ff) if shape.n_ff else 4 * E
+    H = max(shape.n_head) if shape.n_head else 1
+    Hkv = max(shape.n_head_kv) if shape.n_head_kv else H
+    q = H * shape.head_dim_k
+    if is_quantized(cfg.type_k) and not shape.q_norm and not (t_out >= T and T >= cells):
+        return 0
+    ffn = 3 * F + 3 * E + q + 8
+    kv = Hkv * (shape.head_dim_k + shape.head_dim_v)
+    attn = 3 * E + q + kv + (H * shape.head_dim_v if cfg.uses_flash_attn else cells * H)
+    return min(q, max(0, ffn - attn))
+
+
+def cpu_mapped_span(header: GGUFHeader, cpu_layers: set[int], output_on_cpu: bool) -> int:
+    """What llama.cpp prints as ``CPU_Mapped model buffer size``: with mmap the
+    CPU's weights are one mapping of the file from the first to the last byte of
+    the tensors it keeps (llama-model-loader.cpp ``get_mapping_range``), so the
+    tensors of offloaded layers that lie between count too (files often store
+    blk.0, blk.1, blk.10, ...). Only the pages of the CPU's own tensors are read."""
+    lo, hi = None, 0
+    for t in header.tensors:
+        if t.name.startswith("blk."):
+            keep = int(t.name.split(".")[1]) in cpu_layers
+        elif t.name.startswith("output"):
+            keep = output_on_cpu
+        else:
+            keep = True
+        if keep:
+            lo = t.offset if lo is None else min(lo, t.offset)
+            hi = max(hi, t.offset + t.n_bytes)
+    return hi - (lo or 0)
+
+
+def pipeline_parallel(n_devices: int, shape: ModelShape, cfg: LoadConfig) -> bool:
+    """llama-context.cpp: with more than one offload device and every layer
+    offloaded (n_gpu_layers > n_layer), and devices with async compute and events
+    (RPC devices have both), the scheduler keeps GGML_SCHED_MAX_COPIES (4) copies
+    of each split's inputs, to overlap the devices' work."""
+    n_all = shape.n_layer + 1
+    ngl = n_all if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
+    return n_devices > 1 and ngl > shape.n_layer
+
+
+SCHED_COPIES = 4  # ggml-backend.cpp GGML_SCHED_MAX_COPIES
+
+
+def _compute(shape: ModelShape, cfg: LoadConfig, plan: MemoryPlan, uses: list[DeviceUse]) -> None:
+    """Compute buffer per device: ggml_backend_sched gives each backend the peak
+    of its own part of the worst-case graph (``n_ubatch`` tokens T, full cache).
+    A model, fitted to llama.cpp's log on this machine (tests/test_rpc.py), in
+    terms of planner.compute_bytes' layer phase P (no logits) and:
+
+    - I, the inputs a device's part copies in: the attention masks (and the
+      Hadamard matrices of a quantized cache) plus one n_embd x T f32 activation;
+    - a device holding layers: P less the n_embd x T input activation the CPU
+      holds instead, and, when some layers stay on the CPU, less the Q-sized
+      activation planner.compute_bytes counts live at the feed-forward peak;
+    - the device with the output layer: also the logits phase,
+      t_out x (n_vocab + n_embd) f32;
+    - the CPU with no layer: the input embeddings and I (2 n_embd x T + masks);
+      with layers: P, as when it runs everything;
+    - with pipeline parallelism (see ``pipeline_parallel``) every device keeps
+      its inputs in 4 copies: P + 3 I, and the logits phase 4 I more.
+    """
+    cells, swa_cells = planner.kv_cells(shape, cfg)
+    P = planner.compute_bytes(replace(shape, n_vocab=0), cfg, cells, swa_cells)
+    T = min(cells, cfg.n_ubatch)
+    t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
+    et = shape.n_embd * T * 4
+    mask_bytes = 2 if cfg.uses_flash_attn else 4
+    has_swa = bool(shape.swa_layers and shape.n_swa)
+    full_mask, swa_mask = cells * T * mask_bytes, (swa_cells * T * mask_bytes if has_swa else 0)
+    rot = 0
+    for t, d in ((cfg.type_k, shape.head_dim_k), (cfg.type_v, shape.head_dim_v)):
+        if is_quantized(t) and d % 64 == 0:
+            rot += d * d * 4
+
+    def masks(layers: list[int]) -> int:
+        """The masks a device's layers read: a device with only sliding-window
+        layers (or none) gets no full-attention mask, and the other way round."""
+        swa = [il in shape.swa_layers for il in layers] if has_swa else [False] * len(layers)
+        return (full_mask if not all(swa) else 0) + (swa_mask if any(swa) else 0)
+
+    all_masks = full_mask + swa_mask
+    logits = t_out * (shape.n_vocab + shape.n_embd) * 4
+    offload = [u for u in uses if u.device.kind != "cpu"]
+    cpu = uses[-1]
+    pp = pipeline_parallel(len(offload), shape, cfg)  # llama.cpp counts the model's devices, used or not
+    copies = SCHED_COPIES if pp else 1
+    for u in offload:
+        if not (u.layers or u.output_layer):
+            continue
+        m = masks(u.layers) if u.layers else all_masks
+        inputs = m + rot + et
+        p_dev = P - all_masks + m
+        if pp:
+            layer = p_dev + (copies - 1) * inputs
+        else:
+            layer = p_dev - et - (_q_live(shape, cfg, cells) * T * 4 if cpu.layers else 0)
+        out = logits + (copies * inputs if pp else 0)
+        u.compute_bytes = max(layer if u.layers else 0, out if u.output_layer else 0)
+    if cpu.layers:
+        cpu.compute_bytes = P if not cpu.output_layer else planner.compute_bytes(shape, cfg, cells, swa_cells)
+    else:
+        cpu.compute_bytes = et + copies * (all_masks + rot + et)
+
+
+# -- fitting the devices' budgets ------------------------------------------------------
+
+
+def _fits(p: Placement, ram: int | None) -> bool:
+    for u in p.uses:
+        if u.device.kind == "cpu":
+            if ram is not None and u.total_bytes > ram:
+                return False
+        elif u.device.free_bytes is not None and u.total_bytes > u.device.free_bytes - planner.default_margin(u.device.free_bytes):
+            return False
+    return True
+
+
+def _max_ctx(shape: ModelShape, cfg: LoadConfig, devices: list[Device], cpu: Device, ram: int | None, limit: int) -> int:
+    lo, hi = 0, max(limit // planner.CTX_PAD, 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fits(place(shape, planner.replace_config(cfg, n_ctx=mid * planner.CTX_PAD), devices, cpu), ram):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * planner.CTX_PAD
+
+
+def fit_across(
+    shape: ModelShape,
+    want: LoadConfig,
+    devices: list[Device],
+    cpu: Device,
+    *,
+    ram: int | None,
+    policy: str = "ctx",
+    kv_fixed: bool = False,
+    ngl_fixed: bool = False,
+    ctx_limit: int | None = None,
+    header: GGUFHeader | None = None,
+) -> tuple[planner.FitResult, Placement]:
+    """planner.fit's policies over several devices: cheaper cache types first,
+    then fewer offloaded layers (``offload``) or a smaller context (``ctx``). Each
+    offload device must keep planner.default_margin of its free memory free;
+    the CPU's share must fit the RAM available."""
+    limit = ctx_limit or max(want.n_ctx, planner.MIN_CTX)
+    ladder = [want.type_k] if (kv_fixed or want.type_k not in planner.KV_LADDER) else list(planner.KV_LADDER[planner.KV_LADDER.index(want.type_k) :])
+    n_all = shape.n_layer + 1
+    ngl_options = [want.n_gpu_layers] if ngl_fixed or not devices else list(range(n_all, -1, -1))
+
+    def with_kv(cfg: LoadConfig, kv: str) -> LoadConfig:
+        return planner.replace_config(cfg, type_k=kv, type_v=want.type_v if kv_fixed else kv)
+
+    def ok(cfg: LoadConfig) -> bool:
+        return _fits(place(shape, cfg, devices, cpu), ram)
+
+    chosen: LoadConfig | None = want if ok(want) else None
+    if chosen is None:
+        for kv in ladder:
+            cfg = with_kv(planner.replace_config(want, n_gpu_layers=ngl_options[0]), kv)
+            if ok(cfg):
+                chosen = cfg
+                break
+    if chosen is None and policy == "offload":
+        for kv in ladder:
+            for ngl in ngl_options:
+                cfg = with_kv(planner.replace_config(want, n_gpu_layers=ngl), kv)
+                if ok(cfg):
+                    chosen = cfg
+                    break
+            if chosen is not None:
+                break
+    if chosen is None:
+        orders = [(kv, ngl) for kv in ladder for ngl in ngl_options] if policy == "offload" else [(kv, ngl) for ngl in ngl_options for kv in ladder]
+        for kv, ngl in orders:
+            cfg = with_kv(planner.replace_config(want, n_gpu_layers=ngl), kv)
+            n = _max_ctx(shape, cfg, devices, cpu, ram, want.n_ctx)
+            if n >= min(planner.MIN_CTX, want.n_ctx):
+                chosen = planner.replace_config(cfg, n_ctx=n)
+                break
+    fits = chosen is not None
+    cfg = chosen or want
+    p = place(shape, cfg, devices, cpu, header=header)
+    if not fits:
+        over = [u for u in p.uses if not _fits(Placement(p.plan, [u], p.split), ram)]
+        reason = "does not fit even at the smallest settings: " + ", ".join(
+            f"{u.device.name} needs {size(u.total_bytes)}, has {_free(u.device.free_bytes if u.device.kind != 'cpu' else ram)}" for u in over
+        )
+    elif cfg == want:
+        reason = "fits as asked"
+    else:
+        reason = _describe_change(want, cfg, n_all)
+    budgets = [d.free_bytes for d in devices if d.free_bytes is not None]
+    table = {t: _max_ctx(shape, planner.replace_config(cfg, type_k=t, type_v=t), devices, cpu, ram, limit) for t in planner.KV_LADDER}
+    result = planner.FitResult(
+        fits,
+        cfg,
+        p.plan,
+        sum(budgets) if budgets else None,
+        ram,
+        sum(planner.default_margin(b) for b in budgets),
+        reason,
+        [] if cfg == want else [reason],
+        table,
+    )
+    return result, p
+
+
+def _describe_change(want: LoadConfig, got: LoadConfig, n_all: int) -> str:
+    parts = []
+    if (got.type_k, got.type_v) != (want.type_k, want.type_v):
+        parts.append(f"KV cache {got.type_k}/{got.type_v} instead of {want.type_k}/{want.type_v}")
+    if got.n_ctx != want.n_ctx:
+        parts.append(f"context {got.n_ctx} instead of {want.n_ctx}")
+    if got.n_gpu_layers != want.n_gpu_layers and not (got.n_gpu_layers >= n_all and want.n_gpu_layers < 0):
+        parts.append(f"{min(got.n_gpu_layers, n_all)} of {n_all} layers offloaded")
+    return "; ".join(parts) or "fits as asked"
+
+
+_BUFFER_RE = re.compile(r"(\S+) +(model|KV|compute|output) buffer size = +([\d.]+) MiB")
+
+
+def logged_buffers(lines: list[str]) -> dict[str, dict[str, list[float]]]:
+    """llama.cpp's allocation lines ('RPC0[host:port] model buffer size = 92.10 MiB',
+    'CPU_Mapped model buffer size', 'KV buffer size', 'compute buffer size',
+    'output buffer size') by device and kind, in MiB as printed. The CPU's buffer
+    types (CPU, CPU_Mapped, CPU_REPACK, CPU_Host) are the CPU's."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for line in lines:
+        m = _BUFFER_RE.search(line)
+        if m:
+            name, kind, mib = m.groups()
+            dev = "CPU" if name.startswith("CPU") else name
+            out.setdefault(dev, {}).setdefault(kind, []).append(float(mib))
+    return out

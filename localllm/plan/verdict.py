@@ -1,0 +1,53 @@
+"""Does a model fit a budget? The fitting service's answer, phrased for a table.
+
+Used by ``list`` (this machine's budget, or ``--vram``), ``list --catalog`` (4 GiB
+and 6 GiB laptops) and ``pull --vram`` (the largest quant that fits). The question
+asked of ``fitting`` is the one ``run`` asks with no options: every layer on the
+GPU at min(trained context, 4096) with an f16 cache, else a q8_0/q4_0 cache,
+else a smaller context (down to 2048), else fewer layers on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from localllm.engine_api.config import LoadConfig
+from localllm.plan import fitting, planner
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: fitting.Outcome
+    fits: bool  # runs within the budget at all
+    full_gpu: bool  # every layer on the GPU (always True with no GPU budget, if RAM holds it)
+    n_ctx: int
+    kv_type: str
+    n_gpu_layers: int
+    n_layers: int  # repeating layers + the output layer
+    gpu_bytes: int
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "outcome": self.outcome.value}
+
+
+def judge(shape: planner.ModelShape, trained_ctx: int, gpu_budget: int | None, ram: int | None, ctx: int | None = None) -> Verdict:
+    n_ctx = ctx or fitting.default_ctx(trained_ctx)
+    f = fitting.fit(shape, fitting.Request(LoadConfig(n_ctx=n_ctx)), fitting.Budget(gpu_budget, ram), trained_ctx=trained_ctx, ctx_limit=n_ctx)
+    c = f.config
+    if not f.fits:
+        need = f.plan.total_gpu_bytes if gpu_budget is not None else f.plan.total_cpu_bytes
+        text = f"no: needs {_gb(need)}"
+    elif not f.full_gpu:
+        text = f"partly: {f.gpu_layers}/{f.n_layers} layers on GPU, ctx {c.n_ctx}"
+    else:
+        kv = "" if c.type_k == "f16" else f", {c.type_k} KV"
+        text = f"yes: ctx {c.n_ctx}{kv}"
+    return Verdict(f.outcome, f.fits, f.full_gpu, c.n_ctx, c.type_k, f.gpu_layers, f.n_layers, f.plan.total_gpu_bytes, text)
+
+
+def _gb(n: int) -> str:
+    from localllm.util.units import format_size
+
+    return format_size(n, "GiB", digits=1)

@@ -1,0 +1,133 @@
+"""The curated list in ``models/catalog.toml``: models for 4-6 GiB GPUs and the
+planner's verdict for each quant on a 4 GiB and a 6 GiB budget.
+
+Units (``localllm.util.units``): the budgets are binary (4 GiB = 4·2³⁰ bytes, how
+GPU memory is sold and reported) and labelled so; a file's ``size_gb`` is the
+Hub listing's decimal figure (10⁹ bytes) and shown as GB. The budget keys
+(``4gb``, ``fits_4gb``) are names, kept because ``--json`` output uses them.
+
+The planner needs a model's shape; before a download there is no header, so the
+TOML carries the published configuration and the file size, and ``shape()``
+spreads the bytes over the tensors by parameter count. Pure Python: reading the
+TOML is the only I/O, and it happens when asked.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any
+
+from localllm.plan import planner, verdict
+from localllm.util.units import GB, format_size, parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+BUDGETS = {"4gb": parse_size("4GiB"), "6gb": parse_size("6GiB")}
+
+
+def budget_label(key: str) -> str:
+    """``4 GiB``: a budget in the unit it is computed in."""
+    return format_size(BUDGETS[key], digits=0)
+
+
+@dataclass(frozen=True)
+class CatalogFile:
+    quant: str
+    file: str
+    size_gb: float
+    fits: dict[str, str]  # the verdicts stored in the TOML, by budget key
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    name: str
+    repo: str
+    architecture: str
+    license: str
+    context: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    tied: bool
+    sliding_window: int
+    swa_pattern: int
+    files: tuple[CatalogFile, ...]
+
+
+def load(text: str | None = None) -> list[CatalogModel]:
+    data = tomllib.loads(text if text is not None else catalog_text())
+    out = []
+    for m in data["model"]:
+        fs = tuple(
+            CatalogFile(q, f["file"], float(f["size_gb"]), {k: f.get(f"fits_{k}", "") for k in BUDGETS})
+            for q, f in m["files"].items()
+        )
+        out.append(
+            CatalogModel(
+                m["name"], m["repo"], m["architecture"], m["license"], int(m["context"]), int(m["n_layer"]),
+                int(m["n_embd"]), int(m["n_head"]), int(m["n_head_kv"]), int(m["head_dim"]), int(m["n_ff"]),
+                int(m["n_vocab"]), bool(m.get("tied", False)), int(m.get("sliding_window", 0)),
+                int(m.get("swa_pattern", 0)), fs,
+            )
+        )
+    return out
+
+
+def catalog_text() -> str:
+    return files("localllm.models").joinpath("catalog.toml").read_text(encoding="utf-8")
+
+
+def shape(m: CatalogModel, size_bytes: int) -> planner.ModelShape:
+    q = m.n_head * m.head_dim
+    kv = m.n_head_kv * m.head_dim
+    layer = m.n_embd * q + 2 * m.n_embd * kv + q * m.n_embd + 3 * m.n_embd * m.n_ff + 2 * m.n_embd
+    embed = m.n_vocab * m.n_embd
+    output = 0 if m.tied else m.n_vocab * m.n_embd
+    per_param = size_bytes / (m.n_layer * layer + embed + output + m.n_embd)
+    swa = frozenset(i for i in range(m.n_layer) if m.swa_pattern and i % m.swa_pattern < m.swa_pattern - 1) if m.sliding_window else frozenset()
+    return planner.ModelShape(
+        architecture=m.architecture,
+        n_layer=m.n_layer,
+        n_embd=m.n_embd,
+        n_ff=[m.n_ff] * m.n_layer,
+        n_head=[m.n_head] * m.n_layer,
+        n_head_kv=[m.n_head_kv] * m.n_layer,
+        head_dim_k=m.head_dim,
+        head_dim_v=m.head_dim,
+        n_vocab=m.n_vocab,
+        n_swa=m.sliding_window,
+        swa_layers=swa,
+        layer_bytes=[int(layer * per_param)] * m.n_layer,
+        input_bytes=int(embed * per_param),
+        output_bytes=int((output + m.n_embd) * per_param),
+        tied_bytes=int(embed * per_param) if m.tied else 0,
+        q_norm=m.architecture == "gemma3",
+    )
+
+
+def judge(m: CatalogModel, f: CatalogFile, budget_key: str) -> verdict.Verdict:
+    return verdict.judge(shape(m, int(f.size_gb * GB)), m.context, BUDGETS[budget_key], None)
+
+
+def rows() -> list[dict[str, Any]]:
+    """One row per (model, quant) with the verdicts computed now."""
+    out = []
+    for m in load():
+        for f in m.files:
+            verdicts = {k: judge(m, f, k) for k in BUDGETS}
+            out.append({
+                "name": m.name, "repo": m.repo, "quant": f.quant, "file": f.file, "size_gb": f.size_gb,
+                "context": m.context, "architecture": m.architecture, "license": m.license,
+                **{f"fits_{k}": v.text for k, v in verdicts.items()},
+                **{f"full_gpu_{k}": v.full_gpu for k, v in verdicts.items()},
+            })
+    return out
