@@ -15,8 +15,13 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from localllm import __version__
+from localllm.commands import dispatch
+from localllm.commands.advice import cli_message
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
-from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, LocalLLMError
+from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, LocalLLMError, UsageError
+from localllm.plan.workers import parse_endpoints
+from localllm.util.fmt import safe
+from localllm.util.units import parse_size
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,8 +130,6 @@ def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fi
 
 
 def _rpc(text: str):
-    from localllm.errors import UsageError
-    from localllm.plan.workers import parse_endpoints
 
     try:
         return parse_endpoints(text)
@@ -136,8 +139,6 @@ def _rpc(text: str):
 
 def _size(text: str) -> int:
     """A ``units.Size``: bytes that remember the unit typed, to be shown in it."""
-    from localllm.errors import UsageError
-    from localllm.util.units import parse_size
 
     try:
         return parse_size(text)
@@ -331,14 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 0
         args = parser.parse_args(["tui"])
-    from localllm.commands import dispatch
 
     try:
         return dispatch(args)
     except LocalLLMError as exc:
-        from localllm.util.fmt import safe  # names in messages come from files and servers
-
-        print(f"localllm: error: {safe(exc)}", file=sys.stderr)
+        print(f"localllm: error: {safe(cli_message(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("localllm: interrupted", file=sys.stderr)
@@ -348,7 +346,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line, unless --debug
         if args.debug:
             raise
-        from localllm.util.fmt import safe
 
         print(f"localllm: internal error: {type(exc).__name__}: {safe(exc)} (rerun with --debug for details)", file=sys.stderr)
         return EXIT_ERROR

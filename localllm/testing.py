@@ -72,6 +72,10 @@ class ScriptedEngine:
         return None
 
     @property
+    def load_log(self) -> list[tuple[int, str]]:
+        return []  # no llama.cpp: the memory check says n/a
+
+    @property
     def logged_buffers(self) -> dict[str, dict[str, list[float]]]:
         return {}
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from localllm.errors import Terminated, UsageError
 from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import describe
+from localllm.quantize.evaluate import evaluate
 from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import Job, Progress, Report, dry_report
 from localllm.quantize.pipeline import run as run_job
@@ -79,7 +80,6 @@ def _terminate_cleanly() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localllm.quantize.evaluate import evaluate
 
     _terminate_cleanly()
     if args.compare:

@@ -17,6 +17,7 @@ CHUNK = 256
 
 
 def _load(path: Path, threads: int | None):
+    # lazy: loads gguf, llama.cpp (~193 ms here), which evaluate does not load at import
     from localllm.engine import LlamaCppBackend
 
     b = LlamaCppBackend()

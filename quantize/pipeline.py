@@ -30,6 +30,7 @@ from typing import Any
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.gguf_file import GGUFHeader, read_header
 from localllm.modelfile.model_info import TensorTypeStat, describe
+from localllm.plan.planner import row_bytes
 from localllm.util import atomic
 from localllm.util.units import format_size
 
@@ -187,7 +188,6 @@ def predicted_sizes(job: Job) -> tuple[int, int]:
 def predicted_file_size(src: GGUFHeader, new_types: dict[str, str]) -> tuple[int, int]:
     """(file bytes, tensor data bytes) when ``src``'s tensors take ``new_types``
     (name -> ggml type name; a tensor not named keeps its type)."""
-    from localllm.plan.planner import row_bytes
 
     align = int(src.get("general.alignment", 32))
     pad = lambda n: (n + align - 1) // align * align  # noqa: E731

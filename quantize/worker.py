@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from localllm.errors import LocalLLMError
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -54,14 +56,17 @@ def main() -> int:
         out.write(json.dumps([kind, payload]) + "\n")
         out.flush()
 
+    # lazy: loads gguf, llama.cpp, numpy (~193 ms here), which worker does not load at import
     from localllm.engine import quantize_model
+
+    # lazy: loads gguf, llama.cpp, numpy (~194 ms here), which worker does not load at import
     from localllm.engine.llamalog import ROUTER
-    from localllm.errors import LocalLLMError
 
     ROUTER.listeners.append(lambda level, line: emit("log", line))
     try:
         matrix = None
         if args["imatrix"]:
+            # lazy: loads gguf, numpy (~135 ms here), which worker does not load at import
             from localllm.quantize.imatrix import load_imatrix
 
             matrix = load_imatrix(Path(args["imatrix"]))

@@ -74,7 +74,7 @@ fi
 
 # Smoke test: load the default model and decode, in a child process so that a bad
 # build (segfault) is reported here instead of at the user's first run.
-if ! "$py" -m localllm.engine.smoke; then
+if ! "$py" -m localllm.measure.smoke; then
   echo "install.sh: llama-cpp-python was built but cannot decode on this machine; rebuild with CMAKE_ARGS='-DGGML_NATIVE=OFF' scripts/install.sh" >&2
   exit 1
 fi

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from localllm.measure.roofline import apple_bandwidth, measure_bandwidth, nvidia_bandwidth, roofline
+from localllm.measure.roofline import measure_bandwidth, roofline
+from localllm.plan.hardware import apple_bandwidth, nvidia_bandwidth
 from tests.conftest import run_cli
 
 

@@ -6,7 +6,6 @@ is tested in test_engine.py, test_chat.py and test_speculative.py."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -122,36 +121,3 @@ def test_bench_measures_through_the_protocol() -> None:
     e.load(Path("scripted.gguf"), LoadConfig(n_ctx=512))
     rows = run_bench(e, prompt_lengths=[16], gen_tokens=8, reps=2, n_vocab=100, bos=None)
     assert rows[0].gen_tokens == 8 and rows[0].tg_tokens_per_s == pytest.approx(500, rel=0.01)
-
-
-# -- layering ---------------------------------------------------------------------
-_SOURCES = [p for d in ("localllm", "tui", "quantize", "models") for p in (ROOT / d).rglob("*.py")]
-_ENGINE_SIDE = {"engine_rpc.py", "batch_engine.py"}
-
-
-def _outside_engine(p: Path) -> bool:
-    rel = p.relative_to(ROOT)
-    return rel.parts[:2] != ("localllm", "engine") and p.name not in _ENGINE_SIDE
-
-
-def test_only_the_engine_imports_llama_cpp() -> None:
-    bad = [str(p.relative_to(ROOT)) for p in _SOURCES if _outside_engine(p)
-           and re.search(r"^\s*(import llama_cpp|from llama_cpp)", p.read_text(), re.M)]
-    assert bad == []
-
-
-def test_no_module_outside_the_engine_touches_its_private_members() -> None:
-    engine_names = r"(?:backend|engine|eng|draft|main|tok|b|d|self\.backend|self\.tok|model\.tok)"
-    pattern = re.compile(rf"\b{engine_names}\._[a-z]\w*")
-    bad = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in _SOURCES if _outside_engine(p) for m in pattern.finditer(p.read_text())]
-    assert bad == []
-
-
-def test_the_protocol_and_the_fake_need_no_native_build() -> None:
-    import subprocess
-    import sys
-
-    code = ("import sys, localllm.testing, localllm.chat.session, localllm.chat.speculative, localllm.measure.bench, localllm.measure.doctor; "
-            "print('llama_cpp' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "False"

@@ -34,11 +34,19 @@ from localllm.engine_api.records import LoadConfig, SamplingConfig
 from localllm.engine_api.stats import GenerationStats
 from localllm.errors import InputError, LocalLLMError
 from localllm.measure.diagnose import verdict
+from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
+from localllm.measure.roofline import measure_bandwidth, roofline
 from localllm.modelfile.gguf_file import read_header
-from localllm.plan import fitting, planner
-from localllm.plan.hardware import Hardware
-from localllm.plan.workers import Endpoint
+from localllm.modelfile.model_info import describe
+from localllm.plan import fitting, hardware, planner
+from localllm.plan.hardware import Hardware, gpu_memory_bandwidth, physical_cores
+from localllm.plan.memcheck import load_checked
+from localllm.plan.workers import Endpoint, probe_all
+from localllm.store import resolver
 from localllm.tui.chatview import ChatView, MessageView
+from localllm.tui.devices import fit_over_workers
+from localllm.tui.saved import printable, reason
+from localllm.tui.screens import ModelsScreen, SessionsScreen, SettingsScreen
 from localllm.tui.settings import Settings
 from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
 
@@ -138,18 +146,8 @@ class ModelLoaded(Message):
 def shown(path: Path) -> str:
     """A file's name as the screen may show it: control characters escaped, so a
     model's name cannot move the cursor or forge a line."""
-    from localllm.tui.saved import printable
 
     return printable(path.name)
-
-
-def reason(exc: BaseException) -> str:
-    """An exception as one line for the chat log: our own errors are worded for
-    the user; anything else is named by its type (a bug, not the user's fault)."""
-    from localllm.tui.saved import printable
-
-    text = printable(" ".join(str(exc).split())) or "no message"
-    return text if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {text}"
 
 
 class LocalLLMApp(App):
@@ -258,11 +256,9 @@ class LocalLLMApp(App):
         are kept, blank GPU layers are fitted, the context shrinks (or layers
         move to the CPU, by the policy) when the budget is short. With --rpc,
         across the workers' devices, a local GPU and the CPU."""
-        from localllm.modelfile.model_info import describe
 
         hw = self.hardware
         if self.rpc:
-            from localllm.tui.devices import fit_over_workers
 
             if self._lost_text:
                 # llama.cpp keeps the lost connection (its dispatcher, held) for this endpoint in this
@@ -335,7 +331,6 @@ class LocalLLMApp(App):
         if old is not None:
             old.close()
         try:
-            from localllm.plan.memcheck import load_checked
 
             backend = self.backend_factory()
             _, check = load_checked(backend, req.path, cfg, fp.placement)
@@ -348,12 +343,9 @@ class LocalLLMApp(App):
                 except Exception as again:  # noqa: BLE001
                     error += f"; reloading {shown(old_path)} failed too: {reason(again)}"
             return ModelLoaded(req, error=error, kept=kept)
-        from localllm.plan.hardware import gpu_memory_bandwidth
 
         bandwidth = req.bandwidth
         if bandwidth is None:
-            from localllm.measure.roofline import measure_bandwidth
-            from localllm.plan.hardware import physical_cores
 
             try:
                 bandwidth = measure_bandwidth(mib=128, passes=3, threads=cfg.n_threads or physical_cores())
@@ -573,8 +565,6 @@ class LocalLLMApp(App):
             latency.verdict = (v.headline, v.detail) if v else ("", "")
             # over --rpc, layers are read by the workers' devices at bandwidths we do not know: no roofline
             if self.bandwidth and self.footprint is not None and self.footprint.placement is None:
-                from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
-                from localllm.measure.roofline import roofline
 
                 fp = self.footprint
                 kv = planner.kv_bytes_in_use(fp.plan, s.context_used)
@@ -606,6 +596,7 @@ class LocalLLMApp(App):
         gc.unfreeze()  # what this app froze (_settle_heap) can be collected again
         self._stop_reply()
         if self.rpc:
+            # lazy: loads llama.cpp (~200 ms here), which app does not load at import
             from localllm.engine import rpc
 
             rpc.drop_keep_alive(self._abort_hook)
@@ -694,7 +685,6 @@ class LocalLLMApp(App):
         self.reload_model(Path(saved.model), settings, messages=msgs, saved=saved, redraw=True)
 
     def action_sessions(self) -> None:
-        from localllm.tui.screens import SessionsScreen
 
         def chosen(saved: sessions.SavedSession | None) -> None:
             if saved is not None:
@@ -705,7 +695,6 @@ class LocalLLMApp(App):
 
     # -- settings and models -------------------------------------------------------
     def action_settings(self) -> None:
-        from localllm.tui.screens import SettingsScreen
 
         def apply(new: Settings | None) -> None:
             if new is None or new == self.settings:
@@ -729,7 +718,6 @@ class LocalLLMApp(App):
             self.push_screen(SettingsScreen(self.settings), apply)
 
     def action_models(self) -> None:
-        from localllm.tui.screens import ModelsScreen
 
         def switch(path: Path | None) -> None:
             if path and (path != self.model_path or self.backend is None):
@@ -752,16 +740,14 @@ def create_app(
     ``bandwidth`` (bytes/s) skips measuring it, for reproducible screens.
     ``rpc`` (rpc.Endpoint): workers whose devices join this machine's; each is
     probed here, so one that is down is one line before the screen opens."""
-    from localllm.plan import hardware
-    from localllm.store import resolver
 
     path = resolver.resolve(model)
     read_header(path)  # a bad file is a one-line error before the screen opens
     if rpc:
-        from localllm.plan.workers import probe_all
 
         probe_all(list(rpc))
     if backend_factory is None:
+        # lazy: loads llama.cpp (~193 ms here), which app does not load at import
         from localllm.engine import LlamaCppBackend
 
         backend_factory = LlamaCppBackend
@@ -770,6 +756,7 @@ def create_app(
     if rpc:
         app.rpc = list(rpc)
         # a worker that dies mid-reply: llama.cpp aborts; the cockpit says so and stays up
+        # lazy: loads llama.cpp (~200 ms here), which app does not load at import
         from localllm.engine.rpc import keep_alive_on_abort
 
         keep_alive_on_abort(app._abort_hook)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm.chat import sessions
+from localllm.errors import LocalLLMError
 
 ROLES = ("system", "user", "assistant")
 
@@ -20,6 +21,13 @@ ROLES = ("system", "user", "assistant")
 def printable(text: str) -> str:
     """Control characters escaped, so a file name cannot draw on the screen."""
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def reason(exc: BaseException) -> str:
+    """An exception as one line for the chat log: our own errors are worded for
+    the user; anything else is named by its type (a bug, not the user's fault)."""
+    text = printable(" ".join(str(exc).split())) or "no message"
+    return text if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {text}"
 
 
 class SessionError(Exception):

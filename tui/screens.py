@@ -21,7 +21,10 @@ from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import ModelInfo, describe
 from localllm.plan import fitting, planner
 from localllm.plan.hardware import Hardware
+from localllm.quantize.naming import default_output
+from localllm.quantize.pipeline import Job, Progress, run
 from localllm.store import registry
+from localllm.tui.saved import printable, reason, scan
 from localllm.tui.settings import Settings
 from localllm.util import fmt
 
@@ -147,7 +150,6 @@ class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
 
     @work(thread=True, exclusive=True, group="sessions", exit_on_error=False)
     def _scan(self) -> None:
-        from localllm.tui.saved import scan
 
         if self._before_reading is not None:
             self._before_reading()
@@ -155,7 +157,6 @@ class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
 
     @on(Scanned)
     def _show(self, msg: Scanned) -> None:
-        from localllm.tui.saved import printable
 
         self._saved = {s.id: s for s in msg.saved}
         self.query_one("#title", Label).update(f"Saved sessions ({len(msg.saved)}) · Enter to open · Esc to go back")
@@ -331,8 +332,6 @@ class ModelsScreen(Screen[Path | None]):
 
     @work(thread=True, exclusive=True, group="quantize", exit_on_error=False)
     def _quantize(self, src: Path, qtype: str) -> None:
-        from localllm.quantize.naming import default_output
-        from localllm.quantize.pipeline import Job, Progress, run
 
         dst = default_output(src, qtype)
         if not _writable(dst.parent):
@@ -356,7 +355,6 @@ class ModelsScreen(Screen[Path | None]):
 
 
 def _one_line(exc: BaseException) -> str:
-    from localllm.tui.app import reason
 
     return reason(exc)
 

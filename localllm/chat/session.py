@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localllm import paths
 from localllm.engine_api import Engine, Generation
 from localllm.engine_api.records import SamplingConfig, TokenEvent
 from localllm.engine_api.stats import GenerationStats, ShiftRecord
 from localllm.errors import UsageError
+from localllm.util.fmt import safe
 
 
 class NoChatTemplate(UsageError, ValueError):
@@ -54,7 +56,7 @@ class ChatSession:
 
     def __post_init__(self) -> None:
         if not self.completion and not self.backend.has_chat_template:
-            raise NoChatTemplate("this model has no chat template (a base model): use run --raw, or --template FILE|NAME")
+            raise NoChatTemplate("this model has no chat template (a base model): use {raw}, or {template_choice}")
         if self.system_prompt and not self.messages:
             self.messages.append({"role": "system", "content": self.system_prompt})
 
@@ -135,7 +137,6 @@ class ChatSession:
         else:
             import sys
 
-            from localllm.util.fmt import safe
 
             print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
@@ -178,7 +179,6 @@ def prompt_cache_path(model: Path, system_prompt: str, type_k: str, type_v: str,
     only loads into the same model with the same cache layout."""
     import hashlib
 
-    from localllm import paths
 
     st = model.stat()
     key = f"{model.resolve()}|{st.st_size}|{st.st_mtime_ns}|{type_k}|{type_v}|{swa_full}|{system_prompt}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from localllm.engine_api import Engine, Generation
-from localllm.engine_api.records import TokenEvent
+from localllm.engine_api.records import SpecStats, TokenEvent
 from localllm.engine_api.stats import GenerationStats, compute_stats
 
 
@@ -77,15 +77,6 @@ class DraftModel:
             nxt = b.verify([nxt]).predictions[-1]
         return out
 
-
-@dataclass
-class SpecStats:
-    drafted: int = 0
-    accepted: int = 0
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
 
 
 def generate(engine: Engine, prompt_tokens: Sequence[int], drafter: Drafter, *, max_tokens: int, k: int = 8,

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+from localllm import api
 from localllm.engine_api import Engine
 from localllm.engine_api.config import LoadConfig
 from localllm.engine_api.llama_rules import flash_attn_mode
-from localllm.plan import fitting
+from localllm.errors import UsageError
+from localllm.modelfile.gguf_file import read_header
+from localllm.plan import fitting, placement, planner
 from localllm.plan.hardware import Hardware
+from localllm.util.fmt import safe
 
 
 def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
@@ -68,46 +72,13 @@ class Fitted:
 
 
 def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq: int = 1) -> Fitted:
-    """Fit the options to the GPU budget (detected or --vram) and RAM: the
-    settings that fit, the user's explicit choices kept.
-
-    ``n_seq`` > 1 plans serve's batch engine as it loads: one unified cache for
-    ``n_seq`` sequences and one row of logits per sequence (n_outputs_max)."""
-    from localllm.modelfile.gguf_file import read_header
-    from localllm.modelfile.model_info import describe
-    from localllm.plan import hardware
-
-    header = read_header(path)
-    trained = describe(header).context_length
-    request = fit_request(args, n_ctx or fitting.default_ctx(trained))
-    if n_seq > 1:
-        request = replace(request, config=replace(request.config, n_seq=n_seq, n_outputs_max=n_seq, kv_unified=True))
-    hw = hardware.detect(getattr(args, "vram", None))
-    budget = fitting.Budget.of(hw)
-    if getattr(args, "rpc", None):
-        devices, cpu = rpc_devices(args.rpc, hw)
-        return Fitted(fitting.fit_header(header, request, budget, devices=devices, cpu=cpu), hw)
-    return Fitted(fitting.fit_header(header, request, budget), hw)
-
-
-def rpc_devices(endpoints, hw):
-    """With --rpc: probe every worker (one line and exit 1 for one that is down,
-    before anything loads); the devices to fit layers across are the workers',
-    a local GPU's and the CPU."""
-    from localllm.plan import placement, workers
-
-    workers = workers.probe_all(endpoints)
-    devices = [placement.Device(d.name, "rpc", d.free_bytes, d.total_bytes) for w in workers for d in w.devices]
-    if hw.gpu_source in ("nvml", "apple-unified") or (hw.gpu_source == "--vram" and _has_local_gpu()):
-        devices.append(placement.Device(hw.gpu_name or "GPU", "gpu", hw.gpu_budget, hw.gpu_total_bytes))
-    cpu = placement.Device("CPU", "cpu", hw.ram_available_bytes, hw.ram_total_bytes)
-    return devices, cpu
-
-
-def _has_local_gpu() -> bool:
-    from localllm.engine import rpc
-
-    return bool(rpc.local_gpus())
+    """Fit the options to the GPU budget (detected or --vram) and RAM through the
+    library's ``fit_request``: the settings that fit, the user's explicit choices
+    kept. ``n_seq`` > 1 plans serve's batch engine as it loads."""
+    request = fit_request(args, n_ctx or fitting.DEFAULT_CTX)
+    fit, hw = api.fit_request(path, request, vram=getattr(args, "vram", None), n_ctx=n_ctx, n_seq=n_seq,
+                              rpc=getattr(args, "rpc", None) or ())
+    return Fitted(fit, hw)
 
 
 def apply_template(backend: Engine, args: argparse.Namespace) -> None:
@@ -116,14 +87,12 @@ def apply_template(backend: Engine, args: argparse.Namespace) -> None:
     if spec is None:
         return
     if getattr(args, "raw", False):
-        from localllm.errors import UsageError
 
         raise UsageError("--raw uses no chat template: drop --template, or drop --raw")
     backend.use_template(spec)
 
 
 def say(msg: str) -> None:
-    from localllm.util.fmt import safe  # names and paths come from files and servers
 
     print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
@@ -136,9 +105,6 @@ def placement_for(fitted: Fitted, path: Path, cfg: LoadConfig):
         return None
     if cfg == fitted.config:
         return pl
-    from localllm.modelfile.gguf_file import read_header
-    from localllm.plan import placement, planner
-
     header = read_header(path)
     shape = planner.ModelShape.from_header(header)
     return placement.place(shape, cfg, [u.device for u in pl.uses[:-1]], pl.uses[-1].device, list(pl.split), header=header)
@@ -148,9 +114,6 @@ def device_table(fitted: Fitted, path: Path, logged: dict | None = None) -> list
     """Per device (workers' devices, a local GPU, the CPU): the planned weights,
     KV, compute and output bytes and the free memory; with ``logged`` (the engine's
     ``logged_buffers``) also what llama.cpp printed for each, in MiB."""
-    from localllm.modelfile.gguf_file import read_header
-    from localllm.plan import placement, planner
-
     pl = fitted.placement
     if pl is None:
         header = read_header(path)

@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from localllm.commands._common import load_config
+from localllm.errors import UsageError
 from localllm.measure.bench import BenchRow, run_bench
+from localllm.measure.loadtest import run_url
 from localllm.modelfile.model_info import inspect_model
 from localllm.store import resolver
 from localllm.util import fmt
@@ -24,7 +26,6 @@ def table(rows: list[BenchRow], header: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.url:
-        from localllm.measure.loadtest import run_url
 
         return run_url(args)
     args.prompt_tokens = args.prompt_tokens or [128, 512, 2048]
@@ -37,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
     with LlamaCppBackend() as backend:
         li = backend.load(path, load_config(args, n_ctx))
         if need > li.n_ctx:
-            from localllm.errors import UsageError
 
             raise UsageError(f"prompt {max(args.prompt_tokens)} + gen {args.gen_tokens} tokens exceed --ctx {li.n_ctx}: raise --ctx or drop the longest prompt")
         bos = backend.header.get("tokenizer.ggml.bos_token_id") if backend.header else None

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any
 
+from localllm.chat import sessions
+from localllm.chat.session import ChatSession, prompt_cache_path
 from localllm.commands._common import apply_template, fit_config
 from localllm.engine_api.records import SamplingConfig
 from localllm.engine_api.stats import GenerationStats
@@ -30,7 +32,6 @@ def summary(s: GenerationStats, shifts_total: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localllm.chat.session import ChatSession, prompt_cache_path
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
     path = resolver.resolve(args.model)
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 def _save_if_a_worker_dies(path, args: argparse.Namespace, cfg, session, turn_now: dict) -> None:
     """With --rpc, llama.cpp aborts when a worker dies mid-reply: save the chat
     so far (the cut reply included) where the cockpit's sessions live."""
-    from localllm.chat import sessions
+    # lazy: loads llama.cpp (~200 ms here), which chat does not load at import
     from localllm.engine import rpc
 
     def save(_detail: str) -> str:

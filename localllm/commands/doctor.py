@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 from localllm.commands._common import fit_config, placement_for
+from localllm.engine_api.records import LoadConfig
 from localllm.errors import InputError, UsageError
+from localllm.measure.doctor import examine, measure, measure_speculation
+from localllm.measure.quality import compare, eval_text
+from localllm.measure.roofline import measure_by_threads
+from localllm.plan.hardware import gpu_memory_bandwidth
+from localllm.plan.memcheck import load_checked
 from localllm.store import resolver
 from localllm.util import fmt
 
@@ -21,7 +27,6 @@ def _prompt(args: argparse.Namespace) -> str:
         if not text.strip():
             raise UsageError(f"{p} is empty")
         return text
-    from localllm.measure.quality import eval_text
 
     # A typical request: a page of context and a question about it.
     return eval_text()[:2000] + "\n\nSummarize the text above in three sentences."
@@ -29,9 +34,8 @@ def _prompt(args: argparse.Namespace) -> str:
 
 def _kv_kl(path: Path, threads: int | None) -> dict[str, float]:
     """Mean KL of q8_0 and q4_0 caches against f16 on one 256-token chunk of the shipped text."""
+    # lazy: loads llama.cpp (~193 ms here), which doctor does not load at import
     from localllm.engine import LlamaCppBackend
-    from localllm.engine_api.records import LoadConfig
-    from localllm.measure.quality import compare, eval_text
 
     backends = []
     try:
@@ -103,9 +107,6 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
-    from localllm.measure.doctor import examine, measure, measure_speculation
-    from localllm.measure.roofline import measure_by_threads
-    from localllm.plan.hardware import gpu_memory_bandwidth
 
     path = resolver.resolve(args.model)
     prompt = _prompt(args)
@@ -115,7 +116,6 @@ def run(args: argparse.Namespace) -> int:
     say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
     with LlamaCppBackend() as backend:
         # Room for 9 rows of logits, so the same context can check speculative drafts.
-        from localllm.plan.memcheck import load_checked
 
         cfg = replace(fitted.config, n_outputs_max=9)
         placement = placement_for(fitted, path, cfg)

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from localllm.errors import LocalLLMError
+from localllm.plan import hardware
 from localllm.store import registry
 from localllm.util import fmt
 
@@ -32,8 +33,13 @@ class Row:
 
 def rows(hw: Any) -> list[Row]:
     """One row per registry model, judged against ``hw`` (a hardware.Hardware)."""
+    # lazy: loads gguf, numpy (~159 ms here), which list_models does not load at import
     from localllm.modelfile.gguf_file import read_header
+
+    # lazy: loads gguf, numpy (~136 ms here), which list_models does not load at import
     from localllm.modelfile.model_info import describe
+
+    # lazy: loads gguf, numpy (~211 ms here), which list_models does not load at import
     from localllm.plan import planner, verdict
 
     ram = hw.ram_available_bytes
@@ -74,10 +80,10 @@ def render(table: list[Row], budget_note: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.catalog:
+        # lazy: loads gguf, numpy (~175 ms here), which list_models does not load at import
         from localllm.commands import list_catalog
 
         return list_catalog.run(args)
-    from localllm.plan import hardware
 
     hw = hardware.detect(args.vram)
     table = rows(hw)

@@ -6,6 +6,7 @@ import argparse
 
 from localllm.commands._common import fit_config
 from localllm.errors import EXIT_ERROR
+from localllm.modelfile.model_info import inspect_model
 from localllm.store import resolver
 from localllm.util import fmt
 
@@ -105,7 +106,6 @@ def render_devices(f) -> str:
 def run(args: argparse.Namespace) -> int:
     path = resolver.resolve(args.model)
     f = fit_config(args, path, args.ctx)
-    from localllm.modelfile.model_info import inspect_model
 
     info = inspect_model(path)
     if args.json:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import argparse
 
+from localllm import paths
 from localllm.commands._common import say
 from localllm.errors import InputError, UsageError
+from localllm.modelfile.gguf_file import read_header
+from localllm.plan import hardware
 from localllm.store import hf_cache, hub
+from localllm.store.modelname import split_part
 from localllm.util import fmt
 
 
@@ -63,7 +67,6 @@ def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | 
         return _single(f, repo_id), f"{f.quant}, as asked"
     budget = args.vram
     if budget is None:
-        from localllm.plan import hardware
 
         hw = hardware.detect(None)
         budget = hw.gpu_budget
@@ -82,7 +85,6 @@ def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | 
 
 
 def _single(f: hub.RemoteFile, repo_id: str) -> str:
-    from localllm.store.modelname import split_part
 
     part = split_part(f.filename)
     if part is not None:
@@ -95,8 +97,6 @@ def _single(f: hub.RemoteFile, repo_id: str) -> str:
 
 def _header(repo_id: str, revision: str, f: hub.RemoteFile, off: bool):
     if off:
-        from localllm import paths
-        from localllm.modelfile.gguf_file import read_header
 
         found = hf_cache.lookup(paths.hf_hub_cache(), repo_id, f.filename, revision)
         if found is None:

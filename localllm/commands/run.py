@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from localllm.chat.speculative import DraftModel, PromptLookup, generate
 from localllm.commands._common import apply_template, device_table, fit_config, placement_for, say
 from localllm.engine_api import Engine, Generation
-from localllm.engine_api.records import SamplingConfig
+from localllm.engine_api.records import LoadConfig, SamplingConfig
 from localllm.engine_api.stats import GenerationStats
 from localllm.errors import InputError, UsageError
+from localllm.modelfile.model_info import describe
 from localllm.plan import fitting
+from localllm.plan.memcheck import load_checked
 from localllm.store import resolver
 from localllm.util import fmt
 
@@ -72,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
             from dataclasses import replace
 
             cfg = replace(cfg, n_outputs_max=args.draft_k + 1)
-        from localllm.plan.memcheck import load_checked
 
         _, memory_check = load_checked(backend, path, cfg, placement_for(fitted, path, cfg))
         if getattr(args, "verbose", False) and not args.json:
@@ -113,7 +115,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _speculative(backend: Engine, prompt: str, args: argparse.Namespace) -> Generation:
-    from localllm.chat.speculative import DraftModel, PromptLookup, generate
 
     tokens = backend.prompt_tokens(prompt, chat=not args.raw)
     room = backend.n_ctx - len(tokens) - args.draft_k - 2  # speculative decoding does not shift the context
@@ -122,8 +123,8 @@ def _speculative(backend: Engine, prompt: str, args: argparse.Namespace) -> Gene
     max_tokens = args.n_predict if args.n_predict > 0 else room
     if args.speculate == "lookup":
         return generate(backend, tokens, PromptLookup(), max_tokens=max_tokens, k=args.draft_k)
+    # lazy: loads llama.cpp (~193 ms here), which run does not load at import
     from localllm.engine import LlamaCppBackend
-    from localllm.engine_api.records import LoadConfig
 
     draft = LlamaCppBackend()
     draft.load(resolver.resolve(args.draft), LoadConfig(n_ctx=backend.n_ctx, n_outputs_max=args.draft_k + 1))
@@ -145,7 +146,6 @@ def _speculative(backend: Engine, prompt: str, args: argparse.Namespace) -> Gene
 
 def _same_vocabulary(a: Engine, b: Engine) -> bool:
     """Same size and the same text for a spread of token ids."""
-    from localllm.modelfile.model_info import describe
 
     if a.header is None or b.header is None:
         return False

@@ -17,7 +17,11 @@ from dataclasses import replace
 
 from localllm.commands._common import fit_config, say
 from localllm.errors import InputError, UsageError
+from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting
+from localllm.serve.prometheus import ServerMetrics
+from localllm.serve.protocol import RequestError
+from localllm.serve.scheduler import Scheduler
 from localllm.store import resolver
 from localllm.util import fmt
 
@@ -61,7 +65,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch {args.batch} cannot hold one token of each of --parallel {parallel} sequences: raise --batch")
     ctx_seq = args.ctx
     if ctx_seq is None:  # as run: the trained context, at most 4096, for each sequence
-        from localllm.modelfile.model_info import inspect_model
 
         ctx_seq = min(inspect_model(path).context_length or 4096, 4096)
     fitted = fit_config(args, path, ctx_seq * parallel, n_seq=parallel)
@@ -76,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
             f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.sentence})")
     sock = _bind(args.host, args.port)
     from localllm.engine.batch import BatchModel  # lazy: loads llama.cpp
+
+    # lazy: loads Starlette (~66 ms here), which serve does not load at import
     from localllm.serve.app import ServeState, build_app
-    from localllm.serve.prometheus import ServerMetrics
-    from localllm.serve.scheduler import Scheduler
 
     model = BatchModel()
     try:
@@ -130,7 +133,6 @@ def _interrupt(signum, frame) -> None:
 
 
 def _tokenizer(model):
-    from localllm.serve.protocol import RequestError
 
     tok = model.tok
 

@@ -1,6 +1,6 @@
-"""The llama.cpp adapter: with ``engine_rpc`` and ``batch_engine``, the only code
-that imports ``llama_cpp``. Importing it checks the installed llama-cpp-python
-(``native.missing_struct_fields``) before anything calls into it.
+"""The llama.cpp adapter: the only code that imports ``llama_cpp``. Importing it
+checks the installed llama-cpp-python (``native.missing_struct_fields``) before
+anything calls into it.
 
 One module per job, so a change to one (say, how a context shifts) is made in
 one small file:
@@ -15,7 +15,11 @@ one small file:
 - ``generator``  timed generation, returning a ``Generation``
 - ``scorer``     logits at every position: speculative verification, quality
 - ``quantize``   llama.cpp's quantizer
-- ``llama``      ``LlamaCppBackend``, the ``Engine`` (``localllm.engine_api.protocol``) built from them
+- ``llama``      ``LlamaCppBackend``, the ``Engine`` (``localllm.engine_api``) built from them
+- ``chat_template`` a Jinja chat template rendered in a sandbox, with limits
+- ``batch``      several sequences in one context, for ``serve``
+- ``rpc``        llama.cpp's RPC backend through ctypes: workers and devices
+- ``llamalog``   llama.cpp's log, routed into Python logging (pure Python)
 
 The names other modules import from ``localllm.engine`` are re-exported here.
 """
@@ -29,7 +33,7 @@ from localllm.engine import native  # noqa: F401
 from localllm.engine.kvcache import KVCache
 from localllm.engine.llama import LlamaCppBackend
 from localllm.engine.llamalog import ROUTER
-from localllm.engine.model import ModelHandle, _check_config, check_config, llama_params, load_model_and_context
+from localllm.engine.model import ModelHandle, check_config, llama_params, load_model_and_context
 from localllm.engine.native import (
     MAX_CTX,
     MAX_THREADS,
@@ -47,7 +51,7 @@ from localllm.engine.tokenizer import Tokenizer
 
 __all__ = [
     "KVCache", "LlamaCppBackend", "MAX_CTX", "MAX_THREADS", "ModelHandle", "QUANT_TYPES", "ROUTER", "STATE_MAGIC",
-    "STATE_VERSION", "StateFileError", "Tokenizer", "_check_config", "builtin_templates", "check_config",
+    "STATE_VERSION", "StateFileError", "Tokenizer", "builtin_templates", "check_config",
     "default_threads", "gpu_offload_supported", "install_log_router", "llama_params", "load_model_and_context",
     "max_threads", "missing_struct_fields", "pack_state", "quantize_model", "system_info", "unpack_state",
 ]

@@ -27,12 +27,13 @@ from pathlib import Path
 
 import llama_cpp
 
-from localllm.engine import Tokenizer, check_config, install_log_router, llama_params, load_model_and_context
 from localllm.engine.llamalog import ROUTER
+from localllm.engine.model import ModelHandle, llama_params, load_model_and_context
+from localllm.engine.native import install_log_router
 from localllm.engine.sampler import free_sampler, new_sampler, sample
-from localllm.engine_api.records import LoadConfig, SamplingConfig, check_cache_types
+from localllm.engine.tokenizer import Tokenizer
+from localllm.engine_api.records import LoadConfig, SamplingConfig
 from localllm.errors import EngineError
-from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import describe
 
 
@@ -64,10 +65,8 @@ class BatchModel:
 
     def load(self, path: Path, config: LoadConfig, n_seq: int) -> BatchLoadInfo:
         """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences."""
-        check_config(config)
-        header = read_header(path)
+        header = ModelHandle.check(path, config)  # the same checks as the single-sequence engine
         shape = describe(header)
-        check_cache_types(config.type_k, config.type_v, shape.head_dim_k, shape.head_dim_v)
         install_log_router()
         self.close()
         mparams, cparams, keep = llama_params(config)  # noqa: F841  (keep: arrays that must outlive the load)

@@ -27,14 +27,14 @@ import sys
 import time
 from typing import Any
 
-from localllm.errors import InputError
+from localllm.engine_api.errors import FileSettingError
 
 TIME_LIMIT_S = 3.0
 MIN_OUTPUT_LIMIT = 4 * 1024 * 1024  # characters; more when the messages are longer
 _MAX_INT_BITS = 64
 
 
-class TemplateError(InputError):
+class TemplateError(FileSettingError):
     """The template failed to compile or render, or went past a limit."""
 
 
@@ -141,7 +141,7 @@ class ChatTemplate:
         try:
             self._template = self._env.from_string(source)
         except Exception as exc:  # a syntax error, or anything Jinja raises while compiling
-            raise TemplateError(f"{origin} failed: {_reason(exc)}; use --raw or --template FILE|NAME") from None
+            raise TemplateError(f"{origin} failed: {_reason(exc)}; use {{raw}} or {{template_choice}}") from None
 
     def render(self, messages: list[dict[str, str]], *, bos_token: str, eos_token: str, add_generation_prompt: bool) -> str:
         chars = sum(len(m.get("content") or "") for m in messages)
@@ -168,9 +168,9 @@ class ChatTemplate:
                 self._limits.tick()
                 pieces.append(piece)
         except _Limit as exc:
-            raise TemplateError(f"{self.origin} failed: {exc}; use --raw or --template FILE|NAME") from None
+            raise TemplateError(f"{self.origin} failed: {exc}; use {{raw}} or {{template_choice}}") from None
         except Exception as exc:  # whatever the template raises is the template's fault
-            raise TemplateError(f"{self.origin} failed: {_reason(exc)}; use --raw or --template FILE|NAME") from None
+            raise TemplateError(f"{self.origin} failed: {_reason(exc)}; use {{raw}} or {{template_choice}}") from None
         finally:
             sys.settrace(previous)
         return "".join(pieces)

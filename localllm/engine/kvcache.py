@@ -18,8 +18,10 @@ import llama_cpp
 from localllm.engine.model import ModelHandle
 from localllm.engine.native import system_info
 from localllm.engine.statefile import StateFileError, pack_state, unpack_state
+from localllm.engine_api.errors import ContextFull
 from localllm.engine_api.stats import ShiftRecord
 from localllm.errors import EngineError, UsageError
+from localllm.util import atomic
 
 
 class KVCache:
@@ -89,7 +91,7 @@ class KVCache:
             n_past = len(self._tokens)
             n_left = n_past - n_keep
             if n_left <= 0 or n_keep + n_new > n_ctx:
-                raise EngineError(f"the context ({n_ctx}) is full of kept tokens ({n_keep}): raise --ctx or shorten the system prompt")
+                raise ContextFull(f"the context ({n_ctx}) is full of kept tokens ({n_keep}): raise {{n_ctx}} or shorten the system prompt")
             n_discard = min(n_left, max(n_left // 2, n_new))
             kept = self._tokens[:n_keep] + self._tokens[n_keep + n_discard :]
             t0 = time.perf_counter_ns()
@@ -117,7 +119,6 @@ class KVCache:
         if not n:
             raise EngineError(f"llama.cpp could not save the cache to {path}")
         data = pack_state(self._state_meta(), self._tokens, bytes(buf)[:n])
-        from localllm.util import atomic
 
         atomic.write_bytes(path, data)
         return len(data)

@@ -25,6 +25,7 @@ from localllm.engine.model import ModelHandle
 from localllm.engine.template import TemplateChoice
 from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import Generation, Verification
+from localllm.engine_api.errors import InvalidSetting
 from localllm.engine_api.records import LoadConfig, LoadInfo, SamplingConfig
 from localllm.errors import EngineError, UsageError
 from localllm.modelfile.gguf_file import GGUFHeader
@@ -76,6 +77,10 @@ class LlamaCppBackend:
     @property
     def header(self) -> GGUFHeader | None:
         return self._handle.header if self._handle is not None else None
+
+    @property
+    def load_log(self) -> list[tuple[int, str]]:
+        return list(self._handle.load_log) if self._handle is not None else []
 
     @property
     def logged_buffers(self) -> dict[str, dict[str, list[float]]]:
@@ -177,7 +182,7 @@ class LlamaCppBackend:
             raise UsageError("the prompt is empty")
         n_ctx = handle.n_ctx
         if len(tokens) >= n_ctx:
-            raise UsageError(f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}: try --ctx {_round_up(len(tokens) + 256, 256)}")
+            raise InvalidSetting(f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}: try {{n_ctx}} {_round_up(len(tokens) + 256, 256)}")
         if n_keep is None:
             bos = 1 if tokens[0] == handle.header.get("tokenizer.ggml.bos_token_id") else 0
             n_keep = len(tokens) if len(tokens) <= n_ctx // 2 else bos
@@ -195,7 +200,7 @@ class LlamaCppBackend:
             raise UsageError("nothing to add to the conversation")
         n_ctx = handle.n_ctx
         if len(tokens) > n_ctx - n_keep - 1:
-            raise UsageError(f"the message is {len(tokens)} tokens; the context holds {n_ctx} with {n_keep} kept: try a larger --ctx")
+            raise InvalidSetting(f"the message is {len(tokens)} tokens; the context holds {n_ctx} with {n_keep} kept: try a larger {{n_ctx}}")
         if not shift and len(cache) + len(tokens) >= n_ctx:
             raise EngineError(f"the context is full ({len(cache)} of {n_ctx} tokens): clear the chat, or turn the sliding window on")
         start = start_ns if start_ns is not None else time.perf_counter_ns()

@@ -17,32 +17,35 @@ from typing import Any
 
 import llama_cpp
 
+from localllm.engine import rpc
 from localllm.engine.llamalog import ROUTER
 from localllm.engine.native import MAX_CTX, default_threads, gpu_offload_supported, install_log_router, max_threads
+from localllm.engine_api.errors import InvalidSetting
 from localllm.engine_api.records import FLASH_ATTN_MODES, LoadConfig, LoadInfo, check_cache_types, ggml_type_id, needs_flash_attn
-from localllm.errors import EngineError, UsageError
+from localllm.errors import EngineError
 from localllm.modelfile.gguf_file import GGUFHeader, read_header
 from localllm.modelfile.model_info import describe
+from localllm.plan.placement import logged_buffers
+from localllm.plan.workers import parse_endpoints
 
 
 def check_config(cfg: LoadConfig) -> None:
     """Refuse what llama.cpp would assert on or silently wrap (its fields are
     32-bit), for callers that build a LoadConfig without the CLI's parsers."""
     if not 1 <= cfg.n_ctx <= MAX_CTX:
-        raise UsageError(f"--ctx must be between 1 and {MAX_CTX}, got {cfg.n_ctx}")
+        raise InvalidSetting(f"{{n_ctx}} must be between 1 and {MAX_CTX}, got {cfg.n_ctx}")
     if not 1 <= cfg.n_batch <= MAX_CTX or not 1 <= cfg.n_ubatch <= MAX_CTX:
-        raise UsageError(f"--batch and --ubatch must be between 1 and {MAX_CTX}")
+        raise InvalidSetting(f"{{n_batch}} and {{n_ubatch}} must be between 1 and {MAX_CTX}")
     if cfg.n_threads is not None and not 1 <= cfg.n_threads <= max_threads():
-        raise UsageError(f"--threads must be between 1 and {max_threads()} (this machine's CPUs), got {cfg.n_threads}")
+        raise InvalidSetting(f"{{n_threads}} must be between 1 and {max_threads()} (this machine's CPUs), got {cfg.n_threads}")
     if not 0 <= cfg.n_outputs_max <= MAX_CTX:
-        raise UsageError(f"n_outputs_max must be between 0 and {MAX_CTX}")
+        raise InvalidSetting(f"{{n_outputs_max}} must be between 0 and {MAX_CTX}")
     if cfg.flash_attn not in FLASH_ATTN_MODES:
-        raise UsageError(f"--flash-attn must be one of {', '.join(FLASH_ATTN_MODES)}")
+        raise InvalidSetting(f"{{flash_attn}} must be one of {', '.join(FLASH_ATTN_MODES)}")
     ggml_type_id(cfg.type_k)
     ggml_type_id(cfg.type_v)
 
 
-_check_config = check_config  # the name batch_engine imported before the split
 
 
 def llama_params(config: LoadConfig) -> tuple[Any, Any, list[object]]:
@@ -79,8 +82,6 @@ def _set_devices(mparams, config: LoadConfig) -> list[object]:
     split. Returns the ctypes arrays, which must stay alive through the load."""
     keep: list[object] = []
     if config.rpc_servers:
-        from localllm.engine import rpc
-        from localllm.plan.workers import parse_endpoints
 
         devs = rpc.add_servers(parse_endpoints(",".join(config.rpc_servers)))
         n_local = len(config.tensor_split) - len(devs) if config.tensor_split else None
@@ -129,6 +130,7 @@ class ModelHandle:
     info: LoadInfo
     n_outputs_max: int  # rows of logits one decode may output (llama.cpp asserts past it)
     logged_buffers: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # device -> kind -> MiB, from the load's log
+    load_log: list[tuple[int, str]] = field(default_factory=list)  # llama.cpp's log lines of this load (level, text)
 
     @staticmethod
     def check(path: Path, config: LoadConfig) -> GGUFHeader:
@@ -151,7 +153,6 @@ class ModelHandle:
         cparams.no_perf = False
         mark = ROUTER.mark()  # the allocation lines of this load, for logged_buffers
         model, ctx, load_ms = load_model_and_context(path, config, mparams, cparams)
-        from localllm.plan.placement import logged_buffers
 
         info = LoadInfo(
             path=Path(path),
@@ -164,10 +165,11 @@ class ModelHandle:
             flash_attn="on" if needs_flash_attn(config) else config.flash_attn,
             gpu_offload_supported=gpu_offload_supported(),
         )
+        log = ROUTER.lines_since(mark)
         return cls(
             model=model, ctx=ctx, vocab=llama_cpp.llama_model_get_vocab(model), header=header, info=info,
             n_outputs_max=config.n_outputs_max or cparams.n_batch,
-            logged_buffers=logged_buffers([line for _, line in ROUTER.lines_since(mark)]),
+            logged_buffers=logged_buffers([line for _, line in log]), load_log=log,
         )
 
     def close(self) -> None:

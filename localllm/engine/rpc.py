@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from localllm.engine.native import install_log_router
 from localllm.errors import EngineError, UsageError
 from localllm.plan.workers import Endpoint, probe_all
 
@@ -74,7 +75,6 @@ def _fn(name: str, restype, *argtypes):
 
 
 def _rpc_reg() -> int:
-    from localllm.engine import install_log_router
 
     install_log_router()
     reg = _fn("ggml_backend_reg_by_name", ctypes.c_void_p, ctypes.c_char_p)(b"RPC")
@@ -242,3 +242,8 @@ def _hold(text: str) -> None:
             pass
     _parked.set()
     threading.Event().wait()  # never set: returning would let ggml_abort call abort()
+
+
+def has_local_gpu() -> bool:
+    """Whether this build of llama.cpp sees a GPU on this machine."""
+    return bool(local_gpus())

@@ -14,7 +14,8 @@ import llama_cpp
 from localllm.engine.kvcache import KVCache
 from localllm.engine.model import ModelHandle
 from localllm.engine_api import Verification
-from localllm.errors import EngineError, UsageError
+from localllm.engine_api.errors import InvalidSetting
+from localllm.errors import EngineError
 
 
 def _decode_all(handle: ModelHandle, tokens: Sequence[int], start: int) -> int:
@@ -47,7 +48,7 @@ def verify(handle: ModelHandle, cache: KVCache, tokens: Sequence[int]) -> Verifi
         # llama.cpp asserts (aborts the process) past n_outputs_max: refuse instead.
         raise EngineError(f"verifying {n} tokens needs a context loaded with n_outputs_max >= {n} (it has {handle.n_outputs_max})")
     if n > handle.n_batch:
-        raise UsageError(f"verifying {n} tokens at once needs --batch {n} or more")
+        raise InvalidSetting(f"verifying {n} tokens at once needs {{n_batch}} {n} or more")
     n_vocab = handle.n_vocab
     ns = _decode_all(handle, tokens, len(cache))
     cache.record(tokens)
@@ -67,7 +68,7 @@ def logits(handle: ModelHandle, cache: KVCache, tokens: Sequence[int]):
     handle.require()
     n = len(tokens)
     if n > handle.n_batch:
-        raise UsageError(f"scoring {n} tokens needs --batch {n} or more")
+        raise InvalidSetting(f"scoring {n} tokens needs {{n_batch}} {n} or more")
     n_vocab = handle.n_vocab
     cache.reset()
     try:

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import llama_cpp
 
+from localllm.engine.chat_template import ChatTemplate
+from localllm.engine_api.errors import InvalidSetting
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.gguf_file import GGUFHeader
-
-if TYPE_CHECKING:
-    from localllm.engine.chat_template import ChatTemplate
 
 
 def builtin_templates() -> list[str]:
@@ -58,15 +56,13 @@ class TemplateChoice:
                 raise InputError(f"the template {p} is not UTF-8 text") from None
             except OSError as exc:
                 raise InputError(f"cannot read the template {p}: {exc.strerror or exc}") from None
-            from localllm.engine.chat_template import ChatTemplate
-
             self._compiled = ChatTemplate(source, f"the chat template {p}")  # compile now: errors before the first turn
             self._override = ("jinja", source)
             self._origin = f"the chat template {p}"
             return
         names = builtin_templates()
         if spec not in names:
-            raise UsageError(f"--template {spec}: no such file, and not a built-in template (one of: {', '.join(names)})")
+            raise InvalidSetting(f"{{template}} {spec}: no such file, and not a built-in template (one of: {', '.join(names)})")
         self._override = ("builtin", spec)
 
     def render(self, header: GGUFHeader | None, messages: list[dict[str, str]], bos_text: str, eos_text: str,
@@ -74,8 +70,6 @@ class TemplateChoice:
         if self._override and self._override[0] == "builtin":
             return _render_builtin(self._override[1], messages, add_generation_prompt)
         if self._compiled is None:
-            from localllm.engine.chat_template import ChatTemplate
-
             source: object
             if self._override is not None:
                 source, origin = self._override[1], self._origin
@@ -83,7 +77,7 @@ class TemplateChoice:
                 source = header.get("tokenizer.chat_template") if header else None
                 origin = f"{header.path if header else 'the model'}: the model's chat template"
             if not isinstance(source, str):
-                raise UsageError("this model has no chat template (a base model): use --raw, or --template FILE|NAME")
+                raise InvalidSetting("this model has no chat template (a base model): use {raw}, or {template_choice}")
             self._compiled = ChatTemplate(source, origin)
         return self._compiled.render(messages, bos_token=bos_text, eos_token=eos_text, add_generation_prompt=bool(add_generation_prompt))
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from localllm.engine_api.config import LoadConfig
 from localllm.engine_api.protocol import Engine, Generation, Verification
-from localllm.engine_api.records import LoadInfo, SamplingConfig, TokenEvent
+from localllm.engine_api.records import LoadInfo, SamplingConfig, SpecStats, TokenEvent
 from localllm.engine_api.stats import GenerationStats
 
-__all__ = ["Engine", "Generation", "GenerationStats", "LoadConfig", "LoadInfo", "SamplingConfig", "TokenEvent", "Verification"]
+__all__ = ["Engine", "Generation", "GenerationStats", "LoadConfig", "LoadInfo", "SamplingConfig", "SpecStats", "TokenEvent", "Verification"]

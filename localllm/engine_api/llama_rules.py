@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localllm.engine_api.errors import InvalidSetting
 from localllm.errors import UsageError
 
 
@@ -106,6 +107,6 @@ def check_cache_types(type_k: str, type_v: str, head_dim_k: int, head_dim_v: int
     for which, name, dim in (("K", type_k, head_dim_k), ("V", type_v, head_dim_v)):
         block = cache_type(name).block_size
         if dim and dim % block:
-            raise UsageError(
-                f"{which} cache type {name} stores blocks of {block} values but this model's {which} head dim is {dim}: use --kv-type f16"
+            raise InvalidSetting(
+                f"{which} cache type {name} stores blocks of {block} values but this model's {which} head dim is {dim}: use {{kv_type}} f16"
             )

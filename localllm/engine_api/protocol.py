@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from localllm.engine_api.records import LoadConfig, LoadInfo, SamplingConfig, TokenEvent
+from localllm.engine_api.records import LoadConfig, LoadInfo, SamplingConfig, SpecStats, TokenEvent
 from localllm.engine_api.stats import GenerationStats
 
 if TYPE_CHECKING:
-    from localllm.chat.speculative import SpecStats
     from localllm.modelfile.gguf_file import GGUFHeader
 
 
@@ -89,6 +88,12 @@ class Engine(Protocol):
 
     @property
     def header(self) -> GGUFHeader | None: ...
+
+    @property
+    def load_log(self) -> list[tuple[int, str]]:
+        """llama.cpp's log lines (level, text) of the last load: what it allocated
+        where, for the post-load memory check (``plan.memcheck``)."""
+        ...
 
     @property
     def logged_buffers(self) -> dict[str, dict[str, list[float]]]:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from localllm.engine_api.config import LoadConfig
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, check_cache_types, ggml_type_id  # noqa: F401  (the engine adapter imports them from here)
+from localllm.engine_api.llama_rules import needs_flash_attn as rule
 
 
 def needs_flash_attn(cfg: LoadConfig) -> bool:
     """A quantized V cache works only with flash attention (``llama_rules``)."""
-    from localllm.engine_api.llama_rules import needs_flash_attn as rule
 
     return rule(cfg.type_v)
 
@@ -61,3 +61,14 @@ class LoadInfo:
     flash_attn: str
     gpu_offload_supported: bool
 
+
+@dataclass
+class SpecStats:
+    """Speculative decoding's count: tokens drafted, and how many the model accepted."""
+
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0

@@ -13,6 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from localllm.chat.speculative import PromptLookup, generate
 from localllm.engine_api import Engine
 from localllm.engine_api.records import LoadConfig, LoadInfo, SamplingConfig
 from localllm.engine_api.stats import GenerationStats
@@ -333,7 +334,6 @@ def measure(backend: Engine, prompt: str, *, gen_tokens: int = 64, chat: bool = 
 def measure_speculation(backend: Engine, prompt: str, *, gen_tokens: int, chat: bool) -> tuple[float | None, float]:
     """(tokens/s with prompt-lookup drafts ÷ without, acceptance), greedy, on ``prompt``.
     Needs a context loaded with n_outputs_max >= 9."""
-    from localllm.chat.speculative import PromptLookup, generate
 
     tokens = backend.prompt_tokens(prompt, chat=chat)
     plain = backend.stream(tokens, SamplingConfig(temperature=0, max_tokens=gen_tokens, ignore_eos=True)).drain().tpot_ms

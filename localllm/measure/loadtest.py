@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from localllm.engine_api.stats import percentile
+from localllm.errors import InputError
+from localllm.util import fmt
 
 WORDS = ("the time people year way day thing man world life hand part child eye woman place work week case point "
          "government company number group problem fact water room mother area money story month lot right study book "
@@ -232,8 +234,6 @@ def run_url(args) -> int:
     import os
     import sys
 
-    from localllm.errors import InputError
-    from localllm.util import fmt
 
     progress = None if args.json else (lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True))
     try:

@@ -76,28 +76,6 @@ def measure_by_threads(counts: list[int], mib: int = 256, passes: int = 3) -> di
     return {n: measure_bandwidth(mib=mib, passes=passes, threads=n) for n in sorted(set(counts))}
 
 
-# Published unified-memory bandwidth of Apple's chips, bytes/s (Apple's spec
-# pages). Where a chip comes in two memory configurations, the lower one.
-APPLE_BANDWIDTH = {
-    "M1": 68.25e9, "M1 Pro": 200e9, "M1 Max": 400e9, "M1 Ultra": 800e9,
-    "M2": 100e9, "M2 Pro": 200e9, "M2 Max": 400e9, "M2 Ultra": 800e9,
-    "M3": 100e9, "M3 Pro": 150e9, "M3 Max": 300e9, "M3 Ultra": 819e9,
-    "M4": 120e9, "M4 Pro": 273e9, "M4 Max": 410e9,
-}
-
-
-def nvidia_bandwidth(bus_width_bits: int, max_mem_clock_mhz: int) -> float:
-    """Peak DRAM bandwidth from what NVML reports: bus width x memory clock x 2
-    (two transfers per clock, as NVML's memory clock is the DDR base clock)."""
-    return bus_width_bits / 8 * max_mem_clock_mhz * 1e6 * 2
-
-
-def apple_bandwidth(chip: str) -> float | None:
-    """``'Apple M2 Pro'`` -> 200e9; None for a chip we have no figure for."""
-    name = chip.replace("Apple", "").strip()
-    return APPLE_BANDWIDTH.get(name)
-
-
 @dataclass(frozen=True)
 class Roofline:
     bandwidth_bytes_per_s: float  # the CPU's, at the decode's thread count

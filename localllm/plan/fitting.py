@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.engine_api.config import LoadConfig
-from localllm.plan import planner
+from localllm.modelfile.gguf_file import read_header
+from localllm.modelfile.model_info import describe
+from localllm.plan import placement, planner
 
 if TYPE_CHECKING:
     from localllm.modelfile.gguf_file import GGUFHeader
@@ -138,7 +141,6 @@ def fit(
     limit = ctx_limit or max(want.n_ctx, trained_ctx or 0)
     placed = None
     if devices is not None:
-        from localllm.plan import placement
 
         assert cpu is not None, "devices go with the cpu device"
         r, placed = placement.fit_across(
@@ -181,7 +183,19 @@ def fit(
 def fit_header(header: GGUFHeader, request: Request, budget: Budget, **kw: Any) -> Fit:
     """``fit`` for a model's GGUF header (its shape, its trained context, and
     its tensors for placing layers across ``devices``)."""
-    from localllm.modelfile.model_info import describe
 
     shape = planner.ModelShape.from_header(header)
     return fit(shape, request, budget, trained_ctx=describe(header).context_length, header=header, **kw)
+
+
+def fit_file(path: Path, request: Request, hw: Any, *, n_ctx: int | None = None, n_seq: int = 1, **kw: Any) -> Fit:
+    """``fit`` for a model file and a ``hardware.Hardware``: the context asked
+    (``n_ctx``, or ``default_ctx`` of the model's trained one) replaces the
+    request's. ``n_seq`` > 1 plans serve's batch engine as it loads: one unified
+    cache for ``n_seq`` sequences and one row of logits per sequence.
+    ``kw``: ``devices`` and ``cpu`` for a load across several devices."""
+    header = read_header(path)
+    config = replace(request.config, n_ctx=n_ctx or default_ctx(describe(header).context_length))
+    if n_seq > 1:
+        config = replace(config, n_seq=n_seq, n_outputs_max=n_seq, kv_unified=True)
+    return fit_header(header, replace(request, config=config), Budget.of(hw), **kw)

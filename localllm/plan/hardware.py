@@ -85,7 +85,6 @@ def gpu_memory_bandwidth() -> float | None:
     NVIDIA from NVML (memory bus width x maximum memory clock x 2), Apple from
     the chip's published figure; None where neither is known (the roofline then
     says n/a for the GPU's part instead of guessing)."""
-    from localllm.measure import roofline
 
     try:
         import pynvml
@@ -103,7 +102,7 @@ def gpu_memory_bandwidth() -> float | None:
                     bus = int(pynvml.nvmlDeviceGetMemoryBusWidth(h))
                     clock = int(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM))
                     if bus > 0 and clock > 0:
-                        return roofline.nvidia_bandwidth(bus, clock)
+                        return nvidia_bandwidth(bus, clock)
             except Exception:  # an NVML without these queries: unknown, not a guess
                 return None
             finally:
@@ -115,5 +114,27 @@ def gpu_memory_bandwidth() -> float | None:
             chip = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5).stdout
         except (OSError, subprocess.SubprocessError):
             return None
-        return roofline.apple_bandwidth(chip)
+        return apple_bandwidth(chip)
     return None
+
+
+# Published unified-memory bandwidth of Apple's chips, bytes/s (Apple's spec
+# pages). Where a chip comes in two memory configurations, the lower one.
+APPLE_BANDWIDTH = {
+    "M1": 68.25e9, "M1 Pro": 200e9, "M1 Max": 400e9, "M1 Ultra": 800e9,
+    "M2": 100e9, "M2 Pro": 200e9, "M2 Max": 400e9, "M2 Ultra": 800e9,
+    "M3": 100e9, "M3 Pro": 150e9, "M3 Max": 300e9, "M3 Ultra": 819e9,
+    "M4": 120e9, "M4 Pro": 273e9, "M4 Max": 410e9,
+}
+
+
+def nvidia_bandwidth(bus_width_bits: int, max_mem_clock_mhz: int) -> float:
+    """Peak DRAM bandwidth from what NVML reports: bus width x memory clock x 2
+    (two transfers per clock, as NVML's memory clock is the DDR base clock)."""
+    return bus_width_bits / 8 * max_mem_clock_mhz * 1e6 * 2
+
+
+def apple_bandwidth(chip: str) -> float | None:
+    """``'Apple M2 Pro'`` -> 200e9; None for a chip we have no figure for."""
+    name = chip.replace("Apple", "").strip()
+    return APPLE_BANDWIDTH.get(name)

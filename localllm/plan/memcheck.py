@@ -5,7 +5,7 @@ buffer size = 8.00 MiB", "RS buffer size", "compute buffer size", "output
 buffer size"; src/llama-kv-cache.cpp, src/llama-memory-recurrent.cpp,
 src/llama-context.cpp). ``check`` parses those lines and compares them with
 ``planner.plan_memory`` for the same settings, so every user's load is also a
-test of the planner. Pure Python: the lines come from ``llamalog.ROUTER``.
+test of the planner. Pure Python: the lines are the engine's ``load_log``.
 
 For the cockpit (or any caller that loads a model):
 
@@ -137,7 +137,10 @@ def check_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, s
     and compare with the lines llama.cpp logged while loading it."""
     from dataclasses import replace
 
+    # lazy: loads gguf, numpy (~159 ms here), which memcheck does not load at import
     from localllm.modelfile.gguf_file import read_header
+
+    # lazy: loads gguf, numpy (~211 ms here), which memcheck does not load at import
     from localllm.plan import planner
 
     lines = list(lines)
@@ -159,6 +162,7 @@ def check_placement(placement, lines: Iterable[str | tuple[int, str]], tol: floa
     KV: each device's buffers (full-attention, then sliding-window); compute:
     each device's; output: the CPU's. Weights are not checked (the CPU's mapped
     range and a repacked copy depend on the file's layout and the CPU)."""
+    # lazy: loads gguf, numpy (~225 ms here), which memcheck does not load at import
     from localllm.plan.placement import logged_buffers
 
     logged = logged_buffers([item[1] if isinstance(item, tuple) else item for item in lines])
@@ -199,8 +203,5 @@ def load_checked(backend: Engine, path: str | Path, load_config, placement=None)
     """``backend.load(path, load_config)`` and the memory check of that load:
     (the backend's LoadInfo, a MemoryCheck or None). For run, doctor and the cockpit.
     ``placement``: the per-device plan of a load over ``--rpc`` workers."""
-    from localllm.engine.llamalog import ROUTER
-
-    mark = ROUTER.mark()
     info = backend.load(Path(path), load_config)
-    return info, check_after_load(path, load_config, ROUTER.lines_since(mark), placement)
+    return info, check_after_load(path, load_config, backend.load_log, placement)

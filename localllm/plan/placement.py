@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +39,7 @@ from localllm.engine_api.llama_rules import is_quantized
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.plan import planner
 from localllm.plan.planner import MemoryPlan, ModelShape
+from localllm.plan.workers import probe_all
 from localllm.util.fmt import size
 
 
@@ -421,3 +423,16 @@ def logged_buffers(lines: list[str]) -> dict[str, dict[str, list[float]]]:
             dev = "CPU" if name.startswith("CPU") else name
             out.setdefault(dev, {}).setdefault(kind, []).append(float(mib))
     return out
+
+
+def rpc_devices(endpoints: Sequence[Any], hw: Any, local_gpu: Callable[[], bool]) -> tuple[list[Device], Device]:
+    """With --rpc: probe every worker (one line and exit 1 for one that is down,
+    before anything loads); the devices to fit layers across are the workers',
+    a local GPU's and the CPU. ``local_gpu`` asks the engine whether this build
+    sees a GPU, where only a typed --vram says there is one."""
+    found = probe_all(list(endpoints))
+    devices = [Device(d.name, "rpc", d.free_bytes, d.total_bytes) for w in found for d in w.devices]
+    if hw.gpu_source in ("nvml", "apple-unified") or (hw.gpu_source == "--vram" and local_gpu()):
+        devices.append(Device(hw.gpu_name or "GPU", "gpu", hw.gpu_budget, hw.gpu_total_bytes))
+    cpu = Device("CPU", "cpu", hw.ram_available_bytes, hw.ram_total_bytes)
+    return devices, cpu

@@ -33,8 +33,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localllm.engine_api.config import LoadConfig
 from localllm.engine_api.llama_rules import is_quantized
+from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.modelfile.model_info import describe
+from localllm.plan import compute_graph
 from localllm.util.units import format_size
 
 CTX_PAD = 256
@@ -100,7 +102,6 @@ class ModelShape:
 
     @classmethod
     def from_header(cls, header: GGUFHeader) -> ModelShape:
-        from localllm.modelfile.arch_rules import cache_rule
 
         info = describe(header)
         rule = cache_rule(header)
@@ -392,7 +393,6 @@ def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> 
     n_ctx = _pad(max(cfg.n_ctx, 1), CTX_PAD)
     T = min(n_ctx, cfg.n_ubatch)
     t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
-    from localllm.plan import compute_graph
 
     if cfg.n_seq <= 1 and shape.architecture in compute_graph.BUILDERS:
         # The worst-case graph replayed through ggml's allocator (compute_graph.py),

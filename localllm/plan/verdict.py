@@ -14,6 +14,7 @@ from typing import Any
 
 from localllm.engine_api.config import LoadConfig
 from localllm.plan import fitting, planner
+from localllm.util.units import format_size
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,5 @@ def judge(shape: planner.ModelShape, trained_ctx: int, gpu_budget: int | None, r
 
 
 def _gb(n: int) -> str:
-    from localllm.util.units import format_size
 
     return format_size(n, "GiB", digits=1)

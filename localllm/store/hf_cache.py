@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from localllm.errors import InputError, UsageError
+from localllm.util import atomic
 
 _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -275,7 +276,6 @@ def link(cache: Path, repo_id: str, revision: str, commit: str, filename: str, b
         _require_inside(folder / "refs", ref.parent)
         ref.parent.mkdir(parents=True, exist_ok=True)
         _require_inside(folder / "refs", ref)
-        from localllm.util import atomic
 
         atomic.write_text(ref, commit)
     return dest

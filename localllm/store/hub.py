@@ -31,6 +31,7 @@ from localllm.errors import InputError, LocalLLMError
 from localllm.store import hf_cache, registry
 from localllm.store.modelname import is_projector, quant_of, split_part
 from localllm.util import atomic, fmt
+from localllm.util.progress import Bar
 
 _CHUNK = 1 << 20
 _RETRIES = 5
@@ -143,7 +144,10 @@ def pick_by_budget(
 ) -> tuple[RemoteFile, str]:
     """The largest file whose planner verdict is 'every layer on the GPU'. Headers
     are read largest first and the search stops at the first fit."""
+    # lazy: loads gguf, numpy (~136 ms here), which hub does not load at import
     from localllm.modelfile.model_info import describe
+
+    # lazy: loads gguf, numpy (~211 ms here), which hub does not load at import
     from localllm.plan import planner, verdict
 
     candidates = sorted((f for f in files if split_part(f.filename) is None and f.quant), key=lambda f: -f.size)
@@ -171,6 +175,7 @@ def remote_header(repo_id: str, revision: str, f: RemoteFile):
     from huggingface_hub import get_session, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
+    # lazy: loads gguf, numpy (~159 ms here), which hub does not load at import
     from localllm.modelfile.gguf_file import parse_prefix
 
     url = hf_hub_url(repo_id, f.filename, revision=revision)
@@ -293,7 +298,6 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
     kept = have
     digest = hf_cache.hash_file(part, etag, size) if have else hf_cache.hasher(etag, size)
     _check_space(part.parent, size - have)
-    from localllm.util.progress import Bar
 
     bar = Bar(f"downloading {label}", size, done=have, enabled=progress)
     retries = _RETRIES

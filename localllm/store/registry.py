@@ -42,6 +42,7 @@ from localllm.errors import InputError
 from localllm.store import builtin, hf_cache
 from localllm.store.modelname import file_stem, is_projector, model_name, quant_of, split_part
 from localllm.util import atomic
+from localllm.util.fmt import safe
 
 SOURCES = ("embedded", "localllm", "pulled", "hf-cache", "added", "lmstudio", "ollama")
 
@@ -173,7 +174,6 @@ _noticed: set[str] = set()
 
 def notice(msg: str) -> None:
     """One line on stderr, once per run (the registry is read several times)."""
-    from localllm.util.fmt import safe
 
     if msg not in _noticed:
         _noticed.add(msg)

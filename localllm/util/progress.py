@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from localllm.util.fmt import safe
 from localllm.util.units import format_size
 
 
@@ -24,7 +25,6 @@ class Bar:
 
     def __init__(self, label: str, total: int, *, unit: str = "bytes", done: int = 0, enabled: bool = True,
                  stream: TextIO | None = None, tty: bool | None = None, interval: float = 5.0) -> None:
-        from localllm.util.fmt import safe
 
         self.label = safe(label)
         self.total = max(int(total), 0)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import sys
 
+from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.store import resolver
 from localllm.util import fmt
 
 
 def main() -> int:
+    # lazy: loads gguf, llama.cpp, numpy (~193 ms here), which smoke does not load at import
     from localllm.engine import LlamaCppBackend, system_info
-    from localllm.engine_api.records import LoadConfig, SamplingConfig
-    from localllm.store import resolver
 
     with LlamaCppBackend() as backend:
         backend.load(resolver.resolve(None), LoadConfig(n_ctx=256))

@@ -1,0 +1,216 @@
+"""localllm as a library: load a model, chat or complete with streaming and
+stats, ask whether a model fits, quantize it.
+
+The command line and the cockpit are clients of these same functions: the CLI
+fits through ``fit_request`` and the cockpit loads through the same fitting
+service and post-load memory check. Everything here is typed against the
+``Engine`` protocol, so a test can hand ``load`` the scripted fake
+(``localllm.testing.ScriptedEngine``) instead of llama.cpp::
+
+    import localllm
+
+    with localllm.load("smollm2", ctx=2048) as model:
+        reply = model.chat("Name three rivers.", max_tokens=64, temperature=0)
+        for piece in reply:  # text as it streams
+            print(piece, end="", flush=True)
+        print(f"\\nTTFT {reply.stats.ttft_ms:.0f} ms, {reply.stats.decode_tokens_per_s:.0f} t/s")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from localllm.chat.session import ChatSession
+from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig, LoadInfo, SamplingConfig
+from localllm.engine_api.llama_rules import flash_attn_mode
+from localllm.errors import InputError
+from localllm.plan import fitting, hardware, placement
+from localllm.plan.hardware import Hardware
+from localllm.plan.memcheck import MemoryCheck, load_checked
+from localllm.quantize import naming, pipeline
+from localllm.store import resolver
+from localllm.util.units import parse_size
+
+ModelRef = str | Path | None  # a name (catalog, built-in, pulled), a path, or None for the default model
+
+
+def resolve(model: ModelRef = None) -> Path:
+    """The GGUF file a model name or path stands for (``localllm list`` shows the names)."""
+    return resolver.resolve(None if model is None else str(model))
+
+
+def _vram_bytes(vram: int | str | None) -> int | None:
+    """``vram`` as bytes: an int is bytes, a string has its unit ("4GiB", "6 GB")."""
+    if vram is None or isinstance(vram, int):
+        return vram
+    return parse_size(vram)  # a Size: bytes that keep their unit for messages
+
+
+def _local_gpu() -> bool:
+    from localllm.engine.rpc import has_local_gpu  # lazy: loads llama.cpp (~190 ms), asked only with rpc and vram
+
+    return has_local_gpu()
+
+
+def fit_request(path: Path, request: fitting.Request, *, vram: int | str | None = None, n_ctx: int | None = None,
+                n_seq: int = 1, rpc: Sequence[object] = ()) -> tuple[fitting.Fit, Hardware]:
+    """The fitting service asked about a model file with a full ``Request``
+    (which settings the user fixed, the policy): the fit and the hardware it was
+    fitted to. ``vram`` overrides the detected GPU budget; ``rpc`` lists llama.cpp
+    RPC workers whose devices join this machine's (each is probed first)."""
+    hw = hardware.detect(_vram_bytes(vram))
+    if rpc:
+        devices, cpu = placement.rpc_devices(list(rpc), hw, _local_gpu)
+        return fitting.fit_file(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, devices=devices, cpu=cpu), hw
+    return fitting.fit_file(path, request, hw, n_ctx=n_ctx, n_seq=n_seq), hw
+
+
+def _request(ctx: int | None, kv_type: str | None, n_gpu_layers: int | None, threads: int | None, flash_attn: str,
+             policy: str) -> fitting.Request:
+    kv = kv_type or "f16"
+    config = LoadConfig(n_ctx=ctx or fitting.DEFAULT_CTX, n_threads=threads, n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers,
+                        flash_attn=flash_attn_mode(flash_attn, kv), type_k=kv, type_v=kv)
+    return fitting.Request(config, kv_fixed=kv_type is not None, ngl_fixed=n_gpu_layers is not None, policy=policy)
+
+
+def fit(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | None = None, kv_type: str | None = None,
+        n_gpu_layers: int | None = None, threads: int | None = None, flash_attn: str = "auto",
+        policy: str = "ctx") -> fitting.Fit:
+    """Does ``model`` fit this machine (or ``vram``), and with which settings?
+    The settings you name are kept; the others shrink until it fits. Reads the
+    file's header only: nothing is loaded."""
+    path = resolve(model)
+    return fit_request(path, _request(ctx, kv_type, n_gpu_layers, threads, flash_attn, policy), vram=vram, n_ctx=ctx)[0]
+
+
+def load(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | None = None, kv_type: str | None = None,
+         n_gpu_layers: int | None = None, threads: int | None = None, flash_attn: str = "auto", policy: str = "ctx",
+         engine: Engine | None = None) -> Model:
+    """Fit ``model`` to this machine (as ``fit``) and load it: a ``Model`` to chat
+    with or complete from. ``engine`` defaults to llama.cpp; a test may pass
+    ``localllm.testing.ScriptedEngine()``. Close the model (or use ``with``)."""
+    path = resolve(model)
+    fitted, _ = fit_request(path, _request(ctx, kv_type, n_gpu_layers, threads, flash_attn, policy), vram=vram, n_ctx=ctx)
+    if not fitted.fits:
+        raise InputError(f"does not fit: {fitted.sentence}")
+    if engine is None:
+        from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp (~190 ms), which fit and resolve do not need
+
+        engine = LlamaCppBackend()
+    try:
+        info, check = load_checked(engine, path, fitted.config)
+    except BaseException:
+        engine.close()
+        raise
+    return Model(path, engine, fitted, info, check)
+
+
+def _sampling(temperature: float, top_k: int, top_p: float, min_p: float, seed: int | None, max_tokens: int) -> SamplingConfig:
+    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens)
+
+
+class Response:
+    """A reply as it streams: iterate it for text pieces; ``text()`` waits for
+    the whole reply; ``stats`` (TTFT, ITL, rates) exist once it has ended.
+    ``close()`` stops it early (its stats are still computed)."""
+
+    def __init__(self, generation: Generation) -> None:
+        self.generation = generation
+        self._pieces: list[str] = []
+
+    def __iter__(self) -> Iterator[str]:
+        for event in self.generation:
+            self._pieces.append(event.text)
+            yield event.text
+
+    def text(self) -> str:
+        for _ in self:
+            pass
+        return "".join(self._pieces)
+
+    @property
+    def stats(self) -> GenerationStats | None:
+        return self.generation.stats
+
+    def close(self) -> None:
+        self.generation.close()
+
+    def __enter__(self) -> Response:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Conversation:
+    """A multi-turn chat: each ``send`` feeds the engine only the new turn, and
+    a full context slides (the system prompt stays) instead of stopping."""
+
+    def __init__(self, engine: Engine, system: str | None, sampling: SamplingConfig) -> None:
+        self.session = ChatSession(engine, system_prompt=system, sampling=sampling, on_notice=lambda _msg: None)
+
+    def send(self, text: str) -> Response:
+        return Response(self.session.send(text))
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return list(self.session.messages)
+
+
+class Model:
+    """A loaded model: ``complete`` continues text, ``chat`` answers one message
+    with the model's chat template, ``conversation`` keeps the history."""
+
+    def __init__(self, path: Path, engine: Engine, fitted: fitting.Fit, info: LoadInfo, memory_check: MemoryCheck | None) -> None:
+        self.path, self.engine, self.fit, self.info, self.memory_check = path, engine, fitted, info, memory_check
+
+    @property
+    def config(self) -> LoadConfig:
+        """What was loaded (the fitted settings)."""
+        return self.fit.config
+
+    def complete(self, prompt: str, *, max_tokens: int = -1, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, seed: int | None = None) -> Response:
+        """Continue ``prompt`` as plain text (no chat template)."""
+        return Response(self.engine.stream(prompt, _sampling(temperature, top_k, top_p, min_p, seed, max_tokens), chat=False))
+
+    def chat(self, message: str, *, system: str | None = None, max_tokens: int = -1, temperature: float = 0.8, top_k: int = 40,
+             top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None) -> Response:
+        """Answer one message (a fresh conversation each call)."""
+        return self.conversation(system=system, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                 min_p=min_p, seed=seed).send(message)
+
+    def conversation(self, *, system: str | None = None, max_tokens: int = -1, temperature: float = 0.8, top_k: int = 40,
+                     top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None) -> Conversation:
+        return Conversation(self.engine, system, _sampling(temperature, top_k, top_p, min_p, seed, max_tokens))
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def quantize_model(model: ModelRef, qtype: str = "Q4_K_M", *, output: str | Path | None = None, allow_requantize: bool = False,
+             force: bool = False, threads: int = 0, imatrix: str | Path | None = None,
+             on_progress: Callable[[pipeline.Progress], None] | None = None) -> pipeline.Report:
+    """Write ``model`` quantized to ``qtype`` (Q8_0, Q4_K_M, ...) next to it, or to
+    ``output``; the report says the sizes and bits per weight. The output is
+    written whole or not at all."""
+    src = resolve(model)
+    dst = Path(output) if output is not None else naming.default_output(src, qtype)
+    job = pipeline.Job(src, dst, qtype, threads=threads, allow_requantize=allow_requantize, force=force,
+                       imatrix=Path(imatrix) if imatrix is not None else None)
+    report: pipeline.Report | None = None
+    for event in pipeline.run(job):
+        if isinstance(event, pipeline.Report):
+            report = event
+        elif on_progress is not None:
+            on_progress(event)
+    if report is None:
+        raise InputError(f"quantizing {src.name} ended without a report")
+    return report
