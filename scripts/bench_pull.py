@@ -1,5 +1,5 @@
 """``localllm pull`` against huggingface_hub's own ``hf_hub_download``, same file,
-same loopback server (tests/fake_hub.py), side by side in one run.
+same loopback server (tests/helpers/fake_hub.py), side by side in one run.
 
     .venv/bin/python -m scripts.bench_pull [--model smollm2] [--reps 3]
 
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root, for scripts.* and tests.*
 
 from localllm.store import resolver
-from tests.fake_hub import FakeHub
+from tests.helpers.fake_hub import FakeHub
 
 
 def main() -> None:

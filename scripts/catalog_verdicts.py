@@ -3,7 +3,7 @@
     python -m scripts.catalog_verdicts          # print them, and whether the file agrees
     python -m scripts.catalog_verdicts --write  # store them in the file
 
-``tests/test_store.py`` fails when the stored verdicts drift from the planner.
+``tests/store/test_pull.py`` fails when the stored verdicts drift from the planner.
 """
 
 from __future__ import annotations

@@ -183,10 +183,12 @@ def render(rows: list[Row], verified: dict[str, bool]) -> str:
         lines.append(f"compute plan/llama.cpp ratio: min {min(ratios):.3f}, max {max(ratios):.3f}")
     lines += ["", f"{'model':<13} {'loads':>5} {'KV exact':>9} {'compute ±5%':>12} {'compute ratio range':>20}"]
     for case in dict.fromkeys(r.case for r in rows):
-        rs = [r for r in rows if r.case == case]
-        cr = [r.compute_plan / r.compute_llama for r in rs if r.compute_llama and not r.error]
+        of_case = [r for r in rows if r.case == case]
+        cr = [r.compute_plan / r.compute_llama for r in of_case if r.compute_llama and not r.error]
         rng = f"{min(cr):.3f}..{max(cr):.3f}" if cr else "n/a"
-        lines.append(f"{case:<13} {len(rs):>5} {sum(r.kv_ok and not r.error for r in rs):>9} {sum(r.compute_ok and not r.error for r in rs):>12} {rng:>20}")
+        kv_ok = sum(r.kv_ok and not r.error for r in of_case)
+        compute_ok = sum(r.compute_ok and not r.error for r in of_case)
+        lines.append(f"{case:<13} {len(of_case):>5} {kv_ok:>9} {compute_ok:>12} {rng:>20}")
     lines.append("cache rules verified for: " + ", ".join(sorted(k for k, v in verified.items() if v)))
     return "\n".join(lines)
 

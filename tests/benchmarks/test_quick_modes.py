@@ -1,0 +1,88 @@
+"""Every benchmark in scripts/ runs in its quick mode here, so none can rot.
+
+A quick mode is one repetition with few tokens: the figures are noise, so the
+tests check that the script completes and prints the figures it exists for
+(the line each user reads), not the targets. Two of these scripts had rotted
+before this file existed (plan_conformance could not import ``scripts``; bench_rpc
+crashed formatting a spread that one repetition does not have). A spread from
+one repetition prints n/a, never a made-up 0.
+
+bench_tui and soak_chat have their own tests (tests/tui/test_terminal.py,
+tests/benchmarks/test_soak_chat.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.paths import REPO
+
+# script and arguments -> patterns its output must contain
+QUICK = {
+    "bench_rpc": (
+        ["--quick"],
+        [r"local CPU only\s+[\d.]+ ±n/a\s+[\d.]+", r"one loopback worker \(all layers\)\s+[\d.]+", r"split across two workers\s+[\d.]+",
+         r"per decoded token [\d,]+ B sent"],
+    ),
+    "bench_serve": (
+        ["--quick"],
+        [r"\| localllm serve \| 1 \| \d+ \| 0 \| [\d.]+", r"\| localllm serve \| 4 \| \d+ \| 0 \| [\d.]+", r"4 clients / 1 client \(target >= 2.5\): [\d.]+"],
+    ),
+    "plan_conformance": (
+        ["--quick"],
+        [r"loads over \d+ architectures: KV \(and recurrent state\) exact to the printed MiB in (\d+)/\1"],
+    ),
+    "quality_vs_llama": (
+        ["--quick"],
+        [r"reference perplexity\s+[\d.]+\s+[\d.]+", r"mean KL divergence\s+-?[\d.]+\s+-?[\d.]+", r"same top \(%\)\s+[\d.]+"],
+    ),
+    "bench_context_shift": (
+        ["--quick"],
+        [r"shift in place \(incl\. the next decode\):\s+[\d.]+ ms", r"re-process the kept window:\s+[\d.]+ ms", r"ratio [\d.]+",
+         r"f16\s+[\d.]+ t/s", r"q8_0\s+[\d.]+ t/s", r"q4_0\s+[\d.]+ t/s"],
+    ),
+    "bench_prefix_cache": (
+        ["--quick"],
+        [r"cold\s+[\d.]+ ms", r"warm \(same chat\)\s+[\d.]+ ms", r"warm \(state on disk\)\s+[\d.]+ ms"],
+    ),
+    "bench_speculative": (
+        ["--quick"],
+        [r"without: TPOT\s+[\d.]+ ms", r"with:\s+TPOT\s+[\d.]+ ms, ITL p50\s+[\d.]+ ms, acceptance \d+%\s+->\s+[\d.]+x"],
+    ),
+    "bench_vs_lowlevel": (
+        ["--quick", "--threads", "1"],
+        [r"pp64 \|\s+[\d.]+ ±\s+n/a \|\s+[\d.]+ ±\s+n/a \| [\d.]+", r"tg16@64 \|\s+[\d.]+ ±\s+n/a"],
+    ),
+    "kv_cache_quality": (
+        ["--quick"],
+        [r"f16 cache perplexity [\d.]+ on \d+ scored tokens", r"q8_0\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+%", r"q4_0\s+[\d.]+\s+[\d.]+"],
+    ),
+    "bench_pull": (
+        ["--quick"],
+        [r"localllm pull\s+\d+ ms\s+[\d.]+ MB/s", r"hf_hub_download\s+\d+ ms", r"ratio localllm/huggingface_hub: [\d.]+"],
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(QUICK))
+def test_benchmark_quick_mode_completes_and_prints_its_figures(script: str) -> None:
+    args, patterns = QUICK[script]
+    r = subprocess.run([sys.executable, f"scripts/{script}.py", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    for pattern in patterns:
+        assert re.search(pattern, r.stdout), f"{script}: no line matching {pattern!r} in\n{r.stdout[-3000:]}"
+
+
+def test_every_benchmark_has_a_quick_mode_that_a_test_runs() -> None:
+    """A new scripts/bench_*.py without a quick-mode test fails here."""
+    covered = set(QUICK) | {"bench_tui", "soak_chat"}  # tested in their own files
+    benches = {p.stem for p in (REPO / "scripts").glob("bench_*.py")}
+    benches |= {"plan_conformance", "quality_vs_llama", "kv_cache_quality", "soak_chat"}
+    missing = sorted(benches - covered)
+    assert not missing, f"benchmarks without a quick-mode test: {missing}"
+

@@ -1,0 +1,25 @@
+"""Absurd option values are one-line usage errors, not llama.cpp asserts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import cli, one_line
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--threads", "100000"], "--threads must be at most"),
+        (["--ctx", "99999999999"], "--ctx must be at most"),
+        (["--batch", "4294967297"], "--batch must be at most"),
+        (["--ngl", "99999999999"], "--ngl must be at most"),
+        (["--temp", "inf"], "finite"),
+        (["--seed", "99999999999"], "--seed must be at most"),
+        (["--draft-k", "100000"], "--draft-k must be at most"),
+    ],
+)
+def test_absurd_options_are_usage_errors(synth_model: Path, args: list[str], needle: str) -> None:
+    one_line(cli("run", str(synth_model), "-p", "x", *args), 2, needle)

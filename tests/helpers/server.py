@@ -1,0 +1,57 @@
+"""``localllm serve`` started as a real process on loopback, with its API key."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+from tests.helpers.paths import REPO
+
+KEY = "test-key-123"
+
+
+class Server:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "localllm", "serve", *args, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+        )
+        self.lines: list[str] = []
+        self.base = None
+        ready = threading.Event()
+
+        def read() -> None:
+            for line in self.proc.stderr:
+                self.lines.append(line.rstrip("\n"))
+                m = re.search(r"serving .* on (http://\S+)/v1 ", line)
+                if m:
+                    self.base = m.group(1)
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        ready.wait(180)
+        if self.base is None:
+            self.stop()
+            raise RuntimeError("server did not start:\n" + "\n".join(self.lines))
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
