@@ -48,18 +48,19 @@ def _vram_bytes(vram: int | str | None) -> int | None:
 
 
 def _local_gpu() -> bool:
-    from localllm.engine.rpc import has_local_gpu  # lazy: loads llama.cpp (~190 ms), asked only with rpc and vram
+    from localllm.engine.rpc import has_local_gpu  # lazy: loads llama.cpp (~169 ms here), asked only with rpc and vram
 
     return has_local_gpu()
 
 
 def fit_request(path: Path, request: fitting.Request, *, vram: int | str | None = None, n_ctx: int | None = None,
-                n_seq: int = 1, rpc: Sequence[object] = ()) -> tuple[fitting.Fit, Hardware]:
+                n_seq: int = 1, rpc: Sequence[object] = (), hw: Hardware | None = None) -> tuple[fitting.Fit, Hardware]:
     """The fitting service asked about a model file with a full ``Request``
     (which settings the user fixed, the policy): the fit and the hardware it was
-    fitted to. ``vram`` overrides the detected GPU budget; ``rpc`` lists llama.cpp
-    RPC workers whose devices join this machine's (each is probed first)."""
-    hw = hardware.detect(_vram_bytes(vram))
+    fitted to. ``vram`` overrides the detected GPU budget (``hw``: hardware
+    already detected); ``rpc`` lists llama.cpp RPC workers whose devices join
+    this machine's (each is probed first)."""
+    hw = hw if hw is not None else hardware.detect(_vram_bytes(vram))
     if rpc:
         devices, cpu = placement.rpc_devices(list(rpc), hw, _local_gpu)
         return fitting.fit_file(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, devices=devices, cpu=cpu), hw
@@ -95,7 +96,7 @@ def load(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | No
     if not fitted.fits:
         raise InputError(f"does not fit: {fitted.sentence}")
     if engine is None:
-        from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp (~190 ms), which fit and resolve do not need
+        from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp (~155 ms here), which fit and resolve do not need
 
         engine = LlamaCppBackend()
     try:

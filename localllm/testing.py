@@ -18,8 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from localllm.engine_api import Generation, Verification
-from localllm.engine_api.records import LoadConfig, LoadInfo, SamplingConfig, TokenEvent
+from localllm.engine_api import Generation, LoadConfig, LoadInfo, SamplingConfig, TokenEvent, Verification
 from localllm.engine_api.stats import ShiftRecord, compute_stats
 from localllm.errors import EngineError, UsageError
 

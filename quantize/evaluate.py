@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from localllm.engine_api.records import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.measure.quality import QualityReport, compare, eval_text
 
 CHUNK = 256
 
 
 def _load(path: Path, threads: int | None):
-    # lazy: loads gguf, llama.cpp (~193 ms here), which evaluate does not load at import
+    # lazy: loads gguf, llama.cpp (~155 ms here), which evaluate does not load at import
     from localllm.engine import LlamaCppBackend
 
     b = LlamaCppBackend()

@@ -56,17 +56,17 @@ def main() -> int:
         out.write(json.dumps([kind, payload]) + "\n")
         out.flush()
 
-    # lazy: loads gguf, llama.cpp, numpy (~193 ms here), which worker does not load at import
+    # lazy: loads gguf, llama.cpp, numpy (~155 ms here), which worker does not load at import
     from localllm.engine import quantize_model
 
-    # lazy: loads gguf, llama.cpp, numpy (~194 ms here), which worker does not load at import
+    # lazy: loads gguf, llama.cpp, numpy (~174 ms here), which worker does not load at import
     from localllm.engine.llamalog import ROUTER
 
     ROUTER.listeners.append(lambda level, line: emit("log", line))
     try:
         matrix = None
         if args["imatrix"]:
-            # lazy: loads gguf, numpy (~135 ms here), which worker does not load at import
+            # lazy: loads gguf, numpy (~70 ms here), which worker does not load at import
             from localllm.quantize.imatrix import load_imatrix
 
             matrix = load_imatrix(Path(args["imatrix"]))

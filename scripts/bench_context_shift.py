@@ -16,7 +16,7 @@ import random
 import statistics
 
 from localllm.engine import KVCache, LlamaCppBackend, ModelHandle
-from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.engine_api.stats import ShiftRecord
 from localllm.store import resolver
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from localllm.chat.session import ChatSession  # noqa: E402
 from localllm.engine import LlamaCppBackend  # noqa: E402
-from localllm.engine_api.records import LoadConfig, SamplingConfig  # noqa: E402
+from localllm.engine_api import LoadConfig, SamplingConfig  # noqa: E402
 from localllm.measure.quality import eval_text  # noqa: E402
 from localllm.store import resolver  # noqa: E402
 

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from localllm.engine import LlamaCppBackend  # noqa: E402
-from localllm.engine_api.records import LoadConfig, SamplingConfig  # noqa: E402
+from localllm.engine_api import LoadConfig, SamplingConfig  # noqa: E402
 from localllm.errors import InputError  # noqa: E402
 from localllm.measure.bench import random_prompt, run_bench  # noqa: E402
 from localllm.modelfile.model_info import describe  # noqa: E402

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from localllm.chat.speculative import DraftModel, PromptLookup, generate  # noqa: E402
 from localllm.engine import LlamaCppBackend  # noqa: E402
-from localllm.engine_api.records import LoadConfig, SamplingConfig  # noqa: E402
+from localllm.engine_api import LoadConfig, SamplingConfig  # noqa: E402
 from localllm.store import resolver  # noqa: E402
 
 TEXT = ("The lighthouse stood on the northern cape, and its keeper, an old sailor named Tobias, "

@@ -20,7 +20,7 @@ import time
 import llama_cpp
 
 from localllm.engine import LlamaCppBackend, default_threads, install_log_router
-from localllm.engine_api.records import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.measure.bench import random_prompt, run_bench
 from localllm.modelfile.model_info import inspect_model
 from localllm.store import resolver

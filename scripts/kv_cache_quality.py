@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from localllm.engine import LlamaCppBackend
-from localllm.engine_api.records import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.measure.quality import compare, eval_text
 from localllm.store import resolver
 

@@ -121,7 +121,7 @@ class Row:
 def measure(case: str, path: Path, s: Setting) -> Row:
     """Load ``path`` with setting ``s`` in llama.cpp and compare with the plan."""
     from localllm.engine import ROUTER, LlamaCppBackend
-    from localllm.engine_api.records import LoadConfig
+    from localllm.engine_api import LoadConfig
     from localllm.errors import LocalLLMError
     from localllm.modelfile.gguf_file import read_header
     from localllm.plan import memcheck, planner

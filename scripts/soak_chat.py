@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from localllm.chat.session import ChatSession
     from localllm.engine import LlamaCppBackend
-    from localllm.engine_api.records import LoadConfig, SamplingConfig
+    from localllm.engine_api import LoadConfig, SamplingConfig
     from localllm.store import resolver
 
     path = resolver.resolve(a.model)

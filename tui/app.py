@@ -27,17 +27,15 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Header, Input
 from textual.worker import Worker, WorkerState
 
+from localllm import api
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
-from localllm.engine_api import Engine
-from localllm.engine_api.records import LoadConfig, SamplingConfig
-from localllm.engine_api.stats import GenerationStats
+from localllm.engine_api import Engine, GenerationStats, LoadConfig, SamplingConfig
 from localllm.errors import InputError, LocalLLMError
 from localllm.measure.diagnose import verdict
 from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
 from localllm.measure.roofline import measure_bandwidth, roofline
 from localllm.modelfile.gguf_file import read_header
-from localllm.modelfile.model_info import describe
 from localllm.plan import fitting, hardware, planner
 from localllm.plan.hardware import Hardware, gpu_memory_bandwidth, physical_cores
 from localllm.plan.memcheck import load_checked
@@ -269,9 +267,9 @@ class LocalLLMApp(App):
             cfg, note, placement = fit_over_workers(path, s, hw, self.rpc)
             shape = planner.ModelShape.from_header(read_header(path))
             return cfg, note, Footprint(shape, placement.plan, "RAM", hw.ram_available_bytes, placement)
-        header = read_header(path)
-        shape = planner.ModelShape.from_header(header)
-        fit = fitting.fit(shape, s.fit_request(), fitting.Budget.of(hw), trained_ctx=describe(header).context_length)
+        shape = planner.ModelShape.from_header(read_header(path))
+        request = s.fit_request()
+        fit, _ = api.fit_request(path, request, n_ctx=request.config.n_ctx, hw=hw)
         if not fit.fits:
             raise InputError(f"does not fit: {fit.sentence}")
         note = "" if fit.outcome is fitting.Outcome.FITS_AS_ASKED else f"auto-fit: {fit.sentence}"
@@ -596,7 +594,7 @@ class LocalLLMApp(App):
         gc.unfreeze()  # what this app froze (_settle_heap) can be collected again
         self._stop_reply()
         if self.rpc:
-            # lazy: loads llama.cpp (~200 ms here), which app does not load at import
+            # lazy: loads llama.cpp (~169 ms here), which app does not load at import
             from localllm.engine import rpc
 
             rpc.drop_keep_alive(self._abort_hook)
@@ -747,7 +745,7 @@ def create_app(
 
         probe_all(list(rpc))
     if backend_factory is None:
-        # lazy: loads llama.cpp (~193 ms here), which app does not load at import
+        # lazy: loads llama.cpp (~155 ms here), which app does not load at import
         from localllm.engine import LlamaCppBackend
 
         backend_factory = LlamaCppBackend
@@ -756,7 +754,7 @@ def create_app(
     if rpc:
         app.rpc = list(rpc)
         # a worker that dies mid-reply: llama.cpp aborts; the cockpit says so and stays up
-        # lazy: loads llama.cpp (~200 ms here), which app does not load at import
+        # lazy: loads llama.cpp (~169 ms here), which app does not load at import
         from localllm.engine.rpc import keep_alive_on_abort
 
         keep_alive_on_abort(app._abort_hook)

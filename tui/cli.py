@@ -34,7 +34,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def app_from_args(args: argparse.Namespace, **kw: Any) -> LocalLLMApp:
     """The cockpit ``localllm tui`` opens (``kw``: ``create_app``'s test hooks)."""
-    # lazy: loads Textual (~284 ms here), which cli does not load at import
+    # lazy: loads Textual (~254 ms here), which cli does not load at import
     from localllm.tui.app import create_app
 
     return create_app(getattr(args, "model", None), vram=getattr(args, "vram", None), settings=settings_from_args(args),
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     # shell must not read that as success.
     rc = app.return_code or 0
     if rpc:
-        # lazy: loads llama.cpp (~200 ms here), which cli does not load at import
+        # lazy: loads llama.cpp (~169 ms here), which cli does not load at import
         from localllm.engine.rpc import parked
 
         if parked():  # llama.cpp holds a thread since a worker died: the interpreter would wait for it at exit

@@ -14,17 +14,12 @@ from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from localllm import api
 from localllm.errors import InputError
-from localllm.plan import placement
+from localllm.plan import fitting
 from localllm.util import fmt
 
 COLORS = {"weights": "dodger_blue2", "kv": "magenta", "kv_later": "plum4", "compute": "yellow3", "free": "grey35"}
-
-
-def _local_gpu() -> bool:
-    from localllm.engine.rpc import has_local_gpu  # lazy: loads llama.cpp (~150 ms), which the cockpit's widgets do not need at import
-
-    return has_local_gpu()
 
 
 def fit_over_workers(path: Path, settings, hardware, endpoints: Sequence[object]):
@@ -33,17 +28,10 @@ def fit_over_workers(path: Path, settings, hardware, endpoints: Sequence[object]
     split, a note on what the fit changed, the placement). The settings' cache
     types are kept, a set number of GPU layers too. Probes every worker first:
     one that is down is an InputError naming it."""
-    # lazy: loads gguf, numpy (~159 ms here), which devices does not load at import
-    from localllm.modelfile.gguf_file import read_header
-
-    # lazy: loads gguf, numpy (~210 ms here), which devices does not load at import
-    from localllm.plan import fitting
-
     servers = tuple(str(ep) for ep in endpoints)
     request = settings.fit_request()
     request = replace(request, config=replace(request.config, rpc_servers=servers))
-    devices, cpu = placement.rpc_devices(endpoints, hardware, _local_gpu)
-    fit = fitting.fit_header(read_header(path), request, fitting.Budget.of(hardware), devices=devices, cpu=cpu)
+    fit, _ = api.fit_request(path, request, n_ctx=request.config.n_ctx, rpc=list(endpoints), hw=hardware)
     if not fit.fits or fit.placement is None:
         raise InputError(f"does not fit: {fit.sentence}")
     fitted = replace(fit.config, rpc_servers=servers, tensor_split=fit.placement.split)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES, flash_attn_mode
 from localllm.plan import fitting
 

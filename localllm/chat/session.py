@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localllm import paths
-from localllm.engine_api import Engine, Generation
-from localllm.engine_api.records import SamplingConfig, TokenEvent
+from localllm.engine_api import Engine, Generation, SamplingConfig, TokenEvent
 from localllm.engine_api.stats import GenerationStats, ShiftRecord
 from localllm.errors import UsageError
 from localllm.util.fmt import safe

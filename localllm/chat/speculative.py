@@ -23,8 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from localllm.engine_api import Engine, Generation
-from localllm.engine_api.records import SpecStats, TokenEvent
+from localllm.engine_api import Engine, Generation, SpecStats, TokenEvent
 from localllm.engine_api.stats import GenerationStats, compute_stats
 
 

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localllm import api
-from localllm.engine_api import Engine
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import Engine, LoadConfig
 from localllm.engine_api.llama_rules import flash_attn_mode
 from localllm.errors import UsageError
 from localllm.modelfile.gguf_file import read_header

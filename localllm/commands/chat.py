@@ -17,8 +17,7 @@ from typing import Any
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
 from localllm.commands._common import apply_template, fit_config
-from localllm.engine_api.records import SamplingConfig
-from localllm.engine_api.stats import GenerationStats
+from localllm.engine_api import GenerationStats, SamplingConfig
 from localllm.errors import InputError, UsageError
 from localllm.store import resolver
 from localllm.util import fmt
@@ -93,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 def _save_if_a_worker_dies(path, args: argparse.Namespace, cfg, session, turn_now: dict) -> None:
     """With --rpc, llama.cpp aborts when a worker dies mid-reply: save the chat
     so far (the cut reply included) where the cockpit's sessions live."""
-    # lazy: loads llama.cpp (~200 ms here), which chat does not load at import
+    # lazy: loads llama.cpp (~169 ms here), which chat does not load at import
     from localllm.engine import rpc
 
     def save(_detail: str) -> str:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from localllm.commands._common import fit_config, placement_for
-from localllm.engine_api.records import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.errors import InputError, UsageError
 from localllm.measure.doctor import examine, measure, measure_speculation
 from localllm.measure.quality import compare, eval_text
@@ -34,7 +34,7 @@ def _prompt(args: argparse.Namespace) -> str:
 
 def _kv_kl(path: Path, threads: int | None) -> dict[str, float]:
     """Mean KL of q8_0 and q4_0 caches against f16 on one 256-token chunk of the shipped text."""
-    # lazy: loads llama.cpp (~193 ms here), which doctor does not load at import
+    # lazy: loads llama.cpp (~155 ms here), which doctor does not load at import
     from localllm.engine import LlamaCppBackend
 
     backends = []

@@ -33,13 +33,13 @@ class Row:
 
 def rows(hw: Any) -> list[Row]:
     """One row per registry model, judged against ``hw`` (a hardware.Hardware)."""
-    # lazy: loads gguf, numpy (~159 ms here), which list_models does not load at import
+    # lazy: loads gguf, numpy (~87 ms here), which list_models does not load at import
     from localllm.modelfile.gguf_file import read_header
 
-    # lazy: loads gguf, numpy (~136 ms here), which list_models does not load at import
+    # lazy: loads gguf, numpy (~82 ms here), which list_models does not load at import
     from localllm.modelfile.model_info import describe
 
-    # lazy: loads gguf, numpy (~211 ms here), which list_models does not load at import
+    # lazy: loads gguf, numpy (~116 ms here), which list_models does not load at import
     from localllm.plan import planner, verdict
 
     ram = hw.ram_available_bytes
@@ -80,7 +80,7 @@ def render(table: list[Row], budget_note: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.catalog:
-        # lazy: loads gguf, numpy (~175 ms here), which list_models does not load at import
+        # lazy: loads gguf, numpy (~142 ms here), which list_models does not load at import
         from localllm.commands import list_catalog
 
         return list_catalog.run(args)

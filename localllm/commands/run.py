@@ -7,9 +7,7 @@ import sys
 
 from localllm.chat.speculative import DraftModel, PromptLookup, generate
 from localllm.commands._common import apply_template, device_table, fit_config, placement_for, say
-from localllm.engine_api import Engine, Generation
-from localllm.engine_api.records import LoadConfig, SamplingConfig
-from localllm.engine_api.stats import GenerationStats
+from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig, SamplingConfig
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import describe
 from localllm.plan import fitting
@@ -123,7 +121,7 @@ def _speculative(backend: Engine, prompt: str, args: argparse.Namespace) -> Gene
     max_tokens = args.n_predict if args.n_predict > 0 else room
     if args.speculate == "lookup":
         return generate(backend, tokens, PromptLookup(), max_tokens=max_tokens, k=args.draft_k)
-    # lazy: loads llama.cpp (~193 ms here), which run does not load at import
+    # lazy: loads llama.cpp (~155 ms here), which run does not load at import
     from localllm.engine import LlamaCppBackend
 
     draft = LlamaCppBackend()

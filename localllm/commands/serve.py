@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     sock = _bind(args.host, args.port)
     from localllm.engine.batch import BatchModel  # lazy: loads llama.cpp
 
-    # lazy: loads Starlette (~66 ms here), which serve does not load at import
+    # lazy: loads Starlette (~64 ms here), which serve does not load at import
     from localllm.serve.app import ServeState, build_app
 
     model = BatchModel()

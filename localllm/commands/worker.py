@@ -49,7 +49,7 @@ def _port_free(ep: Endpoint) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # lazy: loads gguf, llama.cpp, numpy (~200 ms here), which worker does not load at import
+    # lazy: loads gguf, llama.cpp, numpy (~169 ms here), which worker does not load at import
     from localllm.engine import default_threads, rpc
 
     host = check_bind_host(args.host, args.i_understand_this_is_open)

@@ -32,7 +32,7 @@ from localllm.engine.model import ModelHandle, llama_params, load_model_and_cont
 from localllm.engine.native import install_log_router
 from localllm.engine.sampler import free_sampler, new_sampler, sample
 from localllm.engine.tokenizer import Tokenizer
-from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.errors import EngineError
 from localllm.modelfile.model_info import describe
 

@@ -16,8 +16,7 @@ from localllm.engine.kvcache import KVCache
 from localllm.engine.model import ModelHandle
 from localllm.engine.sampler import free_sampler, new_sampler, sample
 from localllm.engine.tokenizer import Tokenizer
-from localllm.engine_api import Generation
-from localllm.engine_api.records import SamplingConfig, TokenEvent
+from localllm.engine_api import Generation, SamplingConfig, TokenEvent
 from localllm.engine_api.stats import ShiftRecord, compute_stats
 
 

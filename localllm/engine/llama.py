@@ -24,9 +24,8 @@ from localllm.engine.kvcache import KVCache
 from localllm.engine.model import ModelHandle
 from localllm.engine.template import TemplateChoice
 from localllm.engine.tokenizer import Tokenizer
-from localllm.engine_api import Generation, Verification
+from localllm.engine_api import Generation, LoadConfig, LoadInfo, SamplingConfig, Verification
 from localllm.engine_api.errors import InvalidSetting
-from localllm.engine_api.records import LoadConfig, LoadInfo, SamplingConfig
 from localllm.errors import EngineError, UsageError
 from localllm.modelfile.gguf_file import GGUFHeader
 

@@ -20,8 +20,9 @@ import llama_cpp
 from localllm.engine import rpc
 from localllm.engine.llamalog import ROUTER
 from localllm.engine.native import MAX_CTX, default_threads, gpu_offload_supported, install_log_router, max_threads
+from localllm.engine_api import LoadConfig, LoadInfo
 from localllm.engine_api.errors import InvalidSetting
-from localllm.engine_api.records import FLASH_ATTN_MODES, LoadConfig, LoadInfo, check_cache_types, ggml_type_id, needs_flash_attn
+from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, check_cache_types, ggml_type_id, needs_flash_attn
 from localllm.errors import EngineError
 from localllm.modelfile.gguf_file import GGUFHeader, read_header
 from localllm.modelfile.model_info import describe
@@ -66,7 +67,7 @@ def llama_params(config: LoadConfig) -> tuple[Any, Any, list[object]]:
     cparams.n_threads_batch = n_threads
     cparams.type_k = ggml_type_id(config.type_k)
     cparams.type_v = ggml_type_id(config.type_v)
-    flash = "on" if needs_flash_attn(config) else config.flash_attn
+    flash = "on" if needs_flash_attn(config.type_v) else config.flash_attn
     cparams.flash_attn_type = {
         "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
         "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -162,7 +163,7 @@ class ModelHandle:
             n_gpu_layers=config.n_gpu_layers,
             type_k=config.type_k,
             type_v=config.type_v,
-            flash_attn="on" if needs_flash_attn(config) else config.flash_attn,
+            flash_attn="on" if needs_flash_attn(config.type_v) else config.flash_attn,
             gpu_offload_supported=gpu_offload_supported(),
         )
         log = ROUTER.lines_since(mark)

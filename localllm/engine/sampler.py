@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import llama_cpp
 
-from localllm.engine_api.records import SamplingConfig
+from localllm.engine_api import SamplingConfig
 
 
 def new_sampler(s: SamplingConfig) -> object:

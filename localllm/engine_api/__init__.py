@@ -10,13 +10,18 @@ scripted fake as well as on ``localllm.engine.LlamaCppBackend``.
 - ``records``     ``SamplingConfig``, ``TokenEvent``, ``LoadInfo``
 - ``stats``       latency statistics from per-token timestamps (``GenerationStats``)
 - ``protocol``    the ``Engine`` protocol and the ``Generation`` it hands back
+- ``errors``      what an engine raises, naming settings (``n_ctx``), never CLI flags
 """
 
 from __future__ import annotations
 
 from localllm.engine_api.config import LoadConfig
+from localllm.engine_api.errors import ContextFull, EngineError, InvalidSetting, SettingError
 from localllm.engine_api.protocol import Engine, Generation, Verification
 from localllm.engine_api.records import LoadInfo, SamplingConfig, SpecStats, TokenEvent
 from localllm.engine_api.stats import GenerationStats
 
-__all__ = ["Engine", "Generation", "GenerationStats", "LoadConfig", "LoadInfo", "SamplingConfig", "SpecStats", "TokenEvent", "Verification"]
+__all__ = [
+    "ContextFull", "Engine", "EngineError", "Generation", "GenerationStats", "InvalidSetting", "LoadConfig", "LoadInfo",
+    "SamplingConfig", "SettingError", "SpecStats", "TokenEvent", "Verification",
+]

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from localllm.engine_api.records import LoadConfig, LoadInfo, SamplingConfig, SpecStats, TokenEvent
+from localllm.engine_api.config import LoadConfig
+from localllm.engine_api.records import LoadInfo, SamplingConfig, SpecStats, TokenEvent
 from localllm.engine_api.stats import GenerationStats
 
 if TYPE_CHECKING:

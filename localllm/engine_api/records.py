@@ -1,24 +1,14 @@
-"""The settings and records that cross the seam between localllm and an
-inference engine: how to load (``LoadConfig``), how to sample, each token, the
-load's facts. The seam itself, the ``Engine`` protocol, is in ``engine_api``;
-``engine.LlamaCppBackend`` is the product's implementation, and
-``localllm.testing.ScriptedEngine`` a scripted one for UI and unit tests.
+"""The records that cross the engine boundary: how to sample, each token, the
+load's facts, speculative decoding's count. How to load (``LoadConfig``) is in
+``config``, the ``Engine`` protocol in ``protocol``; ``engine.LlamaCppBackend``
+is the product's implementation, ``localllm.testing.ScriptedEngine`` a scripted
+one for UI and unit tests.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-from localllm.engine_api.config import LoadConfig
-from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, check_cache_types, ggml_type_id  # noqa: F401  (the engine adapter imports them from here)
-from localllm.engine_api.llama_rules import needs_flash_attn as rule
-
-
-def needs_flash_attn(cfg: LoadConfig) -> bool:
-    """A quantized V cache works only with flash attention (``llama_rules``)."""
-
-    return rule(cfg.type_v)
 
 
 @dataclass(frozen=True)

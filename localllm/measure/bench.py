@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from localllm.engine_api import Engine
-from localllm.engine_api.records import SamplingConfig
+from localllm.engine_api import Engine, SamplingConfig
 from localllm.engine_api.stats import mean_std, percentile
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localllm.engine_api.stats import GenerationStats
+from localllm.engine_api import GenerationStats
 from localllm.util import fmt
 
 

@@ -14,9 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from localllm.chat.speculative import PromptLookup, generate
-from localllm.engine_api import Engine
-from localllm.engine_api.records import LoadConfig, LoadInfo, SamplingConfig
-from localllm.engine_api.stats import GenerationStats
+from localllm.engine_api import Engine, GenerationStats, LoadConfig, LoadInfo, SamplingConfig
 from localllm.measure.diagnose import verdict
 from localllm.measure.roofline import Roofline, roofline
 from localllm.modelfile.gguf_file import GGUFHeader

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import sys
 
-from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.store import resolver
 from localllm.util import fmt
 
 
 def main() -> int:
-    # lazy: loads gguf, llama.cpp, numpy (~193 ms here), which smoke does not load at import
+    # lazy: loads gguf, llama.cpp, numpy (~155 ms here), which smoke does not load at import
     from localllm.engine import LlamaCppBackend, system_info
 
     with LlamaCppBackend() as backend:

@@ -20,7 +20,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import describe
 from localllm.plan import placement, planner

@@ -137,10 +137,10 @@ def check_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, s
     and compare with the lines llama.cpp logged while loading it."""
     from dataclasses import replace
 
-    # lazy: loads gguf, numpy (~159 ms here), which memcheck does not load at import
+    # lazy: loads gguf, numpy (~87 ms here), which memcheck does not load at import
     from localllm.modelfile.gguf_file import read_header
 
-    # lazy: loads gguf, numpy (~211 ms here), which memcheck does not load at import
+    # lazy: loads gguf, numpy (~97 ms here), which memcheck does not load at import
     from localllm.plan import planner
 
     lines = list(lines)
@@ -162,7 +162,7 @@ def check_placement(placement, lines: Iterable[str | tuple[int, str]], tol: floa
     KV: each device's buffers (full-attention, then sliding-window); compute:
     each device's; output: the CPU's. Weights are not checked (the CPU's mapped
     range and a repacked copy depend on the file's layout and the CPU)."""
-    # lazy: loads gguf, numpy (~225 ms here), which memcheck does not load at import
+    # lazy: loads gguf, numpy (~103 ms here), which memcheck does not load at import
     from localllm.plan.placement import logged_buffers
 
     logged = logged_buffers([item[1] if isinstance(item, tuple) else item for item in lines])

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.engine_api.llama_rules import is_quantized
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.plan import planner

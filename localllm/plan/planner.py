@@ -31,7 +31,7 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.engine_api.llama_rules import is_quantized
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import GGUFHeader

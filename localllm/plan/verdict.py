@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.plan import fitting, planner
 from localllm.util.units import format_size
 

@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localllm.engine_api.records import SamplingConfig
+from localllm.engine_api import SamplingConfig
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import RequestError, Shaper, error_body, parse_gen, parse_json, sse
 from localllm.serve.scheduler import Job, Scheduler

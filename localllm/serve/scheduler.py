@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from localllm.engine_api.records import SamplingConfig
+from localllm.engine_api import SamplingConfig
 from localllm.engine_api.stats import percentile
 from localllm.serve.prometheus import ServerMetrics
 

@@ -144,10 +144,10 @@ def pick_by_budget(
 ) -> tuple[RemoteFile, str]:
     """The largest file whose planner verdict is 'every layer on the GPU'. Headers
     are read largest first and the search stops at the first fit."""
-    # lazy: loads gguf, numpy (~136 ms here), which hub does not load at import
+    # lazy: loads gguf, numpy (~82 ms here), which hub does not load at import
     from localllm.modelfile.model_info import describe
 
-    # lazy: loads gguf, numpy (~211 ms here), which hub does not load at import
+    # lazy: loads gguf, numpy (~116 ms here), which hub does not load at import
     from localllm.plan import planner, verdict
 
     candidates = sorted((f for f in files if split_part(f.filename) is None and f.quant), key=lambda f: -f.size)
@@ -175,7 +175,7 @@ def remote_header(repo_id: str, revision: str, f: RemoteFile):
     from huggingface_hub import get_session, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
-    # lazy: loads gguf, numpy (~159 ms here), which hub does not load at import
+    # lazy: loads gguf, numpy (~87 ms here), which hub does not load at import
     from localllm.modelfile.gguf_file import parse_prefix
 
     url = hf_hub_url(repo_id, f.filename, revision=revision)

@@ -9,7 +9,7 @@ import pytest
 
 from localllm.chat.session import ChatSession
 from localllm.engine import LlamaCppBackend
-from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.engine_api import LoadConfig, SamplingConfig
 from tests.helpers.cli import cli
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from localllm.chat.speculative import PromptLookup, generate
 from localllm.engine import LlamaCppBackend
-from localllm.engine_api.records import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.errors import EngineError
 from tests.helpers.cli import cli
 

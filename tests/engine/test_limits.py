@@ -23,7 +23,7 @@ def test_tiny_context_and_batch_do_not_reach_llama_asserts(synth_model: Path, ex
 
 def test_engine_refuses_absurd_configs_from_any_caller(synth_model: Path) -> None:
     from localllm.engine import LlamaCppBackend
-    from localllm.engine_api.records import LoadConfig
+    from localllm.engine_api import LoadConfig
     from localllm.errors import UsageError
 
     for cfg in (LoadConfig(n_ctx=256, n_threads=10**6), LoadConfig(n_ctx=1 << 40), LoadConfig(n_ctx=256, n_batch=0)):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localllm.engine import LlamaCppBackend
-from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.engine_api import LoadConfig, SamplingConfig
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.helpers.cli import cli
 

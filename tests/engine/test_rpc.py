@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.errors import UsageError
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan.placement import Device, layer_devices, place
@@ -107,7 +107,7 @@ def test_layer_split_follows_llama_cpp() -> None:
 
 def _load_and_log(path: Path, cfg, eps: list[str], split: tuple[float, ...]):
     from localllm.engine import LlamaCppBackend
-    from localllm.engine_api.records import LoadConfig
+    from localllm.engine_api import LoadConfig
 
     with LlamaCppBackend() as b:
         b.load(path, LoadConfig(**{**cfg.to_dict(), "rpc_servers": tuple(eps), "tensor_split": split}))
@@ -166,7 +166,7 @@ GEMMA_CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2", "gemma"])
 def test_placement_matches_llama_cpp_per_device(model: str, workers, smollm2: Path, gemma: Path) -> None:
-    from localllm.engine_api.records import LoadConfig
+    from localllm.engine_api import LoadConfig
 
     path, cases = (smollm2, SMOL_CASES) if model == "smollm2" else (gemma, GEMMA_CASES)
     eps = [str(w.ep) for w in workers]

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.engine_api import llama_rules
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig, llama_rules
 from localllm.errors import UsageError
 
 VENDORED = Path("/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp")

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from localllm.chat.session import ChatSession
-from localllm.engine_api import Engine, Generation
-from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.engine_api import Engine, Generation, LoadConfig, SamplingConfig
 from localllm.testing import ScriptedEngine
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.engine_api.records import LoadConfig, SamplingConfig
+from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.engine_api.stats import compute_stats
 from tests.helpers.tui import panel_text, scripted_app, send, wait_idle
 

@@ -44,7 +44,7 @@ def test_smollm2(smollm2: Path) -> None:
 def test_gemma_matches_llama_cpp_log(gemma: Path) -> None:
     """SWA layers, head counts and bits per weight agree with what llama.cpp prints on load."""
     from localllm.engine import ROUTER, LlamaCppBackend
-    from localllm.engine_api.records import LoadConfig
+    from localllm.engine_api import LoadConfig
 
     info = inspect_model(gemma)
     mark = ROUTER.mark()

@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan.planner import MiB, ModelShape, plan_memory
@@ -206,7 +206,7 @@ def test_memcheck_names_both_figures_when_the_plan_is_wrong(synth_dir: Path) -> 
     from dataclasses import replace
 
     from localllm.engine import ROUTER, LlamaCppBackend
-    from localllm.engine_api.records import LoadConfig
+    from localllm.engine_api import LoadConfig
     from localllm.plan import memcheck
 
     path = _write(synth_dir, "phi3+window", CASES["phi3+window"])

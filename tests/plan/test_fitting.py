@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting
 from localllm.plan.fitting import Budget, Outcome, Request

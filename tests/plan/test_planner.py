@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan.hardware import parse_size
 from localllm.plan.planner import MiB, ModelShape, fit, kv_cells, offload, plan_memory, row_bytes
@@ -196,7 +196,7 @@ _OUTPUT_RE = re.compile(r"output buffer size =\s+([\d.]+) MiB")
 
 def _llama_cpp_buffers(path: Path, cfg: LoadConfig) -> tuple[list[float], float, float]:
     from localllm.engine import ROUTER, LlamaCppBackend
-    from localllm.engine_api.records import LoadConfig
+    from localllm.engine_api import LoadConfig
 
     mark = ROUTER.mark()
     with LlamaCppBackend() as b:

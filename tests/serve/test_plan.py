@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 
 
 @pytest.mark.slow

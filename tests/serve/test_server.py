@@ -471,7 +471,7 @@ def _scheduler(model, **kw):
 
 
 def _job(tokens, max_tokens=5, stop=()):
-    from localllm.engine_api.records import SamplingConfig
+    from localllm.engine_api import SamplingConfig
     from localllm.serve.scheduler import Job
 
     events = []

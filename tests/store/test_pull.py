@@ -421,7 +421,7 @@ def test_rm_deletes_files_in_localllms_own_folder(synth_model: Path) -> None:
 
 
 def _catalog_vs_header(m: curated.CatalogModel, path: Path) -> tuple[float, int, int]:
-    from localllm.engine_api.records import LoadConfig
+    from localllm.engine_api import LoadConfig
     from localllm.modelfile.gguf_file import read_header
     from localllm.plan import planner
 

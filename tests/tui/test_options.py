@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from localllm.cli import build_parser
-from localllm.engine_api.config import LoadConfig
+from localllm.engine_api import LoadConfig
 from localllm.testing import ScriptedEngine
 from localllm.tui.cli import app_from_args
 from tests.helpers.tui import chat_text, models_screen, panel_text, wait_idle

@@ -197,7 +197,7 @@ def test_memory_check_per_device_names_the_device_and_both_figures(smollm2: Path
     --rpc: a device whose compute buffer llama.cpp printed 5% larger than the
     plan, and a device that logged no KV buffer where the plan has one, are
     both flagged, each with the device's name and both figures."""
-    from localllm.engine_api.config import LoadConfig
+    from localllm.engine_api import LoadConfig
     from localllm.modelfile.gguf_file import read_header
     from localllm.plan.memcheck import check_placement
     from localllm.plan.placement import Device, place
