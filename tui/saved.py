@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm.chat import sessions
+from localllm.engine_api.errors import SettingError
 from localllm.errors import LocalLLMError
 
 ROLES = ("system", "user", "assistant")
@@ -23,10 +24,21 @@ def printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
+# The engine's settings, named as the settings screen labels them (the CLI names
+# its flags instead: localllm.commands.advice).
+SETTING_LABELS = {
+    "n_ctx": "context tokens", "n_threads": "threads", "kv_type": "the K/V cache type", "n_batch": "the batch size",
+    "n_ubatch": "the micro-batch size", "flash_attn": "flash attention", "template": "the template",
+    "template_choice": "a chat template", "raw": "a base model's completion mode",
+}
+
+
 def reason(exc: BaseException) -> str:
     """An exception as one line for the chat log: our own errors are worded for
-    the user; anything else is named by its type (a bug, not the user's fault)."""
-    text = printable(" ".join(str(exc).split())) or "no message"
+    the user (a setting by its label on the settings screen); anything else is
+    named by its type (a bug, not the user's fault)."""
+    said = exc.worded(SETTING_LABELS) if isinstance(exc, SettingError) else str(exc)
+    text = printable(" ".join(said.split())) or "no message"
     return text if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {text}"
 
 

@@ -151,7 +151,10 @@ def _run_greedy(prompt: str, n: int) -> str:
 def test_shared_prefix_and_chunked_prefill_match_single_sequence_runs(server) -> None:
     """While A generates: B shares A's prompt cells (llama_memory_seq_cp) and reads only
     its own tail; C's long new prompt is read 16 tokens per step beside A's tokens.
-    Both replies equal what one sequence alone (localllm run) produces."""
+    Both replies equal what one sequence alone (localllm run) produces. Both prompts
+    continue text the model has just read, so greedy decoding has no near-ties:
+    llama.cpp's sums are not bit-identical across batch shapes, and an open-ended
+    prompt ("...Storm") flipped a near-tied token when the machine was busy."""
     import httpx2
 
     other = "Once upon a time in a small village by the sea, " * 8
@@ -159,12 +162,12 @@ def test_shared_prefix_and_chunked_prefill_match_single_sequence_runs(server) ->
         with c.stream("POST", "/v1/completions", json={"prompt": LONG + "Lamp", "max_tokens": 150, "ignore_eos": True, "stream": True}) as a:
             lines = a.iter_lines()
             next(lines)
-            b = c.post("/v1/completions", json={"prompt": LONG + "Storm", "max_tokens": 10, "temperature": 0}).json()
+            b = c.post("/v1/completions", json={"prompt": LONG + "The old lighthouse keeper", "max_tokens": 10, "temperature": 0}).json()
             cc = c.post("/v1/completions", json={"prompt": other, "max_tokens": 10, "temperature": 0}).json()
             assert b["usage"]["prompt_tokens_details"]["cached_tokens"] >= b["usage"]["prompt_tokens"] - 4
             assert cc["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and cc["usage"]["prompt_tokens"] > 64
             assert _metric(server, "localllm_requests_running") == 1  # A was generating all along
-    assert b["choices"][0]["text"] == _run_greedy(LONG + "Storm", 10)
+    assert b["choices"][0]["text"] == _run_greedy(LONG + "The old lighthouse keeper", 10)
     assert cc["choices"][0]["text"] == _run_greedy(other, 10)
 
 

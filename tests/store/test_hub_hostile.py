@@ -5,6 +5,10 @@ the cache already are untrusted. Each case runs ``localllm pull`` for real
 against a loopback hub that lies, and checks that the command fails with one
 line (exit 1, no traceback, no raw control characters) and that nothing was
 written outside the cache folder, nor any link made that points outside it.
+
+Each pull runs in a child process (``run_cli``): huggingface_hub reads its
+endpoint and cache settings when first imported, and a hostile hub must not be
+able to hang the test run itself.
 """
 
 from __future__ import annotations
