@@ -6,6 +6,7 @@
 # code with code and not two llama.cpp versions.
 #
 #   scripts/build_llama_tools.sh            # prints the bin folder on stdout
+#   scripts/build_llama_tools.sh --source   # only fetches the source; prints its folder
 #
 # Cached outside the repository in ~/.cache/localllm/llama.cpp-tools/<version>/
 # (about 6 minutes on 2 cores the first time, nothing after).
@@ -16,17 +17,26 @@ root="${XDG_CACHE_HOME:-$HOME/.cache}/localllm/llama.cpp-tools/$version"
 bin="$root/build/bin"
 tools=(llama-bench llama-server llama-perplexity llama-quantize)
 
+src="$root/llama_cpp_python-$version/vendor/llama.cpp"
+fetch_source() {
+  if [ ! -f "$src/CMakeLists.txt" ]; then
+    mkdir -p "$root"
+    py="${PYTHON:-python3}"
+    "$py" -m pip download --quiet --no-binary :all: --no-deps "llama-cpp-python==$version" -d "$root" >&2
+    tar xzf "$root/llama_cpp_python-$version.tar.gz" -C "$root"
+  fi
+}
+case "${1:-}" in
+  --source) fetch_source; echo "$src"; exit 0 ;;
+  "") ;;
+  *) echo "build_llama_tools.sh: unknown option $1 (use --source)" >&2; exit 2 ;;
+esac
+
 have_all=1
 for t in "${tools[@]}"; do [ -x "$bin/$t" ] || have_all=0; done
 if [ "$have_all" = 1 ]; then echo "$bin"; exit 0; fi
 
-mkdir -p "$root"
-src="$root/llama_cpp_python-$version/vendor/llama.cpp"
-if [ ! -f "$src/CMakeLists.txt" ]; then
-  py="${PYTHON:-python3}"
-  "$py" -m pip download --quiet --no-binary :all: --no-deps "llama-cpp-python==$version" -d "$root" >&2
-  tar xzf "$root/llama_cpp_python-$version.tar.gz" -C "$root"
-fi
+fetch_source
 
 flags=""
 if [ "$(uname -s)" = "Linux" ] && [ "$(uname -m)" = "x86_64" ]; then

@@ -16,6 +16,7 @@ from textual.widgets.option_list import Option
 
 from localllm import paths
 from localllm.chat import sessions
+from localllm.engine_api.errors import SettingError
 from localllm.engine_api.llama_rules import KV_CACHE_TYPES
 from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import ModelInfo, describe
@@ -217,13 +218,17 @@ def read_rows(current: Path, made: list[Path], settings: Settings, hw: Hardware)
             info = describe(header)
             shape = planner.ModelShape.from_header(header)
             request = settings.fit_request(min(settings.n_ctx, info.context_length or settings.n_ctx))
-            fit = fitting.fit(shape, request, fitting.Budget.of(hw), trained_ctx=info.context_length)
+            try:
+                fit = fitting.fit(shape, request, fitting.Budget.of(hw), trained_ctx=info.context_length)
+                verdict = FIT_LABELS.get(fit.outcome, "with changes")
+            except SettingError:  # llama.cpp would refuse the settings' cache types for this model
+                verdict = "no: cache type"
             cells = (
                 name + (" (loaded)" if p == current else ""),
                 fmt.size(info.size_bytes),
                 info.file_type,
                 f"{info.context_length:,}",
-                FIT_LABELS.get(fit.outcome, "with changes"),
+                verdict,
                 source,
             )
             rows.append(ModelRow(p, cells, info))

@@ -22,10 +22,10 @@ from localllm.engine.llamalog import ROUTER
 from localllm.engine.native import MAX_CTX, default_threads, gpu_offload_supported, install_log_router, max_threads
 from localllm.engine_api import LoadConfig, LoadInfo
 from localllm.engine_api.errors import InvalidSetting
-from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, check_cache_types, ggml_type_id, needs_flash_attn
+from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, ggml_type_id, needs_flash_attn
 from localllm.errors import EngineError
 from localllm.modelfile.gguf_file import GGUFHeader, read_header
-from localllm.modelfile.model_info import describe
+from localllm.plan import planner
 from localllm.plan.placement import logged_buffers
 from localllm.plan.workers import parse_endpoints
 
@@ -139,8 +139,8 @@ class ModelHandle:
         before a loaded model is given up for them); returns the file's header."""
         check_config(config)
         header = read_header(path)
-        shape = describe(header)
-        check_cache_types(config.type_k, config.type_v, shape.head_dim_k, shape.head_dim_v)
+        # llama.cpp's cache-type rules, over every layer's head sizes and K row (it refuses or aborts otherwise)
+        planner.check_cache_types(planner.ModelShape.from_header(header), config)
         return header
 
     @classmethod

@@ -9,6 +9,7 @@ checks the type table against gguf-py's own copy of ggml's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from localllm.engine_api.errors import InvalidSetting
@@ -99,14 +100,39 @@ def ubatch(n_batch: int, n_ubatch: int) -> int:
     return min(n_batch, n_ubatch or n_batch)
 
 
-def check_cache_types(type_k: str, type_v: str, head_dim_k: int, head_dim_v: int) -> None:
-    """A quantized cache stores whole blocks per head: llama.cpp refuses a type
-    whose block size does not divide the head dimension (src/llama-context.cpp:
-    "K cache type %s with block size %u does not divide n_embd_head_k"; the same
-    for V). Say so before loading."""
-    for which, name, dim in (("K", type_k, head_dim_k), ("V", type_v, head_dim_v)):
-        block = cache_type(name).block_size
-        if dim and dim % block:
+def check_cache_types(type_k: str, type_v: str, head_dim_k: int, head_dim_v: int, *, flash_attn: bool = True,
+                      k_rows: Iterable[int] = ()) -> None:
+    """llama.cpp's rules for a quantized cache, checked before any load.
+
+    - Flash attention on or auto: each quantized type's block size must divide
+      the head size (src/llama-context.cpp, llama_init_from_model: "K cache type
+      %s with block size %u does not divide n_embd_head_k", the same for V).
+    - Flash attention off: a quantized V is refused ("quantized V cache requires
+      flash_attn"), and a quantized K must fill whole blocks across a layer's K
+      row, KV heads x head size (``k_rows``): otherwise ggml aborts creating the
+      cache's per-stream views (src/llama-kv-cache.cpp, ``ggml_view_2d(ctx, k,
+      n_embd_k_gqa, ...)``; ggml/src/ggml.c, ggml_new_tensor_impl: "GGML_ASSERT(
+      view_src == NULL || data_size == 0 || data_size + view_offs <=
+      ggml_nbytes(view_src))"). Measured here: head size 80 with one KV head and
+      a q4_0 K aborts; with two KV heads (a row of 160) it loads and decodes.
+    """
+    rows = sorted(set(k_rows))
+    if flash_attn:
+        for which, name, dim in (("K", type_k, head_dim_k), ("V", type_v, head_dim_v)):
+            block = cache_type(name).block_size
+            if dim and dim % block:
+                off_works = which == "K" and not is_quantized(type_v) and bool(rows) and all(r % block == 0 for r in rows)
+                hint = ", or {flash_attn} off (llama.cpp checks the head size only with flash attention)" if off_works else ""
+                raise InvalidSetting(
+                    f"{which} cache type {name} stores blocks of {block} values but this model's {which} head dim is {dim}: use {{kv_type}} f16{hint}"
+                )
+        return
+    if is_quantized(type_v):
+        raise InvalidSetting(f"a quantized V cache ({type_v}) needs flash attention: use {{flash_attn}} on or auto, or an f16 V cache")
+    block = cache_type(type_k).block_size
+    for row in rows:
+        if row % block:
             raise InvalidSetting(
-                f"{which} cache type {name} stores blocks of {block} values but this model's {which} head dim is {dim}: use {{kv_type}} f16"
+                f"K cache type {type_k} stores blocks of {block} values but a K row of this model (KV heads x head dim) is {row} values, "
+                f"which llama.cpp cannot cut into blocks with flash attention off: use {{kv_type}} f16"
             )

@@ -138,6 +138,8 @@ def fit(
     ``devices`` (``--rpc``: the workers' devices and a local GPU) and ``cpu``,
     layers are placed across them (``placement.fit_across``)."""
     want = request.config
+    if request.kv_fixed:
+        planner.check_cache_types(shape, want)  # cache types llama.cpp refuses for this model: refused here too
     limit = ctx_limit or max(want.n_ctx, trained_ctx or 0)
     placed = None
     if devices is not None:

@@ -334,7 +334,7 @@ def fit_across(
     offload device must keep planner.default_margin of its free memory free;
     the CPU's share must fit the RAM available."""
     limit = ctx_limit or max(want.n_ctx, planner.MIN_CTX)
-    ladder = [want.type_k] if (kv_fixed or want.type_k not in planner.KV_LADDER) else list(planner.KV_LADDER[planner.KV_LADDER.index(want.type_k) :])
+    ladder = planner.kv_ladder(shape, want, kv_fixed)
     n_all = shape.n_layer + 1
     ngl_options = [want.n_gpu_layers] if ngl_fixed or not devices else list(range(n_all, -1, -1))
 
@@ -381,7 +381,8 @@ def fit_across(
     else:
         reason = _describe_change(want, cfg, n_all)
     budgets = [d.free_bytes for d in devices if d.free_bytes is not None]
-    table = {t: _max_ctx(shape, planner.replace_config(cfg, type_k=t, type_v=t), devices, cpu, ram, limit) for t in planner.KV_LADDER}
+    table = {t: _max_ctx(shape, planner.replace_config(cfg, type_k=t, type_v=t), devices, cpu, ram, limit) for t in planner.KV_LADDER
+             if planner.cache_types_allowed(shape, planner.replace_config(cfg, type_k=t, type_v=t))}
     result = planner.FitResult(
         fits,
         cfg,

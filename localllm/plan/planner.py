@@ -31,7 +31,8 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from localllm.engine_api import LoadConfig
+from localllm.engine_api import LoadConfig, llama_rules
+from localllm.engine_api.errors import InvalidSetting
 from localllm.engine_api.llama_rules import is_quantized
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import GGUFHeader
@@ -500,6 +501,36 @@ def max_ctx(shape: ModelShape, cfg: LoadConfig, gpu_budget: int | None, ram: int
     return lo * CTX_PAD
 
 
+def check_cache_types(shape: ModelShape, cfg: LoadConfig) -> None:
+    """llama.cpp's cache-type rules (``llama_rules.check_cache_types``) over every
+    layer with a KV cache: its head sizes and its K row (n_embd_k_gqa). Raises
+    ``InvalidSetting`` for a config llama.cpp would refuse or abort on."""
+    layers = [il for il in range(shape.n_layer) if shape.has_kv(il)]
+    rows = {shape.kv_dims(il)[0] for il in layers}
+    for hk, hv in sorted({shape.head_dims(il) for il in layers}):
+        llama_rules.check_cache_types(cfg.type_k, cfg.type_v, hk, hv, flash_attn=cfg.uses_flash_attn, k_rows=rows)
+
+
+def cache_types_allowed(shape: ModelShape, cfg: LoadConfig) -> bool:
+    """Whether llama.cpp accepts ``cfg``'s cache types for this model (``check_cache_types``)."""
+    try:
+        check_cache_types(shape, cfg)
+    except InvalidSetting:
+        return False
+    return True
+
+
+def kv_ladder(shape: ModelShape, want: LoadConfig, kv_fixed: bool) -> list[str]:
+    """The cache types auto-fit may try, best quality first: the asked one when
+    the user fixed it, else it and the cheaper ones of ``KV_LADDER`` that
+    llama.cpp accepts for this model (a head size of 80 refuses q8_0 with flash
+    attention). One ladder for both planners (``fit`` and ``placement.fit_across``)."""
+    if kv_fixed or want.type_k not in KV_LADDER:
+        return [want.type_k]
+    allowed = [t for t in KV_LADDER[KV_LADDER.index(want.type_k) :] if cache_types_allowed(shape, replace_config(want, type_k=t, type_v=t))]
+    return allowed or [want.type_k]
+
+
 def replace_config(cfg: LoadConfig, **kw: Any) -> LoadConfig:
     return replace(cfg, **kw)
 
@@ -526,13 +557,11 @@ def fit(
     margin = default_margin(gpu_budget) if (margin is None and gpu_budget) else (margin or 0)
     limit = ctx_limit or max(want.n_ctx, MIN_CTX)
     steps: list[str] = []
-    if kv_fixed or want.type_k not in KV_LADDER:
-        ladder = [want.type_k]
-    else:
-        ladder = list(KV_LADDER[KV_LADDER.index(want.type_k) :])
+    ladder = kv_ladder(shape, want, kv_fixed)
 
     def result(cfg: LoadConfig, ok: bool, reason: str) -> FitResult:
-        table = {t: max_ctx(shape, replace_config(cfg, type_k=t, type_v=t), gpu_budget, ram, margin, limit) for t in KV_LADDER}
+        table = {t: max_ctx(shape, replace_config(cfg, type_k=t, type_v=t), gpu_budget, ram, margin, limit) for t in KV_LADDER
+                 if cache_types_allowed(shape, replace_config(cfg, type_k=t, type_v=t))}
         return FitResult(ok, cfg, plan_memory(shape, cfg, gpu=gpu), gpu_budget, ram, margin, reason, steps, table)
 
     first = plan_memory(shape, want, gpu=gpu)

@@ -14,6 +14,7 @@ from localllm.cli import build_parser
 from localllm.engine_api import LoadConfig
 from localllm.testing import ScriptedEngine
 from localllm.tui.cli import app_from_args
+from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.helpers.tui import chat_text, models_screen, panel_text, wait_idle
 
 GiB = 1024**3
@@ -44,8 +45,10 @@ async def test_every_load_option_reaches_the_engine(synth_model: Path) -> None:
         assert backend.loads == 2 and backend.config == LoadConfig(**{**want.to_dict(), "n_ctx": 2048})
 
 
-async def test_quantized_v_cache_turns_flash_attention_on(synth_model: Path) -> None:
-    app, backend = _app(str(synth_model), "--ctx", "512", "--kv-type", "q4_0", "--flash-attn", "off")
+async def test_quantized_v_cache_turns_flash_attention_on(tmp_path: Path) -> None:
+    # head size 64: llama.cpp accepts q4_0 with flash attention (synth_model's 16 it refuses)
+    model = write_llama_gguf(tmp_path / "h64.gguf", SynthSpec(n_embd=128, n_head=2, n_head_kv=2))
+    app, backend = _app(str(model), "--ctx", "512", "--kv-type", "q4_0", "--flash-attn", "off")
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_idle(app, pilot)
         c = backend.config
