@@ -314,6 +314,8 @@ class MemoryPanel(Vertical):
         figures; when they agree, one quiet line says so."""
         if check is None:
             self._check = ()
+        elif check.error is not None:
+            self._check = (Text(f"memory check failed: {check.error}", style="bold yellow"),)
         elif check.ok:
             self._check = (Text(f"llama.cpp allocated as planned (within {check.tolerance:.0%})", style="dim"),)
         else:

@@ -48,12 +48,15 @@ class MemoryCheck:
     tolerance: float
     verified_architecture: bool
     buffers: list[BufferCheck] = field(default_factory=list)
+    error: str | None = None  # the check itself failed (a bug in localllm, said, never hidden as n/a)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def report_lines(self) -> list[str]:
         """What ``run -v`` and ``doctor`` print: each mismatch with both figures, or one line saying the plan held."""
+        if self.error is not None:
+            return [f"memory check: the check itself failed ({self.error}); the load went on: please report it"]
         lines = self.mismatch_lines()
         if not self.verified_architecture:
             lines.append("memory check: this architecture has no known llama.cpp cache rule (planned as dense)")
@@ -195,8 +198,8 @@ def check_after_load(path: str | Path, load_config, lines: Iterable[str | tuple[
         if placement is not None:
             return check_placement(placement, lines)
         return check_load(path, load_config, lines)
-    except Exception:  # noqa: BLE001 - a check of the plan must never break a run
-        return None
+    except Exception as exc:  # noqa: BLE001 - a check of the plan must never break a run, nor hide that it broke
+        return MemoryCheck(False, TOLERANCE, True, [], error=f"{type(exc).__name__}: {exc}")
 
 
 def load_checked(backend: Engine, path: str | Path, load_config, placement=None):
