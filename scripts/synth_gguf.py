@@ -42,11 +42,12 @@ class SynthSpec:
     conv_layers: tuple[int, ...] = ()  # lfm2: layers that are short convolutions (n_head_kv 0)
     l_cache: int = 3  # lfm2: short-convolution length
     n_vocab: int = 0  # pad the vocabulary with unused tokens up to this size (0: the natural ~360)
+    kv_heads_per_layer: tuple[int, ...] = ()  # llama: KV heads layer by layer (V widths that differ), instead of n_head_kv
 
 
 # Architectures write_gguf can write; the tensors each needs follow its
 # load_arch_tensors in llama.cpp's src/models/<arch>.cpp.
-ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granite", "exaone4", "lfm2", "qwen3moe", "deepseek2")
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granite", "exaone4", "lfm2", "qwen3moe", "deepseek2", "deci")
 
 
 def vocabulary(n_vocab: int = 0) -> tuple[list[str], list[float], list[int]]:
@@ -110,6 +111,8 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     if a == "lfm2":
         w.add_head_count_kv([0 if i in spec.conv_layers else spec.n_head_kv for i in range(spec.n_layer)])
         w.add_uint32(f"{a}.shortconv.l_cache", spec.l_cache)
+    elif spec.kv_heads_per_layer:
+        w.add_head_count_kv(list(spec.kv_heads_per_layer))
     else:
         w.add_head_count_kv(spec.n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
@@ -178,6 +181,7 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
             w.add_tensor(f"{b}.attn_qkv.weight", mat(H * hd + 2 * Hkv * hd, E))
             w.add_tensor(f"{b}.attn_output.weight", mat(E, H * hd))
         else:
+            Hkv = spec.kv_heads_per_layer[i] if spec.kv_heads_per_layer else spec.n_head_kv
             w.add_tensor(f"{b}.attn_q.weight", mat(H * hd, E))
             w.add_tensor(f"{b}.attn_k.weight", mat(Hkv * hd, E))
             w.add_tensor(f"{b}.attn_v.weight", mat(Hkv * hd, E))

@@ -105,12 +105,27 @@ def test_moe_reads_only_the_used_experts(synth_dir: Path) -> None:
     assert weights_read_per_token(s) == dense_read - 2 * (experts - experts * 2 // 8)
 
 
-def test_v_rows_padded_without_flash_attention(synth_dir: Path) -> None:
-    """[TAG_V_CACHE_VARIABLE]: without flash attention every V row is as wide as the widest layer's."""
-    s = _shape(synth_dir, "lfm2")
-    on = plan_memory(s, LoadConfig(n_ctx=1024, flash_attn="on", n_outputs_max=0))
-    off = plan_memory(s, LoadConfig(n_ctx=1024, flash_attn="off", n_outputs_max=0))
-    assert on.kv_cache_bytes == off.kv_cache_bytes  # one attention layer: nothing to pad
+@pytest.mark.slow
+def test_v_rows_padded_without_flash_attention(tmp_path: Path) -> None:
+    """[TAG_V_CACHE_VARIABLE]: without flash attention every V row is as wide as
+    the widest layer's. A deci model (Llama-Nemotron's architecture) whose layers
+    have 4 and 1 KV heads: llama.cpp pads the second layer's V rows to four heads'
+    width with flash attention off, and not with it on. The plan agrees with
+    llama.cpp's KV buffer both ways, so the test fails if the padding rule goes."""
+    from localllm.engine import LlamaCppBackend
+
+    path = write_gguf(tmp_path / "deci-kv-4-1.gguf", SynthSpec(arch="deci", name="synthetic-deci", n_embd=128, n_head=4, kv_heads_per_layer=(4, 1)))
+    shape = ModelShape.from_header(read_header(path))
+    planned, logged = {}, {}
+    for fa in ("on", "off"):
+        cfg = LoadConfig(n_ctx=1024, flash_attn=fa, n_threads=1)
+        planned[fa] = plan_memory(shape, cfg).kv_cache_bytes
+        with LlamaCppBackend() as b:
+            b.load(path, cfg)
+            logged[fa] = sum(mib for dev in b.logged_buffers.values() for mib in dev.get("KV", []))
+    assert planned["off"] > planned["on"]
+    for fa in ("on", "off"):
+        assert round(planned[fa] / MiB, 2) == pytest.approx(logged[fa], abs=0.006), (fa, planned, logged)
 
 
 def _unknown_arch(path: Path) -> Path:
