@@ -9,6 +9,7 @@ reference's logits with ``--kl-divergence-base`` and then scores the quant with
     python -m scripts.quality_vs_llama                 # Gemma 3 270M: F16 -> Q4_0 (files made here)
     python -m scripts.quality_vs_llama SRC.gguf Q.gguf # any pair
     python -m scripts.quality_vs_llama --quick         # SmolLM2 against itself: a run that cannot rot
+    python -m scripts.quality_vs_llama SRC Q --chunks 4 # the first 4 chunks only (tests/measure/test_quality_vs_llama.py)
 
 Targets (issue 12): perplexity within 1%, mean KL within 5%, same top within 1
 point. llama-perplexity comes from ``scripts/build_llama_tools.sh``.
@@ -90,6 +91,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", help="SOURCE CANDIDATE (default: Gemma 3 270M F16 and Q4_0, made here)")
     ap.add_argument("--quick", action="store_true", help="SmolLM2 against itself, two chunks (a CI run that checks the script works)")
+    ap.add_argument("--chunks", type=int, default=None, help=f"score only the first N chunks of {CTX} tokens (both tools)")
     args = ap.parse_args()
     bin_dir = tools_bin()
     from localllm.measure.quality import eval_text
@@ -98,12 +100,12 @@ def main() -> int:
         work = Path(tmp)
         text = work / "prose.txt"
         text.write_text(eval_text(), encoding="utf-8")
-        chunks = None
+        chunks = args.chunks
         if args.quick:
             from localllm.store.resolver import resolve
 
             src = cand = Path(resolve("smollm2"))
-            chunks = 2
+            chunks = chunks or 2
         elif args.files:
             if len(args.files) != 2:
                 ap.error("give SOURCE and CANDIDATE")

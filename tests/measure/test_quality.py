@@ -34,11 +34,26 @@ def test_each_chunk_starts_with_bos_as_llama_perplexity_does() -> None:
     assert [w[0] for w in seen] == [10, 26, 42, 58]
 
 
+def _sure_in_second_half(n_vocab: int, sure: float, unsure: float):
+    """A model that predicts "the next id" with logit ``sure`` in the second half
+    of its window and ``unsure`` in the first: which half is scored shows in the
+    perplexity, not only in the count of positions."""
+
+    def logits(tokens):
+        out = np.zeros((len(tokens), n_vocab), dtype=np.float32)
+        for i, t in enumerate(tokens):
+            out[i, (t + 1) % n_vocab] = sure if i >= len(tokens) // 2 else unsure
+        return out
+
+    return logits
+
+
 def test_scores_only_the_second_half_of_each_chunk() -> None:
-    # ids count up, and the model predicts "id + 1" with logit 4 among 200:
-    # every scored target is the predicted one, so the NLL is known in closed form
+    # ids count up, so every scored target is the predicted one and the NLL is
+    # known in closed form: logit 4 among 200 in the second half, 1 in the first
     tokens = list(range(10, 10 + 32))
-    (row,) = compare(_recording(200, []), {"same": _recording(200, [])}, tokens, chunk=16, bos=None)
+    model = _sure_in_second_half(200, 4.0, 1.0)
+    (row,) = compare(model, {"same": model}, tokens, chunk=16, bos=None)
     p = math.exp(4) / (math.exp(4) + 199)
     assert row.positions == 2 * (16 - 1 - 8)  # n_ctx - 1 - n_ctx/2 per chunk, as llama-perplexity
     assert row.reference_perplexity == pytest.approx(1 / p) and row.kl_mean == pytest.approx(0, abs=1e-9)
