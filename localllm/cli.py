@@ -220,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="memory per device: weights, KV cache, compute; what fits a GPU budget")
     _add_model(p)
     _add_load_options(p, ctx_default=None)
+    p.add_argument("--no-dry-run", action="store_true",
+                   help="skip llama.cpp's dry run of the load (the referee for compute and output buffers, about 0.4 s)")
     p.add_argument("--json", action="store_true", help="one JSON object")
 
     p = sub.add_parser("pull", help="download a GGUF from Hugging Face into its cache (resumable, checksum verified)")

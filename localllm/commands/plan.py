@@ -4,16 +4,71 @@ from __future__ import annotations
 
 import argparse
 
-from localllm.commands._common import fit_config
-from localllm.errors import EXIT_ERROR
+from localllm.commands._common import Fitted, fit_config
+from localllm.engine_api import DryRun
+from localllm.errors import EXIT_ERROR, EngineError
 from localllm.modelfile.model_info import inspect_model
+from localllm.plan import referee
 from localllm.store import resolver
 from localllm.util import fmt
 
+RULES, REPLAY, DRY_RUN, ESTIMATE = "llama.cpp's rules", "graph replay", "llama.cpp's dry run", "estimate"
 
-def render(f, architecture: str = "") -> str:
+
+class Shown:
+    """The compute and output figures ``plan`` shows, per column (GPU, CPU), and
+    where each came from: the replay of llama.cpp's graph where it covers the
+    model, else llama.cpp's dry run, else an estimate. Output buffers follow
+    llama.cpp's rules, or its dry run where the replay does not cover the model."""
+
+    def __init__(self, f: Fitted, dry: DryRun | None) -> None:
+        p = f.fit.plan
+        self.dry = dry
+        self.compute = (p.compute_bytes if p.compute_on_gpu else 0, 0 if p.compute_on_gpu else p.compute_bytes)
+        self.output = (0, p.output_bytes)
+        self.compute_source = ESTIMATE if p.compute_estimated else REPLAY
+        self.output_source = RULES
+        if p.compute_estimated and dry is not None and dry.ok and dry.total("compute") is not None:
+            self.compute = (dry.total("compute", cpu=False) or 0, dry.total("compute", cpu=True) or 0)
+            self.output = (dry.total("output", cpu=False) or 0, dry.total("output", cpu=True) or 0)
+            self.compute_source = self.output_source = DRY_RUN
+        delta = [sum(self.compute[i] + self.output[i] for i in (c,)) for c in (0, 1)]
+        planned = [(p.compute_bytes if p.compute_on_gpu else 0), (0 if p.compute_on_gpu else p.compute_bytes) + p.output_bytes]
+        self.total = (p.total_gpu_bytes - planned[0] + delta[0], p.total_cpu_bytes - planned[1] + delta[1])
+
+    def check_line(self) -> str:
+        """The dry run's word on the figures: where they come from it, where it
+        agrees with the replay, or why there is none."""
+        dry = self.dry
+        if dry is None:
+            return "llama.cpp's dry run: not run (--no-dry-run, or a load over --rpc)"
+        if not dry.ok:
+            return f"llama.cpp's dry run: n/a ({dry.failed})"
+        took = f" in {1000 * dry.seconds:.0f} ms" if dry.seconds is not None else ""
+        if self.compute_source == DRY_RUN:
+            return f"compute and output from llama.cpp's dry run{took} (the graph replay does not cover this model)"
+        got = dry.total("compute")
+        if got is None:
+            return f"llama.cpp's dry run{took} logged no compute buffer"
+        planned = sum(self.compute)
+        diff = abs(got - planned) / got if got else 0.0
+        verdict = "agrees" if diff <= 0.01 else f"differs by {diff:.1%}"
+        return f"llama.cpp's dry run{took}: compute {fmt.size(got)}, {verdict} with the {self.compute_source}"
+
+    def to_dict(self) -> dict:
+        return {
+            "sources": {"weights": "the file's tensors", "kv_cache": RULES, "compute": self.compute_source, "output": self.output_source},
+            "compute_gpu_bytes": self.compute[0], "compute_cpu_bytes": self.compute[1],
+            "output_gpu_bytes": self.output[0], "output_cpu_bytes": self.output[1],
+            "total_gpu_bytes": self.total[0], "total_cpu_bytes": self.total[1],
+            "dry_run": self.dry.to_dict() if self.dry is not None else None,
+        }
+
+
+def render(f, architecture: str = "", shown: Shown | None = None) -> str:
     r = f.fit
     p = r.plan
+    shown = shown or Shown(f, None)
     hw = f.hardware
     gpu = r.gpu_budget is not None
     lines = [
@@ -28,13 +83,9 @@ def render(f, architecture: str = "") -> str:
                 ("weights", fmt.size(p.weights_gpu_bytes), fmt.size(p.weights_cpu_bytes)),
                 ("KV cache", fmt.size(p.kv_gpu_bytes), fmt.size(p.kv_cache_bytes - p.kv_gpu_bytes)),
                 *([("recurrent", fmt.size(p.rs_gpu_bytes), fmt.size(p.rs_bytes - p.rs_gpu_bytes))] if p.rs_bytes else []),
-                (
-                    "compute" + (" (estimate)" if p.compute_estimated else ""),
-                    fmt.size(p.compute_bytes if p.compute_on_gpu else 0),
-                    fmt.size(0 if p.compute_on_gpu else p.compute_bytes),
-                ),
-                ("output", fmt.size(0), fmt.size(p.output_bytes)),
-                ("total", fmt.size(p.total_gpu_bytes), fmt.size(p.total_cpu_bytes)),
+                (f"compute ({shown.compute_source})", fmt.size(shown.compute[0]), fmt.size(shown.compute[1])),
+                (f"output ({shown.output_source})", fmt.size(shown.output[0]), fmt.size(shown.output[1])),
+                ("total", fmt.size(shown.total[0]), fmt.size(shown.total[1])),
             ],
             right=(1, 2),
         ),
@@ -47,6 +98,7 @@ def render(f, architecture: str = "") -> str:
     else:
         lines.append("no GPU: everything runs from RAM")
     lines.append(f"RAM available {fmt.size(r.ram or 0)}")
+    lines.append(shown.check_line())
     lines.append(("fits: " + r.sentence) if r.fits else ("does not fit: " + r.sentence))
     if not p.verified:
         lines.append(
@@ -106,6 +158,12 @@ def render_devices(f) -> str:
 def run(args: argparse.Namespace) -> int:
     path = resolver.resolve(args.model)
     f = fit_config(args, path, args.ctx)
+    dry = None
+    if f.fit.fits and f.placement is None and not args.no_dry_run:
+        dry = referee.dry_run(path, f.fit.config)
+        if dry.refused is not None:
+            raise EngineError(f"llama.cpp refuses this config: {dry.refused}")
+    shown = Shown(f, dry)
 
     info = inspect_model(path)
     if args.json:
@@ -123,11 +181,12 @@ def run(args: argparse.Namespace) -> int:
             architecture=info.architecture,
             cache_rule_source=info.cache_rule_source if info.cache_rule_verified else None,
         )
+        d.update(shown.to_dict())
         if f.placement is not None:
             d.update(devices=f.placement.to_list(), tensor_split=list(f.placement.split), placement_rules=f.placement.rules)
         fmt.print_json(d)
     elif f.placement is not None:
         print(render_devices(f))
     else:
-        print(render(f, info.architecture))
+        print(render(f, info.architecture, shown))
     return 0 if f.fit.fits else EXIT_ERROR

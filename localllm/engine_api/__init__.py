@@ -18,10 +18,10 @@ from __future__ import annotations
 from localllm.engine_api.config import LoadConfig
 from localllm.engine_api.errors import ContextFull, EngineError, InvalidSetting, SettingError
 from localllm.engine_api.protocol import Engine, Generation, Verification
-from localllm.engine_api.records import LoadInfo, SamplingConfig, SpecStats, TokenEvent
+from localllm.engine_api.records import DryRun, LoadInfo, SamplingConfig, SpecStats, TokenEvent
 from localllm.engine_api.stats import GenerationStats
 
 __all__ = [
-    "ContextFull", "Engine", "EngineError", "Generation", "GenerationStats", "InvalidSetting", "LoadConfig", "LoadInfo",
+    "ContextFull", "DryRun", "Engine", "EngineError", "Generation", "GenerationStats", "InvalidSetting", "LoadConfig", "LoadInfo",
     "SamplingConfig", "SettingError", "SpecStats", "TokenEvent", "Verification",
 ]

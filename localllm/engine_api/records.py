@@ -7,8 +7,9 @@ one for UI and unit tests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -62,3 +63,30 @@ class SpecStats:
     @property
     def acceptance(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What llama.cpp's dry run said: per device, the compute and output buffers
+    in bytes (as it prints them, to 0.01 MiB); or why llama.cpp refused the
+    config (``refused``: its first error line); or why the dry run itself gave
+    no figure (``failed``: a crash, a time-out)."""
+
+    buffers: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: float | None = None
+    refused: str | None = None
+    failed: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.refused is None and self.failed is None
+
+    def total(self, kind: str, *, cpu: bool | None = None) -> int | None:
+        """Bytes of ``kind`` over the devices (only the CPU, or only the others,
+        with ``cpu``); None when the dry run logged no such buffer."""
+        found = [b[kind] for dev, b in self.buffers.items() if kind in b and (cpu is None or (dev == "CPU") == cpu)]
+        return sum(found) if found else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

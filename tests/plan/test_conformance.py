@@ -150,12 +150,16 @@ def test_unknown_architecture_is_planned_dense_and_says_so(tmp_path: Path) -> No
     path = _unknown_arch(tmp_path / "mystery.gguf")
     rule = cache_rule(read_header(path))
     assert not rule.verified and rule.swa_layers == frozenset()
-    proc = cli("plan", str(path), "--ctx", "1024", "--json")
+    # the rules alone (no dry run): planned dense, and said to be unverified
+    proc = cli("plan", str(path), "--ctx", "1024", "--json", "--no-dry-run")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
     assert d["verified"] is False and d["kv_cache_bytes"] == 2 * 1024 * 64 * 2 * 2
-    text = cli("plan", str(path), "--ctx", "1024")
+    text = cli("plan", str(path), "--ctx", "1024", "--no-dry-run")
     assert text.returncode == 0 and "(unverified architecture)" in text.stdout
+    # with llama.cpp as the referee: this architecture is not one llama.cpp knows
+    refused = cli("plan", str(path), "--ctx", "1024")
+    assert refused.returncode == 1 and "llama.cpp refuses this config" in refused.stderr and "mystery" in refused.stderr
 
 
 @pytest.mark.slow
