@@ -38,7 +38,7 @@ class Bar:
 def render_report(r: Report) -> str:
     lines = [
         f"input   {fmt.safe(r.input)}  {fmt.size(r.input_bytes)}",
-        f"output  {fmt.safe(r.output or '(dry run: nothing written)')}  {fmt.size(r.output_bytes)}"
+        f"output  {fmt.safe(r.output or '')}{' (dry run: would write)' if r.dry_run else ''}  {fmt.size(r.output_bytes)}"
         + (f"  ({100 * r.output_bytes / r.input_bytes:.0f}% of the input)" if r.input_bytes else ""),
         f"type    {r.type}, {r.bits_per_weight:.2f} bits per weight",
         f"time    {r.seconds:.1f} s",

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -108,12 +109,29 @@ class Job:
             )
         if self.dst.resolve() == self.src.resolve():
             raise UsageError("the output would overwrite the input: name another output file")
+        kind = _not_a_regular_file(self.dst)
+        if kind:
+            # replacing it would swap a device, a pipe or a link for a file (as root, /dev/null itself)
+            raise UsageError(f"{self.dst} is {kind}, not a regular file: name a new file, or a regular file to replace with --force")
         if self.dst.exists() and not self.force:
             raise UsageError(f"{self.dst} exists: pass --force to replace it")
-        if self.dst.is_dir():
-            raise UsageError(f"{self.dst} is a directory: name an output file")
         if not self.dst.parent.is_dir():
             raise UsageError(f"the output directory {self.dst.parent} does not exist")
+
+
+def _not_a_regular_file(path: Path) -> str:
+    """What ``path`` is when it exists and is not a regular file ("a directory",
+    "a symbolic link", "a device", "a FIFO", "a socket"); "" for a regular file
+    or a new path. A link is not followed: replacing it would not write its target."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return ""
+    for test, kind in ((stat.S_ISREG, ""), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def _run_child(job: Job, dst: Path, dry: bool, tensor_lines: bool = False) -> Iterator[Progress | tuple]:
@@ -219,7 +237,8 @@ def run(job: Job) -> Iterator[Progress | Report]:
     free = shutil.disk_usage(job.dst.parent).free
     header_room = 64 * 1024 * 1024
     if need + header_room > free:
-        raise InputError(f"needs {format_size(need, 'GiB')} free in {job.dst.parent}, only {format_size(free, 'GiB')}: free some space or write elsewhere")
+        raise InputError(f"needs {format_size(need + header_room, 'GiB')} free in {job.dst.parent} (the file's {format_size(need, 'GiB')} "
+                         f"and a {format_size(header_room, 'MiB')} margin), only {format_size(free, 'GiB')}: free some space or write elsewhere")
     remove_stale_partials(job.dst.parent)
     # llama.cpp writes ``.<name>.partial-<pid>`` (the name remove_stale_partials
     # knows); it takes the output's name only when complete.
@@ -279,6 +298,6 @@ def dry_report(job: Job) -> Report:
     t0 = time.perf_counter()
     size, data = predicted_sizes(job)
     n_params = describe(read_header(job.src)).n_params  # bits per weight: of the tensor data, as llama.cpp counts it
-    return Report(
-        str(job.src), None, job.qtype, job.src.stat().st_size, size, round(data * 8 / n_params, 4) if n_params else 0.0, time.perf_counter() - t0, True, []
-    )
+    bpw = round(data * 8 / n_params, 4) if n_params else 0.0
+    # output: the path it would write (nothing is written; dry_run says so)
+    return Report(str(job.src), str(job.dst), job.qtype, job.src.stat().st_size, size, bpw, time.perf_counter() - t0, True, [])

@@ -86,7 +86,8 @@ def list_ggufs(repo_id: str, revision: str) -> list[RemoteFile]:
     items: list[dict[str, Any] | None] = []  # None: a page that was not a list (refused below)
     while url:
         with _hub_errors(repo_id):
-            resp = get_session().get(url, headers=build_hf_headers())
+            # connect and read time-outs (huggingface_hub's download time-out): a stalled hub is one line, not a hang
+            resp = get_session().get(url, headers=build_hf_headers(), timeout=_timeout())
             _raise_for_status(resp)
         try:
             page = resp.json()
