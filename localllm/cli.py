@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="a JSON list")
 
     p = sub.add_parser("rm", help="delete a model localllm stored (asks first); says who owns the others")
-    p.add_argument("name", metavar="NAME", help="a name from localllm list")
+    p.add_argument("name", metavar="NAME", help="a name from localllm list (that model only), or a folder given to add (all of it)")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask")
     p.add_argument("--json", action="store_true", help="one JSON object")
 

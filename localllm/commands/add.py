@@ -31,4 +31,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"added {root}, but every GGUF in it is known already under another name (see localllm list)")
     else:
         say(f"added {root}: {len(named)} model(s); use the names above with run, chat, plan, ...")
+    hidden = registry.hidden_under(root) if root.is_dir() else []
+    if hidden:
+        say(f"{len(hidden)} model(s) removed with rm stay hidden: localllm add FILE brings one back")
     return 0

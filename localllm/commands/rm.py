@@ -28,6 +28,9 @@ _NOT_OURS = {
 
 
 def run(args: argparse.Namespace) -> int:
+    folder = _added_folder(args.name)
+    if folder is not None:
+        return _forget_folder(folder, args)
     entry = registry.find(args.name)
     if entry is None:
         raise InputError(f"no model named '{args.name}' (see localllm list)")
@@ -49,14 +52,17 @@ def run(args: argparse.Namespace) -> int:
             deleted = [str(p) for p in hf_cache.remove(paths.hf_hub_cache(), cached)]
         registry.forget_pull(entry.repo or "", entry.filename or "")
     elif entry.source == "added":
-        registry.forget_added(_added_root(entry.path))
+        if str(entry.path) in registry.load_record().added:
+            registry.forget_added(entry.path)  # added as a file: forget it
+        else:
+            registry.hide_added(entry.path)  # one file of an added folder: its siblings stay
     else:  # localllm's own folder, or the assembled gemma3-270m
         entry.path.unlink()
         deleted = [str(entry.path)]
     if args.json:
         fmt.print_json({"name": entry.name, "source": entry.source, "action": action, "deleted": deleted, "path": str(entry.path)})
     elif entry.source == "added":
-        say(f"forgot {entry.path} (the file stays: localllm did not store it)")
+        say(f"forgot {entry.name} ({entry.path}; the file stays: localllm did not store it; localllm add {entry.path} brings it back)")
     else:
         say(f"deleted {entry.name}: " + ", ".join(deleted))
     return 0
@@ -67,13 +73,27 @@ def _assembled(entry: registry.ModelEntry) -> bool:
     return entry.source == "embedded" and entry.path.parent == paths.models_dir() and entry.path.exists()
 
 
-def _added_root(path: Path) -> Path:
-    rec = registry.load_record()
-    for item in rec.added:
-        root = Path(item)
-        if path == root or root in path.parents:
-            return root
-    return path
+def _added_folder(name: str) -> Path | None:
+    """``rm FOLDER``: the added folder ``name`` is, or None."""
+    p = Path(name).expanduser()
+    if not p.is_dir():
+        return None
+    root = p.resolve()
+    return root if str(root) in registry.load_record().added else None
+
+
+def _forget_folder(root: Path, args: argparse.Namespace) -> int:
+    """Forget an added folder and every model in it (the files stay)."""
+    named = [e for e in registry.discover() if e.source == "added" and root in e.path.parents]
+    if not args.yes and not _confirm(f"forget the folder {root} ({len(named)} model(s); the files stay)"):
+        say("nothing forgotten (answer y, or pass --yes)")
+        return 1
+    registry.forget_added(root)
+    if args.json:
+        fmt.print_json({"folder": str(root), "action": "forget", "forgot": [e.name for e in named], "deleted": []})
+    else:
+        say(f"forgot the folder {root}: {len(named)} model(s) (the files stay)")
+    return 0
 
 
 def _confirm(what: str) -> bool:

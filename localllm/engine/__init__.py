@@ -18,6 +18,7 @@ one small file:
 - ``llama``      ``LlamaCppBackend``, the ``Engine`` (``localllm.engine_api``) built from them
 - ``chat_template`` a Jinja chat template rendered in a sandbox, with limits
 - ``batch``      several sequences in one context, for ``serve``
+- ``dryrun``     llama.cpp's dry run of a load (no_alloc), run by ``plan.referee``
 - ``rpc``        llama.cpp's RPC backend through ctypes: workers and devices
 - ``llamalog``   llama.cpp's log, routed into Python logging (pure Python)
 

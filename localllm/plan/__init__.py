@@ -6,6 +6,7 @@
 - ``fitting``        the one fitting service: the config that fits a budget
 - ``verdict``        the fitting service's answer, phrased for a table
 - ``memcheck``       llama.cpp's logged allocations against the plan, after a load
+- ``referee``        llama.cpp's dry run of a load, in a child process
 - ``hardware``       this machine's GPU budget and RAM
 - ``workers``        llama.cpp RPC workers seen from the client: parse, probe
 """

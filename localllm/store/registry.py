@@ -103,6 +103,9 @@ class Record:
     added: list[str] = field(default_factory=list)
     pulled: list[dict[str, Any]] = field(default_factory=list)
     version: int = RECORD_VERSION
+    # files of added folders that ``rm NAME`` removed from the list (the files stay);
+    # adding the folder again keeps them hidden, adding the file itself brings it back
+    hidden: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def is_pulled(self, repo_id: str, filename: str) -> bool:
@@ -111,7 +114,8 @@ class Record:
         return any(p["repo_id"] == repo_id and p["filename"] == filename and p.get("stored", True) for p in self.pulled)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.extra, "version": max(self.version, RECORD_VERSION), "added": self.added, "pulled": self.pulled}
+        out = {**self.extra, "version": max(self.version, RECORD_VERSION), "added": self.added, "pulled": self.pulled}
+        return {**out, "hidden": self.hidden} if self.hidden else out
 
 
 def load_record() -> Record:
@@ -152,8 +156,12 @@ def parse_record(data: dict[str, Any], where: str = "registry.json") -> Record:
     skipped = len(added) - len(good_added) + len(pulled) - len(kept)
     if skipped:
         notice(f"{where}: skipped {skipped} malformed entr{'y' if skipped == 1 else 'ies'}")
-    extra = {k: v for k, v in data.items() if k not in ("version", "added", "pulled")}
-    return Record(added=good_added, pulled=kept, version=version, extra=extra)
+    hidden = data.get("hidden", [])
+    if not isinstance(hidden, list):
+        notice(f"{where}: 'hidden' is not a list; ignored")
+        hidden = []
+    extra = {k: v for k, v in data.items() if k not in ("version", "added", "pulled", "hidden")}
+    return Record(added=good_added, pulled=kept, version=version, extra=extra, hidden=[h for h in hidden if isinstance(h, str) and h])
 
 
 def _pull_entry(p: Any) -> dict[str, Any] | None:
@@ -218,19 +226,37 @@ def forget_pull(repo_id: str, filename: str) -> None:
 
 
 def add_path(path: Path) -> Path:
-    """Remember a GGUF file or a folder of them. Returns the absolute path."""
+    """Remember a GGUF file or a folder of them. Returns the absolute path. A
+    file named itself is shown again if ``rm`` hid it; a folder's hidden files
+    stay hidden."""
     path = path.expanduser().resolve()
     with updating() as rec:
-        if str(path) not in rec.added:
+        if str(path) in rec.hidden:
+            rec.hidden.remove(str(path))
+        elif str(path) not in rec.added:
             rec.added.append(str(path))
     return path
 
 
 def forget_added(path: Path) -> bool:
+    """Forget an added file or folder (and what was hidden under it)."""
     with updating() as rec:
         before = len(rec.added)
         rec.added = [p for p in rec.added if Path(p) != path]
+        rec.hidden = [h for h in rec.hidden if not (Path(h) == path or path in Path(h).parents)]
     return len(rec.added) != before
+
+
+def hide_added(path: Path) -> None:
+    """Take one file of an added folder off the list (``rm NAME``); its siblings stay."""
+    with updating() as rec:
+        if str(path) not in rec.hidden:
+            rec.hidden.append(str(path))
+
+
+def hidden_under(root: Path) -> list[Path]:
+    """The hidden files of an added folder."""
+    return [Path(h) for h in load_record().hidden if root in Path(h).parents]
 
 
 # -- discovery -------------------------------------------------------------------------
@@ -331,6 +357,8 @@ def _added(rec: Record) -> Iterator[ModelEntry]:
         root = Path(item)
         files = [root] if root.is_file() else list(_ggufs(root))
         for p in files:
+            if str(p) in rec.hidden:
+                continue
             yield ModelEntry(file_stem(p.name), p, "added", (str(p),), quant=quant_of(p.name))
 
 
