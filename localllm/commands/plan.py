@@ -32,9 +32,9 @@ class Shown:
             self.compute = (dry.total("compute", cpu=False) or 0, dry.total("compute", cpu=True) or 0)
             self.output = (dry.total("output", cpu=False) or 0, dry.total("output", cpu=True) or 0)
             self.compute_source = self.output_source = DRY_RUN
-        delta = [sum(self.compute[i] + self.output[i] for i in (c,)) for c in (0, 1)]
-        planned = [(p.compute_bytes if p.compute_on_gpu else 0), (0 if p.compute_on_gpu else p.compute_bytes) + p.output_bytes]
-        self.total = (p.total_gpu_bytes - planned[0] + delta[0], p.total_cpu_bytes - planned[1] + delta[1])
+        # the planner's totals, with its compute and output swapped for the figures shown
+        planned = ((p.compute_bytes if p.compute_on_gpu else 0), (0 if p.compute_on_gpu else p.compute_bytes) + p.output_bytes)
+        self.total = tuple(t - planned[c] + self.compute[c] + self.output[c] for c, t in enumerate((p.total_gpu_bytes, p.total_cpu_bytes)))
 
     def check_line(self) -> str:
         """The dry run's word on the figures: where they come from it, where it

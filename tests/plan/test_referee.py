@@ -46,6 +46,8 @@ def test_where_it_does_not_the_figure_is_llama_cpps_own(tmp_path: Path) -> None:
         b.load(path, LoadConfig(n_ctx=1024))
         real = sum(b.logged_buffers["CPU"]["compute"])
     assert d["compute_cpu_bytes"] / 2**20 == pytest.approx(real, abs=0.006)
+    # the total is made of the figures shown
+    assert d["total_cpu_bytes"] == d["weights_cpu_bytes"] + d["kv_cache_bytes"] + d["compute_cpu_bytes"] + d["output_cpu_bytes"]
     text = cli("plan", str(path), "--ctx", "1024").stdout
     assert "compute (llama.cpp's dry run)" in text and "the graph replay does not cover this model" in text
 
