@@ -104,9 +104,19 @@ def _add_template(p: argparse.ArgumentParser) -> None:
                    help="chat template instead of the model's: a Jinja file, or a llama.cpp built-in name (chatml, llama3, gemma, ...)")
 
 
+class _Typed(argparse.Action):
+    """Stores the value and notes that the user typed the option (``args.ctx_typed``),
+    so a warning about the value is given for the user's choice, not a default."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_typed", True)
+
+
 def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fit: bool = True, rpc: bool = True) -> None:
     g = p.add_argument_group("load options")
-    g.add_argument("--ctx", type=_int_at_least(1, "--ctx", MAX_CTX), default=ctx_default, metavar="N", help="context size in tokens (default: %(default)s)")
+    g.add_argument("--ctx", type=_int_at_least(1, "--ctx", MAX_CTX), default=ctx_default, metavar="N", action=_Typed,
+                   help="context size in tokens (default: %(default)s)")
     g.add_argument("--threads", type=_threads, default=None, metavar="N", help="CPU threads (default: physical cores)")
     g.add_argument("--ngl", type=_int_at_least(-1, "--ngl", MAX_INT32), default=None, metavar="N",
         help="layers to offload to the GPU, -1 for all (default: all, or what fits --vram)")

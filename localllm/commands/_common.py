@@ -77,6 +77,9 @@ def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq
     request = fit_request(args, n_ctx or fitting.DEFAULT_CTX)
     fit, hw = api.fit_request(path, request, vram=getattr(args, "vram", None), n_ctx=n_ctx, n_seq=n_seq,
                               rpc=getattr(args, "rpc", None) or ())
+    if getattr(args, "ctx_typed", False) and n_ctx and fit.trained_ctx and n_ctx > fit.trained_ctx:
+        # llama.cpp warns too (src/llama-context.cpp: "n_ctx_seq (%u) > n_ctx_train (%u) -- possible training context overflow")
+        say(f"--ctx {n_ctx:,} is beyond the {fit.trained_ctx:,} tokens this model was trained on: replies past that point degrade")
     return Fitted(fit, hw)
 
 
