@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     p.add_argument("--system", default=None, help="system prompt (default: a helpful assistant)")
     p.add_argument("-n", "--n-predict", type=_gen_tokens, default=512, metavar="N", help="most tokens per reply (default: 512)")
-    p.add_argument("--temp", type=_nonneg_float, default=0.7, metavar="T", help="temperature (default: 0.7)")
+    p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature (default: 0.8, as run and chat)")
     _add_load_options(p, ctx_default=None)
 
     p = sub.add_parser("inspect", help="what a GGUF model is, from its header (no load)")

@@ -26,7 +26,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         n_batch=getattr(args, "batch", 512),
         n_ubatch=getattr(args, "ubatch", 512),
         policy=getattr(args, "policy", "ctx"),
-        temperature=getattr(args, "temp", 0.7),
+        temperature=getattr(args, "temp", 0.8),
         max_tokens=getattr(args, "n_predict", 512),
         system_prompt=Settings.system_prompt if getattr(args, "system", None) is None else args.system,
     )

@@ -30,7 +30,7 @@ class Settings:
     n_batch: int = 512
     n_ubatch: int = 512
     policy: str = "ctx"  # when it does not fit: shrink the context (ctx) or offload fewer layers (offload)
-    temperature: float = 0.7
+    temperature: float = 0.8  # as run and chat (and llama.cpp's default)
     max_tokens: int = 512
     system_prompt: str = "You are a helpful assistant."
 
