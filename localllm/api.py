@@ -25,7 +25,8 @@ from localllm.chat.session import ChatSession
 from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig, LoadInfo, SamplingConfig
 from localllm.engine_api.llama_rules import flash_attn_mode
 from localllm.errors import InputError
-from localllm.plan import fitting, hardware, placement
+from localllm.plan import fitting, hardware, placement, referee
+from localllm.plan import prepare as prepare_mod
 from localllm.plan.hardware import Hardware
 from localllm.plan.memcheck import MemoryCheck, load_checked
 from localllm.quantize import naming, pipeline
@@ -65,6 +66,20 @@ def fit_request(path: Path, request: fitting.Request, *, vram: int | str | None 
         devices, cpu = placement.rpc_devices(list(rpc), hw, _local_gpu)
         return fitting.fit_file(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, devices=devices, cpu=cpu), hw
     return fitting.fit_file(path, request, hw, n_ctx=n_ctx, n_seq=n_seq), hw
+
+
+def prepare(path: Path, request: fitting.Request, *, vram: int | str | None = None, n_ctx: int | None = None, n_seq: int = 1,
+            rpc: Sequence[object] = (), hw: Hardware | None = None, dry_run: bool = True, cross_check: bool = False) -> prepare_mod.LoadPlan:
+    """``fit_request``, refereed: the fit with llama.cpp's dry run where the
+    graph replay does not cover the model (``plan.prepare.prepare_load``), and a
+    config llama.cpp refuses raised as ``EngineError``. What every command and
+    the cockpit ask before a load."""
+    hw = hw if hw is not None else hardware.detect(_vram_bytes(vram))
+    runner = referee.dry_run if dry_run else None
+    if rpc:
+        devices, cpu = placement.rpc_devices(list(rpc), hw, _local_gpu)
+        return prepare_mod.prepare_load(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, devices=devices, cpu=cpu, dry_run=runner)
+    return prepare_mod.prepare_load(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, dry_run=runner, cross_check=cross_check)
 
 
 def _request(ctx: int | None, kv_type: str | None, n_gpu_layers: int | None, threads: int | None, flash_attn: str,

@@ -137,6 +137,9 @@ def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fi
             help="GPU memory budget: 4GiB (4·2³⁰ bytes), 6GB (6·10⁹), 512MiB; a bare number is GiB (default: detected)")
         g.add_argument("--policy", choices=("ctx", "offload"), default="ctx",
             help="when it does not fit: shrink the context first (ctx, default) or offload fewer layers (offload)")
+        g.add_argument("--no-dry-run", action="store_true",
+            help="skip llama.cpp's dry run of the load, the referee for compute and output buffers where the graph replay "
+            "does not cover the model (about 0.4 s)")
 
 
 def _rpc(text: str):
@@ -230,8 +233,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="memory per device: weights, KV cache, compute; what fits a GPU budget")
     _add_model(p)
     _add_load_options(p, ctx_default=None)
-    p.add_argument("--no-dry-run", action="store_true",
-                   help="skip llama.cpp's dry run of the load (the referee for compute and output buffers, about 0.4 s)")
     p.add_argument("--json", action="store_true", help="one JSON object")
 
     p = sub.add_parser("pull", help="download a GGUF from Hugging Face into its cache (resumable, checksum verified)")

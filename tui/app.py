@@ -269,15 +269,17 @@ class LocalLLMApp(App):
             return cfg, note, Footprint(shape, placement.plan, "RAM", hw.ram_available_bytes, placement)
         shape = planner.ModelShape.from_header(read_header(path))
         request = s.fit_request()
-        fit, _ = api.fit_request(path, request, n_ctx=request.config.n_ctx, hw=hw)
+        # llama.cpp's dry run referees the compute figure where the replay does not cover the model
+        lp = api.prepare(path, request, n_ctx=request.config.n_ctx, hw=hw)
+        fit = lp.fit
         if not fit.fits:
             raise InputError(f"does not fit: {fit.sentence}")
         note = "" if fit.outcome is fitting.Outcome.FITS_AS_ASKED else f"auto-fit: {fit.sentence}"
         if hw.gpu_budget is not None:
             label = {"--vram": "GPU budget (--vram)", "nvml": f"GPU {hw.gpu_name}", "apple-unified": "unified memory"}.get(hw.gpu_source, "GPU")
-            fp = Footprint(shape, fit.plan, label, hw.gpu_budget)
+            fp = Footprint(shape, lp.plan, label, hw.gpu_budget)
         else:
-            fp = Footprint(shape, fit.plan, "RAM", hw.ram_available_bytes)
+            fp = Footprint(shape, lp.plan, "RAM", hw.ram_available_bytes)
         return fit.config, note, fp
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
@@ -331,7 +333,7 @@ class LocalLLMApp(App):
         try:
 
             backend = self.backend_factory()
-            _, check = load_checked(backend, req.path, cfg, fp.placement)
+            _, check = load_checked(backend, req.path, cfg, fp.placement, fp.plan)
         except Exception as exc:  # noqa: BLE001
             error, kept = reason(exc), False
             if old is not None and old_cfg is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 from localllm import api
@@ -14,7 +14,7 @@ from localllm.engine_api.llama_rules import flash_attn_mode
 from localllm.errors import UsageError
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting, placement, planner
-from localllm.plan.hardware import Hardware
+from localllm.plan.prepare import LoadPlan
 from localllm.util.fmt import safe
 
 
@@ -52,35 +52,29 @@ def fit_request(args: argparse.Namespace, n_ctx: int) -> fitting.Request:
     )
 
 
-@dataclass
-class Fitted:
-    fit: fitting.Fit
-    hardware: Hardware
-
-    @property
-    def config(self) -> LoadConfig:
-        return self.fit.config
-
-    @property
-    def placement(self):  # placement.Placement, with --rpc: per device
-        return self.fit.placement
-
-    @property
-    def shift_extra_bytes(self) -> int | None:
-        return self.fit.shift_extra_bytes
+Fitted = LoadPlan  # what the loading commands get: the fit, the hardware, the refereed figures
 
 
-def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq: int = 1) -> Fitted:
+def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq: int = 1, cross_check: bool = False,
+               n_outputs: int | None = None) -> LoadPlan:
     """Fit the options to the GPU budget (detected or --vram) and RAM through the
-    library's ``fit_request``: the settings that fit, the user's explicit choices
-    kept. ``n_seq`` > 1 plans serve's batch engine as it loads."""
+    library's ``prepare``: the settings that fit, the user's explicit choices
+    kept, llama.cpp's dry run as the referee where the replay does not cover the
+    model (unless --no-dry-run). ``n_seq`` > 1 plans serve's batch engine as it
+    loads; ``cross_check`` dry-runs where the replay covers the model too (plan);
+    ``n_outputs``: rows of logits per batch to plan for (speculative drafts)."""
     request = fit_request(args, n_ctx or fitting.DEFAULT_CTX)
-    fit, hw = api.fit_request(path, request, vram=getattr(args, "vram", None), n_ctx=n_ctx, n_seq=n_seq,
-                              rpc=getattr(args, "rpc", None) or ())
+    if n_outputs is not None:
+        request = replace(request, config=replace(request.config, n_outputs_max=n_outputs))
+    lp = api.prepare(path, request, vram=getattr(args, "vram", None), n_ctx=n_ctx, n_seq=n_seq,
+                     rpc=getattr(args, "rpc", None) or (), dry_run=not getattr(args, "no_dry_run", False), cross_check=cross_check)
+    fit = lp.fit
     if getattr(args, "ctx_typed", False) and n_ctx and fit.trained_ctx and n_ctx > fit.trained_ctx:
         # llama.cpp warns too (src/llama-context.cpp: "n_ctx_seq (%u) > n_ctx_train (%u) -- possible training context overflow")
         say(f"--ctx {n_ctx:,} is beyond the {fit.trained_ctx:,} tokens this model was trained on: replies past that point degrade")
-    return Fitted(fit, hw)
+    if lp.refits:
+        say(f"llama.cpp's dry run needs a larger compute buffer than estimated: refitted ({fit.sentence})")
+    return lp
 
 
 def apply_template(backend: Engine, args: argparse.Namespace) -> None:

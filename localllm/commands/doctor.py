@@ -104,22 +104,19 @@ def render(r, name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
     path = resolver.resolve(args.model)
     prompt = _prompt(args)
-    fitted = fit_config(args, path, args.ctx)
+    # Room for 9 rows of logits, so the same context can check speculative drafts.
+    fitted = fit_config(args, path, args.ctx, n_outputs=9)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
     say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
     with LlamaCppBackend() as backend:
-        # Room for 9 rows of logits, so the same context can check speculative drafts.
-
-        cfg = replace(fitted.config, n_outputs_max=9)
+        cfg = fitted.config
         placement = placement_for(fitted, path, cfg)
-        info, memory_check = load_checked(backend, path, cfg, placement)
+        info, memory_check = load_checked(backend, path, cfg, placement, fitted.plan)
         say("measuring prefill and decode")
         stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
         header = backend.header

@@ -5,70 +5,16 @@ from __future__ import annotations
 import argparse
 
 from localllm.commands._common import Fitted, fit_config
-from localllm.engine_api import DryRun
-from localllm.errors import EXIT_ERROR, EngineError
+from localllm.errors import EXIT_ERROR
 from localllm.modelfile.model_info import inspect_model
-from localllm.plan import referee
 from localllm.store import resolver
 from localllm.util import fmt
 
-RULES, REPLAY, DRY_RUN, ESTIMATE = "llama.cpp's rules", "graph replay", "llama.cpp's dry run", "estimate"
 
-
-class Shown:
-    """The compute and output figures ``plan`` shows, per column (GPU, CPU), and
-    where each came from: the replay of llama.cpp's graph where it covers the
-    model, else llama.cpp's dry run, else an estimate. Output buffers follow
-    llama.cpp's rules, or its dry run where the replay does not cover the model."""
-
-    def __init__(self, f: Fitted, dry: DryRun | None) -> None:
-        p = f.fit.plan
-        self.dry = dry
-        self.compute = (p.compute_bytes if p.compute_on_gpu else 0, 0 if p.compute_on_gpu else p.compute_bytes)
-        self.output = (0, p.output_bytes)
-        self.compute_source = ESTIMATE if p.compute_estimated else REPLAY
-        self.output_source = RULES
-        if p.compute_estimated and dry is not None and dry.ok and dry.total("compute") is not None:
-            self.compute = (dry.total("compute", cpu=False) or 0, dry.total("compute", cpu=True) or 0)
-            self.output = (dry.total("output", cpu=False) or 0, dry.total("output", cpu=True) or 0)
-            self.compute_source = self.output_source = DRY_RUN
-        # the planner's totals, with its compute and output swapped for the figures shown
-        planned = ((p.compute_bytes if p.compute_on_gpu else 0), (0 if p.compute_on_gpu else p.compute_bytes) + p.output_bytes)
-        self.total = tuple(t - planned[c] + self.compute[c] + self.output[c] for c, t in enumerate((p.total_gpu_bytes, p.total_cpu_bytes)))
-
-    def check_line(self) -> str:
-        """The dry run's word on the figures: where they come from it, where it
-        agrees with the replay, or why there is none."""
-        dry = self.dry
-        if dry is None:
-            return "llama.cpp's dry run: not run (--no-dry-run, or a load over --rpc)"
-        if not dry.ok:
-            return f"llama.cpp's dry run: n/a ({dry.failed})"
-        took = f" in {1000 * dry.seconds:.0f} ms" if dry.seconds is not None else ""
-        if self.compute_source == DRY_RUN:
-            return f"compute and output from llama.cpp's dry run{took} (the graph replay does not cover this model)"
-        got = dry.total("compute")
-        if got is None:
-            return f"llama.cpp's dry run{took} logged no compute buffer"
-        planned = sum(self.compute)
-        diff = abs(got - planned) / got if got else 0.0
-        verdict = "agrees" if diff <= 0.01 else f"differs by {diff:.1%}"
-        return f"llama.cpp's dry run{took}: compute {fmt.size(got)}, {verdict} with the {self.compute_source}"
-
-    def to_dict(self) -> dict:
-        return {
-            "sources": {"weights": "the file's tensors", "kv_cache": RULES, "compute": self.compute_source, "output": self.output_source},
-            "compute_gpu_bytes": self.compute[0], "compute_cpu_bytes": self.compute[1],
-            "output_gpu_bytes": self.output[0], "output_cpu_bytes": self.output[1],
-            "total_gpu_bytes": self.total[0], "total_cpu_bytes": self.total[1],
-            "dry_run": self.dry.to_dict() if self.dry is not None else None,
-        }
-
-
-def render(f, architecture: str = "", shown: Shown | None = None) -> str:
+def render(f: Fitted, architecture: str = "") -> str:
     r = f.fit
     p = r.plan
-    shown = shown or Shown(f, None)
+    shown = f
     hw = f.hardware
     gpu = r.gpu_budget is not None
     lines = [
@@ -91,9 +37,9 @@ def render(f, architecture: str = "", shown: Shown | None = None) -> str:
         ),
         "",
     ]
-    if gpu:
+    if r.gpu_budget is not None:
         src = {"--vram": "--vram", "nvml": hw.gpu_name, "apple-unified": "unified memory share"}.get(hw.gpu_source, hw.gpu_source)
-        headroom = r.gpu_budget - p.total_gpu_bytes
+        headroom = r.gpu_budget - shown.total[0]
         lines.append(f"GPU budget {fmt.size(r.gpu_budget)} ({src}), head-room {fmt.size(headroom)} (keeping {fmt.size(r.margin)} free)")
     else:
         lines.append("no GPU: everything runs from RAM")
@@ -157,13 +103,7 @@ def render_devices(f) -> str:
 
 def run(args: argparse.Namespace) -> int:
     path = resolver.resolve(args.model)
-    f = fit_config(args, path, args.ctx)
-    dry = None
-    if f.fit.fits and f.placement is None and not args.no_dry_run:
-        dry = referee.dry_run(path, f.fit.config)
-        if dry.refused is not None:
-            raise EngineError(f"llama.cpp refuses this config: {dry.refused}")
-    shown = Shown(f, dry)
+    f = fit_config(args, path, args.ctx, cross_check=True)
 
     info = inspect_model(path)
     if args.json:
@@ -181,12 +121,12 @@ def run(args: argparse.Namespace) -> int:
             architecture=info.architecture,
             cache_rule_source=info.cache_rule_source if info.cache_rule_verified else None,
         )
-        d.update(shown.to_dict())
+        d.update(f.to_dict())
         if f.placement is not None:
             d.update(devices=f.placement.to_list(), tensor_split=list(f.placement.split), placement_rules=f.placement.rules)
         fmt.print_json(d)
     elif f.placement is not None:
         print(render_devices(f))
     else:
-        print(render(f, info.architecture, shown))
+        print(render(f, info.architecture))
     return 0 if f.fit.fits else EXIT_ERROR

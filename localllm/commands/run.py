@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--speculate draft needs --draft MODEL (a smaller model with the same vocabulary)")
     if args.draft and args.speculate != "draft":
         raise UsageError("--draft goes with --speculate draft")
-    fitted = fit_config(args, path, args.ctx)
+    fitted = fit_config(args, path, args.ctx, n_outputs=args.draft_k + 1 if args.speculate else None)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
     if fitted.fit.outcome is not fitting.Outcome.FITS_AS_ASKED or args.vram is not None:
@@ -69,12 +69,7 @@ def run(args: argparse.Namespace) -> int:
         )
     with LlamaCppBackend() as backend:
         cfg = fitted.config
-        if args.speculate:
-            from dataclasses import replace
-
-            cfg = replace(cfg, n_outputs_max=args.draft_k + 1)
-
-        _, memory_check = load_checked(backend, path, cfg, placement_for(fitted, path, cfg))
+        _, memory_check = load_checked(backend, path, cfg, placement_for(fitted, path, cfg), fitted.plan)
         if getattr(args, "verbose", False) and not args.json:
             for line in memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]:
                 say(line)

@@ -65,6 +65,11 @@ class SpecStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+def host_buffer(device: str) -> bool:
+    """Whether llama.cpp's buffer name is in system RAM: "CPU", "CPU_Mapped",
+    or a GPU backend's pinned host buffer ("CUDA_Host", "Metal_Host"...)."""
+    return device.startswith("CPU") or device.endswith("_Host")
+
 
 @dataclass(frozen=True)
 class DryRun:
@@ -85,7 +90,7 @@ class DryRun:
     def total(self, kind: str, *, cpu: bool | None = None) -> int | None:
         """Bytes of ``kind`` over the devices (only the CPU, or only the others,
         with ``cpu``); None when the dry run logged no such buffer."""
-        found = [b[kind] for dev, b in self.buffers.items() if kind in b and (cpu is None or (dev == "CPU") == cpu)]
+        found = [b[kind] for dev, b in self.buffers.items() if kind in b and (cpu is None or host_buffer(dev) == cpu)]
         return sum(found) if found else None
 
     def to_dict(self) -> dict[str, Any]:

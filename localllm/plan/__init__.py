@@ -7,6 +7,7 @@
 - ``verdict``        the fitting service's answer, phrased for a table
 - ``memcheck``       llama.cpp's logged allocations against the plan, after a load
 - ``referee``        llama.cpp's dry run of a load, in a child process
+- ``prepare``        the one way in to a load: the fit, refereed by the dry run
 - ``hardware``       this machine's GPU budget and RAM
 - ``workers``        llama.cpp RPC workers seen from the client: parse, probe
 """

@@ -182,11 +182,15 @@ def fit(
     )
 
 
-def fit_header(header: GGUFHeader, request: Request, budget: Budget, **kw: Any) -> Fit:
+def fit_header(header: GGUFHeader, request: Request, budget: Budget, *, compute_scale: float = 1.0, **kw: Any) -> Fit:
     """``fit`` for a model's GGUF header (its shape, its trained context, and
-    its tensors for placing layers across ``devices``)."""
+    its tensors for placing layers across ``devices``). ``compute_scale``
+    corrects an estimated compute buffer by what llama.cpp's dry run found
+    (``plan.prepare``); the replayed one is exact and never scaled."""
 
     shape = planner.ModelShape.from_header(header)
+    if compute_scale != 1.0:
+        shape = replace(shape, compute_scale=compute_scale)
     return fit(shape, request, budget, trained_ctx=describe(header).context_length, header=header, **kw)
 
 
@@ -197,7 +201,14 @@ def fit_file(path: Path, request: Request, hw: Any, *, n_ctx: int | None = None,
     cache for ``n_seq`` sequences and one row of logits per sequence.
     ``kw``: ``devices`` and ``cpu`` for a load across several devices."""
     header = read_header(path)
+    return fit_header(header, for_header(header, request, n_ctx=n_ctx, n_seq=n_seq), Budget.of(hw), **kw)
+
+
+def for_header(header: GGUFHeader, request: Request, *, n_ctx: int | None = None, n_seq: int = 1) -> Request:
+    """``request`` with the context asked (``n_ctx``, or ``default_ctx`` of the
+    model's trained one) and, for ``n_seq`` > 1, serve's batch engine: one
+    unified cache for ``n_seq`` sequences and one row of logits per sequence."""
     config = replace(request.config, n_ctx=n_ctx or default_ctx(describe(header).context_length))
     if n_seq > 1:
         config = replace(config, n_seq=n_seq, n_outputs_max=n_seq, kv_unified=True)
-    return fit_header(header, replace(request, config=config), Budget.of(hw), **kw)
+    return replace(request, config=config)

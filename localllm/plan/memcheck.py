@@ -135,9 +135,11 @@ def check(plan, allocations: dict[str, list[tuple[str, int]]], tol: float = TOLE
 
 
 def check_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, str]], *, gpu: bool | None = None,
-               tol: float = TOLERANCE) -> MemoryCheck:
+               tol: float = TOLERANCE, planned=None) -> MemoryCheck:
     """Plan ``path`` with the settings it was loaded with (a ``backend.LoadConfig``)
-    and compare with the lines llama.cpp logged while loading it."""
+    and compare with the lines llama.cpp logged while loading it. ``planned``:
+    the plan the load was chosen with (``prepare.LoadPlan.plan``, llama.cpp's dry
+    run figures in it), used unless llama.cpp turned flash attention off."""
     from dataclasses import replace
 
     # lazy: loads gguf, numpy (~87 ms here), which memcheck does not load at import
@@ -151,6 +153,8 @@ def check_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, s
     cfg = load_config
     if flash_attn_disabled(lines):
         cfg = replace(cfg, flash_attn="off")
+    elif planned is not None:
+        return check(planned, alloc, tol)
     if gpu is None:
         gpu = any(dev not in ("CPU", "CPU_Mapped") and not dev.startswith("CPU") for kind in alloc.values() for dev, _ in kind)
     shape = planner.ModelShape.from_header(read_header(path))
@@ -187,7 +191,8 @@ def check_placement(placement, lines: Iterable[str | tuple[int, str]], tol: floa
     return MemoryCheck(all(c.ok for c in checks), tol, verified, checks)
 
 
-def check_after_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, str]], placement=None) -> MemoryCheck | None:
+def check_after_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, str]], placement=None,
+                     planned=None) -> MemoryCheck | None:
     """``check_load`` for commands: None (shown as n/a / null) when the log holds
     no allocation lines or the check itself fails, so a load never fails on it.
     With a ``placement`` (a load over several devices), ``check_placement``."""
@@ -197,14 +202,15 @@ def check_after_load(path: str | Path, load_config, lines: Iterable[str | tuple[
             return None
         if placement is not None:
             return check_placement(placement, lines)
-        return check_load(path, load_config, lines)
+        return check_load(path, load_config, lines, planned=planned)
     except Exception as exc:  # noqa: BLE001 - a check of the plan must never break a run, nor hide that it broke
         return MemoryCheck(False, TOLERANCE, True, [], error=f"{type(exc).__name__}: {exc}")
 
 
-def load_checked(backend: Engine, path: str | Path, load_config, placement=None):
+def load_checked(backend: Engine, path: str | Path, load_config, placement=None, planned=None):
     """``backend.load(path, load_config)`` and the memory check of that load:
     (the backend's LoadInfo, a MemoryCheck or None). For run, doctor and the cockpit.
-    ``placement``: the per-device plan of a load over ``--rpc`` workers."""
+    ``placement``: the per-device plan of a load over ``--rpc`` workers;
+    ``planned``: the refereed plan of exactly ``load_config`` (``prepare.LoadPlan.plan``)."""
     info = backend.load(Path(path), load_config)
-    return info, check_after_load(path, load_config, backend.load_log, placement)
+    return info, check_after_load(path, load_config, backend.load_log, placement, planned)

@@ -100,6 +100,9 @@ class ModelShape:
     layer_active_bytes: list[int] | None = None  # weights a token reads per layer (MoE: the used experts only)
     # MLA graph sizes (key_length_mla, value_length_mla, q_lora_rank, leading_dense_block_count): compute_graph.py
     mla_dims: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # The estimated compute (never the replay) times this: llama.cpp's dry run
+    # over the estimate, when it found more (plan.prepare refits with it).
+    compute_scale: float = 1.0
 
     @classmethod
     def from_header(cls, header: GGUFHeader) -> ModelShape:
@@ -452,7 +455,7 @@ def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> 
         rot += 64 * 64 * 4
     rot *= int(has_base) + int(has_swa_kv)
     layer = max(ffn, attn) * T * 4 + masks + rot
-    return max(logits, layer), False
+    return int(max(logits, layer) * shape.compute_scale), False
 
 
 # -- fitting a budget ---------------------------------------------------------------
