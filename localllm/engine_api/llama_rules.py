@@ -73,6 +73,23 @@ def is_quantized(name: str) -> bool:
     return t is None or t.quantized
 
 
+def hadamard_sides(k_all: int, v_all: int, head_k: int, head_v: int, type_k: str, type_v: str) -> tuple[int, int]:
+    """The one Hadamard rule (llama-kv-cache.cpp ``attn_rot_k`` / ``attn_rot_v``,
+    ``build_input_k_rot`` / ``build_input_v_rot``): a quantized cache is written
+    through a rotation, an n x n f32 graph input per cache. (K's n, V's n), 0 for
+    none. K rotates when every layer of the cache shares one head size
+    (``k_all`` > 0, else -1), K is quantized and the model's head size is a
+    multiple of 64; n is the largest power of two from 64 up that divides
+    ``k_all``. V likewise, but n is always 64; an MLA cache has no V (pass 0)."""
+    nk = 0
+    if k_all > 0 and is_quantized(type_k) and head_k % 64 == 0:
+        nk = 64
+        while k_all % (nk * 2) == 0:
+            nk *= 2
+    nv = 64 if v_all > 0 and is_quantized(type_v) and head_v % 64 == 0 else 0
+    return nk, nv
+
+
 def needs_flash_attn(type_v: str) -> bool:
     """A quantized V cache works only with flash attention: llama.cpp turns
     'auto' into 'on' for it and refuses 'off' (src/llama-context.cpp,

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from localllm.engine_api.llama_rules import hadamard_sides
+
 # ggml type -> (bytes per block, values per block) (ggml/src/ggml.c type_traits)
 _TYPES = {"f32": (4, 1), "f16": (2, 1), "bf16": (2, 1), "i32": (4, 1), "i64": (8, 1),
           "q8_0": (34, 32), "q4_0": (18, 32), "q4_1": (20, 32), "q5_0": (22, 32), "q5_1": (24, 32), "iq4_nl": (18, 32)}
@@ -773,10 +775,6 @@ def _layers_to_build(shape: Any, has_swa: bool) -> list[int]:
     return sorted(set(keep))
 
 
-def _is_quant(t: str) -> bool:
-    return t not in ("f16", "f32", "bf16")
-
-
 def params(shape: Any, *, cells: int, swa_cells: int, type_k: str, type_v: str, flash_attn: bool) -> dict[str, Any]:
     """The graph's hyperparameters from a ``planner.ModelShape`` and the load settings."""
     L = shape.n_layer
@@ -789,13 +787,8 @@ def params(shape: Any, *, cells: int, swa_cells: int, type_k: str, type_v: str, 
         hv = {heads[il][1] for il in layers}
         k_all = hk.pop() if len(hk) == 1 else -1
         v_all = hv.pop() if len(hv) == 1 else -1
-        # llama-kv-cache.cpp attn_rot_k / attn_rot_v: a Hadamard rotation for quantized caches
-        nrot = 0
-        if k_all > 0 and _is_quant(type_k) and shape.head_dim_k % 64 == 0:
-            nrot = 64
-            while k_all % (nrot * 2) == 0:
-                nrot *= 2
-        v_rot = v_all > 0 and not shape.mla and _is_quant(type_v) and shape.head_dim_v % 64 == 0
+        nrot, v_side = hadamard_sides(k_all, 0 if shape.mla else v_all, shape.head_dim_k, shape.head_dim_v, type_k, type_v)
+        v_rot = v_side > 0
         if shape.recurrent_layers and has_swa:
             # src/llama-graph.cpp build_inp_mem_hybrid_iswa builds no rotation inputs
             # (unlike build_attn_inp_kv_impl and build_attn_inp_kv_iswa)

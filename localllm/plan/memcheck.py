@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from localllm.engine_api import Engine
 
+from localllm.plan.buffer_log import buffer_lines
 from localllm.util.units import MiB, format_size
 
 TOLERANCE = 0.01  # a buffer is flagged when plan and llama.cpp differ by more than this share
 _PRINT_STEP = 0.005 * MiB  # llama.cpp prints MiB with two decimals: a difference below this is rounding
 
-_BUF = re.compile(r"(\S+)\s+(KV|RS|compute|output) buffer size\s*=\s*([\d.]+) MiB")
 _FA_OFF = re.compile(r"Flash Attention (?:not supported, set to disabled|was auto, set to disabled)")
 
 
@@ -80,11 +80,9 @@ class MemoryCheck:
 def parse_allocations(lines: Iterable[str | tuple[int, str]]) -> dict[str, list[tuple[str, int]]]:
     """Buffers llama.cpp logged, by kind, in log order: {"KV": [(device, bytes)], ...}."""
     out: dict[str, list[tuple[str, int]]] = {"KV": [], "RS": [], "compute": [], "output": []}
-    for item in lines:
-        line = item[1] if isinstance(item, tuple) else item
-        m = _BUF.search(line)
-        if m:
-            out[m.group(2)].append((m.group(1), round(float(m.group(3)) * MiB)))
+    for device, kind, mib in buffer_lines(lines):
+        if kind in out:
+            out[kind].append((device, round(mib * MiB)))
     return out
 
 

@@ -29,7 +29,6 @@ llama.cpp's rules (the vendored llama.cpp of llama-cpp-python 0.3.36):
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,6 +37,7 @@ from localllm.engine_api import LoadConfig
 from localllm.engine_api.llama_rules import is_quantized
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.plan import planner
+from localllm.plan.buffer_log import buffer_lines
 from localllm.plan.planner import MemoryPlan, ModelShape
 from localllm.plan.workers import probe_all
 from localllm.util.fmt import size
@@ -257,10 +257,7 @@ def _compute(shape: ModelShape, cfg: LoadConfig, plan: MemoryPlan, uses: list[De
     mask_bytes = 2 if cfg.uses_flash_attn else 4
     has_swa = bool(shape.swa_layers and shape.n_swa)
     full_mask, swa_mask = cells * T * mask_bytes, (swa_cells * T * mask_bytes if has_swa else 0)
-    rot = 0
-    for t, d in ((cfg.type_k, shape.head_dim_k), (cfg.type_v, shape.head_dim_v)):
-        if is_quantized(t) and d % 64 == 0:
-            rot += d * d * 4
+    rot = planner.hadamard_bytes(shape, cfg)
 
     def masks(layers: list[int]) -> int:
         """The masks a device's layers read: a device with only sliding-window
@@ -408,21 +405,15 @@ def _describe_change(want: LoadConfig, got: LoadConfig, n_all: int) -> str:
     return "; ".join(parts) or "fits as asked"
 
 
-_BUFFER_RE = re.compile(r"(\S+) +(model|KV|compute|output) buffer size = +([\d.]+) MiB")
-
-
 def logged_buffers(lines: list[str]) -> dict[str, dict[str, list[float]]]:
     """llama.cpp's allocation lines ('RPC0[host:port] model buffer size = 92.10 MiB',
     'CPU_Mapped model buffer size', 'KV buffer size', 'compute buffer size',
     'output buffer size') by device and kind, in MiB as printed. The CPU's buffer
     types (CPU, CPU_Mapped, CPU_REPACK, CPU_Host) are the CPU's."""
     out: dict[str, dict[str, list[float]]] = {}
-    for line in lines:
-        m = _BUFFER_RE.search(line)
-        if m:
-            name, kind, mib = m.groups()
-            dev = "CPU" if name.startswith("CPU") else name
-            out.setdefault(dev, {}).setdefault(kind, []).append(float(mib))
+    for name, kind, mib in buffer_lines(lines):
+        dev = "CPU" if name.startswith("CPU") else name
+        out.setdefault(dev, {}).setdefault(kind, []).append(mib)
     return out
 
 

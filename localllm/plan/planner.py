@@ -33,7 +33,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localllm.engine_api import LoadConfig, llama_rules
 from localllm.engine_api.errors import InvalidSetting
-from localllm.engine_api.llama_rules import is_quantized
+from localllm.engine_api.llama_rules import hadamard_sides, is_quantized
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.modelfile.model_info import describe
@@ -381,6 +381,14 @@ def compute_bytes(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int
     return _compute(shape, cfg, cells, swa_cells)[0]
 
 
+def hadamard_bytes(shape: ModelShape, cfg: LoadConfig) -> int:
+    """The Hadamard rotation inputs of one cache (``llama_rules.hadamard_sides``),
+    in bytes: K's and V's n x n f32 matrices, for the model's head sizes."""
+    nk, nv = hadamard_sides(shape.head_dim_k, 0 if shape.mla else shape.head_dim_v, shape.head_dim_k, shape.head_dim_v,
+                            cfg.type_k, cfg.type_v)
+    return (nk * nk + nv * nv) * 4
+
+
 def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> tuple[int, bool]:
     """(compute buffer bytes, whether llama.cpp's graph was replayed to get it).
 
@@ -444,16 +452,7 @@ def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> 
     # build_input_v_rot): an f32 graph input, live all along, per cache. K's is
     # nrot x nrot with nrot the largest power of two (>= 64) dividing the head
     # size; V's is always 64 x 64, and MLA has no V.
-    rot = 0
-    hk, hv = shape.head_dim_k, shape.head_dim_v
-    if is_quantized(cfg.type_k) and hk > 0 and hk % 64 == 0:  # n_embd_head_k_all > 0
-        nrot = 64
-        while hk % (nrot * 2) == 0:
-            nrot *= 2
-        rot += nrot * nrot * 4
-    if is_quantized(cfg.type_v) and hv > 0 and hv % 64 == 0 and not shape.mla:
-        rot += 64 * 64 * 4
-    rot *= int(has_base) + int(has_swa_kv)
+    rot = hadamard_bytes(shape, cfg) * (int(has_base) + int(has_swa_kv))
     layer = max(ffn, attn) * T * 4 + masks + rot
     return int(max(logits, layer) * shape.compute_scale), False
 
