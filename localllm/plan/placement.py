@@ -303,14 +303,7 @@ def _fits(p: Placement, ram: int | None) -> bool:
 
 
 def _max_ctx(shape: ModelShape, cfg: LoadConfig, devices: list[Device], cpu: Device, ram: int | None, limit: int) -> int:
-    lo, hi = 0, max(limit // planner.CTX_PAD, 1)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _fits(place(shape, planner.replace_config(cfg, n_ctx=mid * planner.CTX_PAD), devices, cpu), ram):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * planner.CTX_PAD
+    return planner.largest_ctx(lambda c: _fits(place(shape, c, devices, cpu), ram), cfg, limit)
 
 
 def fit_across(
@@ -335,36 +328,10 @@ def fit_across(
     n_all = shape.n_layer + 1
     ngl_options = [want.n_gpu_layers] if ngl_fixed or not devices else list(range(n_all, -1, -1))
 
-    def with_kv(cfg: LoadConfig, kv: str) -> LoadConfig:
-        return planner.replace_config(cfg, type_k=kv, type_v=want.type_v if kv_fixed else kv)
-
     def ok(cfg: LoadConfig) -> bool:
         return _fits(place(shape, cfg, devices, cpu), ram)
 
-    chosen: LoadConfig | None = want if ok(want) else None
-    if chosen is None:
-        for kv in ladder:
-            cfg = with_kv(planner.replace_config(want, n_gpu_layers=ngl_options[0]), kv)
-            if ok(cfg):
-                chosen = cfg
-                break
-    if chosen is None and policy == "offload":
-        for kv in ladder:
-            for ngl in ngl_options:
-                cfg = with_kv(planner.replace_config(want, n_gpu_layers=ngl), kv)
-                if ok(cfg):
-                    chosen = cfg
-                    break
-            if chosen is not None:
-                break
-    if chosen is None:
-        orders = [(kv, ngl) for kv in ladder for ngl in ngl_options] if policy == "offload" else [(kv, ngl) for ngl in ngl_options for kv in ladder]
-        for kv, ngl in orders:
-            cfg = with_kv(planner.replace_config(want, n_gpu_layers=ngl), kv)
-            n = _max_ctx(shape, cfg, devices, cpu, ram, want.n_ctx)
-            if n >= min(planner.MIN_CTX, want.n_ctx):
-                chosen = planner.replace_config(cfg, n_ctx=n)
-                break
+    chosen = want if ok(want) else planner.search(want, ladder, ngl_options, policy, kv_fixed, ok)
     fits = chosen is not None
     cfg = chosen or want
     p = place(shape, cfg, devices, cpu, header=header)
@@ -376,7 +343,7 @@ def fit_across(
     elif cfg == want:
         reason = "fits as asked"
     else:
-        reason = _describe_change(want, cfg, n_all)
+        reason = planner.describe_change(want, cfg, n_all, "offloaded")
     budgets = [d.free_bytes for d in devices if d.free_bytes is not None]
     table = {t: _max_ctx(shape, planner.replace_config(cfg, type_k=t, type_v=t), devices, cpu, ram, limit) for t in planner.KV_LADDER
              if planner.cache_types_allowed(shape, planner.replace_config(cfg, type_k=t, type_v=t))}
@@ -392,17 +359,6 @@ def fit_across(
         table,
     )
     return result, p
-
-
-def _describe_change(want: LoadConfig, got: LoadConfig, n_all: int) -> str:
-    parts = []
-    if (got.type_k, got.type_v) != (want.type_k, want.type_v):
-        parts.append(f"KV cache {got.type_k}/{got.type_v} instead of {want.type_k}/{want.type_v}")
-    if got.n_ctx != want.n_ctx:
-        parts.append(f"context {got.n_ctx} instead of {want.n_ctx}")
-    if got.n_gpu_layers != want.n_gpu_layers and not (got.n_gpu_layers >= n_all and want.n_gpu_layers < 0):
-        parts.append(f"{min(got.n_gpu_layers, n_all)} of {n_all} layers offloaded")
-    return "; ".join(parts) or "fits as asked"
 
 
 def logged_buffers(lines: list[str]) -> dict[str, dict[str, list[float]]]:

@@ -26,6 +26,7 @@ follows llama.cpp (the version pinned by scripts/install.sh):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -492,15 +493,7 @@ def _fits(plan: MemoryPlan, gpu_budget: int | None, ram: int | None, margin: int
 def max_ctx(shape: ModelShape, cfg: LoadConfig, gpu_budget: int | None, ram: int | None, margin: int, limit: int) -> int:
     """Largest context (a multiple of 256, at most ``limit``) that fits, or 0."""
     gpu = gpu_budget is not None
-    lo, hi = 0, max(limit // CTX_PAD, 1)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        p = plan_memory(shape, replace_config(cfg, n_ctx=mid * CTX_PAD), gpu=gpu)
-        if _fits(p, gpu_budget, ram, margin):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * CTX_PAD
+    return largest_ctx(lambda c: _fits(plan_memory(shape, c, gpu=gpu), gpu_budget, ram, margin), cfg, limit)
 
 
 def check_cache_types(shape: ModelShape, cfg: LoadConfig) -> None:
@@ -570,7 +563,9 @@ def fit(
     if _fits(first, gpu_budget, ram, margin):
         return result(want, True, "fits as asked")
 
-    chosen = _search(shape, want, ladder, gpu_budget, ram, margin, policy, ngl_fixed, kv_fixed)
+    n_all = shape.n_layer + 1
+    ngl_options = [want.n_gpu_layers] if ngl_fixed or not gpu else list(range(n_all, -1, -1))
+    chosen = search(want, ladder, ngl_options, policy, kv_fixed, lambda c: _fits(plan_memory(shape, c, gpu=gpu), gpu_budget, ram, margin))
     if chosen is None:
         smallest = plan_memory(
             shape,
@@ -578,7 +573,7 @@ def fit(
             gpu=gpu,
         )
         return result(want, False, _why_not(first, smallest, gpu_budget, ram, margin))
-    reason = _describe_change(want, chosen, shape)
+    reason = describe_change(want, chosen, n_all)
     if gpu and chosen.n_gpu_layers == 0:
         one = plan_memory(shape, replace_config(chosen, n_gpu_layers=1), gpu=True)
         reason = (
@@ -589,28 +584,16 @@ def fit(
     return result(chosen, True, reason)
 
 
-def _search(
-    shape: ModelShape,
-    want: LoadConfig,
-    ladder: list[str],
-    gpu_budget: int | None,
-    ram: int | None,
-    margin: int,
-    policy: str,
-    ngl_fixed: bool,
-    kv_fixed: bool,
-) -> LoadConfig | None:
-    """Cheaper cache types first (q8_0 costs little quality); then, by policy,
-    fewer GPU layers at the wanted context, or a smaller context on the GPU."""
-    gpu = gpu_budget is not None
-    n_all = shape.n_layer + 1
-    ngl_options = [want.n_gpu_layers] if ngl_fixed or not gpu else list(range(n_all, -1, -1))
+def search(want: LoadConfig, ladder: list[str], ngl_options: list[int], policy: str, kv_fixed: bool,
+           ok: Callable[[LoadConfig], bool]) -> LoadConfig | None:
+    """The one search, for one GPU and for several devices (``placement.fit_across``):
+    ``ok`` says whether a config fits the devices' budgets. Cheaper cache types
+    first (q8_0 costs little quality); then, by policy, fewer offloaded layers at
+    the wanted context (``offload``), or a smaller context (``ctx``) with as many
+    layers offloaded as can be."""
 
     def with_kv(cfg: LoadConfig, kv: str) -> LoadConfig:
         return replace_config(cfg, type_k=kv, type_v=want.type_v if kv_fixed else kv)
-
-    def ok(cfg: LoadConfig) -> bool:
-        return _fits(plan_memory(shape, cfg, gpu=gpu), gpu_budget, ram, margin)
 
     for kv in ladder:
         cfg = with_kv(replace_config(want, n_gpu_layers=ngl_options[0]), kv)
@@ -626,21 +609,33 @@ def _search(
         orders = [(kv, ngl) for ngl in ngl_options for kv in ladder]
     for kv, ngl in orders:
         cfg = with_kv(replace_config(want, n_gpu_layers=ngl), kv)
-        n = max_ctx(shape, cfg, gpu_budget, ram, margin, want.n_ctx)
+        n = largest_ctx(ok, cfg, want.n_ctx)
         if n >= min(MIN_CTX, want.n_ctx):
             return replace_config(cfg, n_ctx=n)
     return None
 
 
-def _describe_change(want: LoadConfig, got: LoadConfig, shape: ModelShape) -> str:
+def largest_ctx(ok: Callable[[LoadConfig], bool], cfg: LoadConfig, limit: int) -> int:
+    """Largest context (a multiple of 256, at most ``limit``) with which ``cfg`` fits (``ok``), or 0."""
+    lo, hi = 0, max(limit // CTX_PAD, 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(replace_config(cfg, n_ctx=mid * CTX_PAD)):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_PAD
+
+
+def describe_change(want: LoadConfig, got: LoadConfig, n_all: int, where: str = "on the GPU") -> str:
+    """What the fit changed, for people: cache types, context, layers ``where``."""
     parts = []
     if (got.type_k, got.type_v) != (want.type_k, want.type_v):
         parts.append(f"KV cache {got.type_k}/{got.type_v} instead of {want.type_k}/{want.type_v}")
     if got.n_ctx != want.n_ctx:
         parts.append(f"context {got.n_ctx} instead of {want.n_ctx}")
-    n_all = shape.n_layer + 1
     if got.n_gpu_layers != want.n_gpu_layers and not (got.n_gpu_layers >= n_all and want.n_gpu_layers < 0):
-        parts.append(f"{min(got.n_gpu_layers, n_all)} of {n_all} layers on the GPU")
+        parts.append(f"{min(got.n_gpu_layers, n_all)} of {n_all} layers {where}")
     return "; ".join(parts) or "fits as asked"
 
 
