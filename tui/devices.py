@@ -31,7 +31,8 @@ def fit_over_workers(path: Path, settings, hardware, endpoints: Sequence[object]
     servers = tuple(str(ep) for ep in endpoints)
     request = settings.fit_request()
     request = replace(request, config=replace(request.config, rpc_servers=servers))
-    fit, _ = api.fit_request(path, request, n_ctx=request.config.n_ctx, rpc=list(endpoints), hw=hardware)
+    # llama.cpp's dry run gives each device's compute buffer (plan.prepare)
+    fit = api.prepare(path, request, n_ctx=request.config.n_ctx, rpc=list(endpoints), hw=hardware).fit
     if not fit.fits or fit.placement is None:
         raise InputError(f"does not fit: {fit.sentence}")
     fitted = replace(fit.config, rpc_servers=servers, tensor_split=fit.placement.split)

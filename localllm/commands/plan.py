@@ -62,7 +62,7 @@ def render(f: Fitted, architecture: str = "") -> str:
     return "\n".join(lines)
 
 
-def render_devices(f) -> str:
+def render_devices(f: Fitted) -> str:
     """One column per device (with --rpc): the workers' devices, a local GPU, the CPU."""
     r = f.fit
     p = r.plan
@@ -84,7 +84,7 @@ def render_devices(f) -> str:
                 row("weights", lambda u: fmt.size(u.weights_bytes)),
                 row(" mapped", lambda u: fmt.size(u.mapped_bytes) if u.mapped_bytes is not None else ""),
                 row("KV cache", lambda u: fmt.size(u.kv_bytes)),
-                row("compute", lambda u: fmt.size(u.compute_bytes)),
+                row(f"compute ({f.compute_source})", lambda u: fmt.size(u.compute_bytes)),
                 row("output", lambda u: fmt.size(u.output_bytes)),
                 row("total", lambda u: fmt.size(u.total_bytes)),
                 row("free", lambda u: fmt.size(u.device.free_bytes) if u.device.free_bytes is not None else "n/a"),
@@ -95,6 +95,7 @@ def render_devices(f) -> str:
         "split: " + ", ".join(f"{u.device.name} {s / sum(pl.split):.0%}" for u, s in zip(uses, pl.split)) if pl.split else "no offload device",
         *pl.rules,
         "mapped: the file range llama.cpp maps for the CPU's weights (its 'CPU_Mapped model buffer size'); only the CPU's own tensors are read from it",
+        f.check_line(),
         ("fits: " + r.sentence) if r.fits else ("does not fit: " + r.sentence),
         "largest context that fits: " + ", ".join(f"{k} {v:,}" if v else f"{k} none" for k, v in r.max_ctx_by_kv_type.items()),
     ]

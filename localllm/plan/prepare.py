@@ -25,7 +25,7 @@ from typing import Any
 from localllm.engine_api import DryRun, LoadConfig
 from localllm.errors import EngineError
 from localllm.modelfile.gguf_file import read_header
-from localllm.plan import fitting, planner, referee
+from localllm.plan import fitting, placement, planner, referee
 from localllm.plan.hardware import Hardware
 from localllm.util import fmt
 
@@ -89,6 +89,8 @@ class LoadPlan:
         if not dry.ok:
             return f"llama.cpp's dry run: n/a ({dry.failed}); compute is the {self.compute_source}"
         took = f" in {1000 * dry.seconds:.0f} ms" if dry.seconds is not None else ""
+        if self.compute_source == DRY_RUN and self.placement is not None:
+            return f"compute per device from llama.cpp's dry run{took} (it errs high on later devices under pipeline parallelism)"
         if self.compute_source == DRY_RUN:
             again = f"; the fit was redone {self.refits}× with llama.cpp's larger figure" if self.refits else ""
             what = "compute and output" if self.output_source == DRY_RUN else "compute"
@@ -121,6 +123,12 @@ def _planned(p: planner.MemoryPlan) -> tuple[tuple[int, int], tuple[int, int]]:
 
 def _figures(fit: fitting.Fit, hw: Hardware, dry: DryRun | None, skipped: str, refits: int) -> LoadPlan:
     p = fit.plan
+    if fit.placement is not None:
+        uses = fit.placement.uses
+        cpu = uses[-1]
+        compute = (sum(u.compute_bytes for u in uses[:-1]), cpu.compute_bytes)
+        source = DRY_RUN if all(u.compute_source == DRY_RUN for u in uses) else ESTIMATE
+        return LoadPlan(fit, hw, dry, compute, (0, cpu.output_bytes), source, RULES, skipped, refits)
     compute, output = _planned(p)
     source = ESTIMATE if p.compute_estimated else REPLAY
     if p.compute_estimated and dry is not None and dry.ok and dry.total("compute") is not None:
@@ -161,8 +169,7 @@ def prepare_load(path: Path, request: fitting.Request, hw: Hardware, *, n_ctx: i
     if not fit.fits:
         return _figures(fit, hw, None, "the request does not fit", 0)
     if fit.placement is not None:
-        # per-device compute over RPC workers stays the placement's own figure
-        return _figures(fit, hw, None, "a load over --rpc: per-device figures are the placement's", 0)
+        return _across(path, fit, hw, budget, dry_run)
     if not fit.plan.compute_estimated and not cross_check:
         return _figures(fit, hw, None, "the graph replay covers this model; the load's own log checks it", 0)
     scale, refits = 1.0, 0
@@ -185,6 +192,27 @@ def prepare_load(path: Path, request: fitting.Request, hw: Hardware, *, n_ctx: i
         if again.config == fit.config:
             return _over(lp)
         fit = again
+
+
+def _across(path: Path, fit: fitting.Fit, hw: Hardware, budget: fitting.Budget, dry_run: DryRunner) -> LoadPlan:
+    """Over several devices (``--rpc``): each device's compute buffer from
+    llama.cpp's dry run of the chosen placement (the workers answer it as they
+    will the load); a device it puts over its budget makes the fit fail, naming it."""
+    assert fit.placement is not None, "a fit across devices has a placement"
+    dry = dry_run(path, fit.config)
+    if dry.refused is not None:
+        raise EngineError(f"llama.cpp refuses this config: {dry.refused}")
+    if not dry.ok:
+        return _figures(fit, hw, dry, "", 0)
+    pl = placement.refereed(fit.placement, dry, DRY_RUN)
+    fit = replace(fit, placement=pl)
+    if not placement.fits(pl, budget.ram):
+        over = [u for u in pl.uses if not placement.fits(replace(pl, uses=[u]), budget.ram)]
+        why = "with llama.cpp's compute buffers (its dry run) " + ", ".join(
+            f"{u.device.name} needs {fmt.size(u.total_bytes)} of {fmt.size((u.device.free_bytes if u.device.kind != 'cpu' else budget.ram) or 0)}"
+            for u in over) + ": try a smaller --ctx or --ubatch"
+        fit = replace(fit, outcome=fitting.Outcome.DOES_NOT_FIT, sentence=why)
+    return _figures(fit, hw, dry, "", 0)
 
 
 def _over(lp: LoadPlan) -> LoadPlan:

@@ -197,12 +197,17 @@ def test_plan_and_run_over_two_workers(workers, smollm2: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert "Paris" in out["text"]
-    for dev in out["devices"]:
+    for i, dev in enumerate(out["devices"]):
         logged = dev["logged_mib"]
         if dev["kind"] == "rpc":
             assert logged["model"] == [round(dev["weights_bytes"] / MiB, 2)]
             assert logged["KV"] == [round(b / MiB, 2) for b in dev["kv_by_cache"]]
-        assert abs(dev["compute_bytes"] / MiB - logged["compute"][0]) <= 0.05 * logged["compute"][0]
+        # each device's compute is llama.cpp's dry run's: exact, except that under
+        # pipeline parallelism it reserves 4 more copies of one n_embd x 512 f32
+        # input on the later worker than the load takes (4 x 1.125 MiB for SmolLM2)
+        assert dev["compute_source"] == "llama.cpp's dry run"
+        extra = 4 * 576 * 512 * 4 / MiB if i == 1 else 0.0
+        assert dev["compute_bytes"] / MiB == pytest.approx(logged["compute"][0] + extra, abs=0.006)
 
 
 @pytest.mark.slow

@@ -136,3 +136,24 @@ def test_plan_shows_where_each_figure_came_from(smollm2: Path) -> None:
     assert d["dry_run_skipped"] is None
     r = cli("plan", str(smollm2), "--ctx", "1024", "--no-dry-run", "--json")
     assert json.loads(r.stdout)["dry_run_skipped"] == "--no-dry-run"
+
+
+def test_over_devices_each_compute_is_llama_cpps_and_a_device_it_overfills_is_named(deci: Path) -> None:
+    """``--rpc``: the placement chose a split; llama.cpp's dry run gives each
+    device's compute buffer, and a worker it puts over its budget fails the fit."""
+    from localllm.plan.placement import Device
+
+    worker = Device("RPC0[127.0.0.1:1]", "rpc", 2**30, 2**30)
+    cpu = Device("CPU", "cpu", 2**34, 2**34)
+    request = fitting.Request(LoadConfig(n_ctx=1024, rpc_servers=("127.0.0.1:1",)))
+
+    def says(compute: int):
+        def dry(path: Path, config: LoadConfig) -> DryRun:
+            return DryRun({worker.name: {"compute": compute}, "CPU": {"compute": 1000, "output": 5000}}, 0.01)
+        return dry
+
+    lp = prepare.prepare_load(deci, request, _cpu(2**34), n_ctx=1024, devices=[worker], cpu=cpu, dry_run=says(3 * MiB))
+    assert lp.fit.fits and [u.compute_bytes for u in lp.placement.uses] == [3 * MiB, 1000]
+    assert lp.compute_source == prepare.DRY_RUN and lp.compute == (3 * MiB, 1000)
+    lp = prepare.prepare_load(deci, request, _cpu(2**34), n_ctx=1024, devices=[worker], cpu=cpu, dry_run=says(2**30))
+    assert not lp.fit.fits and lp.fit.sentence.startswith(f"with llama.cpp's compute buffers (its dry run) {worker.name} needs")
