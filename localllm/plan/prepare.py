@@ -132,7 +132,13 @@ def _figures(fit: fitting.Fit, hw: Hardware, dry: DryRun | None, skipped: str, r
     compute, output = _planned(p)
     source = ESTIMATE if p.compute_estimated else REPLAY
     if p.compute_estimated and dry is not None and dry.ok and dry.total("compute") is not None:
-        compute = (dry.total("compute", cpu=False) or 0, dry.total("compute", cpu=True) or 0)
+        if dry.total("compute", cpu=False) is None:
+            # a build with no GPU (or a --vram budget simulated on one): llama.cpp
+            # logged the CPU's buffers only; the column is the planner's
+            got = dry.total("compute") or 0
+            compute = (got, 0) if p.compute_on_gpu else (0, got)
+        else:
+            compute = (dry.total("compute", cpu=False) or 0, dry.total("compute", cpu=True) or 0)
         logged = (dry.total("output", cpu=False) or 0, dry.total("output", cpu=True) or 0)
         if sum(logged) >= p.output_bytes:
             return LoadPlan(fit, hw, dry, compute, logged, DRY_RUN, DRY_RUN, skipped, refits)

@@ -157,3 +157,15 @@ def test_over_devices_each_compute_is_llama_cpps_and_a_device_it_overfills_is_na
     assert lp.compute_source == prepare.DRY_RUN and lp.compute == (3 * MiB, 1000)
     lp = prepare.prepare_load(deci, request, _cpu(2**34), n_ctx=1024, devices=[worker], cpu=cpu, dry_run=says(2**30))
     assert not lp.fit.fits and lp.fit.sentence.startswith(f"with llama.cpp's compute buffers (its dry run) {worker.name} needs")
+
+
+def test_a_simulated_gpu_budget_keeps_llama_cpps_compute_in_the_gpu_column(deci: Path) -> None:
+    """On a build with no GPU llama.cpp logs only CPU buffers; under --vram the
+    planner puts compute on the GPU, and llama.cpp's figure goes there."""
+    def dry(path: Path, config: LoadConfig) -> DryRun:
+        return DryRun({"CPU": {"compute": 7 * MiB, "output": 1000}}, 0.01)
+
+    hw = Hardware("GPU", 4 * 2**30, None, "--vram", 2**34, 2**34)
+    lp = prepare.prepare_load(deci, fitting.Request(LoadConfig(n_ctx=1024)), hw, n_ctx=1024, dry_run=dry)
+    assert lp.fit.plan.compute_on_gpu and lp.compute == (7 * MiB, 0)
+    assert lp.total[0] == lp.fit.plan.weights_gpu_bytes + lp.fit.plan.kv_gpu_bytes + 7 * MiB
