@@ -244,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="with no --file/--quant: the largest quant that fits this GPU budget, by the planner")
     p.add_argument("--revision", default="main", metavar="REV", help="branch, tag or commit (default: main)")
     p.add_argument("--offline", action="store_true", help="use the cache only; never touch the network (also: HF_HUB_OFFLINE=1)")
+    p.add_argument("--no-dry-run", action="store_true",
+        help="with --vram: judge each quant by the rules alone, without llama.cpp's dry run of its header")
     p.add_argument("--json", action="store_true", help="one JSON object")
 
     p = sub.add_parser("list", help="models here: pulled, Hugging Face cache, LM Studio, Ollama, added; and whether each fits")

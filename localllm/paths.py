@@ -34,6 +34,12 @@ def ensure_dir(path: Path) -> Path:
     return path
 
 
+def stubs_dir() -> Path:
+    """Sparse stand-ins of models not downloaded (their header, at their full
+    size) that llama.cpp's dry run reads; each is removed after use."""
+    return data_dir() / "stubs"
+
+
 def registry_file() -> Path:
     """localllm's own record: folders added with ``localllm add`` and the files it pulled."""
     return data_dir() / "registry.json"

@@ -9,12 +9,15 @@ repo's only GGUF.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from localllm import paths
+from localllm import api, paths
 from localllm.commands._common import say
+from localllm.engine_api import LoadConfig
 from localllm.errors import InputError, UsageError
-from localllm.modelfile.gguf_file import read_header
-from localllm.plan import hardware
+from localllm.modelfile.stub import header_stub
+from localllm.plan import fitting, hardware, verdict
+from localllm.plan.prepare import DRY_RUN
 from localllm.store import hf_cache, hub
 from localllm.store.modelname import split_part
 from localllm.util import fmt
@@ -73,7 +76,8 @@ def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | 
     if budget is not None:
         import psutil
 
-        f, why = hub.pick_by_budget(files, lambda rf: _header(repo_id, revision, rf, off), budget, psutil.virtual_memory().available)
+        hw = hardware.Hardware("GPU", budget, None, "--vram", psutil.virtual_memory().total, psutil.virtual_memory().available)
+        f, why = hub.pick_by_budget(files, lambda rf: _judge(repo_id, revision, rf, off, hw, not args.no_dry_run), budget)
         return _single(f, repo_id), why
     q4 = [f for f in files if f.quant == "Q4_K_M"]
     if q4:
@@ -95,11 +99,23 @@ def _single(f: hub.RemoteFile, repo_id: str) -> str:
     return f.filename
 
 
-def _header(repo_id: str, revision: str, f: hub.RemoteFile, off: bool):
+def _judge(repo_id: str, revision: str, f: hub.RemoteFile, off: bool, hw: hardware.Hardware, dry_run: bool):
+    """The verdict on one file for the budget ``hw``, as ``run`` would fit it:
+    from the cached file, or (not downloaded) from its header read with HTTP
+    ranges and written into a sparse stub, so llama.cpp's dry run referees the
+    compute figure either way (``plan.prepare``)."""
+    request = fitting.Request(LoadConfig())
     if off:
 
         found = hf_cache.lookup(paths.hf_hub_cache(), repo_id, f.filename, revision)
         if found is None:
             raise InputError(f"{repo_id}/{f.filename} is not cached")
-        return read_header(found.path)
-    return hub.remote_header(repo_id, revision, f)
+        lp = api.prepare(found.path, request, hw=hw, dry_run=dry_run)
+    else:
+        _, prefix = hub.remote_prefix(repo_id, revision, f)
+        with header_stub(prefix, f.size) as stub:
+            lp = api.prepare(stub, request, hw=hw, dry_run=dry_run)
+    v = verdict.of_fit(lp.fit, lp.total)
+    if lp.compute_source == DRY_RUN:  # said in the reason the pick prints
+        v = replace(v, text=f"{v.text}, compute from llama.cpp's dry run of its header")
+    return v

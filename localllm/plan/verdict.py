@@ -36,16 +36,22 @@ class Verdict:
 def judge(shape: planner.ModelShape, trained_ctx: int, gpu_budget: int | None, ram: int | None, ctx: int | None = None) -> Verdict:
     n_ctx = ctx or fitting.default_ctx(trained_ctx)
     f = fitting.fit(shape, fitting.Request(LoadConfig(n_ctx=n_ctx)), fitting.Budget(gpu_budget, ram), trained_ctx=trained_ctx, ctx_limit=n_ctx)
+    return of_fit(f, (f.plan.total_gpu_bytes, f.plan.total_cpu_bytes))
+
+
+def of_fit(f: fitting.Fit, totals: tuple[int, int]) -> Verdict:
+    """The verdict on a fit, with its (GPU, CPU) totals: the planner's, or the
+    refereed ones of ``prepare.LoadPlan.total``."""
     c = f.config
     if not f.fits:
-        need = f.plan.total_gpu_bytes if gpu_budget is not None else f.plan.total_cpu_bytes
+        need = totals[0] if f.gpu_budget is not None else totals[1]
         text = f"no: needs {_gb(need)}"
     elif not f.full_gpu:
         text = f"partly: {f.gpu_layers}/{f.n_layers} layers on GPU, ctx {c.n_ctx}"
     else:
         kv = "" if c.type_k == "f16" else f", {c.type_k} KV"
         text = f"yes: ctx {c.n_ctx}{kv}"
-    return Verdict(f.outcome, f.fits, f.full_gpu, c.n_ctx, c.type_k, f.gpu_layers, f.n_layers, f.plan.total_gpu_bytes, text)
+    return Verdict(f.outcome, f.fits, f.full_gpu, c.n_ctx, c.type_k, f.gpu_layers, f.n_layers, totals[0], text)
 
 
 def _gb(n: int) -> str:

@@ -137,27 +137,15 @@ def pick_by_quant(files: list[RemoteFile], quant: str, repo_id: str, offline_mod
     return min(singles or hits, key=lambda f: len(f.filename))
 
 
-def pick_by_budget(
-    files: list[RemoteFile],
-    header_of: Callable[[RemoteFile], Any],
-    gpu_budget: int,
-    ram: int | None,
-) -> tuple[RemoteFile, str]:
-    """The largest file whose planner verdict is 'every layer on the GPU'. Headers
-    are read largest first and the search stops at the first fit."""
-    # lazy: loads gguf, numpy (~82 ms here), which hub does not load at import
-    from localllm.modelfile.model_info import describe
-
-    # lazy: loads gguf, numpy (~116 ms here), which hub does not load at import
-    from localllm.plan import planner, verdict
-
+def pick_by_budget(files: list[RemoteFile], judge_of: Callable[[RemoteFile], Any], gpu_budget: int) -> tuple[RemoteFile, str]:
+    """The largest file whose verdict (``judge_of``: a ``verdict.Verdict``) is
+    'every layer on the GPU'. Judged largest first; the search stops at the first fit."""
     candidates = sorted((f for f in files if split_part(f.filename) is None and f.quant), key=lambda f: -f.size)
     if not candidates:
         raise InputError("no single-file, quant-named GGUF in this repo to choose from: name one with --file")
     tried: list[str] = []
     for f in candidates:
-        header = header_of(f)
-        v = verdict.judge(planner.ModelShape.from_header(header), describe(header).context_length, gpu_budget, ram)
+        v = judge_of(f)
         if v.full_gpu:
             why = f"the largest quant that fits {fmt.size(gpu_budget)} with every layer on the GPU ({v.text})"
             if tried:
@@ -173,6 +161,13 @@ def pick_by_budget(
 def remote_header(repo_id: str, revision: str, f: RemoteFile):
     """Read a remote file's GGUF header with Range requests (4 MiB, doubling),
     so the planner can judge a quant before it is downloaded."""
+    return remote_prefix(repo_id, revision, f)[0]
+
+
+def remote_prefix(repo_id: str, revision: str, f: RemoteFile):
+    """``remote_header`` and the file's bytes up to its tensor data (the header
+    and its padding): enough for llama.cpp's dry run on a sparse stub
+    (``modelfile.stub``)."""
     from huggingface_hub import get_session, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
@@ -194,8 +189,8 @@ def remote_header(repo_id: str, revision: str, f: RemoteFile):
                 if len(data) >= n:
                     break
         header = parse_prefix(f"{repo_id}/{f.filename}", bytes(data[:n]), f.size)
-        if header is not None:
-            return header
+        if header is not None and len(data) >= header.data_offset:
+            return header, bytes(data[: header.data_offset])
         if n >= f.size:
             raise InputError(f"{repo_id}/{f.filename} is a truncated GGUF file on the server")
         n *= 2
