@@ -210,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON line per turn")
 
     p = sub.add_parser("quantize", help="make Q8_0/Q4_K_M/... GGUFs from F16/BF16/F32 and report what quality it cost")
-    p.add_argument("paths", nargs="*", metavar="INPUT [OUTPUT]", help="the source GGUF, and the output (default: <base>-<TYPE>.gguf beside it)")
+    p.add_argument("paths", nargs="*", metavar="INPUT [OUTPUT]",
+        help="the source GGUF or a model name, and the output (default: <base>-<TYPE>.gguf beside a path, in localllm's models folder for a name)")
     p.add_argument("--type", default=None, metavar="TYPE", help="Q8_0, Q6_K, Q5_K_M, Q5_0, Q4_K_M, Q4_K_S, Q4_0, IQ4_NL, F16, BF16, ...")
     p.add_argument("--imatrix", default=None, metavar="FILE", help="importance matrix (llama-imatrix GGUF) to guide the rounding")
     p.add_argument("--threads", type=_threads, default=None, metavar="N", help="threads (default: all)")
@@ -236,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object")
 
     p = sub.add_parser("pull", help="download a GGUF from Hugging Face into its cache (resumable, checksum verified)")
-    p.add_argument("repo", metavar="REPO[:QUANT]", help="owner/name on the Hub, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M")
+    p.add_argument("repo", metavar="REPO[:QUANT]",
+        help="owner/name on the Hub, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M, or a catalog name (list --catalog)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--file", default=None, metavar="NAME", help="the file in the repo")
     which.add_argument("--quant", default=None, metavar="Q", help="the quant to take, e.g. Q4_K_M or Q8_0")

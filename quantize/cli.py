@@ -7,6 +7,7 @@ import argparse
 import threading
 from pathlib import Path
 
+from localllm import paths
 from localllm.errors import Terminated, UsageError
 from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import describe
@@ -14,6 +15,7 @@ from localllm.quantize.evaluate import evaluate
 from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import Job, Progress, Report, dry_report
 from localllm.quantize.pipeline import run as run_job
+from localllm.store import resolver
 from localllm.util import fmt
 from localllm.util.progress import Bar as ProgressBar
 
@@ -79,6 +81,14 @@ def _terminate_cleanly() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
+def _source(arg: str) -> tuple[Path, bool]:
+    """The source file and whether it was found by name (any name ``list``
+    shows, a catalog name once pulled) rather than given as a path."""
+    if Path(arg).expanduser().exists() or resolver.looks_like_path(arg) and resolver.hub_name(arg) is None:
+        return Path(arg).expanduser(), False
+    return resolver.resolve(arg), True
+
+
 def run(args: argparse.Namespace) -> int:
 
     _terminate_cleanly()
@@ -100,9 +110,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give INPUT and optionally OUTPUT: localllm quantize model-F16.gguf --type Q4_K_M")
     if not args.type:
         raise UsageError("--type is required, e.g. --type Q4_K_M or --type Q8_0")
-    src = Path(args.paths[0])
+    src, named = _source(args.paths[0])
     qtype = args.type.upper()
-    dst = Path(args.paths[1]) if len(args.paths) > 1 else default_output(src, qtype)
+    if len(args.paths) > 1:
+        dst = Path(args.paths[1])
+    elif named:
+        # a model found by name lives in a store that is not ours (the Hugging Face
+        # cache, a package, LM Studio's or Ollama's folder): write into localllm's own
+        dst = paths.ensure_dir(paths.models_dir()) / default_output(src, qtype).name
+    else:
+        dst = default_output(src, qtype)
     job = Job(src, dst, qtype, threads=args.threads or 0, allow_requantize=args.allow_requantize, force=args.force,
               imatrix=Path(args.imatrix) if args.imatrix else None)
     if args.dry_run:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from localllm.modelfile.model_info import ModelInfo, inspect_model
-from localllm.store import resolver
+from localllm.store import names, resolver
 from localllm.util import fmt
 
 
@@ -50,7 +51,11 @@ def _ranges(idx: list[int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = inspect_model(resolver.resolve(args.model))
+    try:
+        info = inspect_model(resolver.resolve(args.model))
+    except names.NotDownloaded as nd:
+        with names.header_of(nd.name) as (stub, remote):
+            info = replace(inspect_model(stub), path=f"{remote.label} (not downloaded: its header read from the Hub, nothing stored)")
     if args.json:
         fmt.print_json(info.to_dict())
     else:

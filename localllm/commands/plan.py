@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from localllm.commands._common import Fitted, fit_config
 from localllm.errors import EXIT_ERROR
 from localllm.modelfile.model_info import inspect_model
-from localllm.store import resolver
+from localllm.store import names, resolver
 from localllm.util import fmt
 
 
@@ -103,7 +104,16 @@ def render_devices(f: Fitted) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = resolver.resolve(args.model)
+    try:
+        path = resolver.resolve(args.model)
+    except names.NotDownloaded as nd:
+        # a model not downloaded: planned from its header, read over HTTP ranges into a sparse stub
+        with names.header_of(nd.name) as (stub, remote):
+            return _plan(args, stub, remote)
+    return _plan(args, path, None)
+
+
+def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> int:
     f = fit_config(args, path, args.ctx, cross_check=True)
 
     info = inspect_model(path)
@@ -121,13 +131,16 @@ def run(args: argparse.Namespace) -> int:
             hardware=f.hardware.to_dict(),
             architecture=info.architecture,
             cache_rule_source=info.cache_rule_source if info.cache_rule_verified else None,
+            remote={"repo": remote.name.repo_id, "filename": remote.file.filename, "size_bytes": remote.file.size,
+                    "downloaded": False} if remote is not None else None,
         )
         d.update(f.to_dict())
         if f.placement is not None:
             d.update(devices=f.placement.to_list(), tensor_split=list(f.placement.split), placement_rules=f.placement.rules)
         fmt.print_json(d)
-    elif f.placement is not None:
-        print(render_devices(f))
-    else:
-        print(render(f, info.architecture))
+        return 0 if f.fit.fits else EXIT_ERROR
+    if remote is not None:
+        print(f"{fmt.safe(remote.label)} ({fmt.size(remote.file.size)}): not downloaded; its header was read from the Hub, nothing stored "
+              f"(localllm pull {fmt.safe(remote.name.pull_arg)} gets it)\n")
+    print(render_devices(f) if f.placement is not None else render(f, info.architecture))
     return 0 if f.fit.fits else EXIT_ERROR

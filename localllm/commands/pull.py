@@ -18,7 +18,7 @@ from localllm.errors import InputError, UsageError
 from localllm.modelfile.stub import header_stub
 from localllm.plan import fitting, hardware, verdict
 from localllm.plan.prepare import DRY_RUN
-from localllm.store import hf_cache, hub
+from localllm.store import hf_cache, hub, names
 from localllm.store.modelname import split_part
 from localllm.util import fmt
 
@@ -34,7 +34,11 @@ def parse_repo(text: str) -> tuple[str, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    repo_id, tag = parse_repo(args.repo)
+    named = names.parse(args.repo)
+    if named is not None and named.filename is not None:  # a catalog name: its repo and quant
+        repo_id, tag = named.repo_id, (named.quant if ":" in args.repo else None)
+    else:
+        repo_id, tag = parse_repo(args.repo)
     if tag and (args.quant or args.file):
         raise UsageError("give the quant once: REPO:QUANT, or --quant, or --file")
     quant = args.quant or tag

@@ -29,6 +29,30 @@ def looks_like_path(name: str) -> bool:
     )
 
 
+def hub_name(name: str):
+    """The Hub model (``names.HubName``) a catalog name or ``owner/repo[:QUANT]``
+    stands for, or None."""
+    # lazy: the catalog loads the planner (gguf, numpy: ~90 ms here), asked only for names nothing else knows
+    from localllm.store import names
+
+    return names.parse(name)
+
+
+def locate_hub(name: str) -> Path | None:
+    """The cached file of a Hub name; ``names.NotDownloaded`` when it is not
+    downloaded; None when ``name`` is no Hub name."""
+    h = hub_name(name)
+    if h is None:
+        return None
+    # lazy: as hub_name
+    from localllm.store import names
+
+    found = names.cached(h)
+    if found is None:
+        raise names.NotDownloaded(h)
+    return found
+
+
 def resolve(name: str | None) -> Path:
     """Return the GGUF path for a model argument (``None`` means the default).
 
@@ -48,6 +72,9 @@ def resolve(name: str | None) -> Path:
         if found.source == "embedded":
             return resolve(found.name)
         return found.path
+    located = locate_hub(name)
+    if located is not None:
+        return located
     if looks_like_path(name):
         return path
     builtin = ", ".join(e.name for e in CATALOG)

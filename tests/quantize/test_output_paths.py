@@ -75,3 +75,20 @@ def test_a_short_disk_says_what_it_needs_margin_included(f16: Path, tmp_path: Pa
         list(pipeline.run(pipeline.Job(f16, tmp_path / "out.gguf", "Q8_0")))
     msg = str(info.value)
     assert "margin" in msg and "only 0.00 GiB" in msg and not (tmp_path / "out.gguf").exists()
+
+
+@pytest.mark.slow
+def test_quantize_takes_a_name_and_writes_into_localllms_own_folder(f16: Path) -> None:
+    """A model found by name lives in another store (here: a folder given to
+    ``add``; the Hugging Face cache, a package): the default output goes into
+    localllm's own models folder, where ``list`` shows it, never beside the source."""
+    assert cli("add", str(f16)).returncode == 0
+    d = json.loads(cli("quantize", "tiny-F16", "--type", "Q8_0", "--dry-run", "--json").stdout)
+    own = Path(os.environ["LOCALLLM_HOME"]) / "models"
+    assert d["output"] == str(own / "tiny-Q8_0.gguf") and d["input"] == str(f16)
+    r = cli("quantize", "tiny-F16", "--type", "Q8_0", "--json")
+    assert r.returncode == 0, r.stderr
+    assert (own / "tiny-Q8_0.gguf").is_file() and not (f16.parent / "tiny-Q8_0.gguf").exists()
+    assert "tiny-Q8_0" in cli("list").stdout
+    # a path still writes beside it, as before
+    assert json.loads(cli("quantize", str(f16), "--type", "Q8_0", "--dry-run", "--json").stdout)["output"] == str(f16.parent / "tiny-Q8_0.gguf")

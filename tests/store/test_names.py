@@ -1,0 +1,94 @@
+"""One name everywhere: a catalog name (``llama-3.2-1b-instruct[:q8_0]``) or
+``owner/repo[:QUANT]`` works with plan and inspect before the model is
+downloaded (its header read over HTTP ranges, nothing stored), with pull, and,
+once pulled, with every command; a command that needs the file says how to get
+it. Against a loopback hub."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from scripts.synth_gguf import SynthSpec, write_llama_gguf
+from tests.helpers.cli import run_cli
+from tests.helpers.fake_hub import FakeHub
+
+CATALOG_REPO = "bartowski/Llama-3.2-1B-Instruct-GGUF"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("names")
+    return {q: write_llama_gguf(d / f"Llama-3.2-1B-Instruct-{q}.gguf", SynthSpec(dtype=dt, n_layer=4, n_embd=256, n_ff=512))
+            for q, dt in (("Q4_K_M", "f16"), ("Q8_0", "f32"))}
+
+
+@pytest.fixture
+def hub(files: dict[str, Path], monkeypatch: pytest.MonkeyPatch):
+    h = FakeHub().start()
+    for path in files.values():
+        h.add(CATALOG_REPO, path.name, path)
+        h.add("acme/Tiny-GGUF", path.name.replace("Llama-3.2-1B-Instruct", "Tiny"), path)
+    monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+    yield h
+    h.stop()
+
+
+def _nothing_stored() -> None:
+    hub_cache = Path(os.environ["HF_HOME"]) / "hub"
+    assert not hub_cache.exists() or not [p for p in hub_cache.rglob("*") if p.is_file() and p.suffix != ".lock"]
+    stubs = Path(os.environ["LOCALLLM_HOME"]) / "stubs"
+    assert not stubs.exists() or not list(stubs.iterdir())
+
+
+def test_plan_of_a_catalog_name_not_downloaded_reads_only_its_header(hub: FakeHub, files: dict[str, Path]) -> None:
+    r = run_cli("plan", "llama-3.2-1b-instruct", "--vram", "4GiB", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["remote"] == {"repo": CATALOG_REPO, "filename": "Llama-3.2-1B-Instruct-Q4_K_M.gguf",
+                           "size_bytes": files["Q4_K_M"].stat().st_size, "downloaded": False}
+    gets = [req for req in hub.requests if req[0] == "GET" and req[1].startswith("/cdn/")]
+    assert gets and all(rng is not None and rng.startswith("bytes=0-") for _, _, rng in gets)  # ranges from the start only
+    _nothing_stored()
+    text = run_cli("plan", "llama-3.2-1b-instruct:q8_0", "--vram", "4GiB").stdout
+    assert text.startswith(f"{CATALOG_REPO}/Llama-3.2-1B-Instruct-Q8_0.gguf (") and "not downloaded" in text
+
+
+def test_a_quant_the_catalog_lacks_is_one_line_naming_the_ones_it_has(hub: FakeHub) -> None:
+    r = run_cli("plan", "llama-3.2-1b-instruct:q5_k_m")
+    assert r.returncode != 0 and "llama-3.2-1b-instruct has no Q5_K_M in the catalog (it has: Q4_K_M, Q6_K, Q8_0)" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_owner_repo_names_work_with_plan_and_inspect(hub: FakeHub) -> None:
+    d = json.loads(run_cli("plan", "acme/Tiny-GGUF:Q8_0", "--json").stdout)
+    assert d["remote"]["filename"] == "Tiny-Q8_0.gguf"
+    r = run_cli("inspect", "hf.co/acme/Tiny-GGUF", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["path"].startswith("acme/Tiny-GGUF/Tiny-Q4_K_M.gguf (not downloaded")
+    _nothing_stored()
+
+
+def test_a_command_that_needs_the_file_says_how_to_get_it_and_pull_takes_the_name(hub: FakeHub) -> None:
+    r = run_cli("run", "llama-3.2-1b-instruct", "-p", "hi", "-n", "1")
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("localllm: error: llama-3.2-1b-instruct is not downloaded: localllm pull "
+                                f"{CATALOG_REPO}:Q4_K_M gets it (localllm plan llama-3.2-1b-instruct reads its header first, without downloading)")
+    assert run_cli("pull", "llama-3.2-1b-instruct:q8_0", "--json").returncode == 0
+    # once pulled, the name resolves to the cached file: plan reads it from disk
+    d = json.loads(run_cli("plan", "llama-3.2-1b-instruct:q8_0", "--json").stdout)
+    assert d["remote"] is None and d["weights_cpu_bytes"] > 0
+
+
+def test_offline_a_name_not_downloaded_is_one_line(hub: FakeHub) -> None:
+    r = run_cli("plan", "llama-3.2-1b-instruct", env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 1 and "the Hub is off (HF_HUB_OFFLINE)" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not hub.requests
+
+
+def test_a_missing_path_is_still_a_missing_file() -> None:
+    r = run_cli("plan", "no/such.gguf")
+    assert r.returncode != 0 and "not downloaded" not in r.stderr
