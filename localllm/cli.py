@@ -99,6 +99,13 @@ def _add_model(p: argparse.ArgumentParser) -> None:
         ".gguf file; default: smollm2")
 
 
+def _add_pull_options(p: argparse.ArgumentParser) -> None:
+    """run, chat, tui, serve: a Hub name that is not downloaded is pulled first."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--yes", "-y", action="store_true", help="pull a model that is not downloaded without asking")
+    g.add_argument("--no-pull", action="store_true", help="never download: a model that is not here is an error")
+
+
 def _add_template(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template", default=None, metavar="FILE|NAME",
                    help="chat template instead of the model's: a Jinja file, or a llama.cpp built-in name (chatml, llama3, gemma, ...)")
@@ -168,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tui", help="the cockpit: chat with live TTFT, ITL, memory budget and KV cache (also: bare localllm)")
     _add_model(p)
+    _add_pull_options(p)
     p.add_argument("--system", default=None, help="system prompt (default: a helpful assistant)")
     p.add_argument("-n", "--n-predict", type=_gen_tokens, default=512, metavar="N", help="most tokens per reply (default: 512)")
     p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature (default: 0.8, as run and chat)")
@@ -183,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "template, tokenizing, prefill and sampling included; the prefill time is shown on its own.",
     )
     _add_model(p)
+    _add_pull_options(p)
     p.add_argument("-p", "--prompt", default=None, help="the prompt (default: read stdin)")
     p.add_argument("-n", "--n-predict", type=_gen_tokens, default=-1, metavar="N", help="tokens to generate, -1 until the model stops (default)")
     p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature, 0 for greedy (default: 0.8)")
@@ -199,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chat", help="a line-by-line chat in the terminal (no TUI); the context shifts instead of filling up")
     _add_model(p)
+    _add_pull_options(p)
     p.add_argument("--system", default=None, help="system prompt (always kept when the context shifts)")
     p.add_argument("-n", "--n-predict", type=_gen_tokens, default=512, metavar="N", help="most tokens per reply (default: 512)")
     p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature, 0 for greedy (default: 0.8)")
@@ -266,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (loopback by default)")
     _add_model(p)
+    _add_pull_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; another one warns without --api-key)")
     p.add_argument("--port", type=_port, default=8080, help="TCP port, 0 for any free one (default: 8080)")
     p.add_argument("--parallel", type=_int_at_least(1, "--parallel"), default=4, metavar="N",

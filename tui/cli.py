@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
+from localllm.store import first_use
 from localllm.tui.settings import Settings
 
 if TYPE_CHECKING:
@@ -43,6 +45,12 @@ def app_from_args(args: argparse.Namespace, **kw: Any) -> LocalLLMApp:
 
 def run(args: argparse.Namespace) -> int:
     rpc = getattr(args, "rpc", None)
+    if getattr(args, "model", None) is not None:
+        # a Hub name not downloaded is planned, asked about and pulled before the cockpit opens
+        args.model = str(first_use.model_path(args.model, yes=getattr(args, "yes", False), no_pull=getattr(args, "no_pull", False),
+                                              ask=first_use.terminal_ask(), say=lambda m: print(f"localllm: {m}", file=sys.stderr),
+                                              vram=getattr(args, "vram", None), n_ctx=getattr(args, "ctx", None),
+                                              request=settings_from_args(args).fit_request()))
     app = app_from_args(args)
     app.run()
     # Textual sets 1 when the app ended on an unhandled exception (a bug): the
@@ -54,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
 
         if parked():  # llama.cpp holds a thread since a worker died: the interpreter would wait for it at exit
             import os
-            import sys
 
             sys.stdout.flush()
             sys.stderr.flush()

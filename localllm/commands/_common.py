@@ -15,6 +15,7 @@ from localllm.errors import UsageError
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting, placement, planner
 from localllm.plan.prepare import LoadPlan
+from localllm.store import first_use
 from localllm.util.fmt import safe
 
 
@@ -75,6 +76,15 @@ def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq
     if lp.refits:
         say(f"llama.cpp's dry run needs a larger compute buffer than estimated: refitted ({fit.sentence})")
     return lp
+
+
+def model_path(args: argparse.Namespace) -> Path:
+    """The model file of ``run``, ``chat`` and ``serve``: a Hub name that is not
+    downloaded is planned, asked about on a terminal, and pulled (``first_use``)."""
+    return first_use.model_path(args.model, yes=getattr(args, "yes", False), no_pull=getattr(args, "no_pull", False),
+                                ask=first_use.terminal_ask(), say=say, progress=not getattr(args, "json", False),
+                                vram=getattr(args, "vram", None), n_ctx=getattr(args, "ctx", None),
+                                request=fit_request(args, getattr(args, "ctx", None) or fitting.DEFAULT_CTX))
 
 
 def apply_template(backend: Engine, args: argparse.Namespace) -> None:

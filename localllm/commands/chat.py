@@ -16,10 +16,9 @@ from typing import Any
 
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
-from localllm.commands._common import apply_template, fit_config
+from localllm.commands._common import apply_template, fit_config, model_path
 from localllm.engine_api import GenerationStats, SamplingConfig
 from localllm.errors import InputError, UsageError
-from localllm.store import resolver
 from localllm.util import fmt
 
 
@@ -33,7 +32,7 @@ def summary(s: GenerationStats, shifts_total: int) -> str:
 def run(args: argparse.Namespace) -> int:
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
-    path = resolver.resolve(args.model)
+    path = model_path(args)
     fitted = fit_config(args, path, args.ctx)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from localllm.chat.speculative import DraftModel, PromptLookup, generate
-from localllm.commands._common import apply_template, device_table, fit_config, placement_for, say
+from localllm.commands._common import apply_template, device_table, fit_config, model_path, placement_for, say
 from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig, SamplingConfig
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import describe
@@ -46,7 +46,7 @@ def stats_block(s: GenerationStats) -> str:
 
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
-    path = resolver.resolve(args.model)
+    path = model_path(args)
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
     if args.ignore_eos and args.n_predict < 0:

@@ -15,7 +15,7 @@ import signal
 import socket
 from dataclasses import replace
 
-from localllm.commands._common import fit_config, say
+from localllm.commands._common import fit_config, model_path, say
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("LOCALLLM_API_KEY") or None
     if not _is_loopback(args.host) and not api_key:
         say(f"warning: listening on {args.host} without --api-key: anyone who can reach this address can use the model")
-    path = resolver.resolve(args.model)
+    path = model_path(args)
     parallel = args.parallel
     if parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h)
         raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")

@@ -114,6 +114,7 @@ class Remote:
 
     name: HubName
     file: hub.RemoteFile
+    header_bytes: int = 0  # the bytes read to get the header (its prefix up to the tensor data)
 
     @property
     def label(self) -> str:
@@ -132,4 +133,4 @@ def header_of(name: HubName) -> Iterator[tuple[Path, Remote]]:
     f = _pick(name, files)
     _, prefix = hub.remote_prefix(name.repo_id, REVISION, f)
     with header_stub(prefix, f.size) as stub:
-        yield stub, Remote(name, f)
+        yield stub, Remote(name, f, len(prefix))

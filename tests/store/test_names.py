@@ -73,7 +73,7 @@ def test_owner_repo_names_work_with_plan_and_inspect(hub: FakeHub) -> None:
 
 
 def test_a_command_that_needs_the_file_says_how_to_get_it_and_pull_takes_the_name(hub: FakeHub) -> None:
-    r = run_cli("run", "llama-3.2-1b-instruct", "-p", "hi", "-n", "1")
+    r = run_cli("doctor", "llama-3.2-1b-instruct")  # doctor measures a model here: it does not pull
     assert r.returncode == 1
     assert r.stderr.strip() == ("localllm: error: llama-3.2-1b-instruct is not downloaded: localllm pull "
                                 f"{CATALOG_REPO}:Q4_K_M gets it (localllm plan llama-3.2-1b-instruct reads its header first, without downloading)")
@@ -92,3 +92,57 @@ def test_offline_a_name_not_downloaded_is_one_line(hub: FakeHub) -> None:
 def test_a_missing_path_is_still_a_missing_file() -> None:
     r = run_cli("plan", "no/such.gguf")
     assert r.returncode != 0 and "not downloaded" not in r.stderr
+
+
+@pytest.mark.slow
+def test_run_pulls_on_first_use_after_showing_the_plan(hub: FakeHub) -> None:
+    """No terminal to ask: it shows the plan and pulls, as ``ollama run`` does;
+    the second run finds the file and downloads nothing."""
+    r = run_cli("run", "llama-3.2-1b-instruct", "--raw", "-p", "The capital", "-n", "2", "--temp", "0", "--no-stats")
+    assert r.returncode == 0, r.stderr
+    first = r.stderr.strip().splitlines()
+    assert first[0].startswith(f"localllm: {CATALOG_REPO}/Llama-3.2-1B-Instruct-Q4_K_M.gguf is not downloaded: ")
+    assert "fits" in first[0] and "to download at" in first[0]
+    assert any("sha256 verified" in line for line in first)
+    hub.requests.clear()
+    r = run_cli("run", "llama-3.2-1b-instruct", "--raw", "-p", "The capital", "-n", "2", "--temp", "0", "--no-stats")
+    assert r.returncode == 0 and "not downloaded" not in r.stderr
+    assert not [req for req in hub.requests if req[0] == "GET" and req[1].startswith("/cdn/")]
+
+
+def test_no_pull_refuses_and_a_model_that_does_not_fit_is_never_downloaded(hub: FakeHub) -> None:
+    r = run_cli("run", "llama-3.2-1b-instruct", "-p", "hi", "--no-pull")
+    assert r.returncode == 1 and "is not downloaded (--no-pull)" in r.stderr
+    r = run_cli("chat", "llama-3.2-1b-instruct", "--vram", "1MiB", "--ngl", "-1", "--yes")
+    assert r.returncode == 1 and "does not fit, so it was not downloaded" in r.stderr.splitlines()[-1]
+    _nothing_stored()
+
+
+@pytest.mark.slow
+def test_on_a_terminal_it_asks_first(hub: FakeHub) -> None:
+    """A real pseudo-terminal: the question is asked, and "n" downloads nothing."""
+    import pty
+    import subprocess
+    import sys
+
+    from tests.helpers.paths import REPO
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "localllm", "run", "llama-3.2-1b-instruct", "-p", "hi", "-n", "1"],
+                            stdin=slave, stdout=slave, stderr=slave, cwd=REPO, env=os.environ.copy())
+    os.close(slave)
+    seen = b""
+    while b"[Y/n]" not in seen:
+        chunk = os.read(master, 4096)
+        assert chunk, seen
+        seen += chunk
+    os.write(master, b"n\r")
+    assert proc.wait(timeout=60) == 1
+    try:
+        while chunk := os.read(master, 4096):
+            seen += chunk
+    except OSError:
+        pass
+    os.close(master)
+    assert b"you said no" in seen
+    _nothing_stored()
