@@ -30,7 +30,7 @@ from textual.worker import Worker, WorkerState
 from localllm import api
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
-from localllm.engine_api import Engine, GenerationStats, LoadConfig, SamplingConfig
+from localllm.engine_api import Engine, GenerationStats, LoadConfig
 from localllm.errors import InputError, LocalLLMError
 from localllm.measure.diagnose import verdict
 from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
@@ -411,7 +411,7 @@ class LocalLLMApp(App):
         chat = ChatSession(
             self.backend,
             system_prompt=system,
-            sampling=SamplingConfig(temperature=s.temperature, max_tokens=s.max_tokens),
+            sampling=s.sampling(),
             sliding_window=s.sliding_window,
             keep_override=s.n_keep,
             completion=completion,
@@ -703,7 +703,7 @@ class LocalLLMApp(App):
                 return
             self.settings = new
             if self.chat is not None:
-                self.chat.sampling = SamplingConfig(temperature=new.temperature, max_tokens=new.max_tokens)
+                self.chat.sampling = new.sampling()
                 self.chat.sliding_window = new.sliding_window
                 self.chat.keep_override = new.n_keep
                 if new.system_prompt != (self.chat.system_prompt or ""):
