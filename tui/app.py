@@ -44,8 +44,9 @@ from localllm.store import resolver
 from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.devices import fit_over_workers
 from localllm.tui.saved import printable, reason
-from localllm.tui.screens import ModelsScreen, SessionsScreen, SettingsScreen
+from localllm.tui.screens import ModelsScreen, SessionsScreen
 from localllm.tui.settings import Settings
+from localllm.tui.settings_screen import SettingsScreen
 from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
 
 # Redraws cost CPU that the decode threads need (on 2 cores, a 20 fps chat cost

@@ -1,23 +1,22 @@
-"""Settings, models and saved sessions: the cockpit's other screens."""
+"""Models and saved sessions: the cockpit's other screens (settings: ``settings_screen``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, ProgressBar, Select, Static, Switch
+from textual.widgets import DataTable, Footer, Label, OptionList, ProgressBar, Select, Static
 from textual.widgets.option_list import Option
 
 from localllm import paths
 from localllm.chat import sessions
 from localllm.engine_api.errors import SettingError
-from localllm.engine_api.llama_rules import KV_CACHE_TYPES
 from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import ModelInfo, describe
 from localllm.plan import fitting, planner
@@ -28,88 +27,6 @@ from localllm.store import registry
 from localllm.tui.saved import printable, reason, scan
 from localllm.tui.settings import Settings
 from localllm.util import fmt
-
-
-def _int_or_none(text: str) -> int | None:
-    text = text.strip()
-    return int(text) if text else None
-
-
-class SettingsScreen(ModalScreen[Settings | None]):
-    """Context, cache types, sliding window, offload, threads, sampling, system prompt."""
-
-    DEFAULT_CSS = """
-    SettingsScreen { align: center middle; }
-    SettingsScreen > Vertical { width: 76; height: auto; border: thick $primary; background: $surface; padding: 1 2; }
-    SettingsScreen Grid { grid-size: 2; grid-columns: 26 1fr; grid-rows: auto; height: auto; grid-gutter: 0 1; }
-    SettingsScreen Label { padding: 1 0 0 0; }
-    SettingsScreen #error { color: $error; }
-    SettingsScreen Horizontal { height: auto; margin-top: 1; }
-    """
-    BINDINGS = [("escape", "cancel", "Cancel")]
-
-    def __init__(self, current: Settings) -> None:
-        super().__init__()
-        self.current = current
-
-    def compose(self) -> ComposeResult:
-        s = self.current
-        kv = [(t, t) for t in KV_CACHE_TYPES]
-        with Vertical():
-            yield Label("Settings (those marked * reload the model)")
-            with Grid():
-                yield Label("context tokens *")
-                yield Input(str(s.n_ctx), id="n_ctx", type="integer")
-                yield Label("K cache type *")
-                yield Select(kv, value=s.type_k, allow_blank=False, id="type_k")
-                yield Label("V cache type *")
-                yield Select(kv, value=s.type_v, allow_blank=False, id="type_v")
-                yield Label("sliding window")
-                yield Switch(value=s.sliding_window, id="sliding_window")
-                yield Label("keep tokens (blank: system)")
-                yield Input("" if s.n_keep is None else str(s.n_keep), id="n_keep", type="integer")
-                yield Label("GPU layers * (blank: fit)")
-                yield Input("" if s.n_gpu_layers is None else str(s.n_gpu_layers), id="n_gpu_layers", type="integer")
-                yield Label("threads * (blank: auto)")
-                yield Input("" if s.threads is None else str(s.threads), id="threads", type="integer")
-                yield Label("temperature")
-                yield Input(str(s.temperature), id="temperature", type="number")
-                yield Label("system prompt")
-                yield Input(s.system_prompt, id="system_prompt")
-            yield Label("", id="error")
-            with Horizontal():
-                yield Button("Apply", variant="primary", id="apply")
-                yield Button("Cancel", id="cancel")
-
-    def _read(self) -> Settings:
-        q = self.query_one
-        n_ctx = int(q("#n_ctx", Input).value)
-        temperature = float(q("#temperature", Input).value)
-        if n_ctx < 1 or temperature < 0:
-            raise ValueError("context must be at least 1 and temperature 0 or more")
-        return replace(  # the settings this screen does not show (flash attention, batches, policy...) stay as they are
-            self.current,
-            n_ctx=n_ctx,
-            type_k=str(q("#type_k", Select).value),
-            type_v=str(q("#type_v", Select).value),
-            sliding_window=q("#sliding_window", Switch).value,
-            n_keep=_int_or_none(q("#n_keep", Input).value),
-            n_gpu_layers=_int_or_none(q("#n_gpu_layers", Input).value),
-            threads=_int_or_none(q("#threads", Input).value),
-            temperature=temperature,
-            system_prompt=q("#system_prompt", Input).value,
-        )
-
-    @on(Button.Pressed, "#apply")
-    def _apply(self) -> None:
-        try:
-            self.dismiss(self._read())
-        except ValueError as exc:
-            self.query_one("#error", Label).update(f"not applied: {exc}")
-
-    @on(Button.Pressed, "#cancel")
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
 
 class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
