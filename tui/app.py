@@ -44,7 +44,8 @@ from localllm.store import resolver
 from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.devices import fit_over_workers
 from localllm.tui.saved import printable, reason
-from localllm.tui.screens import ModelsScreen, SessionsScreen
+from localllm.tui.screens import ModelsScreen
+from localllm.tui.sessions_screen import SessionsScreen
 from localllm.tui.settings import Settings
 from localllm.tui.settings_screen import SettingsScreen
 from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
@@ -691,6 +692,18 @@ class LocalLLMApp(App):
 
         if not self.busy:
             self.push_screen(SessionsScreen(self.wait_for_saves), chosen)
+
+    @on(SessionsScreen.Renamed)
+    def _session_renamed(self, msg: SessionsScreen.Renamed) -> None:
+        """The open chat keeps its new name in its next save."""
+        if self.saved is not None and self.saved.id == msg.session.id:
+            self.saved.name = msg.session.name
+
+    @on(SessionsScreen.Deleted)
+    def _session_deleted(self, msg: SessionsScreen.Deleted) -> None:
+        """The open chat's file is gone: its next message starts a new saved session, not the deleted one again."""
+        if self.saved is not None and self.saved.id == msg.session_id:
+            self.saved = None
 
     # -- settings and models -------------------------------------------------------
     def action_settings(self) -> None:

@@ -1,21 +1,18 @@
-"""Models and saved sessions: the cockpit's other screens (settings: ``settings_screen``)."""
+"""The models screen (settings: ``settings_screen``; saved sessions: ``sessions_screen``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.message import Message
-from textual.screen import ModalScreen, Screen
-from textual.widgets import DataTable, Footer, Label, OptionList, ProgressBar, Select, Static
-from textual.widgets.option_list import Option
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Label, ProgressBar, Select, Static
 
 from localllm import paths
-from localllm.chat import sessions
 from localllm.engine_api.errors import SettingError
 from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import ModelInfo, describe
@@ -24,77 +21,9 @@ from localllm.plan.hardware import Hardware
 from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import Job, Progress, run
 from localllm.store import registry
-from localllm.tui.saved import printable, reason, scan
+from localllm.tui.saved import reason
 from localllm.tui.settings import Settings
 from localllm.util import fmt
-
-
-class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
-    """Saved chats, newest first; Enter reopens one. Damaged files are listed
-    below as skipped, each with what is wrong. The files are read in a worker
-    (hundreds of chats on a slow disk never freeze the screen) and arrive in a
-    message; the chosen session is returned as read, not read again."""
-
-    DEFAULT_CSS = """
-    SessionsScreen { align: center middle; }
-    SessionsScreen > Vertical { width: 80; max-width: 100%; height: 20; max-height: 100%; border: thick $primary; background: $surface; padding: 1 2; }
-    SessionsScreen #skipped { color: $warning; height: auto; max-height: 5; }
-    """
-    BINDINGS = [("escape", "cancel", "Cancel")]
-
-    class Scanned(Message):
-        """The worker's sessions (newest first) and one notice per skipped file."""
-
-        def __init__(self, saved: list[sessions.SavedSession], skipped: list[str]) -> None:
-            super().__init__()
-            self.saved, self.skipped = saved, skipped
-
-    def __init__(self, before_reading: Callable[[], None] | None = None) -> None:
-        """``before_reading`` runs in the worker first: the cockpit's saves still
-        queued on its disk thread land before the files are read."""
-        super().__init__()
-        self._before_reading = before_reading
-        self._saved: dict[str, sessions.SavedSession] = {}
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label("Saved sessions · reading …", id="title")
-            yield OptionList(id="sessions")
-            yield Static("", id="skipped")
-
-    def on_mount(self) -> None:
-        self.query_one("#skipped", Static).display = False
-        self._scan()
-
-    @work(thread=True, exclusive=True, group="sessions", exit_on_error=False)
-    def _scan(self) -> None:
-
-        if self._before_reading is not None:
-            self._before_reading()
-        self.post_message(self.Scanned(*scan()))
-
-    @on(Scanned)
-    def _show(self, msg: Scanned) -> None:
-
-        self._saved = {s.id: s for s in msg.saved}
-        self.query_one("#title", Label).update(f"Saved sessions ({len(msg.saved)}) · Enter to open · Esc to go back")
-        listed = self.query_one("#sessions", OptionList)
-        listed.add_options([Option(printable(f"{s.title}  ·  {Path(s.model).name}  ·  {len(s.messages)} messages"), id=s.id) for s in msg.saved])
-        if msg.saved:
-            listed.highlighted = 0  # Enter opens the newest
-        listed.focus()
-        if msg.skipped:
-            n = len(msg.skipped)
-            skipped = self.query_one("#skipped", Static)
-            skipped.update(f"skipped {n} damaged session file{'s' if n > 1 else ''}: " + "; ".join(msg.skipped))
-            skipped.display = True
-
-    @on(OptionList.OptionSelected)
-    def _pick(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(self._saved.get(event.option.id or ""))
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
 
 def local_models() -> list[registry.ModelEntry]:

@@ -118,4 +118,5 @@ async def test_every_tab_fits_80x24(synth_model: Path) -> None:
                 r = w.region
                 assert r.width > 0 and r.height > 0 and r.right <= 80 and r.bottom <= 24, (tab, w, r)
             for label in screen.query_one(f"#{tab}").query(Label):
-                assert label.region.width >= len(str(label.render())), (tab, str(label.render()))  # not cut
+                text = str(label.render())
+                assert label.region.width >= len(text) and label.region.right < frame.region.right, (tab, text)  # not cut
