@@ -35,6 +35,7 @@ def local_models() -> list[registry.ModelEntry]:
         return []
 
 
+COLUMNS = {"size": 10, "quant": 7, "context": 7, "fits": 12, "source": 8}  # the widest value each shows
 FIT_LABELS = {fitting.Outcome.FITS_AS_ASKED: "yes", fitting.Outcome.DOES_NOT_FIT: "no"}  # any other outcome: "with changes"
 
 
@@ -79,7 +80,7 @@ def read_rows(current: Path, made: list[Path], settings: Settings, hw: Hardware)
             )
             rows.append(ModelRow(p, cells, info))
         except Exception as exc:  # noqa: BLE001 - one bad file is one row, never the end of the app
-            rows.append(ModelRow(p, (name, "?", "?", "?", f"unreadable: {_one_line(exc)}", source), None, _one_line(exc)))
+            rows.append(ModelRow(p, (name, "?", "?", "?", "unreadable", source), None, f"unreadable: {_one_line(exc)}\n{p}"))
     return rows
 
 
@@ -122,7 +123,13 @@ class ModelsScreen(Screen[Path | None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns("model", "size", "quant", "context", "fits", "source")
+        # Fixed widths, the model's name taking what is left and wrapping (rows
+        # grow): at 80 columns no cell is cut and nothing scrolls sideways.
+        table = self.query_one(DataTable)
+        fixed = sum(COLUMNS.values()) + 2 * (len(COLUMNS) + 1) + 2  # cell padding, the scrollbar
+        table.add_column("model", width=max(16, self.app.size.width - fixed))
+        for label, width in COLUMNS.items():
+            table.add_column(label, width=width)
         self.refresh_models()
 
     def refresh_models(self) -> None:
@@ -141,7 +148,7 @@ class ModelsScreen(Screen[Path | None]):
         self.rows = msg.rows
         self.models = [r.path for r in msg.rows]
         for r in msg.rows:
-            table.add_row(*r.cells)
+            table.add_row(*r.cells, height=None)
         if first and msg.rows:
             self._show_details(msg.rows[0])
 
