@@ -120,3 +120,16 @@ async def test_every_tab_fits_80x24(synth_model: Path) -> None:
             for label in screen.query_one(f"#{tab}").query(Label):
                 text = str(label.render())
                 assert label.region.width >= len(text) and label.region.right < frame.region.right, (tab, text)  # not cut
+
+
+def test_an_older_session_opens_with_the_defaults_and_bad_values_fall_back() -> None:
+    from localllm.tui.settings import Settings
+
+    older = Settings.from_dict({"n_ctx": 2048, "temperature": 0.7, "max_tokens": 512})  # saved before top-k & co.
+    assert older.n_ctx == 2048 and older.sampling() == SamplingConfig(temperature=0.7, max_tokens=512)
+    hand_edited = Settings.from_dict({"top_k": 2.5, "top_p": 2, "min_p": "0.1", "repeat_penalty": 0, "seed": 2**40,
+                                      "max_tokens": 0, "temperature": float("nan")})
+    assert hand_edited.sampling() == SamplingConfig()
+    kept = Settings.from_dict({"top_k": 0, "top_p": 1, "min_p": 0, "repeat_penalty": 1.1, "seed": 0, "max_tokens": -1})
+    assert kept.sampling() == SamplingConfig(top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.1, seed=0, max_tokens=-1)
+    assert type(kept.top_p) is float
