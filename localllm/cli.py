@@ -120,7 +120,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-p", type=_float_in(0, 1, "--min-p"), default=d.min_p, metavar="P",
                    help=f"drop tokens below P times the likeliest one's probability, 0 for none (default: {d.min_p})")
     g.add_argument("--repeat-penalty", type=_float_in(0, None, "--repeat-penalty", above=True), default=d.repeat_penalty, metavar="R",
-                   help=f"divide the odds of the last 64 tokens by R, 1 for off (default: {d.repeat_penalty})")
+                   help=f"make tokens seen in the last 64 less likely by a factor R, 1 for off (default: {d.repeat_penalty})")
     g.add_argument("--seed", type=_int_at_least(0, "--seed", MAX_SEED), default=d.seed, metavar="N", help="sampling seed (default: random)")
 
 
