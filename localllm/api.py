@@ -24,7 +24,7 @@ from pathlib import Path
 from localllm.chat.session import ChatSession
 from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig, LoadInfo, SamplingConfig
 from localllm.engine_api.llama_rules import flash_attn_mode
-from localllm.errors import InputError
+from localllm.errors import InputError, UsageError
 from localllm.plan import fitting, hardware, placement, referee
 from localllm.plan import prepare as prepare_mod
 from localllm.plan.hardware import Hardware
@@ -122,8 +122,17 @@ def load(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | No
     return Model(path, engine, fitted, info, check)
 
 
-def _sampling(temperature: float, top_k: int, top_p: float, min_p: float, seed: int | None, max_tokens: int) -> SamplingConfig:
-    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens)
+_DEF = SamplingConfig()  # the one set of sampling defaults (llama.cpp's), as the CLI, the cockpit and serve use
+
+
+def _sampling(temperature: float, top_k: int, top_p: float, min_p: float, seed: int | None, max_tokens: int,
+              repeat_penalty: float) -> SamplingConfig:
+    s = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens,
+                       repeat_penalty=repeat_penalty)
+    problem = s.problem()
+    if problem is not None:
+        raise UsageError(problem)
+    return s
 
 
 class Response:
@@ -186,20 +195,24 @@ class Model:
         """What was loaded (the fitted settings)."""
         return self.fit.config
 
-    def complete(self, prompt: str, *, max_tokens: int = -1, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
-                 min_p: float = 0.05, seed: int | None = None) -> Response:
+    def complete(self, prompt: str, *, max_tokens: int = _DEF.max_tokens, temperature: float = _DEF.temperature, top_k: int = _DEF.top_k,
+                 top_p: float = _DEF.top_p, min_p: float = _DEF.min_p, seed: int | None = _DEF.seed,
+                 repeat_penalty: float = _DEF.repeat_penalty) -> Response:
         """Continue ``prompt`` as plain text (no chat template)."""
-        return Response(self.engine.stream(prompt, _sampling(temperature, top_k, top_p, min_p, seed, max_tokens), chat=False))
+        sampling = _sampling(temperature, top_k, top_p, min_p, seed, max_tokens, repeat_penalty)
+        return Response(self.engine.stream(prompt, sampling, chat=False))
 
-    def chat(self, message: str, *, system: str | None = None, max_tokens: int = -1, temperature: float = 0.8, top_k: int = 40,
-             top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None) -> Response:
+    def chat(self, message: str, *, system: str | None = None, max_tokens: int = _DEF.max_tokens, temperature: float = _DEF.temperature,
+             top_k: int = _DEF.top_k, top_p: float = _DEF.top_p, min_p: float = _DEF.min_p, seed: int | None = _DEF.seed,
+             repeat_penalty: float = _DEF.repeat_penalty) -> Response:
         """Answer one message (a fresh conversation each call)."""
         return self.conversation(system=system, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                 min_p=min_p, seed=seed).send(message)
+                                 min_p=min_p, seed=seed, repeat_penalty=repeat_penalty).send(message)
 
-    def conversation(self, *, system: str | None = None, max_tokens: int = -1, temperature: float = 0.8, top_k: int = 40,
-                     top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None) -> Conversation:
-        return Conversation(self.engine, system, _sampling(temperature, top_k, top_p, min_p, seed, max_tokens))
+    def conversation(self, *, system: str | None = None, max_tokens: int = _DEF.max_tokens, temperature: float = _DEF.temperature,
+                     top_k: int = _DEF.top_k, top_p: float = _DEF.top_p, min_p: float = _DEF.min_p, seed: int | None = _DEF.seed,
+                     repeat_penalty: float = _DEF.repeat_penalty) -> Conversation:
+        return Conversation(self.engine, system, _sampling(temperature, top_k, top_p, min_p, seed, max_tokens, repeat_penalty))
 
     def close(self) -> None:
         self.engine.close()

@@ -18,6 +18,7 @@ from localllm import __version__
 from localllm.commands import dispatch
 from localllm.commands.advice import cli_message
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
+from localllm.engine_api.records import MAX_SEED, SamplingConfig
 from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, LocalLLMError, UsageError
 from localllm.plan.workers import parse_endpoints
 from localllm.util.fmt import safe
@@ -83,6 +84,44 @@ def _nonneg_float(text: str) -> float:
     if value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return value
+
+
+def _float_in(lo: float, hi: float | None, what: str, *, above: bool = False) -> Callable[[str], float]:
+    """A finite number from ``lo`` (excluded with ``above``) to ``hi``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"{what} must be a finite number, got {text}")
+        if value < lo or (above and value == lo) or (hi is not None and value > hi):
+            span = f"from {lo:g} to {hi:g}" if hi is not None else f"above {lo:g}" if above else f"at least {lo:g}"
+            raise argparse.ArgumentTypeError(f"{what} must be {span}, got {text}")
+        return value
+
+    return parse
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    """The sampling flags of run, chat and tui, with the one set of defaults
+    (``SamplingConfig``'s: llama.cpp's own); ``args.<field>`` is each field's value,
+    but for ``--temp`` (``args.temp``) and ``-n`` (``args.n_predict``)."""
+    d = SamplingConfig()
+    g = p.add_argument_group("sampling (defaults: llama.cpp's)")
+    g.add_argument("-n", "--n-predict", "--max-tokens", type=_gen_tokens, default=d.max_tokens, metavar="N",
+                   help="most tokens per reply, -1 until the model stops or the context is full (default: -1)")
+    g.add_argument("--temp", type=_nonneg_float, default=d.temperature, metavar="T", help=f"temperature, 0 for greedy (default: {d.temperature})")
+    g.add_argument("--top-k", type=_int_at_least(0, "--top-k", MAX_INT32), default=d.top_k, metavar="K",
+                   help=f"keep the K likeliest tokens, 0 for all (default: {d.top_k})")
+    g.add_argument("--top-p", type=_float_in(0, 1, "--top-p"), default=d.top_p, metavar="P",
+                   help=f"keep the likeliest tokens up to this total probability, 1 for all (default: {d.top_p})")
+    g.add_argument("--min-p", type=_float_in(0, 1, "--min-p"), default=d.min_p, metavar="P",
+                   help=f"drop tokens below P times the likeliest one's probability, 0 for none (default: {d.min_p})")
+    g.add_argument("--repeat-penalty", type=_float_in(0, None, "--repeat-penalty", above=True), default=d.repeat_penalty, metavar="R",
+                   help=f"make tokens seen in the last 64 less likely by a factor R, 1 for off (default: {d.repeat_penalty})")
+    g.add_argument("--seed", type=_int_at_least(0, "--seed", MAX_SEED), default=d.seed, metavar="N", help="sampling seed (default: random)")
 
 
 def _int_list(text: str) -> list[int]:
@@ -177,8 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_pull_options(p)
     p.add_argument("--system", default=None, help="system prompt (default: a helpful assistant)")
-    p.add_argument("-n", "--n-predict", type=_gen_tokens, default=512, metavar="N", help="most tokens per reply (default: 512)")
-    p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature (default: 0.8, as run and chat)")
+    _add_sampling(p)
     _add_load_options(p, ctx_default=None)
 
     p = sub.add_parser("inspect", help="what a GGUF model is, from its header (no load)")
@@ -193,9 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_pull_options(p)
     p.add_argument("-p", "--prompt", default=None, help="the prompt (default: read stdin)")
-    p.add_argument("-n", "--n-predict", type=_gen_tokens, default=-1, metavar="N", help="tokens to generate, -1 until the model stops (default)")
-    p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature, 0 for greedy (default: 0.8)")
-    p.add_argument("--seed", type=_int_at_least(0, "--seed", 0xFFFFFFFF), default=None, metavar="N", help="sampling seed (default: random)")
+    _add_sampling(p)
     p.add_argument("--raw", action="store_true", help="complete the prompt as-is, without the chat template")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-generation token (as llama.cpp's --ignore-eos; with -n N)")
     _add_template(p)
@@ -210,9 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_pull_options(p)
     p.add_argument("--system", default=None, help="system prompt (always kept when the context shifts)")
-    p.add_argument("-n", "--n-predict", type=_gen_tokens, default=512, metavar="N", help="most tokens per reply (default: 512)")
-    p.add_argument("--temp", type=_nonneg_float, default=0.8, metavar="T", help="temperature, 0 for greedy (default: 0.8)")
-    p.add_argument("--seed", type=_int_at_least(0, "--seed", 0xFFFFFFFF), default=None, metavar="N", help="sampling seed (default: random)")
+    _add_sampling(p)
     p.add_argument("--no-stats", action="store_true", help="no summary line after each reply")
     p.add_argument("--no-prompt-cache", action="store_true", help="do not save or load the system prompt's KV state")
     _add_template(p)

@@ -36,6 +36,7 @@ class ScriptedEngine:
         self.n_ctx_override = n_ctx  # a context smaller than the load config's (shift tests)
         self.stamps: list[int] = []  # every token's time, over all replies
         self.config: LoadConfig | None = None
+        self.sampling: SamplingConfig | None = None  # what the last reply was asked to sample with
         self.loads = 0
         self._info: LoadInfo | None = None
         self._cache: list[int] = []
@@ -181,6 +182,7 @@ class ScriptedEngine:
         if self.config is None:
             raise EngineError("no model is loaded")
         start = start_ns if start_ns is not None else time.perf_counter_ns()
+        self.sampling = sampling
         return Generation(lambda out: self._run(out, list(tokens), sampling, n_keep, shift, start))
 
     def _make_room(self, n_new: int, n_keep: int, shifts: list[ShiftRecord]) -> None:

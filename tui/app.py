@@ -30,7 +30,7 @@ from textual.worker import Worker, WorkerState
 from localllm import api
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
-from localllm.engine_api import Engine, GenerationStats, LoadConfig, SamplingConfig
+from localllm.engine_api import Engine, GenerationStats, LoadConfig
 from localllm.errors import InputError, LocalLLMError
 from localllm.measure.diagnose import verdict
 from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
@@ -44,8 +44,10 @@ from localllm.store import resolver
 from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.devices import fit_over_workers
 from localllm.tui.saved import printable, reason
-from localllm.tui.screens import ModelsScreen, SessionsScreen, SettingsScreen
+from localllm.tui.screens import ModelsScreen
+from localllm.tui.sessions_screen import SessionsScreen
 from localllm.tui.settings import Settings
+from localllm.tui.settings_screen import SettingsScreen
 from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
 
 # Redraws cost CPU that the decode threads need (on 2 cores, a 20 fps chat cost
@@ -413,7 +415,7 @@ class LocalLLMApp(App):
         chat = ChatSession(
             self.backend,
             system_prompt=system,
-            sampling=SamplingConfig(temperature=s.temperature, max_tokens=s.max_tokens),
+            sampling=s.sampling(),
             sliding_window=s.sliding_window,
             keep_override=s.n_keep,
             completion=completion,
@@ -693,6 +695,18 @@ class LocalLLMApp(App):
         if not self.busy:
             self.push_screen(SessionsScreen(self.wait_for_saves), chosen)
 
+    @on(SessionsScreen.Renamed)
+    def _session_renamed(self, msg: SessionsScreen.Renamed) -> None:
+        """The open chat keeps its new name in its next save."""
+        if self.saved is not None and self.saved.id == msg.session.id:
+            self.saved.name = msg.session.name
+
+    @on(SessionsScreen.Deleted)
+    def _session_deleted(self, msg: SessionsScreen.Deleted) -> None:
+        """The open chat's file is gone: its next message starts a new saved session, not the deleted one again."""
+        if self.saved is not None and self.saved.id == msg.session_id:
+            self.saved = None
+
     # -- settings and models -------------------------------------------------------
     def action_settings(self) -> None:
 
@@ -705,7 +719,7 @@ class LocalLLMApp(App):
                 return
             self.settings = new
             if self.chat is not None:
-                self.chat.sampling = SamplingConfig(temperature=new.temperature, max_tokens=new.max_tokens)
+                self.chat.sampling = new.sampling()
                 self.chat.sliding_window = new.sliding_window
                 self.chat.keep_override = new.n_keep
                 if new.system_prompt != (self.chat.system_prompt or ""):

@@ -28,8 +28,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         n_batch=getattr(args, "batch", 512),
         n_ubatch=getattr(args, "ubatch", 512),
         policy=getattr(args, "policy", "ctx"),
-        temperature=getattr(args, "temp", 0.8),
-        max_tokens=getattr(args, "n_predict", 512),
+        temperature=getattr(args, "temp", Settings.temperature),
+        top_k=getattr(args, "top_k", Settings.top_k),
+        top_p=getattr(args, "top_p", Settings.top_p),
+        min_p=getattr(args, "min_p", Settings.min_p),
+        repeat_penalty=getattr(args, "repeat_penalty", Settings.repeat_penalty),
+        max_tokens=getattr(args, "n_predict", Settings.max_tokens),
+        seed=getattr(args, "seed", Settings.seed),
         system_prompt=Settings.system_prompt if getattr(args, "system", None) is None else args.system,
     )
 

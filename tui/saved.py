@@ -66,6 +66,7 @@ def check(data: Any, name: str) -> sessions.SavedSession:
     system = data.get("system_prompt")
     created = data.get("created")
     updated = data.get("updated")
+    called = data.get("name")
     number = (int, float)
     return sessions.SavedSession(
         id=Path(name).stem,
@@ -75,6 +76,7 @@ def check(data: Any, name: str) -> sessions.SavedSession:
         system_prompt=system if isinstance(system, str) else None,
         messages=[{"role": m["role"], "content": m["content"]} for m in messages],
         settings=settings if isinstance(settings, dict) else {},
+        name=called if isinstance(called, str) else None,
     )
 
 

@@ -1,23 +1,19 @@
-"""Settings, models and saved sessions: the cockpit's other screens."""
+"""The models screen (settings: ``settings_screen``; saved sessions: ``sessions_screen``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.message import Message
-from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, ProgressBar, Select, Static, Switch
-from textual.widgets.option_list import Option
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Label, ProgressBar, Select, Static
 
 from localllm import paths
-from localllm.chat import sessions
 from localllm.engine_api.errors import SettingError
-from localllm.engine_api.llama_rules import KV_CACHE_TYPES
 from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import ModelInfo, describe
 from localllm.plan import fitting, planner
@@ -25,159 +21,9 @@ from localllm.plan.hardware import Hardware
 from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import Job, Progress, run
 from localllm.store import registry
-from localllm.tui.saved import printable, reason, scan
+from localllm.tui.saved import reason
 from localllm.tui.settings import Settings
 from localllm.util import fmt
-
-
-def _int_or_none(text: str) -> int | None:
-    text = text.strip()
-    return int(text) if text else None
-
-
-class SettingsScreen(ModalScreen[Settings | None]):
-    """Context, cache types, sliding window, offload, threads, sampling, system prompt."""
-
-    DEFAULT_CSS = """
-    SettingsScreen { align: center middle; }
-    SettingsScreen > Vertical { width: 76; height: auto; border: thick $primary; background: $surface; padding: 1 2; }
-    SettingsScreen Grid { grid-size: 2; grid-columns: 26 1fr; grid-rows: auto; height: auto; grid-gutter: 0 1; }
-    SettingsScreen Label { padding: 1 0 0 0; }
-    SettingsScreen #error { color: $error; }
-    SettingsScreen Horizontal { height: auto; margin-top: 1; }
-    """
-    BINDINGS = [("escape", "cancel", "Cancel")]
-
-    def __init__(self, current: Settings) -> None:
-        super().__init__()
-        self.current = current
-
-    def compose(self) -> ComposeResult:
-        s = self.current
-        kv = [(t, t) for t in KV_CACHE_TYPES]
-        with Vertical():
-            yield Label("Settings (those marked * reload the model)")
-            with Grid():
-                yield Label("context tokens *")
-                yield Input(str(s.n_ctx), id="n_ctx", type="integer")
-                yield Label("K cache type *")
-                yield Select(kv, value=s.type_k, allow_blank=False, id="type_k")
-                yield Label("V cache type *")
-                yield Select(kv, value=s.type_v, allow_blank=False, id="type_v")
-                yield Label("sliding window")
-                yield Switch(value=s.sliding_window, id="sliding_window")
-                yield Label("keep tokens (blank: system)")
-                yield Input("" if s.n_keep is None else str(s.n_keep), id="n_keep", type="integer")
-                yield Label("GPU layers * (blank: fit)")
-                yield Input("" if s.n_gpu_layers is None else str(s.n_gpu_layers), id="n_gpu_layers", type="integer")
-                yield Label("threads * (blank: auto)")
-                yield Input("" if s.threads is None else str(s.threads), id="threads", type="integer")
-                yield Label("temperature")
-                yield Input(str(s.temperature), id="temperature", type="number")
-                yield Label("system prompt")
-                yield Input(s.system_prompt, id="system_prompt")
-            yield Label("", id="error")
-            with Horizontal():
-                yield Button("Apply", variant="primary", id="apply")
-                yield Button("Cancel", id="cancel")
-
-    def _read(self) -> Settings:
-        q = self.query_one
-        n_ctx = int(q("#n_ctx", Input).value)
-        temperature = float(q("#temperature", Input).value)
-        if n_ctx < 1 or temperature < 0:
-            raise ValueError("context must be at least 1 and temperature 0 or more")
-        return replace(  # the settings this screen does not show (flash attention, batches, policy...) stay as they are
-            self.current,
-            n_ctx=n_ctx,
-            type_k=str(q("#type_k", Select).value),
-            type_v=str(q("#type_v", Select).value),
-            sliding_window=q("#sliding_window", Switch).value,
-            n_keep=_int_or_none(q("#n_keep", Input).value),
-            n_gpu_layers=_int_or_none(q("#n_gpu_layers", Input).value),
-            threads=_int_or_none(q("#threads", Input).value),
-            temperature=temperature,
-            system_prompt=q("#system_prompt", Input).value,
-        )
-
-    @on(Button.Pressed, "#apply")
-    def _apply(self) -> None:
-        try:
-            self.dismiss(self._read())
-        except ValueError as exc:
-            self.query_one("#error", Label).update(f"not applied: {exc}")
-
-    @on(Button.Pressed, "#cancel")
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-
-class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
-    """Saved chats, newest first; Enter reopens one. Damaged files are listed
-    below as skipped, each with what is wrong. The files are read in a worker
-    (hundreds of chats on a slow disk never freeze the screen) and arrive in a
-    message; the chosen session is returned as read, not read again."""
-
-    DEFAULT_CSS = """
-    SessionsScreen { align: center middle; }
-    SessionsScreen > Vertical { width: 80; max-width: 100%; height: 20; max-height: 100%; border: thick $primary; background: $surface; padding: 1 2; }
-    SessionsScreen #skipped { color: $warning; height: auto; max-height: 5; }
-    """
-    BINDINGS = [("escape", "cancel", "Cancel")]
-
-    class Scanned(Message):
-        """The worker's sessions (newest first) and one notice per skipped file."""
-
-        def __init__(self, saved: list[sessions.SavedSession], skipped: list[str]) -> None:
-            super().__init__()
-            self.saved, self.skipped = saved, skipped
-
-    def __init__(self, before_reading: Callable[[], None] | None = None) -> None:
-        """``before_reading`` runs in the worker first: the cockpit's saves still
-        queued on its disk thread land before the files are read."""
-        super().__init__()
-        self._before_reading = before_reading
-        self._saved: dict[str, sessions.SavedSession] = {}
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label("Saved sessions · reading …", id="title")
-            yield OptionList(id="sessions")
-            yield Static("", id="skipped")
-
-    def on_mount(self) -> None:
-        self.query_one("#skipped", Static).display = False
-        self._scan()
-
-    @work(thread=True, exclusive=True, group="sessions", exit_on_error=False)
-    def _scan(self) -> None:
-
-        if self._before_reading is not None:
-            self._before_reading()
-        self.post_message(self.Scanned(*scan()))
-
-    @on(Scanned)
-    def _show(self, msg: Scanned) -> None:
-
-        self._saved = {s.id: s for s in msg.saved}
-        self.query_one("#title", Label).update(f"Saved sessions ({len(msg.saved)}) · Enter to open · Esc to go back")
-        listed = self.query_one("#sessions", OptionList)
-        listed.add_options([Option(printable(f"{s.title}  ·  {Path(s.model).name}  ·  {len(s.messages)} messages"), id=s.id) for s in msg.saved])
-        if msg.saved:
-            listed.highlighted = 0  # Enter opens the newest
-        listed.focus()
-        if msg.skipped:
-            n = len(msg.skipped)
-            skipped = self.query_one("#skipped", Static)
-            skipped.update(f"skipped {n} damaged session file{'s' if n > 1 else ''}: " + "; ".join(msg.skipped))
-            skipped.display = True
-
-    @on(OptionList.OptionSelected)
-    def _pick(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(self._saved.get(event.option.id or ""))
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
 
 def local_models() -> list[registry.ModelEntry]:
@@ -189,6 +35,7 @@ def local_models() -> list[registry.ModelEntry]:
         return []
 
 
+COLUMNS = {"size": 10, "quant": 7, "context": 7, "fits": 12, "source": 8}  # the widest value each shows
 FIT_LABELS = {fitting.Outcome.FITS_AS_ASKED: "yes", fitting.Outcome.DOES_NOT_FIT: "no"}  # any other outcome: "with changes"
 
 
@@ -233,7 +80,7 @@ def read_rows(current: Path, made: list[Path], settings: Settings, hw: Hardware)
             )
             rows.append(ModelRow(p, cells, info))
         except Exception as exc:  # noqa: BLE001 - one bad file is one row, never the end of the app
-            rows.append(ModelRow(p, (name, "?", "?", "?", f"unreadable: {_one_line(exc)}", source), None, _one_line(exc)))
+            rows.append(ModelRow(p, (name, "?", "?", "?", "unreadable", source), None, f"unreadable: {_one_line(exc)}\n{p}"))
     return rows
 
 
@@ -276,7 +123,13 @@ class ModelsScreen(Screen[Path | None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns("model", "size", "quant", "context", "fits", "source")
+        # Fixed widths, the model's name taking what is left and wrapping (rows
+        # grow): at 80 columns no cell is cut and nothing scrolls sideways.
+        table = self.query_one(DataTable)
+        fixed = sum(COLUMNS.values()) + 2 * (len(COLUMNS) + 1) + 2  # cell padding, the scrollbar
+        table.add_column("model", width=max(16, self.app.size.width - fixed))
+        for label, width in COLUMNS.items():
+            table.add_column(label, width=width)
         self.refresh_models()
 
     def refresh_models(self) -> None:
@@ -295,7 +148,7 @@ class ModelsScreen(Screen[Path | None]):
         self.rows = msg.rows
         self.models = [r.path for r in msg.rows]
         for r in msg.rows:
-            table.add_row(*r.cells)
+            table.add_row(*r.cells, height=None)
         if first and msg.rows:
             self._show_details(msg.rows[0])
 

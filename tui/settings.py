@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from localllm.engine_api import LoadConfig
+from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES, flash_attn_mode
 from localllm.plan import fitting
 
@@ -14,6 +14,9 @@ POLICIES = ("ctx", "offload")
 # Text fields whose value must be one of these (a hand-edited session file
 # must not reach llama.cpp with a value it does not know).
 _CHOICES = {"type_k": KV_CACHE_TYPES, "type_v": KV_CACHE_TYPES, "flash_attn": FLASH_ATTN_MODES, "policy": POLICIES}
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed")
+_WHOLE = ("top_k", "max_tokens", "seed")
+_SAMPLING = SamplingConfig()  # the one set of defaults run, chat and serve use too
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,13 @@ class Settings:
     n_batch: int = 512
     n_ubatch: int = 512
     policy: str = "ctx"  # when it does not fit: shrink the context (ctx) or offload fewer layers (offload)
-    temperature: float = 0.8  # as run and chat (and llama.cpp's default)
-    max_tokens: int = 512
+    temperature: float = _SAMPLING.temperature
+    top_k: int = _SAMPLING.top_k
+    top_p: float = _SAMPLING.top_p
+    min_p: float = _SAMPLING.min_p
+    repeat_penalty: float = _SAMPLING.repeat_penalty
+    max_tokens: int = _SAMPLING.max_tokens
+    seed: int | None = _SAMPLING.seed
     system_prompt: str = "You are a helpful assistant."
 
     def to_dict(self) -> dict[str, Any]:
@@ -47,7 +55,10 @@ class Settings:
             if f.name not in d:
                 continue
             v, want = d[f.name], getattr(default, f.name)
-            if f.name in ("n_keep", "n_gpu_layers", "threads"):
+            if f.name in SAMPLING_FIELDS:
+                typed = type(v) is int or (type(v) is float and f.name not in _WHOLE) or (v is None and f.name == "seed")
+                ok = typed and replace(_SAMPLING, **{f.name: v}).problem() is None
+            elif f.name in ("n_keep", "n_gpu_layers", "threads"):
                 ok = v is None or (type(v) is int and v >= 0) or (f.name == "n_gpu_layers" and type(v) is int)
             elif type(want) is float:
                 ok = type(v) in (int, float) and v >= 0
@@ -58,6 +69,10 @@ class Settings:
             if ok:
                 kept[f.name] = float(v) if type(want) is float else v
         return cls(**kept)
+
+    def sampling(self) -> SamplingConfig:
+        """How the chat samples with these settings."""
+        return SamplingConfig(**{name: getattr(self, name) for name in SAMPLING_FIELDS})
 
     def needs_reload(self, other: Settings) -> bool:
         return any(getattr(self, f) != getattr(other, f) for f in RELOAD_FIELDS)

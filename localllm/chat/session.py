@@ -40,7 +40,7 @@ class Turn:
 class ChatSession:
     backend: Engine
     system_prompt: str | None = None
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_tokens=512))
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     messages: list[dict[str, str]] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     shifts: list[ShiftRecord] = field(default_factory=list)

@@ -30,6 +30,7 @@ class SavedSession:
     system_prompt: str | None
     messages: list[dict[str, str]] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None  # the user's name for it; None: titled by its first message
 
     @classmethod
     def new(cls, model: str, system_prompt: str | None, settings: dict[str, Any]) -> SavedSession:
@@ -37,18 +38,34 @@ class SavedSession:
         return cls(time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6], model, now, now, system_prompt, [], settings)
 
     @property
+    def turns(self) -> int:
+        """Exchanges: the user's messages (a system prompt is no turn)."""
+        return sum(1 for m in self.messages if m["role"] == "user")
+
+    def matches(self, text: str) -> bool:
+        """Whether ``text`` occurs (any case) in the name, the model's file name or any message."""
+        needle = text.casefold()
+        hay = [self.name or "", Path(self.model).name, self.system_prompt or "", *(m["content"] for m in self.messages)]
+        return any(needle in h.casefold() for h in hay)
+
+    @property
     def title(self) -> str:
-        first = next((m["content"] for m in self.messages if m["role"] == "user"), "(empty)")
-        return first.strip().splitlines()[0][:60] if first.strip() else "(empty)"
+        """The name given, else the first message's first line; past 80 characters, elided with "…"."""
+        text = (self.name or "").strip() or next((m["content"] for m in self.messages if m["role"] == "user"), "").strip()
+        line = text.splitlines()[0] if text else "(empty)"
+        return line if len(line) <= 80 else line[:79] + "…"
 
 
 def sessions_dir() -> Path:
     return paths.data_dir() / "sessions"
 
 
-def save(session: SavedSession) -> Path:
+def save(session: SavedSession, *, touch: bool = True) -> Path:
+    """Write the session; ``touch`` stamps it as updated now (a rename does not:
+    the list stays in the order the chats were had)."""
     d = paths.ensure_dir(sessions_dir())
-    session.updated = time.time()
+    if touch:
+        session.updated = time.time()
     target = d / f"{session.id}.json"
     atomic.write_json(target, asdict(session))
     return target
@@ -79,6 +96,7 @@ def from_dict(data: Any, source: Path) -> SavedSession:
     updated = data.get("updated")
     system = data.get("system_prompt")
     settings = data.get("settings")
+    name = data.get("name")
     return SavedSession(
         id=data["id"],
         model=data["model"],
@@ -87,6 +105,7 @@ def from_dict(data: Any, source: Path) -> SavedSession:
         system_prompt=system if isinstance(system, str) else None,
         messages=clean,
         settings=settings if isinstance(settings, dict) else {},
+        name=name if isinstance(name, str) else None,
     )
 
 
@@ -99,9 +118,7 @@ def _read(path: Path) -> SavedSession:
 
 
 def load(session_id: str) -> SavedSession:
-    if not session_id or "/" in session_id or "\\" in session_id or session_id.startswith("."):
-        raise InputError(f"no saved session named {session_id!r}")
-    path = sessions_dir() / f"{session_id}.json"
+    path = _path(session_id)
     if not path.is_file():
         raise InputError(f"no saved session named {session_id!r} (see {sessions_dir()})")
     return _read(path)
@@ -121,3 +138,50 @@ def list_sessions(on_skip: Callable[[Path, str], None] | None = None) -> list[Sa
             if on_skip is not None:
                 on_skip(p, str(exc))
     return sorted(out, key=lambda s: -s.updated)
+
+
+def delete(session_id: str) -> None:
+    """Remove a saved session's file (the user confirmed); gone already is fine."""
+    _path(session_id).unlink(missing_ok=True)
+
+
+def _path(session_id: str) -> Path:
+    if not session_id or "/" in session_id or "\\" in session_id or session_id.startswith("."):
+        raise InputError(f"no saved session named {session_id!r}")
+    return sessions_dir() / f"{session_id}.json"
+
+
+def exports_dir() -> Path:
+    """Where a session is exported unless the user names another place."""
+    return paths.data_dir() / "exports"
+
+
+def export_path(session: SavedSession) -> Path:
+    """The default file for ``export``: the title made a file name, and the id (unique)."""
+    stem = "".join(ch if ch.isalnum() else "-" for ch in session.title.casefold()).strip("-")
+    stem = "-".join(part for part in stem.split("-") if part)[:40] or "chat"
+    return exports_dir() / f"{stem}-{session.id}.md"
+
+
+ROLE_HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
+
+
+def to_markdown(session: SavedSession) -> str:
+    """The chat as Markdown: a heading per message, its text as it was (Markdown already)."""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(session.updated or session.created))
+    out = [f"# {session.title}", "", f"- model: {Path(session.model).name}", f"- saved: {when}", f"- turns: {session.turns}", ""]
+    for m in session.messages:
+        out += [f"## {ROLE_HEADINGS.get(m['role'], m['role'])}", "", m["content"].rstrip(), ""]
+    return "\n".join(out)
+
+
+def export(session: SavedSession, target: Path) -> Path:
+    """Write the chat as Markdown to ``target``, a new file: an existing one is
+    never replaced (``FileExistsError``). The default folder is made; a folder
+    the user named must exist."""
+    target = Path(target).expanduser()
+    if target.parent == exports_dir():
+        paths.ensure_dir(target.parent)
+    with open(target, "x", encoding="utf-8") as fh:  # "x": fails if the file exists
+        fh.write(to_markdown(session))
+    return target

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from localllm import api
-from localllm.engine_api import Engine, LoadConfig
+from localllm.engine_api import Engine, LoadConfig, SamplingConfig
 from localllm.engine_api.llama_rules import flash_attn_mode
 from localllm.errors import UsageError
 from localllm.modelfile.gguf_file import read_header
@@ -40,6 +40,12 @@ def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
         swa_full=args.swa_full,
         rpc_servers=tuple(str(ep) for ep in (getattr(args, "rpc", None) or ())),
     )
+
+
+def sampling_config(args: argparse.Namespace, *, ignore_eos: bool = False) -> SamplingConfig:
+    """The sampling the flags ask for (``cli._add_sampling``: each already in range)."""
+    return SamplingConfig(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.n_predict, ignore_eos=ignore_eos)
 
 
 def fit_request(args: argparse.Namespace, n_ctx: int) -> fitting.Request:

@@ -16,8 +16,8 @@ from typing import Any
 
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
-from localllm.commands._common import apply_template, fit_config, model_path
-from localllm.engine_api import GenerationStats, SamplingConfig
+from localllm.commands._common import apply_template, fit_config, model_path, sampling_config
+from localllm.engine_api import GenerationStats
 from localllm.errors import InputError, UsageError
 from localllm.util import fmt
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         session = ChatSession(
             backend,
             system_prompt=args.system,
-            sampling=SamplingConfig(temperature=args.temp, seed=args.seed, max_tokens=args.n_predict),
+            sampling=sampling_config(args),
             prompt_cache=cache,
         )
         turn_now: dict[str, Any] = {"user": None, "pieces": []}

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from localllm.chat.speculative import DraftModel, PromptLookup, generate
-from localllm.commands._common import apply_template, device_table, fit_config, model_path, placement_for, say
-from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig, SamplingConfig
+from localllm.commands._common import apply_template, device_table, fit_config, model_path, placement_for, sampling_config, say
+from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import describe
 from localllm.plan import fitting
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ignore_eos and args.n_predict < 0:
         raise UsageError("--ignore-eos needs -n N: without an end-of-generation token nothing stops the reply")
-    sampling = SamplingConfig(temperature=args.temp, seed=args.seed, max_tokens=args.n_predict, ignore_eos=args.ignore_eos)
+    sampling = sampling_config(args, ignore_eos=args.ignore_eos)
     if args.speculate and args.temp != 0:
         raise UsageError("speculative decoding here is greedy: add --temp 0")
     if args.speculate == "draft" and not args.draft:

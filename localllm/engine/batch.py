@@ -120,7 +120,7 @@ class BatchModel:
 
     # -- sampling ------------------------------------------------------------------
     def new_sampler(self, sampling: SamplingConfig):
-        return new_sampler(sampling)
+        return new_sampler(sampling, self.tok.n_vocab)
 
     @staticmethod
     def free_sampler(sampler) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from localllm.engine.kvcache import KVCache
 from localllm.engine.model import ModelHandle
-from localllm.engine.sampler import free_sampler, new_sampler, sample
+from localllm.engine.sampler import free_sampler, new_sampler, prime, sample
 from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import Generation, SamplingConfig, TokenEvent
 from localllm.engine_api.stats import ShiftRecord, compute_stats
@@ -31,7 +31,8 @@ def generate(handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[i
 def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[int],
          sampling: SamplingConfig, n_keep: int, start: int, shift: bool) -> Iterator[TokenEvent]:
     handle.reset_perf()
-    sampler = new_sampler(sampling)
+    sampler = new_sampler(sampling, handle.n_vocab)
+    prime(sampler, sampling, cache.tokens + list(tokens))  # the repeat penalty sees the conversation, not only the reply
     n_ctx = handle.n_ctx
     prefill_ns = decode_ns = decode_evals = 0
     token_ns: list[int] = []

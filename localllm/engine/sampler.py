@@ -1,20 +1,28 @@
 """llama.cpp's sampler chain for one ``SamplingConfig``.
 
 Its own module because two engines build it (one sequence here, one chain per
-sequence in ``batch_engine``) and both must sample the same way: greedy at
-temperature 0, else top-k, top-p, min-p, temperature, then a seeded draw.
+sequence in ``batch_engine``) and both must sample the same way, in llama.cpp's
+order (common/sampling.cpp): the repeat penalty, then greedy at temperature 0,
+else top-k, top-p, min-p, temperature, then a seeded draw.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import llama_cpp
 
 from localllm.engine_api import SamplingConfig
+from localllm.engine_api.records import PENALTY_LAST_N
 
 
-def new_sampler(s: SamplingConfig) -> object:
-    """A sampler chain the caller frees with ``free_sampler``."""
+def new_sampler(s: SamplingConfig, n_vocab: int = 0) -> object:
+    """A sampler chain the caller frees with ``free_sampler``. A repeat penalty
+    of 1.0 adds no sampler (llama.cpp's default: penalties off)."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if s.repeat_penalty != 1.0:
+        llama_cpp.llama_sampler_chain_add(
+            chain, llama_cpp.llama_sampler_init_penalties(n_vocab, PENALTY_LAST_N, s.repeat_penalty, 0.0, 0.0))
     if s.temperature <= 0:
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
         return chain
@@ -26,6 +34,14 @@ def new_sampler(s: SamplingConfig) -> object:
     llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(s.temperature))
     llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
     return chain
+
+
+def prime(chain: object, s: SamplingConfig, tokens: Sequence[int]) -> None:
+    """Show the chain the prompt's last tokens, as llama-cli and llama-server do,
+    so the repeat penalty also covers what the user wrote; a no-op without one."""
+    if s.repeat_penalty != 1.0:
+        for t in tokens[-PENALTY_LAST_N:]:
+            llama_cpp.llama_sampler_accept(chain, t)
 
 
 def free_sampler(chain: object) -> None:

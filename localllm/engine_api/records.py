@@ -14,11 +14,17 @@ from typing import Any
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Sampling for one generation. ``temperature=0`` is greedy (deterministic).
+    """Sampling for one generation, and the one set of defaults ``run``, ``chat``,
+    the cockpit, ``serve`` and the library share: llama.cpp's own (common/common.h:
+    temp 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat penalty 1.0 = off, a random
+    seed, no token limit), so a reply here and in llama-cli/llama-server is drawn
+    the same way. ``temperature=0`` is greedy (deterministic).
 
     ``max_tokens=-1`` generates until an end-of-generation token or a full
     context; a positive ``max_tokens`` shifts the context to get there.
     ``ignore_eos`` keeps going past end-of-generation (benchmarks).
+    ``repeat_penalty`` divides the logits of the last ``PENALTY_LAST_N`` tokens
+    (llama.cpp's ``--repeat-penalty`` with ``--repeat-last-n 64``).
     """
 
     temperature: float = 0.8
@@ -28,6 +34,44 @@ class SamplingConfig:
     seed: int | None = None
     max_tokens: int = -1
     ignore_eos: bool = False
+    repeat_penalty: float = 1.0
+
+    def problem(self) -> str | None:
+        """Why llama.cpp could not sample with these values (one line naming the
+        field and its range), or None: values come from flags, session files,
+        the settings screen and HTTP bodies, all untrusted."""
+        return sampling_problem(self)
+
+
+PENALTY_LAST_N = 64  # llama.cpp's --repeat-last-n default
+MAX_SEED = 0xFFFFFFFF  # llama.cpp's seeds are uint32
+# field: (lowest, highest or None), as llama.cpp's samplers accept them
+SAMPLING_RANGES: dict[str, tuple[float, float | None]] = {
+    "temperature": (0.0, None),
+    "top_k": (0, None),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "repeat_penalty": (0.0, None),
+    "seed": (0, MAX_SEED),
+}
+
+
+def sampling_problem(s: SamplingConfig) -> str | None:
+    for name, (lo, hi) in SAMPLING_RANGES.items():
+        v = getattr(s, name)
+        if v is None and name == "seed":
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+            return f"{name} must be a finite number, got {v!r}"
+        if isinstance(lo, int) and not isinstance(v, int):
+            return f"{name} must be a whole number, got {v!r}"
+        if v < lo or (hi is not None and v > hi):
+            return f"{name} must be {'from ' + str(lo) + ' to ' + str(hi) if hi is not None else 'at least ' + str(lo)}, got {v}"
+    if s.repeat_penalty == 0:
+        return "repeat_penalty must be above 0 (1.0 is off), got 0"
+    if isinstance(s.max_tokens, bool) or not isinstance(s.max_tokens, int) or s.max_tokens == 0 or s.max_tokens < -1:
+        return f"max_tokens must be -1 (until the model stops) or at least 1, got {s.max_tokens!r}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from localllm.engine_api import SamplingConfig
+
+DEFAULTS = SamplingConfig()  # a field the request omits samples as run, chat and the cockpit do (llama-server does the same)
 MAX_STOP = 16
 MAX_STOP_CHARS = 128
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -175,8 +178,8 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
         messages=messages,
         prompt=prompt,
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        temperature=_number(body, "temperature", DEFAULTS.temperature, 0.0, 2.0),
+        top_p=_number(body, "top_p", DEFAULTS.top_p, 0.0, 1.0),
         seed=seed,
         stop=stops,
         stream=stream,

@@ -109,7 +109,7 @@ def test_quantized_v_turns_flash_attention_on(tmp_path: Path) -> None:
     proc = cli("run", str(model), "--raw", "-p", "the cat", "-n", "4", "--kv-type", "q8_0", "--flash-attn", "off", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "needs flash attention: turning it on" in proc.stderr
-    proc = cli("run", str(model), "--raw", "-p", "the cat", "-n", "4", "--k-type", "q4_0", "--v-type", "f16", "--json")
+    proc = cli("run", str(model), "--raw", "-p", "the cat", "-n", "4", "--ignore-eos", "--k-type", "q4_0", "--v-type", "f16", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["generated_tokens"] == 4
 
 

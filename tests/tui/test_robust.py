@@ -325,4 +325,4 @@ async def test_sessions_screen_lists_the_chat_as_last_saved(synth_model: Path, m
         await settle(app, pilot)  # the reply is done; its saves are still queued
         await sessions_screen(app, pilot)
         option = str(app.screen.query_one("OptionList").get_option_at_index(0).prompt)
-        assert "5 messages" in option, option  # the system prompt and both exchanges
+        assert "2 turns" in option, option  # both exchanges

@@ -65,16 +65,19 @@ def test_main_screen_fits_the_terminal(snap_compare, fixed_model: Path, size: tu
 
 
 @pytest.mark.slow
-def test_settings_screen(snap_compare, fixed_model: Path) -> None:
+@pytest.mark.parametrize("size, tab", [((80, 24), "model-tab"), ((80, 24), "sampling-tab"), ((200, 60), "sampling-tab")],
+                         ids=["80x24-model", "80x24-sampling", "200x60-sampling"])
+def test_settings_screen(snap_compare, fixed_model: Path, size: tuple[int, int], tab: str) -> None:
     async def run_before(pilot) -> None:
         await _settle(pilot.app, pilot)
         await pilot.press("f3")
         await pilot.pause(0.3)
+        pilot.app.screen.query_one("#tabs").active = tab
         for box in pilot.app.screen.query("Input"):  # a blinking cursor would make the picture depend on timing
             box.cursor_blink = False
-        await pilot.pause(0.1)
+        await pilot.pause(0.2)
 
-    assert snap_compare(make_app(fixed_model), terminal_size=(140, 50), run_before=run_before)
+    assert snap_compare(make_app(fixed_model), terminal_size=size, run_before=run_before)
 
 
 @pytest.mark.slow
