@@ -23,7 +23,6 @@ from pathlib import Path
 
 from localllm.chat.session import ChatSession
 from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig, LoadInfo, SamplingConfig
-from localllm.engine_api.llama_rules import flash_attn_mode
 from localllm.errors import InputError, UsageError
 from localllm.plan import fitting, hardware, placement, referee
 from localllm.plan import prepare as prepare_mod
@@ -84,10 +83,8 @@ def prepare(path: Path, request: fitting.Request, *, vram: int | str | None = No
 
 def _request(ctx: int | None, kv_type: str | None, n_gpu_layers: int | None, threads: int | None, flash_attn: str,
              policy: str) -> fitting.Request:
-    kv = kv_type or "f16"
-    config = LoadConfig(n_ctx=ctx or fitting.DEFAULT_CTX, n_threads=threads, n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers,
-                        flash_attn=flash_attn_mode(flash_attn, kv), type_k=kv, type_v=kv)
-    return fitting.Request(config, kv_fixed=kv_type is not None, ngl_fixed=n_gpu_layers is not None, policy=policy)
+    return fitting.LoadOptions(n_ctx=ctx or fitting.DEFAULT_CTX, threads=threads, n_gpu_layers=n_gpu_layers, type_k=kv_type,
+                               type_v=kv_type, flash_attn=flash_attn, policy=policy).request()
 
 
 def fit(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | None = None, kv_type: str | None = None,

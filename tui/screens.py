@@ -16,8 +16,9 @@ from localllm import paths
 from localllm.engine_api.errors import SettingError
 from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import ModelInfo, describe
-from localllm.plan import fitting, planner
+from localllm.plan import fitting
 from localllm.plan.hardware import Hardware
+from localllm.plan.prepare import prepare_load
 from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import Job, Progress, run
 from localllm.store import registry
@@ -63,10 +64,11 @@ def read_rows(current: Path, made: list[Path], settings: Settings, hw: Hardware)
         try:
             header = read_header(p)
             info = describe(header)
-            shape = planner.ModelShape.from_header(header)
             request = settings.fit_request(min(settings.n_ctx, info.context_length or settings.n_ctx))
             try:
-                fit = fitting.fit(shape, request, fitting.Budget.of(hw), trained_ctx=info.context_length)
+                # the one way in (plan.prepare), without llama.cpp's dry run: a list of many
+                # models; the load of the one chosen is refereed
+                fit = prepare_load(p, request, hw, n_ctx=request.config.n_ctx, dry_run=None, header=header).fit
                 verdict = FIT_LABELS.get(fit.outcome, "with changes")
             except SettingError:  # llama.cpp would refuse the settings' cache types for this model
                 verdict = "no: cache type"

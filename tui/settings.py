@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from localllm.engine_api import LoadConfig, SamplingConfig
-from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES, flash_attn_mode
+from localllm.engine_api import SamplingConfig
+from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localllm.plan import fitting
 
 RELOAD_FIELDS = ("n_ctx", "type_k", "type_v", "n_gpu_layers", "threads", "swa_full", "flash_attn", "n_batch", "n_ubatch", "policy")
@@ -77,15 +77,17 @@ class Settings:
     def needs_reload(self, other: Settings) -> bool:
         return any(getattr(self, f) != getattr(other, f) for f in RELOAD_FIELDS)
 
-    def fit_request(self, n_ctx: int | None = None) -> fitting.Request:
-        """What the cockpit asks the fitting service for (``n_ctx`` instead of
+    def load_options(self, n_ctx: int | None = None) -> fitting.LoadOptions:
+        """The settings' load options, in the CLI's shape (``n_ctx`` instead of
         the setting's, e.g. capped at a model's trained context). The cache
         types are the ones shown in the settings, so they are kept; blank GPU
         layers leave the layers to the fit."""
-        cfg = LoadConfig(
-            n_ctx=n_ctx or self.n_ctx, n_threads=self.threads,
-            n_gpu_layers=-1 if self.n_gpu_layers is None else self.n_gpu_layers,
-            flash_attn=flash_attn_mode(self.flash_attn, self.type_v), type_k=self.type_k, type_v=self.type_v,
-            n_batch=self.n_batch, n_ubatch=self.n_ubatch, swa_full=self.swa_full,
+        return fitting.LoadOptions(
+            n_ctx=n_ctx or self.n_ctx, threads=self.threads, n_gpu_layers=self.n_gpu_layers, type_k=self.type_k,
+            type_v=self.type_v, flash_attn=self.flash_attn, swa_full=self.swa_full, n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch, policy=self.policy,
         )
-        return fitting.Request(cfg, kv_fixed=True, ngl_fixed=self.n_gpu_layers is not None, policy=self.policy)
+
+    def fit_request(self, n_ctx: int | None = None) -> fitting.Request:
+        """What the cockpit asks the fitting service for (``load_options``)."""
+        return self.load_options(n_ctx).request()

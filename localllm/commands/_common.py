@@ -10,7 +10,6 @@ from pathlib import Path
 
 from localllm import api
 from localllm.engine_api import Engine, LoadConfig, SamplingConfig
-from localllm.engine_api.llama_rules import flash_attn_mode
 from localllm.errors import UsageError
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting, placement, planner
@@ -19,27 +18,25 @@ from localllm.store import first_use
 from localllm.util.fmt import safe
 
 
-def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
-    """The load settings the options ask for. A quantized V cache turns flash
-    attention on (``llama_rules.needs_flash_attn``), saying so when it was off;
-    the physical batch is never above the logical one (``LoadConfig``)."""
-    kv = args.kv_type or "f16"
-    type_v = args.v_type or kv
-    flash = flash_attn_mode(args.flash_attn, type_v)
-    if flash != args.flash_attn and args.flash_attn == "off":
-        say(f"a quantized V cache ({type_v}) needs flash attention: turning it on")
-    return LoadConfig(
-        n_ctx=n_ctx,
-        n_threads=args.threads,
-        n_gpu_layers=-1 if args.ngl is None else args.ngl,
-        flash_attn=flash,
-        type_k=args.k_type or kv,
-        type_v=type_v,
-        n_batch=args.batch,
-        n_ubatch=args.ubatch,
-        swa_full=args.swa_full,
+def load_options(args: argparse.Namespace, n_ctx: int) -> fitting.LoadOptions:
+    """The load options the flags give (``fitting.LoadOptions``, the shape the
+    cockpit's settings take too): ``--kv-type`` sets both cache types,
+    ``--k-type``/``--v-type`` one each."""
+    return fitting.LoadOptions(
+        n_ctx=n_ctx, threads=args.threads, n_gpu_layers=args.ngl, type_k=args.k_type or args.kv_type,
+        type_v=args.v_type or args.kv_type, flash_attn=args.flash_attn, swa_full=args.swa_full, n_batch=args.batch,
+        n_ubatch=args.ubatch, policy=getattr(args, "policy", "ctx"),
         rpc_servers=tuple(str(ep) for ep in (getattr(args, "rpc", None) or ())),
     )
+
+
+def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
+    """The load settings the options ask for, saying so when a quantized V
+    cache turns flash attention on against --flash-attn off."""
+    cfg = load_options(args, n_ctx).config()
+    if cfg.flash_attn != args.flash_attn and args.flash_attn == "off":
+        say(f"a quantized V cache ({cfg.type_v}) needs flash attention: turning it on")
+    return cfg
 
 
 def sampling_config(args: argparse.Namespace, *, ignore_eos: bool = False) -> SamplingConfig:
@@ -51,12 +48,8 @@ def sampling_config(args: argparse.Namespace, *, ignore_eos: bool = False) -> Sa
 def fit_request(args: argparse.Namespace, n_ctx: int) -> fitting.Request:
     """What the options fix: the config, the cache types and GPU layers the user
     named (kept), and the policy."""
-    return fitting.Request(
-        load_config(args, n_ctx),
-        kv_fixed=bool(args.kv_type or args.k_type or args.v_type),
-        ngl_fixed=args.ngl is not None,
-        policy=getattr(args, "policy", "ctx"),
-    )
+    load_config(args, n_ctx)  # says when flash attention was turned on
+    return load_options(args, n_ctx).request()
 
 
 Fitted = LoadPlan  # what the loading commands get: the fit, the hardware, the refereed figures

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.engine_api import LoadConfig
+from localllm.engine_api.llama_rules import flash_attn_mode
 from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import describe
 from localllm.plan import placement, planner
@@ -67,6 +68,43 @@ class Request:
     kv_fixed: bool = False
     ngl_fixed: bool = False
     policy: str = "ctx"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The load options a user gives, in one shape for the CLI's flags
+    (``commands._common.load_options``), the cockpit's settings
+    (``Settings.load_options``) and the library (``api.fit``/``api.load``): what
+    is None was not given, so the fit may choose it."""
+
+    n_ctx: int = DEFAULT_CTX
+    threads: int | None = None
+    n_gpu_layers: int | None = None  # None: as many as fit (-1 asks for all)
+    type_k: str | None = None  # None: f16, or a cheaper type where the fit needs one
+    type_v: str | None = None
+    flash_attn: str = "auto"
+    swa_full: bool = False
+    n_batch: int = 512
+    n_ubatch: int = 512
+    policy: str = "ctx"
+    rpc_servers: tuple[str, ...] = ()
+
+    def config(self) -> LoadConfig:
+        """The load config asked: a quantized V cache turns flash attention on
+        (``llama_rules.flash_attn_mode``); the physical batch is never above the
+        logical one (``LoadConfig``)."""
+        type_v = self.type_v or "f16"
+        return LoadConfig(
+            n_ctx=self.n_ctx, n_threads=self.threads, n_gpu_layers=-1 if self.n_gpu_layers is None else self.n_gpu_layers,
+            flash_attn=flash_attn_mode(self.flash_attn, type_v), type_k=self.type_k or "f16", type_v=type_v,
+            n_batch=self.n_batch, n_ubatch=self.n_ubatch, swa_full=self.swa_full, rpc_servers=self.rpc_servers,
+        )
+
+    def request(self) -> Request:
+        """What the fitting service is asked: the config, with the cache types
+        and GPU layers that were given kept as they are."""
+        return Request(self.config(), kv_fixed=self.type_k is not None or self.type_v is not None,
+                       ngl_fixed=self.n_gpu_layers is not None, policy=self.policy)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 from localllm.engine_api import DryRun, LoadConfig
 from localllm.errors import EngineError
-from localllm.modelfile.gguf_file import read_header
+from localllm.modelfile.gguf_file import GGUFHeader, read_header
 from localllm.plan import fitting, placement, planner, referee
 from localllm.plan.hardware import Hardware
 from localllm.util import fmt
@@ -159,13 +159,14 @@ def _fits_shown(lp: LoadPlan) -> bool:
 
 def prepare_load(path: Path, request: fitting.Request, hw: Hardware, *, n_ctx: int | None = None, n_seq: int = 1,
                  devices: list | None = None, cpu: Any = None, dry_run: DryRunner | None = referee.dry_run,
-                 cross_check: bool = False) -> LoadPlan:
+                 cross_check: bool = False, header: GGUFHeader | None = None) -> LoadPlan:
     """Fit ``request`` for the model at ``path`` to ``hw`` (or to ``devices`` and
     ``cpu``: RPC workers' devices, a local GPU), reading the header once, and
     referee the figures with llama.cpp's dry run where the replay does not cover
     the model (always with ``cross_check``; never with ``dry_run=None``).
-    Raises ``EngineError`` for a config llama.cpp refuses."""
-    header = read_header(path)
+    Raises ``EngineError`` for a config llama.cpp refuses. ``header``: the
+    file's, when the caller has read it already."""
+    header = header if header is not None else read_header(path)
     req = fitting.for_header(header, request, n_ctx=n_ctx, n_seq=n_seq)
     budget = fitting.Budget.of(hw)
     kw: dict[str, Any] = {"devices": devices, "cpu": cpu} if devices is not None else {}
