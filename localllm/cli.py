@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from localllm import __version__
+from localllm.commands import config_file as config
 from localllm.commands import dispatch
 from localllm.commands.advice import cli_message
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
@@ -121,7 +122,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
                    help=f"drop tokens below P times the likeliest one's probability, 0 for none (default: {d.min_p})")
     g.add_argument("--repeat-penalty", type=_float_in(0, None, "--repeat-penalty", above=True), default=d.repeat_penalty, metavar="R",
                    help=f"make tokens seen in the last 64 less likely by a factor R, 1 for off (default: {d.repeat_penalty})")
-    g.add_argument("--seed", type=_int_at_least(0, "--seed", MAX_SEED), default=d.seed, metavar="N", help="sampling seed (default: random)")
+    g.add_argument("--seed", "-s", type=_int_at_least(0, "--seed", MAX_SEED), default=d.seed, metavar="N", help="sampling seed (default: random)")
 
 
 def _int_list(text: str) -> list[int]:
@@ -132,10 +133,12 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _add_model(p: argparse.ArgumentParser) -> None:
+def _add_model(p: argparse.ArgumentParser, *, long_flag: bool = True) -> None:
     p.add_argument("model", nargs="?", default=None,
         help="a name from localllm list (smollm2, gemma3-270m, llama-3.2-1b-instruct:q4_k_m, ...) or a path to a "
         ".gguf file; default: smollm2")
+    p.add_argument(*(("-m", "--model") if long_flag else ("-m",)), dest="model_flag", default=None, metavar="MODEL",
+                   help="the model, as llama.cpp's -m")
 
 
 def _add_pull_options(p: argparse.ArgumentParser) -> None:
@@ -146,7 +149,7 @@ def _add_pull_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_template(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--template", default=None, metavar="FILE|NAME",
+    p.add_argument("--template", "--chat-template-file", "--chat-template", default=None, metavar="FILE|NAME",
                    help="chat template instead of the model's: a Jinja file, or a llama.cpp built-in name (chatml, llama3, gemma, ...)")
 
 
@@ -161,18 +164,20 @@ class _Typed(argparse.Action):
 
 def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fit: bool = True, rpc: bool = True) -> None:
     g = p.add_argument_group("load options")
-    g.add_argument("--ctx", type=_int_at_least(1, "--ctx", MAX_CTX), default=ctx_default, metavar="N", action=_Typed,
+    g.add_argument("--ctx", "-c", "--ctx-size", type=_int_at_least(1, "--ctx", MAX_CTX), default=ctx_default, metavar="N", action=_Typed,
                    help="context size in tokens (default: %(default)s)")
-    g.add_argument("--threads", type=_threads, default=None, metavar="N", help="CPU threads (default: physical cores)")
-    g.add_argument("--ngl", type=_int_at_least(-1, "--ngl", MAX_INT32), default=None, metavar="N",
+    g.add_argument("--threads", "-t", type=_threads, default=None, metavar="N", help="CPU threads (default: physical cores)")
+    g.add_argument("--ngl", "-ngl", "--n-gpu-layers", "--gpu-layers", type=_int_at_least(-1, "--ngl", MAX_INT32), default=None, metavar="N",
         help="layers to offload to the GPU, -1 for all (default: all, or what fits --vram)")
     g.add_argument("--kv-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help=f"K and V cache type: {', '.join(KV_CACHE_TYPES)} (default: f16)")
-    g.add_argument("--k-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help="K cache type alone")
-    g.add_argument("--v-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help="V cache type alone (quantized needs flash attention)")
-    g.add_argument("--flash-attn", choices=FLASH_ATTN_MODES, default="auto", help="flash attention (default: auto; a quantized V cache needs it)")
+    g.add_argument("--k-type", "-ctk", "--cache-type-k", choices=KV_CACHE_TYPES, default=None, metavar="T", help="K cache type alone")
+    g.add_argument("--v-type", "-ctv", "--cache-type-v", choices=KV_CACHE_TYPES, default=None, metavar="T",
+                   help="V cache type alone (quantized needs flash attention)")
+    g.add_argument("--flash-attn", "-fa", choices=FLASH_ATTN_MODES, default="auto", help="flash attention (default: auto; a quantized V cache needs it)")
     g.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers (more memory; the cache can shift)")
-    g.add_argument("--batch", type=_int_at_least(1, "--batch", MAX_CTX), default=512, metavar="N", help="logical batch for prompt processing (default: 512)")
-    g.add_argument("--ubatch", type=_int_at_least(1, "--ubatch", MAX_CTX), default=512, metavar="N",
+    g.add_argument("--batch", "-b", "--batch-size", type=_int_at_least(1, "--batch", MAX_CTX), default=512, metavar="N",
+                   help="logical batch for prompt processing (default: 512)")
+    g.add_argument("--ubatch", "-ub", "--ubatch-size", type=_int_at_least(1, "--ubatch", MAX_CTX), default=512, metavar="N",
         help="physical batch: sizes the compute buffer (default: 512)")
     if rpc:
         g.add_argument("--rpc", type=_rpc, default=None, metavar="HOST:PORT[,...]",
@@ -215,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tui", help="the cockpit: chat with live TTFT, ITL, memory budget and KV cache (also: bare localllm)")
     _add_model(p)
     _add_pull_options(p)
-    p.add_argument("--system", default=None, help="system prompt (default: a helpful assistant)")
+    p.add_argument("--system", "-sys", "--system-prompt", default=None, help="system prompt (default: a helpful assistant)")
     _add_sampling(p)
     _add_load_options(p, ctx_default=None)
 
@@ -245,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("chat", help="a line-by-line chat in the terminal (no TUI); the context shifts instead of filling up")
     _add_model(p)
     _add_pull_options(p)
-    p.add_argument("--system", default=None, help="system prompt (always kept when the context shifts)")
+    p.add_argument("--system", "-sys", "--system-prompt", default=None, help="system prompt (always kept when the context shifts)")
     _add_sampling(p)
     p.add_argument("--no-stats", action="store_true", help="no summary line after each reply")
     p.add_argument("--no-prompt-cache", action="store_true", help="do not save or load the system prompt's KV state")
@@ -278,6 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="memory per device: weights, KV cache, compute; what fits a GPU budget")
     _add_model(p)
     _add_load_options(p, ctx_default=None)
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+    p = sub.add_parser("completion", help="a shell completion script (bash, zsh, fish), model names included")
+    p.add_argument("shell", nargs="?", choices=("bash", "zsh", "fish"), default=None, help="the shell")
+    p.add_argument("--names", action="store_true", help="print the model names a model argument takes, one per line")
+
+    p = sub.add_parser("config", help="where the config file is and the defaults it sets, per command")
     p.add_argument("--json", action="store_true", help="one JSON object")
 
     p = sub.add_parser("pull", help="download a GGUF from Hugging Face into its cache (resumable, checksum verified)")
@@ -324,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the request log as one JSON object per line (stderr)")
 
     p = sub.add_parser("bench", help="prefill and decode throughput (llama-bench style); --url measures an OpenAI-compatible server")
-    _add_model(p)
+    _add_model(p, long_flag=False)  # --model names the served model with --url
     p.add_argument("--prompt-tokens", type=_int_list, default=None, metavar="N,N", help="prompt lengths (default: 128,512,2048; 128 with --url)")
     p.add_argument("--gen-tokens", type=_int_at_least(1, "--gen-tokens"), default=128, metavar="N", help="tokens to generate per run (default: 128)")
     p.add_argument("--reps", type=_int_at_least(1, "--reps"), default=3, metavar="N", help="repetitions per prompt length (default: 3)")
@@ -383,9 +395,64 @@ def _tolerant_stdin() -> None:
             pass
 
 
+TOP_LEVEL = ("-h", "--help", "--version", "-v", "--verbose", "--debug")
+
+
+def cockpit_by_default(argv: Sequence[str]) -> list[str]:
+    """``localllm --threads 1`` (options, no command) opens the cockpit with them,
+    as bare ``localllm`` does: ``tui`` goes after the top-level options."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv) and argv[i] in TOP_LEVEL:
+        i += 1
+    if i < len(argv) and argv[i].startswith("-") and not any(a in ("-h", "--help", "--version") for a in argv[:i]):
+        return [*argv[:i], "tui", *argv[i:]]
+    return argv
+
+
+def _model_flag(args: argparse.Namespace) -> None:
+    """``-m MODEL`` (llama.cpp's spelling) and the positional MODEL are one."""
+    flag = getattr(args, "model_flag", None)
+    if flag is None:
+        return
+    if getattr(args, "model", None) is not None:
+        raise UsageError(f"two models given ({args.model} and -m {flag}): give one")
+    args.model = flag
+
+
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser, by name."""
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public way to its subparsers
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return dict(action.choices)
+    return {}
+
+
+def with_config(parser: argparse.ArgumentParser, argv: list[str], command: str) -> list[str]:
+    """``argv`` with the config file's flags for ``command`` put right after the
+    command's name, so that the flags typed after them win."""
+    path = config.config_file()
+    flags = config.tokens(config.load(path), command, subparsers(parser), path)
+    if not flags:
+        return argv
+    i = argv.index(command) if command in argv else len(argv)
+    return [*argv[: i + 1], *flags, *argv[i + 1 :]] if command in argv else [command, *flags]
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    if args.command is None:
+        return args
+    return parser.parse_args(with_config(parser, argv, args.command))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = _parse(parser, cockpit_by_default(sys.argv[1:] if argv is None else argv))
+    except UsageError as exc:  # the config file
+        print(f"localllm: error: {safe(exc)}", file=sys.stderr)
+        return EXIT_USAGE
     _setup_logging(args.verbose)
     _tolerant_stdin()
     if args.command is None:
@@ -393,9 +460,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             parser.print_help()
             return 0
-        args = parser.parse_args(["tui"])
+        try:
+            args = _parse(parser, ["tui"])
+        except UsageError as exc:
+            print(f"localllm: error: {safe(exc)}", file=sys.stderr)
+            return EXIT_USAGE
 
+    if args.command in ("config", "completion"):
+        args.subparsers = subparsers(parser)
     try:
+        _model_flag(args)
         return dispatch(args)
     except LocalLLMError as exc:
         print(f"localllm: error: {safe(cli_message(exc))}", file=sys.stderr)

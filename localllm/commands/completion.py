@@ -1,0 +1,82 @@
+"""``localllm completion bash|zsh|fish``: a completion script for the shell,
+made from the parser itself (commands, each command's flags and the choices of
+its options), with model names asked at completion time from ``localllm
+completion --names`` (every name ``list`` knows, and the catalog's).
+
+    source <(localllm completion bash)          # ~/.bashrc
+    source <(localllm completion zsh)           # ~/.zshrc
+    localllm completion fish | source           # ~/.config/fish/config.fish
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from localllm.errors import UsageError
+from localllm.store import curated, registry
+
+
+def model_names() -> list[str]:
+    """Names a model argument takes: the registry's (built-in, pulled, found,
+    added) and the catalog's, each quant too; no header is read."""
+    names = {e.name for e in registry.discover()}
+    for m in curated.load():
+        names.add(m.name)
+        names.update(f"{m.name}:{f.quant.lower()}" for f in m.files)
+    return sorted(names)
+
+
+def _flags(sub: argparse.ArgumentParser) -> list[str]:
+    return sorted(s for s in sub._option_string_actions if s.startswith("-"))  # noqa: SLF001 - argparse has no public map
+
+
+def bash(subs: dict[str, argparse.ArgumentParser]) -> str:
+    cases = "\n".join(f"    {name}) opts={shlex.quote(' '.join(_flags(p)))};;" for name, p in subs.items())
+    return f"""# localllm completion for bash (and zsh through bashcompinit)
+_localllm() {{
+  local cur="${{COMP_WORDS[COMP_CWORD]}}" cmd="${{COMP_WORDS[1]}}" opts=""
+  if [ "$COMP_CWORD" -eq 1 ]; then
+    COMPREPLY=($(compgen -W {shlex.quote(' '.join(subs))} -- "$cur")); return
+  fi
+  case "$cmd" in
+{cases}
+  esac
+  if [[ "$cur" == -* ]]; then
+    COMPREPLY=($(compgen -W "$opts" -- "$cur"))
+  else
+    COMPREPLY=($(compgen -W "$(localllm completion --names 2>/dev/null)" -- "$cur") $(compgen -f -- "$cur"))
+  fi
+}}
+complete -F _localllm localllm
+"""
+
+
+def zsh(subs: dict[str, argparse.ArgumentParser]) -> str:
+    return "# localllm completion for zsh\nautoload -U +X bashcompinit && bashcompinit\n" + bash(subs)
+
+
+def fish(subs: dict[str, argparse.ArgumentParser]) -> str:
+    lines = ["# localllm completion for fish", "complete -c localllm -f",
+             f"complete -c localllm -n __fish_use_subcommand -a {shlex.quote(' '.join(subs))}"]
+    for name, p in subs.items():
+        seen = f"__fish_seen_subcommand_from {name}"
+        for flag in _flags(p):
+            kind = "-l" if flag.startswith("--") else "-o"
+            lines.append(f"complete -c localllm -n {shlex.quote(seen)} {kind} {shlex.quote(flag.lstrip('-'))}")
+        lines.append(f"complete -c localllm -n {shlex.quote(seen)} -a '(localllm completion --names 2>/dev/null)'")
+    return "\n".join(lines) + "\n"
+
+
+SHELLS = {"bash": bash, "zsh": zsh, "fish": fish}
+
+
+def run(args: argparse.Namespace) -> int:
+    """``args.subparsers``: each command's parser (handed over by ``cli.main``)."""
+    if args.names:
+        print("\n".join(model_names()))
+        return 0
+    if args.shell is None:
+        raise UsageError("name the shell: localllm completion bash (or zsh, fish)")
+    print(SHELLS[args.shell](args.subparsers), end="")
+    return 0

@@ -1,0 +1,102 @@
+"""Defaults from a config file, as flags: ``config.toml`` in platformdirs'
+config folder (``~/.config/localllm/config.toml`` on Linux; ``localllm config``
+shows the path and what it sets).
+
+Top-level keys are flag names without dashes (``ctx = 8192``, ``kv-type =
+"q8_0"``, ``temp = 0.7``) and apply to every command that has that flag; a
+``[run]``-style table applies to one command and wins. A value becomes the
+flag it names, inserted before the command line's own, so a flag typed wins
+and every value goes through the same checks as a typed one. The file is
+untrusted: bad TOML, an unknown key or a bad value is one line naming the file
+and the key, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from localllm.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+def config_file() -> Path:
+    """``LOCALLLM_CONFIG``; else, with ``LOCALLLM_HOME`` set (tests, portable
+    installs), the file in it; else platformdirs' user config folder."""
+    env = os.environ.get("LOCALLLM_CONFIG")
+    if env:
+        return Path(env).expanduser()
+    home = os.environ.get("LOCALLLM_HOME")
+    if home:
+        return Path(home).expanduser() / "config.toml"
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("localllm", appauthor=False)) / "config.toml"
+
+
+def load(path: Path | None = None) -> dict[str, Any]:
+    """The file's table ({} when there is none)."""
+    path = path or config_file()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: unreadable ({exc})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc})") from None
+
+
+def _options(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {s[2:]: a for s, a in sub._option_string_actions.items() if s.startswith("--")}  # noqa: SLF001 - argparse has no public map
+
+
+def tokens(table: dict[str, Any], command: str, subparsers: dict[str, argparse.ArgumentParser], path: Path) -> list[str]:
+    """The flags ``table`` sets for ``command``, checked as typed ones are."""
+    known = set().union(*(_options(p) for p in subparsers.values()))
+    for key, value in table.items():
+        if isinstance(value, dict):
+            if key not in subparsers:
+                raise UsageError(f"{path}: [{key}] is not a localllm command")
+            unknown = [k for k in value if k not in _options(subparsers[key])]
+            if unknown:
+                raise UsageError(f"{path}: [{key}] has no option '{unknown[0]}' (localllm {key} --help lists them)")
+        elif key not in known:
+            raise UsageError(f"{path}: '{key}' is no localllm option (give flag names without dashes, e.g. ctx = 8192)")
+    sub = subparsers.get(command)
+    if sub is None:
+        return []
+    opts = _options(sub)
+    merged = {k: v for k, v in table.items() if not isinstance(v, dict) and k in opts}
+    merged.update(table.get(command, {}) if isinstance(table.get(command), dict) else {})
+    out: list[str] = []
+    for key, value in merged.items():
+        out += _flag(key, value, opts[key], path)
+    return out
+
+
+def _flag(key: str, value: Any, action: argparse.Action, path: Path) -> list[str]:
+    where = f"{path}: {key} = {value!r}"
+    if action.nargs == 0:  # a switch
+        if not isinstance(value, bool):
+            raise UsageError(f"{where}: give true or false")
+        return [f"--{key}"] if value else []
+    if isinstance(value, (dict, list, bool)) or value is None:
+        raise UsageError(f"{where}: give a number or a string")
+    text = str(value)
+    try:
+        checked = action.type(text) if callable(action.type) else text
+    except (argparse.ArgumentTypeError, ValueError, UsageError) as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    if action.choices is not None and checked not in action.choices:
+        raise UsageError(f"{where}: choose one of {', '.join(map(str, action.choices))}")
+    return [f"--{key}", text]
