@@ -18,8 +18,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{path} does not exist")
     if path.is_file():
         read_header(path)  # a file must be a valid GGUF: one line if not
-    elif not any(path.rglob("*.gguf")):
-        raise InputError(f"{path} holds no .gguf files")
+    else:
+        for bad in registry.not_ggufs(path):
+            say(f"skipped {fmt.safe(bad)}: not a GGUF file (no GGUF magic)")
+        if not any(registry.is_gguf(p) for p in path.rglob("*.gguf") if p.is_file()):
+            raise InputError(f"{path} holds no GGUF files")
     root = registry.add_path(path)
     named = [e for e in registry.discover() if e.source == "added" and (e.path == root or root in e.path.parents)]
     if args.json:

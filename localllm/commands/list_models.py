@@ -46,7 +46,7 @@ def rows(hw: Any) -> list[Row]:
     out = []
     for e in registry.discover():
         if not e.present:
-            out.append(Row(e.name, e.source, e.owner, str(e.path), None, e.quant, None, None, None, "assembled on first use", e.repo))
+            out.append(Row(e.name, e.source, e.owner, str(e.path), None, e.quant, None, None, None, "made on first use", e.repo))
             continue
         try:
             header = read_header(e.path)
@@ -60,22 +60,38 @@ def rows(hw: Any) -> list[Row]:
     return out
 
 
-def render(table: list[Row], budget_note: str) -> str:
-    head = ("NAME", "SOURCE", "ARCH", "QUANT", "SIZE", "CTX", "FITS " + budget_note, "PATH")
+MIN_PATH = 20  # narrower than this, each path goes on a line of its own under its row
+WIDE = 100  # below this many columns the source and architecture columns are left out (--json has them)
+
+
+def render(table: list[Row], budget_note: str, columns: int | None = None) -> str:
+    """The table in ``columns`` cells (the terminal's width, 80 when unknown):
+    the path column takes what the others leave, or a line of its own under
+    each row, shortened with ``~`` and an ellipsis (``--json`` keeps the full path)."""
+    import shutil
+
+    columns = columns or shutil.get_terminal_size((80, 24)).columns
+    wide = columns >= WIDE
+    head = ("NAME", *(("SOURCE", "ARCH") if wide else ()), "QUANT", "SIZE", "CTX", "FITS " + budget_note)
     body = [
         (
             r.name,
-            r.source,
-            r.architecture or "-",
+            *((r.source, r.architecture or "-") if wide else ()),
             r.quant or "-",
             fmt.size(r.size_bytes) if r.size_bytes else "-",
             f"{r.context_length:,}" if r.context_length else "-",
             r.fit,
-            r.path,
         )
         for r in table
     ]
-    return fmt.table(head, body, right=(4, 5))
+    right = (4, 5) if wide else (2, 3)
+    used = max(len(line) for line in fmt.table(head, body, right=right).splitlines())
+    room = columns - used - 2
+    if room >= MIN_PATH:
+        paths = [fmt.short_path(r.path, room) for r in table]
+        return fmt.table((*head, "PATH"), [(*b, p) for b, p in zip(body, paths)], right=right)
+    lines = fmt.table(head, body, right=right).splitlines()
+    return "\n".join([lines[0]] + [f"{line}\n  {fmt.safe(fmt.short_path(r.path, columns - 2))}" for line, r in zip(lines[1:], table)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +106,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         fmt.print_json([r.to_dict() for r in table])
         return 0
-    note = f"({fmt.size(hw.gpu_budget)} GPU)" if hw.gpu_budget else "(RAM, no GPU)"
+    note = f"({fmt.size(hw.gpu_budget)} GPU)" if hw.gpu_budget else "(RAM)"
     print(render(table, note))
     return 0

@@ -411,8 +411,24 @@ def _wanted(filename: str) -> bool:
 
 
 def _ggufs(root: Path) -> Iterator[Path]:
+    """The GGUF models under ``root``: files named ``*.gguf`` that start with
+    GGUF's magic (a stray file with the suffix is no model)."""
     if not root.is_dir():
         return
     for p in sorted(root.rglob("*.gguf")):
-        if p.is_file() and _wanted(p.name):
+        if p.is_file() and _wanted(p.name) and is_gguf(p):
             yield p
+
+
+def not_ggufs(root: Path) -> list[Path]:
+    """Files under ``root`` named ``*.gguf`` that are not GGUF (``add`` names them)."""
+    return [p for p in sorted(root.rglob("*.gguf")) if p.is_file() and _wanted(p.name) and not is_gguf(p)]
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether the file starts with GGUF's magic (b"GGUF"); an unreadable one is not."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False

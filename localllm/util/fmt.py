@@ -89,6 +89,19 @@ def table(head: Sequence[str], rows: Sequence[Sequence[str]], right: Iterable[in
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
+def short_path(path: str, width: int) -> str:
+    """``path`` in at most ``width`` characters: the home folder as ``~``, then an
+    ellipsis in place of the start, so the file name stays whole."""
+    import os
+
+    home = os.path.expanduser("~")
+    if home not in ("~", "/") and (path == home or path.startswith(home + os.sep)):
+        path = "~" + path[len(home):]
+    if len(path) <= width:
+        return path
+    return "…" + path[-(max(width, 2) - 1):]
+
+
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")

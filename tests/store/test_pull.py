@@ -459,3 +459,25 @@ def test_a_name_two_stores_share_gets_the_source_appended(hub: FakeHub, quants: 
     r = run_cli("inspect", "synth")
     assert r.returncode == 1 and "'synth' names 2 models: say which" in r.stderr
     assert run_cli("inspect", "synth:f16@lmstudio").returncode == 0
+
+
+def test_add_of_a_folder_skips_files_that_are_not_gguf(tmp_path: Path, synth_model: Path) -> None:
+    """An 11-byte file named ``.gguf`` beside a real model: one line names it,
+    the model is added, and ``list`` never shows the stray file."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "real.gguf").write_bytes(synth_model.read_bytes())
+    (folder / ".gguf").write_bytes(b"hello world")
+    (folder / "notes.gguf").write_text("not a model")
+    r = run_cli("add", str(folder))
+    assert r.returncode == 0, r.stderr
+    skipped = [line for line in r.stderr.splitlines() if "skipped" in line]
+    assert skipped == [f"localllm: skipped {folder / '.gguf'}: not a GGUF file (no GGUF magic)",
+                       f"localllm: skipped {folder / 'notes.gguf'}: not a GGUF file (no GGUF magic)"]
+    names = [e["path"] for e in json.loads(run_cli("list", "--json").stdout) if e["source"] == "added"]
+    assert names == [str(folder / "real.gguf")]
+    only_bad = tmp_path / "bad"
+    only_bad.mkdir()
+    (only_bad / "x.gguf").write_text("no")
+    r = run_cli("add", str(only_bad))
+    assert r.returncode == 1 and r.stderr.strip().endswith("holds no GGUF files")
