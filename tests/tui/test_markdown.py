@@ -15,7 +15,7 @@ from localllm.testing import ScriptedEngine
 from localllm.tui.app import create_app
 from localllm.tui.chatview import ChatView
 from localllm.tui.settings import Settings
-from tests.helpers.tui import scripted_app, send, wait_idle
+from tests.helpers.tui import ask, scripted_app, wait_idle
 
 REPLY = ["# Fruit\n\n", "Use `sorted()` on the **list**:\n\n", "```python\n", "print(sorted(['pear', 'apple']))\n", "```\n",
          "\n| fruit | colour |\n|---|---|\n| pear | green |\n"]
@@ -31,8 +31,7 @@ async def test_a_finished_reply_is_drawn_as_markdown_and_ctrl_t_shows_the_raw_te
     app, _ = scripted_app(synth_model, ttft_ms=20, itl_ms=5, reply=REPLY)
     async with app.run_test(size=(100, 40)) as pilot:
         await wait_idle(app, pilot)
-        await send(app, pilot, "Sort my fruit")
-        await wait_idle(app, pilot)
+        await ask(app, pilot, "Sort my fruit")
         view = app.query_one(ChatView)
         text = "\n".join(_rows(app))
         assert "```" not in text and "`sorted()`" not in text and "**" not in text
@@ -58,8 +57,7 @@ async def test_thinking_is_folded_with_its_tokens_and_time(synth_model: Path) ->
     app, _ = scripted_app(synth_model, ttft_ms=300, itl_ms=40, reply=THINK)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_idle(app, pilot)
-        await send(app, pilot, "Think first")
-        await wait_idle(app, pilot)
+        await ask(app, pilot, "Think first")
         rows = _rows(app)
         assert "▸ thought · 5 tokens in 0.2 s · Ctrl+T shows it" in rows  # tokens 0..4, 4 gaps of 40 ms
         assert "The answer." in rows and not any("Let me think" in r for r in rows)
@@ -90,8 +88,7 @@ async def test_a_long_reply_is_drawn_within_100_ms_of_its_last_token(synth_model
             return render_line(y)
 
         view.render_line = timed  # type: ignore[method-assign]
-        await send(app, pilot, "A long one")
-        await wait_idle(app, pilot)
+        await ask(app, pilot, "A long one")
         await pilot.pause(0.3)
         assert len(backend.stamps) == 2000
         assert sum(r.strip() == "python" for r in view.lines) == 5  # the final frame is the rendered one

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from textual import events
 
-from tests.helpers.tui import chat_text, scripted_app, send, wait_idle
+from tests.helpers.tui import ask, chat_text, scripted_app, send, wait_idle
 
 CODE = "def add(a, b):\n    return a + b\n"
 REPLY = ["Two", " blocks:\n\n", "```sh\nls\n```\n\n", "```python\n", *CODE.splitlines(keepends=True), "```\n"]
@@ -54,8 +54,7 @@ async def test_up_recalls_earlier_prompts_when_the_box_is_empty(synth_model: Pat
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
         await wait_idle(app, pilot)
         for text in ("first", "second\nline"):
-            await send(app, pilot, text)
-            await wait_idle(app, pilot)
+            await ask(app, pilot, text)
         box = app.query_one("#prompt")
         await pilot.press("up")
         assert box.value == "second\nline"
@@ -100,8 +99,7 @@ async def test_copy_the_last_reply_and_the_last_code_block(synth_model: Path) ->
         await pilot.press("ctrl+o")
         await pilot.pause(0.1)
         assert "no reply to copy yet" in toasts(app) and app.clipboard == ""
-        await send(app, pilot, "code please")
-        await wait_idle(app, pilot)
+        await ask(app, pilot, "code please")
         await pilot.press("ctrl+n")
         await pilot.pause(0.1)
         assert app.clipboard == CODE
@@ -117,10 +115,8 @@ async def test_regenerate_replaces_the_last_reply_and_keeps_the_cache(synth_mode
     app, backend = scripted_app(synth_model, ttft_ms=20, itl_ms=5, tokens=4)
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
         await wait_idle(app, pilot)
-        await send(app, pilot, "hello")
-        await wait_idle(app, pilot)
-        await send(app, pilot, "again")
-        await wait_idle(app, pilot)
+        await ask(app, pilot, "hello")
+        await ask(app, pilot, "again")
         used = app.chat.context_used
         backend.word = "new"
         await pilot.press("ctrl+r")
@@ -140,8 +136,7 @@ async def test_edit_the_last_message_and_send_it_in_place(synth_model: Path) -> 
     app, backend = scripted_app(synth_model, ttft_ms=20, itl_ms=5, tokens=2)
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
         await wait_idle(app, pilot)
-        await send(app, pilot, "What is 2+2?")
-        await wait_idle(app, pilot)
+        await ask(app, pilot, "What is 2+2?")
         await pilot.press("ctrl+g")
         box = app.query_one("#prompt")
         assert box.value == "What is 2+2?"
