@@ -73,7 +73,9 @@ class _LabelledCode(CodeBlock):
         yield Text(f" {label} ", style="dim reverse")
         syntax = Syntax("", self.lexer_name, theme=self.theme)
         background = Syntax.get_theme(self.theme).get_background_style()
-        yield Padding(syntax.highlight(str(self.text).rstrip()), (0, 1), style=background, expand=True)
+        code = syntax.highlight(str(self.text).rstrip())
+        code.rstrip()  # highlight ends it with a newline: a blank row
+        yield Padding(code, (0, 1), style=background, expand=True)
 
 
 class _Reply(Markdown):
