@@ -15,6 +15,7 @@ from textual.message import Message
 from textual.widgets import TextArea
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter")
+REISSUE_S = 0.002  # keys closer than this came in one read: a "^" among them was an Esc
 
 
 class PromptBox(TextArea):
@@ -41,6 +42,7 @@ class PromptBox(TextArea):
                          compact=True, highlight_cursor_line=False)
         self.sent: list[str] = []  # the prompts sent, oldest first (for Up)
         self._recalled: int | None = None  # the history entry shown, while unchanged
+        self._caret: tuple[float, tuple[int, int]] | None = None  # when and where the last "^" was typed
 
     @property
     def value(self) -> str:
@@ -62,6 +64,8 @@ class PromptBox(TextArea):
         return text
 
     async def _on_key(self, event: events.Key) -> None:
+        if self._drop_reissued_escape(event):
+            await self.app.run_action("stop")  # the Esc it was
         if event.key == "enter":
             event.stop()
             event.prevent_default()
@@ -78,6 +82,25 @@ class PromptBox(TextArea):
             return
         self._recalled = None
         await super()._on_key(event)
+
+    def _drop_reissued_escape(self, event: events.Key) -> bool:
+        """Take back a ``^`` that was an Esc. Textual's parser, given Esc and the
+        next key in one read (the reading thread starved while a model loads,
+        or a slow link), cannot tell them apart from an unknown sequence and
+        types the Esc as ``^`` (``_xterm_parser.reissue_sequence_as_keys``);
+        the keys of that read arrive microseconds apart, a typed ``^`` and
+        the next key at typing speed."""
+        caret, self._caret = self._caret, None
+        if event.key == "circumflex_accent":
+            self._caret = (event.time, self.cursor_location)
+            return False
+        if caret is None or event.time - caret[0] > REISSUE_S:
+            return False
+        row, column = caret[1]
+        if self.cursor_location != (row, column + 1) or self.document.get_line(row)[column:column + 1] != "^":
+            return False
+        self.delete((row, column), (row, column + 1))
+        return True
 
     def _recall(self, step: int) -> bool:
         """Up in an empty box (or one showing a recalled prompt, unchanged) shows

@@ -147,3 +147,16 @@ async def test_edit_the_last_message_and_send_it_in_place(synth_model: Path) -> 
         assert [m["content"] for m in app.chat.messages if m["role"] == "user"] == ["What is 2+3?"]
         assert [t for r, t in chat_text(app) if r == "user"] == ["What is 2+3?"]
         assert users(backend) == ["What is 2+3?"]
+
+
+@pytest.mark.slow
+async def test_a_typed_caret_is_kept(synth_model: Path) -> None:
+    """Only a "^" that came in one read with the next key is taken for an Esc
+    (tests/tui/test_prompt_terminal.py); one typed is text."""
+    app, _ = scripted_app(synth_model, tokens=2)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_idle(app, pilot)
+        await pilot.press(*"2^3", "ctrl+j", "^")
+        await pilot.pause(0.05)
+        await pilot.press("x")
+        assert app.query_one("#prompt").value == "2^3\n^x"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,18 @@ CODE = "def add(a, b):\n    return a + b\n"
 REPLY = ["Here", " is", " the", " code:\n\n", "```python\n", *CODE.splitlines(keepends=True), "```\n", "\nDone."]
 
 
-def _cockpit(home: Path, model: Path, out: Path, reply: Path | None = None) -> Tmux:
+def _cockpit(home: Path, model: Path, out: Path, *args: str) -> Tmux:
     env = {"LOCALLLM_HOME": str(home), "PYTHONPATH": str(REPO), "TERM": "xterm-256color"}
-    cmd = [sys.executable, "-m", "tests.helpers.scripted_cockpit", str(model), str(out), *([str(reply)] if reply else [])]
+    cmd = [sys.executable, "-m", "tests.helpers.scripted_cockpit", str(model), str(out), *args]
     return Tmux(cmd, env=env, width=120, height=32)
+
+
+def _written(path: Path, timeout: float = 30.0) -> dict:
+    """The helper's JSON, once it has written it (after the cockpit ended)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return json.loads(path.read_text())
 
 
 def _tmux(*args: str) -> subprocess.CompletedProcess[str]:
@@ -45,8 +54,7 @@ def test_a_bracketed_paste_sends_every_line(_isolated_home: Path, synth_model: P
         t.send("Enter")
         t.wait_for(r"tok4", timeout=30)
         t.send("C-q")
-        t.wait_for_absent(r"tok4", timeout=30)
-    chats = json.loads(out.read_text())
+        chats = _written(out)["chats"]
     users = [m["content"] for chat in chats for m in chat if m["role"] == "user"]
     assert users and users[-1] == prompt
 
@@ -57,7 +65,7 @@ def test_the_last_code_block_reaches_the_clipboard_by_osc52(_isolated_home: Path
     reply = tmp_path / "reply.json"
     reply.write_text(json.dumps(REPLY))
     was = _tmux("show-options", "-s", "-v", "set-clipboard").stdout.strip()
-    with _cockpit(_isolated_home, synth_model, tmp_path / "chats.json", reply) as t:
+    with _cockpit(_isolated_home, synth_model, tmp_path / "chats.json", str(reply)) as t:
         assert _tmux("set-option", "-s", "set-clipboard", "on").returncode == 0
         t.wait_for(r"context 1024", timeout=60)
         before = _tmux("list-buffers", "-F", "#{buffer_name}").stdout.split()
@@ -74,3 +82,29 @@ def test_the_last_code_block_reaches_the_clipboard_by_osc52(_isolated_home: Path
     if was:
         _tmux("set-option", "-s", "set-clipboard", was)  # the tmux server as it was
     assert copied == CODE
+
+
+def test_keys_typed_while_a_model_loads_leave_no_stray_character(_isolated_home: Path, synth_model: Path, tmp_path: Path) -> None:
+    """The load stalls the terminal's reading thread (the GIL held in C), so
+    "hello", Esc, Ctrl+J, End and "world" arrive in one read; Textual cannot
+    parse Esc + Ctrl+J + the End key's sequence and types that Esc as "^"
+    (``hello^``). The box keeps what was typed and nothing else."""
+    out = tmp_path / "out.json"
+    with _cockpit(_isolated_home, synth_model, out, "--stall") as t:
+        _written(Path(f"{out}.stall"), 60)
+        t.send("hello", literal=True)
+        t.send("Escape")
+        t.send("C-j")
+        t.send("End")
+        t.send("world", literal=True)
+        typed = time.time()
+        t.wait_for(r"context 1024", timeout=60)
+        t.send("Enter")
+        t.wait_for(r"you › hello", timeout=30)
+        screen = t.screen()
+        t.send("C-q")
+        result = _written(out)
+    start, end = result["stall"]
+    assert start < typed < end  # the keys came while the reader stalled
+    assert "hello^" not in screen
+    assert [m["content"] for chat in result["chats"] for m in chat if m["role"] == "user"] == ["hello\nworld"]
