@@ -322,7 +322,7 @@ class LocalLLMApp(ConversationControls, App):
         if self.saved is not None and self._reply is not None and self._reply.text and self.busy:
             self.saved.messages = [*self.saved.messages, {"role": "assistant", "content": self._reply.text}]
             self._save(self.saved)
-        self.backend = self.chat = self.load_config = None
+        self.backend = self.chat = self.load_config = self._reply = None
         self.model_name = ""
         self.busy = False
         self.query_one(ChatView).add("note", f"error: {msg.text} · the model is lost (the chat is saved: F4); "
@@ -468,7 +468,8 @@ class LocalLLMApp(ConversationControls, App):
         if not text:
             return
         if self.busy:
-            doing = "a reply is streaming: Esc stops it" if self._reply is not None and self._reply.log is not None else "a model is loading"
+            doing = ("a model is loading" if self._reply is None else
+                     "the reply is stopping" if self._said_stop else "a reply is streaming: Esc stops it")
             self.notify(f"not sent: {doing}; your message stays in the box", severity="warning")
             return
         view = self._view
@@ -613,6 +614,7 @@ class LocalLLMApp(ConversationControls, App):
                 view.add("note", f"context shift: dropped {shift.dropped} tokens, kept {shift.kept} ({shift.method}, {shift.ms:.1f} ms)")
         self._update_footprint()
         self._persist()
+        self._reply = None  # no reply in flight: Enter is refused for a load, not for it
         self.busy = False
 
     async def action_quit(self) -> None:

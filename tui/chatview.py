@@ -30,7 +30,7 @@ from textual.scroll_view import ScrollView
 from textual.selection import Selection
 from textual.strip import Strip
 
-from localllm.tui.markdown import Row, plain_rows, render_markdown, split_think, thought_line
+from localllm.tui.markdown import Row, markdown_blocks, plain_rows, render_markdown, split_think, thought_line
 
 _CONTROL = re.compile("[\u0000-\u0008\u000b-\u001f\u007f]")  # drawn as nothing, as Log does
 
@@ -85,6 +85,7 @@ class MessageView:
         self.cut = 0  # the log's paragraph count before it was added: what ``truncate`` keeps
         self.think_tokens: int | None = None  # its <think> block's tokens and time, where measured
         self.think_ms: float | None = None
+        self.pending = False  # just finished: its last blocks are drawn first
         self._drawn: dict[tuple[int, bool, bool], list[Row]] = {}
 
     def append(self, piece: str) -> None:
@@ -121,6 +122,7 @@ class ChatView(ScrollView, can_focus=True):
         self._looks: list[list[Segment] | None] = []  # each row's segments (None: plain, in the view's style)
         self._width = 0  # the width they were wrapped to
         self._strips: LRUCache[int, Strip] = LRUCache(1024)
+        self._md_cache: LRUCache[tuple[str, int, bool], list[Row]] = LRUCache(4096)  # Markdown blocks, rendered
         self._style: Style | None = None
         self._following = True  # the view shows the end: new text scrolls it (until the user scrolls up)
         self.raw = False  # show the messages' text as it is, not rendered
@@ -144,11 +146,12 @@ class ChatView(ScrollView, can_focus=True):
         if role == "user":  # the user sent it: show it, and the reply under it, wherever the view was
             self._following = True
         msg = MessageView(role, "")
-        msg.log, msg.cut = self, cut
+        msg.cut = cut
         self.messages.append(msg)
         self._open()
         msg.first_para = len(self._paras) - 1
         if role == "assistant" and not text:
+            msg.log = self  # streams into the log until finished
             self.write(self.PREFIX.get(role, ""))
             return msg
         msg.text = text
@@ -158,8 +161,9 @@ class ChatView(ScrollView, can_focus=True):
 
     def finish(self, msg: MessageView) -> None:
         """Draw a streamed message as one block (Markdown): its paragraphs, up to
-        the next message, become the message itself. Again after its text or
-        think figures changed."""
+        the next message, become the message itself, which streams no more
+        (``append`` then changes its text only). Again after its text or think
+        figures changed."""
         if msg not in self.messages:
             return
         if not isinstance(self._paras[msg.first_para], MessageView):
@@ -169,6 +173,8 @@ class ChatView(ScrollView, can_focus=True):
             for m in later:
                 m.first_para -= end - msg.first_para - 1
                 m.cut -= end - msg.first_para - 1
+        msg.log = None  # text appended from now on is drawn at the next finish
+        msg.pending = True
         msg._drawn.clear()
         self._redraw()
 
@@ -285,9 +291,31 @@ class ChatView(ScrollView, can_focus=True):
                 think = self.get_component_rich_style("chatview--think", partial=True)
                 rows = plain_rows([thought_line(thought, msg.think_tokens, msg.think_ms)], think, lambda p: wrap(p, width))
                 text = thought.answer
-            rows += render_markdown(text, width, self.app.console, dark=dark)
+            answer, whole = self._markdown(text, width, dark, msg.pending)
+            rows += answer
+            if not whole:  # the rest once this frame is out
+                msg.pending = False
+                self.call_after_refresh(self._redraw)
+                return rows or [("", [])]
+        msg.pending = False
         msg._drawn[key] = rows = rows or [("", [])]
         return rows
+
+    def _markdown(self, text: str, width: int, dark: bool, tail_first: bool) -> tuple[list[Row], bool]:
+        """A reply's rows, block by block (each kept by its source). With
+        ``tail_first`` only the last blocks that fill the view are rendered
+        now, the ones above as their plain text; and whether all were."""
+        rows: list[Row] = []
+        whole = True
+        for block in reversed(markdown_blocks(text)):
+            drawn = self._md_cache.get((block, width, dark))
+            if drawn is None and tail_first and len(rows) > self.scrollable_content_region.height:
+                drawn, whole = [(row, [Segment(row)]) for line in block.split("\n") for row in wrap(line, width)], False
+            elif drawn is None:
+                drawn = render_markdown(block, width, self.app.console, dark=dark)
+                self._md_cache[(block, width, dark)] = drawn
+            rows[:0] = [*drawn, ("", [])] if rows else drawn
+        return rows, whole
 
     def on_resize(self, event: events.Resize) -> None:
         """Wrap again at a new width; a view that showed the end still does,
@@ -367,5 +395,6 @@ class ChatView(ScrollView, can_focus=True):
         self._strips.clear()
         for msg in self.messages:  # the blocks carry the component styles
             msg._drawn.clear()
+        self._md_cache.clear()
         if self._width:
             self._rewrap()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from textual import events
 
+from localllm.tui.chatview import ChatView
 from tests.helpers.tui import ask, chat_text, scripted_app, send, wait_idle
 
 CODE = "def add(a, b):\n    return a + b\n"
@@ -87,6 +88,7 @@ async def test_enter_during_a_reply_is_refused_with_the_reason_and_esc_says_so_a
         assert app.stop_ns is not None
         assert len([t for t in backend.stamps if t > app.stop_ns]) <= 1  # within one token
         assert [t for _, t in chat_text(app)].count("(stopped)") == 1  # said once
+        assert app.query_one(ChatView).lines[-1] == "· (stopped)"  # the token after Esc joined the reply, above the note
         reply = [t for r, t in chat_text(app) if r == "assistant"][-1]
         assert reply == app.chat.messages[-1]["content"]  # the log shows what was saved, the token after Esc included
 

@@ -30,7 +30,7 @@ def _cockpit(home: Path, model: Path, out: Path, *args: str) -> Tmux:
 def _written(path: Path, timeout: float = 30.0) -> dict:
     """The helper's JSON, once it has written it (after the cockpit ended)."""
     deadline = time.monotonic() + timeout
-    while not path.exists() and time.monotonic() < deadline:
+    while not (path.exists() and path.read_text().endswith("}")) and time.monotonic() < deadline:  # whole
         time.sleep(0.02)
     return json.loads(path.read_text())
 
