@@ -47,19 +47,25 @@ class ThinkClock:
         self.answer_ms: float | None = None  # Enter to the first answer token
 
     def feed(self, pieces: tuple[str, ...], stamps: list[int]) -> None:
+        """The batch's tokens; it keeps only the text it still needs (the
+        reply's start, the tail where ``</think>`` may be arriving)."""
         for piece, t in zip(pieces, stamps, strict=False):
             self._tokens += 1
             self._first_ns = t if self._first_ns is None else self._first_ns
+            if self.answer_ms is not None:
+                continue  # all is known
             self._text += piece
-            head = self._text.lstrip()
-            if self.thinking is None and (len(head) >= len("<think>") or not "<think>".startswith(head)):
-                self.thinking = head.startswith("<think>")
-            if self.thinking and self.think_tokens is None and "</think>" in self._text:
+            if self.thinking is None:
+                head = self._text.lstrip()
+                if len(head) >= len("<think>") or not "<think>".startswith(head):
+                    self.thinking = head.startswith("<think>")
+            if self.thinking and self.think_tokens is None:
+                if "</think>" not in self._text:
+                    self._text = self._text[-len("</think>"):]  # a tag split over tokens is still found
+                    continue
                 self.think_tokens, self.think_ms = self._tokens, (t - self._first_ns) / 1e6
                 self._text = self._text.split("</think>", 1)[1]
-                continue
-            done_thinking = self.thinking is False or self.think_tokens is not None
-            if done_thinking and self.answer_ms is None and self._text.strip():
+            if self.thinking is not None and self._text.strip():
                 self.answer_ms = (t - self.start_ns) / 1e6
 
 
