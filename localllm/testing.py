@@ -29,8 +29,11 @@ class ScriptedEngine:
     """An ``Engine`` whose replies and timings are set in advance."""
 
     def __init__(self, *, ttft_ms: float = 300.0, itl_ms: float = 40.0, tokens: int = 10, word: str = "tok",
-                 fail_at: int | None = None, chat_template: bool = True, n_ctx: int | None = None) -> None:
+                 fail_at: int | None = None, chat_template: bool = True, n_ctx: int | None = None,
+                 reply: Sequence[str] | None = None) -> None:
         self.ttft_ms, self.itl_ms, self.tokens, self.word = ttft_ms, itl_ms, tokens, word
+        self.reply = list(reply) if reply is not None else None  # each token's text, instead of " {word}{i}"
+        self.chats: list[list[dict[str, str]]] = []  # every conversation rendered, as the model was given it
         self.fail_at = fail_at  # raise a RuntimeError (a bug, not a LocalLLMError) before this token
         self.chat_template = chat_template
         self.n_ctx_override = n_ctx  # a context smaller than the load config's (shift tests)
@@ -96,6 +99,7 @@ class ScriptedEngine:
     def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
         if not self.has_chat_template:
             raise UsageError("this model has no chat template (a base model): use --raw, or --template FILE|NAME")
+        self.chats.append([dict(m) for m in messages])
         text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
@@ -198,7 +202,8 @@ class ScriptedEngine:
 
     def _run(self, out: Generation, tokens: list[int], sampling: SamplingConfig, n_keep: int, shift: bool,
              start: int) -> Iterator[TokenEvent]:
-        n = self.tokens if sampling.max_tokens < 0 else min(self.tokens, sampling.max_tokens)
+        tokens_out = len(self.reply) if self.reply is not None else self.tokens
+        n = tokens_out if sampling.max_tokens < 0 else min(tokens_out, sampling.max_tokens)
         stamps: list[int] = []
         shifts: list[ShiftRecord] = []
         stop = "length"
@@ -219,7 +224,7 @@ class ScriptedEngine:
                 self._cache.append(tok)
                 stamps.append(t)
                 self.stamps.append(t)
-                yield TokenEvent(i, tok, f" {self.word}{i}", t)
+                yield TokenEvent(i, tok, self.reply[i] if self.reply is not None else f" {self.word}{i}", t)
         finally:
             end = stamps[-1] if stamps else start
             out.finish(compute_stats(

@@ -24,7 +24,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import Footer, Header, Input
+from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
 from localllm import api
@@ -42,7 +42,10 @@ from localllm.plan.memcheck import load_checked
 from localllm.plan.workers import Endpoint, probe_all
 from localllm.store import resolver
 from localllm.tui.chatview import ChatView, MessageView
+from localllm.tui.controls import BINDINGS as CONTROL_BINDINGS
+from localllm.tui.controls import ConversationControls, ThinkClock
 from localllm.tui.devices import fit_over_workers
+from localllm.tui.prompt import PromptBox
 from localllm.tui.saved import printable, reason
 from localllm.tui.screens import ModelsScreen
 from localllm.tui.sessions_screen import SessionsScreen
@@ -54,6 +57,7 @@ from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
 # 25% of decode speed, measured by scripts/bench_tui.py). So tokens reach the
 # screen in batches, and the number panels refresh less often than the text.
 BATCH_NS = int(float(os.environ.get("LOCALLLM_TUI_BATCH_MS", "200")) * 1e6)  # text redraws: 5 a second
+PLACEHOLDER = "Message (Enter sends · Ctrl+J new line · Up: earlier ones · Esc stops)"
 PANEL_NS = int(float(os.environ.get("LOCALLLM_TUI_PANEL_MS", "1000")) * 1e6)  # number panels: once a second
 
 
@@ -70,9 +74,10 @@ def _settle_heap() -> None:
 
 
 class TokenBatch(Message):
-    def __init__(self, text: str, stamps: list[int], start_ns: int, first_text_ns: int | None) -> None:
+    def __init__(self, text: str, stamps: list[int], start_ns: int, first_text_ns: int | None, pieces: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.text, self.stamps, self.start_ns = text, stamps, start_ns
+        self.pieces = pieces  # each token's text, for the <think> clock
         self.first_text_ns = first_text_ns  # the first token that printed text: TTFT's end
 
 
@@ -150,7 +155,7 @@ def shown(path: Path) -> str:
     return printable(path.name)
 
 
-class LocalLLMApp(App):
+class LocalLLMApp(ConversationControls, App):
     """Chat with a local model and watch TTFT, ITL, the budget and the KV cache."""
 
     CSS_PATH = "localllm.tcss"
@@ -163,6 +168,7 @@ class LocalLLMApp(App):
         Binding("f4", "sessions", "Sessions"),
         Binding("ctrl+l", "clear_chat", "Clear"),
         Binding("ctrl+q", "quit", "Quit"),
+        *CONTROL_BINDINGS,
     ]
 
     busy: reactive[bool] = reactive(False)
@@ -202,6 +208,10 @@ class LocalLLMApp(App):
         self._last_stamp: int | None = None
         self._panel_ns = 0
         self._blink = True  # the input cursor's blink, off while busy
+        self._editing = False  # the box holds the last message, to send in its place (Ctrl+G)
+        self._think: ThinkClock | None = None
+        self._said_stop = False  # Esc wrote "(stopped)" on the log
+        self.first_answer_ms: float | None = None  # Enter to the first token after </think> (or TTFT's token)
 
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -214,21 +224,22 @@ class LocalLLMApp(App):
             with Vertical(id="chat-pane"):
                 yield self._view
                 yield self._status
-                yield Input(placeholder="Message (Enter to send, Esc to stop)", id="prompt")
+                self._prompt = PromptBox(placeholder=PLACEHOLDER, id="prompt")
+                yield self._prompt
             with Vertical(id="side"):
                 yield self._latency
                 yield self._memory
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#prompt", Input).focus()
+        self._prompt.focus()
         self.reload_model()
 
     def watch_busy(self, busy: bool) -> None:
         """The input's cursor stops blinking while a reply streams or a model
         loads: each blink redraws the input box (about 3 ms of CPU, twice a
         second), time the decode threads need on a 2-core laptop."""
-        for box in self.query("#prompt").results(Input):
+        for box in self.query("#prompt").results(PromptBox):
             if busy:
                 self._blink, box.cursor_blink = box.cursor_blink, False
             else:
@@ -315,7 +326,7 @@ class LocalLLMApp(App):
         if self.saved is not None and self._reply is not None and self._reply.text and self.busy:
             self.saved.messages = [*self.saved.messages, {"role": "assistant", "content": self._reply.text}]
             self._save(self.saved)
-        self.backend = self.chat = self.load_config = None
+        self.backend = self.chat = self.load_config = self._reply = None
         self.model_name = ""
         self.busy = False
         self.query_one(ChatView).add("note", f"error: {msg.text} · the model is lost (the chat is saved: F4); "
@@ -400,8 +411,7 @@ class LocalLLMApp(App):
         assert c is not None
         mode = " · completion mode: no chat template, so your text is continued" if self.chat.completion else ""
         view.add("note", f"{shown(req.path)} · context {c.n_ctx} · KV {c.type_k}/{c.type_v}" + (f" · {msg.note}" if msg.note else "") + mode)
-        self.query_one("#prompt", Input).placeholder = (
-            "Text to continue (Enter to send, Esc to stop)" if self.chat.completion else "Message (Enter to send, Esc to stop)")
+        self._prompt.placeholder = PLACEHOLDER.replace("Message", "Text to continue") if self.chat.completion else PLACEHOLDER
         self._show_plan()
 
     def _new_chat(self, messages: list[dict[str, str]] | None) -> ChatSession:
@@ -454,26 +464,43 @@ class LocalLLMApp(App):
         self._status.show(self._latency, panel)
 
     # -- chatting ----------------------------------------------------------------
-    @on(Input.Submitted, "#prompt")
-    def _submit(self, event: Input.Submitted) -> None:
-        text = event.value.strip()
-        if not text or self.busy:
+    @on(PromptBox.Submitted, "#prompt")
+    def _submit(self, event: PromptBox.Submitted) -> None:
+        """Send the box's text; refused with the reason while a reply streams or
+        a model loads (the text stays in the box)."""
+        text = event.text.strip()
+        if not text:
             return
-        view = self.query_one(ChatView)
+        if self.busy:
+            doing = ("a model is loading" if self._reply is None else
+                     "the reply is stopping" if self._said_stop else "a reply is streaming: Esc stops it")
+            self.notify(f"not sent: {doing}; your message stays in the box", severity="warning")
+            return
+        view = self._view
         if self.chat is None:
             view.add("note", "no model is loaded: F2 picks one")
             return
-        event.input.value = ""
+        if self._editing:
+            self._take_back_for_edit()
+        event.box.take()
         view.add("user", text)
-        self._reply = view.add("assistant", "")
+        self._start_reply(text)
+
+    def _start_reply(self, text: str) -> None:
+        """Stream the reply to ``text`` (the user's message is on the log)."""
+        assert self.chat is not None
+        self._reply = self._view.add("assistant", "")
         self._persist(extra_user=text)
         self._reset_latency()
         self._gaps = []
         self._last_stamp = None
         self._stop.clear()
+        self._said_stop = False
         self.stop_ns = None
         self.busy = True
-        self._generate(self.chat, text, time.perf_counter_ns())
+        submitted = time.perf_counter_ns()
+        self._think = ThinkClock(submitted)
+        self._generate(self.chat, text, submitted)
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
     def _generate(self, chat: ChatSession, text: str, submitted_ns: int) -> None:
@@ -500,7 +527,7 @@ class LocalLLMApp(App):
                 if first_text is None and event.text:
                     first_text = event.t_ns
                 if event.t_ns - last_post >= BATCH_NS:
-                    self.post_message(TokenBatch("".join(pieces), stamps, start, first_text))
+                    self.post_message(TokenBatch("".join(pieces), stamps, start, first_text, tuple(pieces)))
                     pieces, stamps, last_post = [], [], event.t_ns
                 if self._stop.is_set():  # Esc or quit: checked after every token
                     stopped = True
@@ -511,7 +538,7 @@ class LocalLLMApp(App):
             if reply is not None:
                 reply.close()  # ends the generation now and records the turn
         if pieces:
-            self.post_message(TokenBatch("".join(pieces), stamps, start, first_text))
+            self.post_message(TokenBatch("".join(pieces), stamps, start, first_text, tuple(pieces)))
         stats = reply.stats if reply is not None and error is None else None
         self.post_message(ReplyDone(stats, stopped, error))
 
@@ -531,7 +558,9 @@ class LocalLLMApp(App):
         if self._gone():
             return
         if self._reply is not None:
-            self._reply.append(msg.text)
+            self._reply.append(msg.text)  # after Esc, to the text only: the log was told at once
+        if self._think is not None:
+            self._think.feed(msg.pieces, msg.stamps)
         latency = self._latency
         if latency.ttft_ms is None and msg.first_text_ns is not None:
             latency.ttft_ms = (msg.first_text_ns - msg.start_ns) / 1e6
@@ -553,9 +582,15 @@ class LocalLLMApp(App):
             return
         latency = self.query_one(LatencyPanel)
         view = self.query_one(ChatView)
+        reply, think = self._reply, self._think
+        if reply is not None and think is not None:
+            reply.think_tokens, reply.think_ms = think.think_tokens, think.think_ms
+            self.first_answer_ms = think.answer_ms
+        if reply is not None:
+            view.finish(reply)  # Markdown, drawn once (markdown.py says why)
         if msg.error:
             view.add("note", f"error: {msg.error}")
-        if msg.stopped:
+        if msg.stopped and not self._said_stop:
             view.add("note", "(stopped)")
         s = msg.stats
         latency.gaps_ms = self._gaps
@@ -583,6 +618,7 @@ class LocalLLMApp(App):
                 view.add("note", f"context shift: dropped {shift.dropped} tokens, kept {shift.kept} ({shift.method}, {shift.ms:.1f} ms)")
         self._update_footprint()
         self._persist()
+        self._reply = None  # no reply in flight: Enter is refused for a load, not for it
         self.busy = False
 
     async def action_quit(self) -> None:
@@ -610,8 +646,19 @@ class LocalLLMApp(App):
             self._disk.shutdown(wait=True)  # the last saves reach the disk before the app ends
 
     def action_stop(self) -> None:
+        """Esc: the reply stops at its next token, and the log says so now; with
+        an edit in the box and no reply, the edit is dropped."""
         if self.busy:
             self._stop_reply()
+            reply = self._reply
+            if reply is not None and reply.log is not None and not self._said_stop:
+                self._view.finish(reply)
+                self._view.add("note", "(stopped)")
+                self._said_stop = True
+        elif self._editing:
+            self._editing = False
+            self._prompt.value = ""
+            self.notify("edit dropped: your last message stays as it was")
 
     def action_clear_chat(self) -> None:
         if self.busy or self.chat is None:

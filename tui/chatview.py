@@ -30,7 +30,15 @@ from textual.scroll_view import ScrollView
 from textual.selection import Selection
 from textual.strip import Strip
 
+from localllm.tui.markdown import Row, markdown_blocks, plain_rows, render_markdown, split_think, thought_line
+
 _CONTROL = re.compile("[\u0000-\u0008\u000b-\u001f\u007f]")  # drawn as nothing, as Log does
+
+
+def _clean(text: str) -> str:
+    """Text as the view draws it: tabs as four spaces, control characters dropped
+    (a model's output cannot move the cursor)."""
+    return _CONTROL.sub("", text.replace("\t", "    "))
 
 
 def _fits(text: str, width: int) -> int:
@@ -66,12 +74,19 @@ def wrap(paragraph: str, width: int) -> list[str]:
 
 
 class MessageView:
-    """One message in the chat log; the assistant's grows as tokens arrive."""
+    """One message in the chat log; the assistant's grows as tokens arrive, as
+    plain text, and is drawn as Markdown once ``ChatView.finish`` is called."""
 
     def __init__(self, role: str, text: str = "") -> None:
         self.role = role
         self.text = text
         self.log: ChatView | None = None
+        self.first_para = 0  # the log's paragraph where it begins
+        self.cut = 0  # the log's paragraph count before it was added: what ``truncate`` keeps
+        self.think_tokens: int | None = None  # its <think> block's tokens and time, where measured
+        self.think_ms: float | None = None
+        self.pending = False  # just finished: its last blocks are drawn first
+        self._drawn: dict[tuple[int, bool, bool], list[Row]] = {}
 
     def append(self, piece: str) -> None:
         self.text += piece
@@ -81,27 +96,36 @@ class MessageView:
 
 class ChatView(ScrollView, can_focus=True):
     """The conversation as paragraphs wrapped to the view's width; the last one
-    grows as tokens stream in."""
+    grows as tokens stream in. A finished message is one block drawn from its
+    text (Markdown for a reply, ``markdown.render_markdown``), again at each
+    width; ``raw`` shows every message as the plain text it is."""
 
     ALLOW_SELECT = True
+    COMPONENT_CLASSES = {"chatview--user", "chatview--note", "chatview--think"}
     DEFAULT_CSS = """
     ChatView {
         height: 1fr; padding: 0 1; background: $surface; color: $text;
         overflow-x: hidden; overflow-y: auto; scrollbar-gutter: stable;
     }
     ChatView:focus { background-tint: $foreground 5%; }
+    ChatView > .chatview--user { color: $text-accent; text-style: bold; }
+    ChatView > .chatview--note { color: $text-muted; }
+    ChatView > .chatview--think { color: $text-muted; text-style: italic; }
     """
     PREFIX = {"user": "you › ", "assistant": "", "note": "· "}
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.messages: list[MessageView] = []
-        self._paras: list[str] = []  # the text, split at newlines
+        self._paras: list[str | MessageView] = []  # the text, split at newlines; a finished message is one block
         self._rows: list[str] = []  # the paragraphs wrapped to the width
+        self._looks: list[list[Segment] | None] = []  # each row's segments (None: plain, in the view's style)
         self._width = 0  # the width they were wrapped to
         self._strips: LRUCache[int, Strip] = LRUCache(1024)
+        self._md_cache: LRUCache[tuple[str, int, bool], list[Row]] = LRUCache(4096)  # Markdown blocks, rendered
         self._style: Style | None = None
         self._following = True  # the view shows the end: new text scrolls it (until the user scrolls up)
+        self.raw = False  # show the messages' text as it is, not rendered
 
     @property
     def line_count(self) -> int:
@@ -113,21 +137,82 @@ class ChatView(ScrollView, can_focus=True):
         return list(self._rows)
 
     def add(self, role: str, text: str = "") -> MessageView:
+        """A message at the end of the log. An empty assistant message is a reply
+        to stream into (``append``, then ``finish``); any other is drawn finished."""
+        cut = len(self._paras)
         if self._paras:
-            self.write("\n\n" if self._paras[-1] else "\n")
+            last = self._paras[-1]
+            self.write("\n" if isinstance(last, MessageView) or not last else "\n\n")
         if role == "user":  # the user sent it: show it, and the reply under it, wherever the view was
             self._following = True
         msg = MessageView(role, "")
-        msg.log = self
+        msg.cut = cut
         self.messages.append(msg)
-        self.write(self.PREFIX.get(role, ""))
-        msg.append(text)
+        self._open()
+        msg.first_para = len(self._paras) - 1
+        if role == "assistant" and not text:
+            msg.log = self  # streams into the log until finished
+            self.write(self.PREFIX.get(role, ""))
+            return msg
+        msg.text = text
+        self._paras[-1] = msg
+        self._redraw()
         return msg
+
+    def finish(self, msg: MessageView) -> None:
+        """Draw a streamed message as one block (Markdown): its paragraphs, up to
+        the next message, become the message itself, which streams no more
+        (``append`` then changes its text only). Again after its text or think
+        figures changed."""
+        if msg not in self.messages:
+            return
+        if not isinstance(self._paras[msg.first_para], MessageView):
+            later = self.messages[self.messages.index(msg) + 1:]
+            end = later[0].cut if later else len(self._paras)
+            self._paras[msg.first_para:end] = [msg]
+            for m in later:
+                m.first_para -= end - msg.first_para - 1
+                m.cut -= end - msg.first_para - 1
+        msg.log = None  # text appended from now on is drawn at the next finish
+        msg.pending = True
+        msg._drawn.clear()
+        self._redraw()
+
+    def truncate(self, msg: MessageView) -> None:
+        """Take ``msg`` and every message after it off the log."""
+        if msg not in self.messages:
+            return
+        del self.messages[self.messages.index(msg):]
+        del self._paras[msg.cut:]
+        self._redraw()
+
+    def toggle_raw(self) -> None:
+        """Show the messages as their plain text, or rendered again."""
+        self.raw = not self.raw
+        self._redraw()
+
+    def _open(self) -> None:
+        """A paragraph to write into at the end (a finished message is closed)."""
+        if not self._paras or isinstance(self._paras[-1], MessageView):
+            self._paras.append("")
+            self._rows.append("")
+            self._looks.append(None)
+
+    def _redraw(self) -> None:
+        """All rows again (a block changed), following the end if it did."""
+        at_end = self._following or self.is_vertical_scroll_end
+        self._wrap_width()
+        self._rewrap()
+        self._resize_virtual()
+        self.refresh()
+        if at_end:
+            self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
 
     def clear_messages(self) -> None:
         self.messages.clear()
         self._paras.clear()
         self._rows.clear()
+        self._looks.clear()
         self._strips.clear()
         self._resize_virtual()
         self.scroll_home(animate=False, immediate=True)
@@ -144,16 +229,15 @@ class ChatView(ScrollView, can_focus=True):
             return
         at_end = self._following or self.is_vertical_scroll_end
         width = self._wrap_width()
-        parts = _CONTROL.sub("", data.replace("\t", "    ")).split("\n")
-        if not self._paras:
-            self._paras.append("")
-            self._rows.append("")
+        parts = _clean(data).split("\n")
+        self._open()
         first = len(self._rows) - 1
-        self._paras[-1] += parts[0]
+        self._paras[-1] += parts[0]  # type: ignore[operator]  # _open: the last paragraph is text
         self._rows[first:] = wrap(self._rows[first] + parts[0], width)
         for para in parts[1:]:
             self._paras.append(para)
             self._rows.extend(wrap(para, width))
+        self._looks[first:] = [None] * (len(self._rows) - first)
         for y in range(first, len(self._rows)):
             self._strips.discard(y)
         self._resize_virtual()
@@ -171,8 +255,67 @@ class ChatView(ScrollView, can_focus=True):
 
     def _rewrap(self) -> None:
         """All paragraphs again, at a new width (the terminal was resized)."""
-        self._rows = [row for para in self._paras for row in wrap(para, self._width)]
+        rows: list[str] = []
+        looks: list[list[Segment] | None] = []
+        for para in self._paras:
+            if isinstance(para, MessageView):
+                for row, segments in self._block(para):
+                    rows.append(row)
+                    looks.append(segments)
+            else:
+                for row in wrap(para, self._width):
+                    rows.append(row)
+                    looks.append(None)
+        self._rows, self._looks = rows, looks
         self._strips.clear()
+
+    def _block(self, msg: MessageView) -> list[Row]:
+        """A finished message's rows at the current width, kept per width: a
+        reply as Markdown (its thinking folded into one line), the user's turn
+        and notes in their own style; ``raw``: the text as it is."""
+        dark = self.app.current_theme.dark if self.is_attached else True
+        key = (self._width, self.raw, dark)
+        rows = msg._drawn.get(key)
+        if rows is not None:
+            return rows
+        width = self._width
+        text = _clean(msg.text)
+        role = msg.role if msg.role in ("user", "note") else None
+        look = self.get_component_rich_style(f"chatview--{role}", partial=True) if role else Style()
+        rows = []
+        if msg.role != "assistant" or self.raw:
+            rows = plain_rows((self.PREFIX.get(msg.role, "") + text).split("\n"), look, lambda p: wrap(p, width))
+        else:
+            thought = split_think(text)
+            if thought is not None:
+                think = self.get_component_rich_style("chatview--think", partial=True)
+                rows = plain_rows([thought_line(thought, msg.think_tokens, msg.think_ms)], think, lambda p: wrap(p, width))
+                text = thought.answer
+            answer, whole = self._markdown(text, width, dark, msg.pending)
+            rows += answer
+            if not whole:  # the rest once this frame is out
+                msg.pending = False
+                self.call_after_refresh(self._redraw)
+                return rows or [("", [])]
+        msg.pending = False
+        msg._drawn[key] = rows = rows or [("", [])]
+        return rows
+
+    def _markdown(self, text: str, width: int, dark: bool, tail_first: bool) -> tuple[list[Row], bool]:
+        """A reply's rows, block by block (each kept by its source). With
+        ``tail_first`` only the last blocks that fill the view are rendered
+        now, the ones above as their plain text; and whether all were."""
+        rows: list[Row] = []
+        whole = True
+        for block in reversed(markdown_blocks(text)):
+            drawn = self._md_cache.get((block, width, dark))
+            if drawn is None and tail_first and len(rows) > self.scrollable_content_region.height:
+                drawn, whole = [(row, [Segment(row)]) for line in block.split("\n") for row in wrap(line, width)], False
+            elif drawn is None:
+                drawn = render_markdown(block, width, self.app.console, dark=dark)
+                self._md_cache[(block, width, dark)] = drawn
+            rows[:0] = [*drawn, ("", [])] if rows else drawn
+        return rows, whole
 
     def on_resize(self, event: events.Resize) -> None:
         """Wrap again at a new width; a view that showed the end still does,
@@ -215,11 +358,17 @@ class ChatView(ScrollView, can_focus=True):
         strip = self._strips.get(index) if span is None else None
         if strip is None:
             row = self._rows[index]
-            if span is None:  # plain text in one style: one segment, no rich Text to lay out
-                strip = Strip([Segment(row, style)], cell_len(row))
+            looks = self._looks[index]
+            if span is None:  # plain text in one style is one segment, no rich Text to lay out
+                segments = [Segment(row, style)] if looks is None else list(Segment.apply_style(looks, style))
+                strip = Strip(segments, cell_len(row))
                 self._strips[index] = strip
             else:
                 text = Text(row, no_wrap=True, style=style)
+                if looks is not None:  # a rendered row: its own styles, the selection over them
+                    text = Text(no_wrap=True, style=style)
+                    for segment in looks:
+                        text.append(segment.text, segment.style)
                 begin, end = span
                 text.stylize(self.screen.get_component_rich_style("screen--selection"), begin, len(text) if end == -1 else end)
                 strip = Strip(text.render(self.app.console), cell_len(row))
@@ -244,3 +393,8 @@ class ChatView(ScrollView, can_focus=True):
         super().notify_style_update()
         self._style = None
         self._strips.clear()
+        for msg in self.messages:  # the blocks carry the component styles
+            msg._drawn.clear()
+        self._md_cache.clear()
+        if self._width:
+            self._rewrap()

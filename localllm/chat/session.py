@@ -34,6 +34,7 @@ class Turn:
     user: str
     reply: str
     stats: GenerationStats
+    before: tuple[str, int] | None = None  # the cached text and KV length before it: what ``rewind`` goes back to
 
 
 @dataclass
@@ -147,9 +148,29 @@ class ChatSession:
         start = start_ns if start_ns is not None else time.perf_counter_ns()
         return Generation(lambda out: self._turn(out, text, start))
 
+    def rewind(self) -> str | None:
+        """Take the last exchange back (to regenerate it, or send an edited
+        message in its place): its user message, or None when there is none.
+        The KV cache keeps what came before when it can (no context shift in
+        that turn); otherwise the next turn reads the conversation again."""
+        if not self.messages or self.messages[-1]["role"] != "assistant" or len(self.messages) < 2 or self.messages[-2]["role"] != "user":
+            return None
+        text = self.messages[-2]["content"]
+        self.messages = self.messages[:-2]
+        turn = self.turns.pop() if self.turns and self.turns[-1].user == text else None
+        if turn is not None and turn.before is not None and not turn.stats.context_shifts and turn.before[1] <= self.backend.context_used:
+            self._cached_text = turn.before[0]
+            self.backend.truncate(turn.before[1])
+        else:
+            self._cached_text = ""
+        return text
+
     def _turn(self, out: Generation, text: str, start: int) -> Iterator[TokenEvent]:
         messages = self.messages + [{"role": "user", "content": text}]
         rendered = self._render(messages, add_generation_prompt=True)
+        # what the cache holds now, if this turn extends it (as _new_tokens decides)
+        extends = self._cached_text and self.backend.context_used and rendered.startswith(self._cached_text)
+        before = (self._cached_text, self.backend.context_used) if extends else None
         tokens = self._new_tokens(rendered)
         pieces: list[str] = []
         reply: Generation | None = None
@@ -169,7 +190,7 @@ class ChatSession:
             self._cached_text = rendered + text_out
             if stats is not None:
                 self.shifts.extend(stats.context_shifts)
-                self.turns.append(Turn(text, text_out, stats))
+                self.turns.append(Turn(text, text_out, stats, before))
 
 
 def prompt_cache_path(model: Path, system_prompt: str, type_k: str, type_v: str, swa_full: bool) -> Path:

@@ -88,3 +88,9 @@ def scripted_app(synth_model: Path, **kw) -> tuple[LocalLLMApp, ScriptedEngine]:
     backend = ScriptedEngine(**kw)
     app = create_app(str(synth_model), vram=4 * 1024**3, settings=Settings(n_ctx=1024, system_prompt=""), backend_factory=lambda: backend)
     return app, backend
+
+
+async def ask(app: LocalLLMApp, pilot, text: str) -> None:
+    """Send ``text`` and wait for the whole reply."""
+    await send(app, pilot, text)
+    await wait_idle(app, pilot)

@@ -21,7 +21,7 @@ def test_bare_localllm_opens_the_cockpit(_isolated_home) -> None:
     with Tmux([sys.executable, "-m", "localllm"], env=_env(_isolated_home)) as t:
         t.wait_for(r"SmolLM2-135M-Instruct\.Q4_1\.gguf · context \d+", timeout=120)
         screen = t.screen()
-        assert "Latency" in screen and "Memory" in screen and "Message (Enter to send" in screen
+        assert "Latency" in screen and "Memory" in screen and "Message (Enter sends" in screen
         t.send("C-q")
 
 

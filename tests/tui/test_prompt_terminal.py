@@ -1,0 +1,110 @@
+"""The prompt box and the clipboard in a real terminal (tmux): a multi-line
+paste arrives whole (bracketed paste), and the last code block reaches the
+terminal's clipboard through OSC 52."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.tmuxdrive import Tmux, available
+from tests.helpers.paths import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not available(), reason="tmux is not installed (apt-get install tmux)")]
+
+CODE = "def add(a, b):\n    return a + b\n"
+REPLY = ["Here", " is", " the", " code:\n\n", "```python\n", *CODE.splitlines(keepends=True), "```\n", "\nDone."]
+
+
+def _cockpit(home: Path, model: Path, out: Path, *args: str) -> Tmux:
+    env = {"LOCALLLM_HOME": str(home), "PYTHONPATH": str(REPO), "TERM": "xterm-256color"}
+    cmd = [sys.executable, "-m", "tests.helpers.scripted_cockpit", str(model), str(out), *args]
+    return Tmux(cmd, env=env, width=120, height=32)
+
+
+def _written(path: Path, timeout: float = 30.0) -> dict:
+    """The helper's JSON, once it has written it (after the cockpit ended)."""
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().endswith("}")) and time.monotonic() < deadline:  # whole
+        time.sleep(0.02)
+    return json.loads(path.read_text())
+
+
+def _tmux(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True)
+
+
+def test_a_bracketed_paste_sends_every_line(_isolated_home: Path, synth_model: Path, tmp_path: Path) -> None:
+    """``tmux paste-buffer -p`` pastes as a terminal does when the program
+    asked for bracketed paste: the lines arrive as one paste, not as Enters."""
+    out = tmp_path / "chats.json"
+    prompt = "Summarize this list in one line:\n- apples\n- pears\n- plums"
+    with _cockpit(_isolated_home, synth_model, out) as t:
+        t.wait_for(r"context 1024", timeout=60)
+        buffer = f"paste-{t.name}"
+        assert _tmux("set-buffer", "-b", buffer, prompt).returncode == 0
+        assert _tmux("paste-buffer", "-p", "-d", "-b", buffer, "-t", t.name).returncode == 0
+        t.wait_for(r"- plums", timeout=30)  # the box shows the last line, not yet sent
+        assert not out.exists()
+        t.send("Enter")
+        t.wait_for(r"tok4", timeout=30)
+        t.send("C-q")
+        chats = _written(out)["chats"]
+    users = [m["content"] for chat in chats for m in chat if m["role"] == "user"]
+    assert users and users[-1] == prompt
+
+
+def test_the_last_code_block_reaches_the_clipboard_by_osc52(_isolated_home: Path, synth_model: Path, tmp_path: Path) -> None:
+    """With ``set-clipboard on`` tmux reads the OSC 52 sequence the cockpit
+    writes and keeps what it carries as a paste buffer."""
+    reply = tmp_path / "reply.json"
+    reply.write_text(json.dumps(REPLY))
+    was = _tmux("show-options", "-s", "-v", "set-clipboard").stdout.strip()
+    with _cockpit(_isolated_home, synth_model, tmp_path / "chats.json", str(reply)) as t:
+        assert _tmux("set-option", "-s", "set-clipboard", "on").returncode == 0
+        t.wait_for(r"context 1024", timeout=60)
+        before = _tmux("list-buffers", "-F", "#{buffer_name}").stdout.split()
+        t.send("Show me code", literal=True)
+        t.send("Enter")
+        t.wait_for(r"Done\.", timeout=30)
+        t.send("C-n")
+        t.wait_for(r"copied the last code block \(python, 2 lines\)", timeout=30)
+        new = [b for b in _tmux("list-buffers", "-F", "#{buffer_name}").stdout.split() if b not in before]
+        assert new, "tmux got no OSC 52 sequence"
+        copied = _tmux("show-buffer", "-b", new[0]).stdout
+        _tmux("delete-buffer", "-b", new[0])
+        t.send("C-q")
+    if was:
+        _tmux("set-option", "-s", "set-clipboard", was)  # the tmux server as it was
+    assert copied == CODE
+
+
+def test_keys_typed_while_a_model_loads_leave_no_stray_character(_isolated_home: Path, synth_model: Path, tmp_path: Path) -> None:
+    """The load stalls the terminal's reading thread (the GIL held in C), so
+    "hello", Esc, Ctrl+J, End and "world" arrive in one read; Textual cannot
+    parse Esc + Ctrl+J + the End key's sequence and types that Esc as "^"
+    (``hello^``). The box keeps what was typed and nothing else."""
+    out = tmp_path / "out.json"
+    with _cockpit(_isolated_home, synth_model, out, "--stall") as t:
+        _written(Path(f"{out}.stall"), 60)
+        t.send("hello", literal=True)
+        t.send("Escape")
+        t.send("C-j")
+        t.send("End")
+        t.send("world", literal=True)
+        typed = time.time()
+        t.wait_for(r"context 1024", timeout=60)
+        t.send("Enter")
+        t.wait_for(r"you › hello", timeout=30)
+        screen = t.screen()
+        t.send("C-q")
+        result = _written(out)
+    start, end = result["stall"]
+    assert start < typed < end  # the keys came while the reader stalled
+    assert "hello^" not in screen
+    assert [m["content"] for chat in result["chats"] for m in chat if m["role"] == "user"] == ["hello\nworld"]
