@@ -380,6 +380,7 @@ class LocalLLMApp(App):
         self.memory_check = msg.memory_check
         self.model_path, self.settings, self.load_config = req.path, req.settings, msg.config
         self.model_name = shown(req.path)
+        self._reset_latency()  # the figures shown were measured on the model (or settings) replaced
         if req.redraw:
             view.clear_messages()
             for m in req.messages or []:
@@ -618,14 +619,13 @@ class LocalLLMApp(App):
         view.clear_messages()
         view.add("note", "new chat")
         self._reset_latency()  # its figures were the old chat's last reply
-        self._latency.ceiling_tps = None
         self._update_footprint()
 
     def _reset_latency(self) -> None:
         latency = self._latency
         latency.ttft_ms = None
         latency.gaps_ms = []
-        latency.prefill_tps = latency.decode_tps = None
+        latency.prefill_tps = latency.decode_tps = latency.ceiling_tps = None
         latency.verdict = ("", "")
 
     # -- sessions ----------------------------------------------------------------

@@ -149,13 +149,13 @@ async def test_real_model_streams_and_panels_fill(smollm2: Path) -> None:
     app = create_app(None, vram=4 * GiB, settings=Settings(n_ctx=2048, temperature=0, system_prompt="Answer in one short sentence."))
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_idle(app, pilot)
-        assert "TTFT —" in panel_text(app)
+        assert "TTFT n/a" in panel_text(app)
         await send(app, pilot, "What is the capital of France?")
         await wait_idle(app, pilot)
         reply = chat_text(app)[-1]
         assert reply[0] == "assistant" and "Paris" in reply[1]
         text = panel_text(app)
-        assert "TTFT —" not in text and "ITL p50 —" not in text
+        assert "TTFT n/a" not in text and "ITL p50 n/a" not in text
         stats = app.chat.turns[-1].stats
         assert f"TTFT {stats.ttft_ms:.1f} ms" in text and f"decode {stats.decode_tokens_per_s:.1f} t/s" in text
         roof = re.search(r"roofline (\d+) t/s: decode at (\d+)%", text)
