@@ -102,7 +102,7 @@ class Cockpit(Side):
         t.send("C-l")  # a new chat: the reply starts from the same empty context each time
         # cleared (the chat and the last reply's figures): the prompt below can
         # only be the one in the input box, and a verdict can only be the new reply's
-        t.wait_for_absent(r"you ›|slow (start|stream)", timeout=30)
+        t.wait_for_absent(r"you ›|prefill [\d.]+ t/s", timeout=30)
         t.send(PROMPT, literal=True)
         t.wait_for(re.escape(PROMPT[-20:]), timeout=30)  # typed whole: the keys are not counted as the reply's cost
         cpu0, wall0 = _cpu_seconds(self.pid), time.monotonic()
@@ -110,7 +110,7 @@ class Cockpit(Side):
         # The verdict is drawn with the reply's final figures: wait for it, then
         # read them from the same screen (other lines, e.g. the roofline, may
         # stand between decode rate and verdict).
-        t.wait_for(r"slow (start|stream)", timeout=300, interval=0.5)
+        t.wait_for(r"prefill [\d.]+ t/s", timeout=300, interval=0.5)
         cpu1, wall1 = _cpu_seconds(self.pid), time.monotonic()
         screen = t.screen()
         decode = re.search(r"decode ([\d.]+) t/s", screen)

@@ -35,6 +35,7 @@ from localllm.errors import InputError, LocalLLMError
 from localllm.measure.diagnose import verdict
 from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
 from localllm.measure.roofline import measure_bandwidth, roofline
+from localllm.measure.starved import advice, busiest_process, starved
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting, hardware, planner
 from localllm.plan.hardware import Hardware, gpu_memory_bandwidth, physical_cores
@@ -72,6 +73,14 @@ class TokenBatch(Message):
         super().__init__()
         self.text, self.stamps, self.start_ns = text, stamps, start_ns
         self.first_text_ns = first_text_ns  # the first token that printed text: TTFT's end
+
+
+class StarvedAdvice(Message):
+    """Decode was starved of CPU: the line that says so, with the fix."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
 
 class SaveFailed(Message):
@@ -200,6 +209,8 @@ class LocalLLMApp(App):
         self._last_stamp: int | None = None
         self._panel_ns = 0
         self._blink = True  # the input cursor's blink, off while busy
+        self._best_tps: dict[Path, float] = {}  # each model's best decode rate here, for the starved-decode advice
+        self._starved_told: set[Path] = set()  # models the advice was given for: once each
 
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -560,27 +571,56 @@ class LocalLLMApp(App):
             latency.ttft_ms = s.ttft_ms
             latency.prefill_tps = s.prefill_tokens_per_s
             latency.decode_tps = s.decode_tokens_per_s
-            v = verdict(s)
+            latency.ceiling_tps = self._ceiling(s)
+            v = verdict(s, latency.ceiling_tps)
             latency.verdict = (v.headline, v.detail) if v else ("", "")
-            # over --rpc, layers are read by the workers' devices at bandwidths we do not know: no roofline
-            if self.bandwidth and self.footprint is not None and self.footprint.placement is None:
-
-                fp = self.footprint
-                kv = planner.kv_bytes_in_use(fp.plan, s.context_used)
-                # offloaded layers are read at the GPU's speed; a CPU build (or a
-                # --vram plan on a machine without a GPU) offloads nothing
-                info = self.backend.info if self.backend is not None else None
-                offloads = bool(info and info.gpu_offload_supported)
-                gpu_read = gpu_weights_read_per_token(fp.shape, fp.plan, True) if offloads else 0
-                latency.ceiling_tps = roofline(
-                    self.bandwidth, weights_read_per_token(fp.shape), kv, s.decode_tokens_per_s,
-                    gpu_bytes=gpu_read, gpu_bandwidth=self.gpu_bandwidth,
-                ).ceiling_tokens_per_s
+            self._check_starved(s.decode_tokens_per_s)
             for shift in s.context_shifts:
                 view.add("note", f"context shift: dropped {shift.dropped} tokens, kept {shift.kept} ({shift.method}, {shift.ms:.1f} ms)")
         self._update_footprint()
         self._persist()
         self.busy = False
+
+    def _ceiling(self, s: GenerationStats) -> float | None:
+        """This machine's decode roofline for the loaded model at the reply's
+        context, or None where it is not known."""
+        # over --rpc, layers are read by the workers' devices at bandwidths we do not know: no roofline
+        if not self.bandwidth or self.footprint is None or self.footprint.placement is not None:
+            return None
+        fp = self.footprint
+        kv = planner.kv_bytes_in_use(fp.plan, s.context_used)
+        # offloaded layers are read at the GPU's speed; a CPU build (or a
+        # --vram plan on a machine without a GPU) offloads nothing
+        info = self.backend.info if self.backend is not None else None
+        offloads = bool(info and info.gpu_offload_supported)
+        gpu_read = gpu_weights_read_per_token(fp.shape, fp.plan, True) if offloads else 0
+        return roofline(
+            self.bandwidth, weights_read_per_token(fp.shape), kv, s.decode_tokens_per_s,
+            gpu_bytes=gpu_read, gpu_bandwidth=self.gpu_bandwidth,
+        ).ceiling_tokens_per_s
+
+    def _check_starved(self, rate: float | None) -> None:
+        """A reply far below what this model did before here:
+        once per model, the busiest other program is looked up off the UI thread
+        and a line names it with a thread count to use (StarvedAdvice)."""
+        path = self.model_path
+        reference = starved(rate, self._best_tps.get(path))
+        if rate and rate > self._best_tps.get(path, 0.0):
+            self._best_tps[path] = rate
+        if reference is None or rate is None or path in self._starved_told:
+            return
+        self._starved_told.add(path)
+        threads = (self.load_config.n_threads if self.load_config else None) or physical_cores()
+        self._advise_starved(rate, reference, threads)
+
+    @work(thread=True, group="advice", exit_on_error=False)
+    def _advise_starved(self, rate: float, reference: tuple[float, str], threads: int) -> None:
+        self.post_message(StarvedAdvice(advice(rate, reference, threads, busiest_process())))
+
+    @on(StarvedAdvice)
+    def _starved_advice(self, msg: StarvedAdvice) -> None:
+        if not self._gone():
+            self._view.add("note", msg.text)
 
     async def action_quit(self) -> None:
         self._stop_reply()  # a reply in flight ends at its next token, not at its last

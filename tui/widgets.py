@@ -188,7 +188,8 @@ class LatencyPanel(Vertical):
     ceiling_tps: reactive[float | None] = reactive(None, repaint=False)
     """Decode ceiling: measured memory bandwidth over the bytes read per token."""
     verdict: reactive[tuple[str, str]] = reactive(("", ""), repaint=False)
-    """Slow start (prefill-bound) or slow stream (decode-bound), and the figures that decided it."""
+    """What dominates the reply, or "slow ..." when a rate is under reading speed or far under the roofline
+    (``measure.diagnose``), and the figures that decided it."""
 
     def compose(self) -> ComposeResult:
         yield Lines(3, id="latency-top")

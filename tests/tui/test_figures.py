@@ -4,13 +4,14 @@ again (issue 22's example: the previous model's TTFT next to a new model)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
 import pytest
 
 from localllm.chat import sessions
-from tests.helpers.tui import panel_text, scripted_app, send, sessions_screen, wait_idle
+from tests.helpers.tui import chat_text, panel_text, scripted_app, send, sessions_screen, wait_idle
 
 
 async def _one_reply(app, pilot) -> None:
@@ -53,3 +54,39 @@ async def test_reopened_session_shows_no_figures_of_the_last_reply(synth_model: 
         await wait_idle(app, pilot)
         assert len(sessions.list_sessions()) == 1
         _cleared(app)
+
+
+async def _reply(app, pilot, itl_ms: float) -> None:
+    app.backend.itl_ms = itl_ms  # the scripted engine's pace for the next reply
+    await send(app, pilot, "hello")
+    await wait_idle(app, pilot)
+
+
+def _advice(app) -> list[str]:
+    return [t for r, t in chat_text(app) if r == "note" and "under a third" in t]
+
+
+@pytest.mark.slow
+async def test_starved_decode_is_told_once_with_the_fix(synth_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localllm.measure import starved
+    from localllm.tui import app as app_module
+
+    monkeypatch.setattr(app_module, "busiest_process", lambda: starved.Busy("stress", 4242, 150.0))
+    app, _ = scripted_app(synth_model, ttft_ms=20, itl_ms=10, tokens=6)
+    app.settings = dataclasses.replace(app.settings, threads=4)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_idle(app, pilot)
+        await _reply(app, pilot, 10)  # 100 t/s: what this model does here
+        await _reply(app, pilot, 25)  # 40 t/s: slower, not starved
+        await pilot.pause(0.3)
+        assert _advice(app) == []
+        await _reply(app, pilot, 40)  # 25 t/s: under a third of 100
+        for _ in range(40):
+            if _advice(app):
+                break
+            await pilot.pause(0.05)
+        assert _advice(app) == ["decode ran at 25.0 t/s, under a third of the 100.0 t/s this model reached earlier here: "
+                                "stress (pid 4242) is using 150% CPU; start with --threads 2 (F3: threads 2) or close it"]
+        await _reply(app, pilot, 80)  # starved again: said once
+        await pilot.pause(0.3)
+        assert len(_advice(app)) == 1
