@@ -12,18 +12,19 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
+from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 from textual.worker import Worker, WorkerState
 
@@ -44,6 +45,7 @@ from localllm.plan.workers import Endpoint, probe_all
 from localllm.store import resolver
 from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.devices import fit_over_workers
+from localllm.tui.help import HelpScreen, app_keys
 from localllm.tui.saved import printable, reason
 from localllm.tui.screens import ModelsScreen, SessionsScreen, SettingsScreen
 from localllm.tui.settings import Settings
@@ -163,12 +165,16 @@ class LocalLLMApp(App):
     CSS_PATH = "localllm.tcss"
     TITLE = "localllm"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (120, "-wide")]
+    # Short descriptions: the footer must fit 80 columns (tests/tui/test_help.py).
     BINDINGS = [
-        Binding("escape", "stop", "Stop reply"),
+        Binding("escape", "stop", "Stop", tooltip="Stop the reply"),
+        Binding("f1", "help", "Help", tooltip="Keys, and what each figure means"),
+        # ? only where it types nothing: Textual leaves a printable key to a focused text box
+        Binding("question_mark", "help", "Help (prompt not focused)", show=False),
         Binding("f2", "models", "Models"),
         Binding("f3", "settings", "Settings"),
         Binding("f4", "sessions", "Sessions"),
-        Binding("ctrl+l", "clear_chat", "Clear"),
+        Binding("ctrl+l", "clear_chat", "New chat"),
         Binding("ctrl+q", "quit", "Quit"),
     ]
 
@@ -227,7 +233,7 @@ class LocalLLMApp(App):
             with Vertical(id="side"):
                 yield self._latency
                 yield self._memory
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # 80 columns: ^p is listed by F1 instead
 
     def on_mount(self) -> None:
         self.query_one("#prompt", Input).focus()
@@ -645,6 +651,21 @@ class LocalLLMApp(App):
             self._engine.shutdown(wait=True)
         finally:
             self._disk.shutdown(wait=True)  # the last saves reach the disk before the app ends
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss(None)
+        else:
+            self.push_screen(HelpScreen(app_keys(self.screen.active_bindings.values(), self)))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Textual's commands, with "Keys" opening the help screen: Textual's
+        own keys panel lists the focused text box's editing keys first, and
+        the cockpit's below the fold."""
+        for command in super().get_system_commands(screen):
+            if command.title != "Keys":
+                yield command
+        yield SystemCommand("Keys", "The cockpit's keys, and what each figure means (F1)", self.action_help)
 
     def action_stop(self) -> None:
         if self.busy:

@@ -89,6 +89,10 @@ class StatusLine(Lines):
         ]
         if memory.shifts:
             parts.append(f"shifts {memory.shifts}")
+        # One row: the figures at the end give way whole, rather than a figure
+        # being cut mid-number (a long context at 80 columns).
+        while len(parts) > 3 and len(" · ".join(parts)) > (self.size.width or 78):
+            parts.pop()
         self.lines = (" · ".join(parts),)
 
 

@@ -90,3 +90,22 @@ async def test_starved_decode_is_told_once_with_the_fix(synth_model: Path, monke
         await _reply(app, pilot, 80)  # starved again: said once
         await pilot.pause(0.3)
         assert len(_advice(app)) == 1
+
+
+@pytest.mark.slow
+async def test_status_line_drops_whole_figures_rather_than_cut_one(synth_model: Path) -> None:
+    """At 80 columns the panels fold into one status line; a long context must
+    not cut a figure mid-number: the last figures give way whole."""
+    from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
+
+    app, _ = scripted_app(synth_model)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_idle(app, pilot)
+        latency, memory, status = app.query_one(LatencyPanel), app.query_one(MemoryPanel), app.query_one(StatusLine)
+        latency.ttft_ms, latency.gaps_ms, latency.decode_tps = 12345.0, [123.4] * 3, 123.4
+        memory.n_ctx, memory.context_used, memory.kv_now_bytes, memory.shifts = 131072, 32768, 1023 * 2**20, 12
+        status.show(latency, memory)
+        await pilot.pause(0.05)
+        line = str(status.lines[0])
+        assert line == "TTFT 12345 ms · ITL p50 123.4 ms · decode 123.4 t/s · ctx 32768/131072"
+        assert len(status._rows(status.size.width)) == 1
