@@ -12,7 +12,6 @@ from textual.widgets._footer import FooterKey
 
 from localllm.tui.help import FIGURES, HelpScreen
 from tests.helpers.tui import scripted_app, wait_idle
-from tests.tui.test_snapshots import fixed_model, make_app  # noqa: F401 - the snapshots' model fixture
 
 TOPICS = ("TTFT and prefill", "ITL and decode", "roofline", "KV cache", "VRAM budget", "PPL, KL and top-1")
 
@@ -87,10 +86,13 @@ async def test_question_mark_types_into_the_focused_prompt_and_opens_help_elsewh
 
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
-def test_help_screen_snapshot(snap_compare, fixed_model: Path, size: tuple[int, int]) -> None:  # noqa: F811
+def test_help_screen_snapshot(snap_compare, synth_model: Path, size: tuple[int, int]) -> None:
+    """Before any reply: nothing on screen depends on this machine (the roofline) or on the model's path."""
+
     async def run_before(pilot) -> None:
         await wait_idle(pilot.app, pilot)
+        pilot.app.query_one("#prompt").cursor_blink = False
         await pilot.press("f1")
         await pilot.pause(0.3)
 
-    assert snap_compare(make_app(fixed_model), terminal_size=size, run_before=run_before)
+    assert snap_compare(scripted_app(synth_model)[0], terminal_size=size, run_before=run_before)
