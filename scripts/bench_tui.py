@@ -147,6 +147,8 @@ class Cockpit(Side):
         # other lines, e.g. the roofline, may stand between them).
         seconds, screen = self.stream(lambda sc: re.search(r"TTFT [\d.]+ ms", sc), lambda sc: re.search(r"prefill [\d.]+ t/s", sc))
         cpu1, wall1 = _cpu_seconds(self.pid), time.monotonic()
+        time.sleep(0.3)  # a reading can catch a frame half written (its upper rows new): read the figures from a whole one
+        screen = t.screen()
         decode = re.search(r"decode ([\d.]+) t/s", screen)
         used = re.search(r"context (\d+) of", screen)
         if decode is None or used is None:

@@ -36,7 +36,7 @@ from localllm.errors import InputError, LocalLLMError
 from localllm.measure.diagnose import verdict
 from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
 from localllm.measure.roofline import measure_bandwidth, roofline
-from localllm.measure.starved import advice, busiest_process, starved
+from localllm.measure.starved import StarveWatch, advice, busiest_process
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting, hardware, planner
 from localllm.plan.hardware import Hardware, gpu_memory_bandwidth, physical_cores
@@ -215,8 +215,7 @@ class LocalLLMApp(App):
         self._last_stamp: int | None = None
         self._panel_ns = 0
         self._blink = True  # the input cursor's blink, off while busy
-        self._best_tps: dict[Path, float] = {}  # each model's best decode rate here, for the starved-decode advice
-        self._starved_told: set[Path] = set()  # models the advice was given for: once each
+        self._starve = StarveWatch()  # each model's best decode rate here, for the starved-decode advice
 
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -606,18 +605,13 @@ class LocalLLMApp(App):
         ).ceiling_tokens_per_s
 
     def _check_starved(self, rate: float | None) -> None:
-        """A reply far below what this model did before here:
-        once per model, the busiest other program is looked up off the UI thread
-        and a line names it with a thread count to use (StarvedAdvice)."""
-        path = self.model_path
-        reference = starved(rate, self._best_tps.get(path))
-        if rate and rate > self._best_tps.get(path, 0.0):
-            self._best_tps[path] = rate
-        if reference is None or rate is None or path in self._starved_told:
-            return
-        self._starved_told.add(path)
-        threads = (self.load_config.n_threads if self.load_config else None) or physical_cores()
-        self._advise_starved(rate, reference, threads)
+        """A reply far below what this model did before here: once per model,
+        the busiest other program is looked up off the UI thread and a line
+        names it with a thread count to use (StarvedAdvice)."""
+        reference = self._starve.check(self.model_path, rate)
+        if reference is not None and rate is not None:
+            threads = (self.load_config.n_threads if self.load_config else None) or physical_cores()
+            self._advise_starved(rate, reference, threads)
 
     @work(thread=True, group="advice", exit_on_error=False)
     def _advise_starved(self, rate: float, reference: tuple[float, str], threads: int) -> None:

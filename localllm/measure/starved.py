@@ -45,6 +45,26 @@ def starved(rate: float | None, earlier: float | None) -> tuple[float, str] | No
     return earlier, "this model reached earlier here"
 
 
+class StarveWatch:
+    """Each model's best decode rate so far, and whether it was told: the
+    advice comes once a model (a second line would only repeat the fix)."""
+
+    def __init__(self) -> None:
+        self.best: dict[object, float] = {}
+        self.told: set[object] = set()
+
+    def check(self, model: object, rate: float | None) -> tuple[float, str] | None:
+        """The reference ``rate`` fell under, the first time it does for
+        ``model`` (any key: the app uses the file's path); then remember it."""
+        reference = starved(rate, self.best.get(model))
+        if rate and rate > self.best.get(model, 0.0):
+            self.best[model] = rate
+        if reference is None or model in self.told:
+            return None
+        self.told.add(model)
+        return reference
+
+
 def advice(rate: float, reference: tuple[float, str], threads: int, busy: Busy | None) -> str:
     """One line: what happened, and the fix. ``threads``: the decode threads now.
     With the busiest program known, the threads suggested leave it the cores

@@ -8,7 +8,7 @@ import pytest
 
 from localllm.engine_api.stats import compute_stats
 from localllm.measure.diagnose import verdict
-from localllm.measure.starved import Busy, advice, starved
+from localllm.measure.starved import Busy, StarveWatch, advice, starved
 
 MS = 1_000_000
 
@@ -80,3 +80,12 @@ def test_advice_names_the_fix(threads, busy, line) -> None:
     text = advice(0.2, (69.0, "this model reached earlier here"), threads, busy)
     assert text.startswith("decode ran at 0.2 t/s, under a third of the 69.0 t/s this model reached earlier here: ")
     assert line in text and "\n" not in text
+
+
+def test_watch_tells_once_per_model_against_its_own_best() -> None:
+    watch = StarveWatch()
+    assert [watch.check("a", r) for r in (60.0, 100.0, 40.0)] == [None, None, None]  # 40 is not under a third of 100
+    assert watch.check("b", 20.0) is None  # another model: its own history
+    assert watch.check("a", 30.0) == (100.0, "this model reached earlier here")
+    assert watch.check("a", 10.0) is None  # told once
+    assert watch.check("b", 5.0) == (20.0, "this model reached earlier here")
