@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from textual.widgets import Footer, Static
-from textual.widgets._footer import FooterKey
 
 from localllm.tui.help import FIGURES, HelpScreen
 from tests.helpers.tui import scripted_app, wait_idle
@@ -26,8 +25,9 @@ async def test_footer_shows_every_key_whole(synth_model: Path, size: tuple[int, 
     app, _ = scripted_app(synth_model)
     async with app.run_test(size=size) as pilot:
         await wait_idle(app, pilot)
-        keys = sorted(app.query_one(Footer).query(FooterKey), key=lambda k: k.region.x)
-        assert [k.description for k in keys] == ["Quit", "Stop", "Help", "Models", "Settings", "Sessions", "New chat"]
+        keys = sorted(app.query_one(Footer).query("FooterKey"), key=lambda k: k.region.x)  # by type name: the class is private
+        # these at least (bindings added later must fit too: the loop below)
+        assert {"Quit", "Stop", "Help", "Models", "Settings", "Sessions", "New chat"} <= {k.description for k in keys}
         end = 0
         for k in keys:
             text = f"{k.key_display} {k.description}"
