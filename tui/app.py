@@ -12,18 +12,19 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
+from textual.screen import Screen
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
@@ -35,6 +36,7 @@ from localllm.errors import InputError, LocalLLMError
 from localllm.measure.diagnose import verdict
 from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
 from localllm.measure.roofline import measure_bandwidth, roofline
+from localllm.measure.starved import StarveWatch, advice, busiest_process
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting, hardware, planner
 from localllm.plan.hardware import Hardware, gpu_memory_bandwidth, physical_cores
@@ -45,6 +47,7 @@ from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.controls import BINDINGS as CONTROL_BINDINGS
 from localllm.tui.controls import ConversationControls, ThinkClock
 from localllm.tui.devices import fit_over_workers
+from localllm.tui.help import HelpScreen, app_keys
 from localllm.tui.prompt import PromptBox
 from localllm.tui.saved import printable, reason
 from localllm.tui.screens import ModelsScreen
@@ -79,6 +82,14 @@ class TokenBatch(Message):
         self.text, self.stamps, self.start_ns = text, stamps, start_ns
         self.pieces = pieces  # each token's text, for the <think> clock
         self.first_text_ns = first_text_ns  # the first token that printed text: TTFT's end
+
+
+class StarvedAdvice(Message):
+    """Decode was starved of CPU: the line that says so, with the fix."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
 
 class SaveFailed(Message):
@@ -161,12 +172,16 @@ class LocalLLMApp(ConversationControls, App):
     CSS_PATH = "localllm.tcss"
     TITLE = "localllm"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (120, "-wide")]
+    # Short descriptions: the footer must fit 80 columns (tests/tui/test_help.py).
     BINDINGS = [
-        Binding("escape", "stop", "Stop reply"),
+        Binding("escape", "stop", "Stop", tooltip="Stop the reply"),
+        Binding("f1", "help", "Help", tooltip="Keys, and what each figure means"),
+        # ? only where it types nothing: Textual leaves a printable key to a focused text box
+        Binding("question_mark", "help", "Help (prompt not focused)", show=False),
         Binding("f2", "models", "Models"),
         Binding("f3", "settings", "Settings"),
         Binding("f4", "sessions", "Sessions"),
-        Binding("ctrl+l", "clear_chat", "Clear"),
+        Binding("ctrl+l", "clear_chat", "New chat"),
         Binding("ctrl+q", "quit", "Quit"),
         *CONTROL_BINDINGS,
     ]
@@ -212,6 +227,7 @@ class LocalLLMApp(ConversationControls, App):
         self._think: ThinkClock | None = None
         self._said_stop = False  # Esc wrote "(stopped)" on the log
         self.first_answer_ms: float | None = None  # Enter to the first token after </think> (or TTFT's token)
+        self._starve = StarveWatch()  # each model's best decode rate here, for the starved-decode advice
 
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -229,7 +245,7 @@ class LocalLLMApp(ConversationControls, App):
             with Vertical(id="side"):
                 yield self._latency
                 yield self._memory
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # 80 columns: ^p is listed by F1 instead
 
     def on_mount(self) -> None:
         self._prompt.focus()
@@ -395,6 +411,7 @@ class LocalLLMApp(ConversationControls, App):
         self.memory_check = msg.memory_check
         self.model_path, self.settings, self.load_config = req.path, req.settings, msg.config
         self.model_name = shown(req.path)
+        self._reset_latency()  # the figures shown were measured on the model (or settings) replaced
         if req.redraw:
             view.clear_messages()
             for m in req.messages or []:
@@ -598,28 +615,52 @@ class LocalLLMApp(ConversationControls, App):
             latency.ttft_ms = s.ttft_ms
             latency.prefill_tps = s.prefill_tokens_per_s
             latency.decode_tps = s.decode_tokens_per_s
-            v = verdict(s)
+            latency.ceiling_tps = self._ceiling(s)
+            v = verdict(s, latency.ceiling_tps)
             latency.verdict = (v.headline, v.detail) if v else ("", "")
-            # over --rpc, layers are read by the workers' devices at bandwidths we do not know: no roofline
-            if self.bandwidth and self.footprint is not None and self.footprint.placement is None:
-
-                fp = self.footprint
-                kv = planner.kv_bytes_in_use(fp.plan, s.context_used)
-                # offloaded layers are read at the GPU's speed; a CPU build (or a
-                # --vram plan on a machine without a GPU) offloads nothing
-                info = self.backend.info if self.backend is not None else None
-                offloads = bool(info and info.gpu_offload_supported)
-                gpu_read = gpu_weights_read_per_token(fp.shape, fp.plan, True) if offloads else 0
-                latency.ceiling_tps = roofline(
-                    self.bandwidth, weights_read_per_token(fp.shape), kv, s.decode_tokens_per_s,
-                    gpu_bytes=gpu_read, gpu_bandwidth=self.gpu_bandwidth,
-                ).ceiling_tokens_per_s
+            self._check_starved(s.decode_tokens_per_s)
             for shift in s.context_shifts:
                 view.add("note", f"context shift: dropped {shift.dropped} tokens, kept {shift.kept} ({shift.method}, {shift.ms:.1f} ms)")
         self._update_footprint()
         self._persist()
         self._reply = None  # no reply in flight: Enter is refused for a load, not for it
         self.busy = False
+
+    def _ceiling(self, s: GenerationStats) -> float | None:
+        """This machine's decode roofline for the loaded model at the reply's
+        context, or None where it is not known."""
+        # over --rpc, layers are read by the workers' devices at bandwidths we do not know: no roofline
+        if not self.bandwidth or self.footprint is None or self.footprint.placement is not None:
+            return None
+        fp = self.footprint
+        kv = planner.kv_bytes_in_use(fp.plan, s.context_used)
+        # offloaded layers are read at the GPU's speed; a CPU build (or a
+        # --vram plan on a machine without a GPU) offloads nothing
+        info = self.backend.info if self.backend is not None else None
+        offloads = bool(info and info.gpu_offload_supported)
+        gpu_read = gpu_weights_read_per_token(fp.shape, fp.plan, True) if offloads else 0
+        return roofline(
+            self.bandwidth, weights_read_per_token(fp.shape), kv, s.decode_tokens_per_s,
+            gpu_bytes=gpu_read, gpu_bandwidth=self.gpu_bandwidth,
+        ).ceiling_tokens_per_s
+
+    def _check_starved(self, rate: float | None) -> None:
+        """A reply far below what this model did before here: once per model,
+        the busiest other program is looked up off the UI thread and a line
+        names it with a thread count to use (StarvedAdvice)."""
+        reference = self._starve.check(self.model_path, rate)
+        if reference is not None and rate is not None:
+            threads = (self.load_config.n_threads if self.load_config else None) or physical_cores()
+            self._advise_starved(rate, reference, threads)
+
+    @work(thread=True, group="advice", exit_on_error=False)
+    def _advise_starved(self, rate: float, reference: tuple[float, str], threads: int) -> None:
+        self.post_message(StarvedAdvice(advice(rate, reference, threads, busiest_process())))
+
+    @on(StarvedAdvice)
+    def _starved_advice(self, msg: StarvedAdvice) -> None:
+        if not self._gone():
+            self._view.add("note", msg.text)
 
     async def action_quit(self) -> None:
         self._stop_reply()  # a reply in flight ends at its next token, not at its last
@@ -645,6 +686,21 @@ class LocalLLMApp(ConversationControls, App):
         finally:
             self._disk.shutdown(wait=True)  # the last saves reach the disk before the app ends
 
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss(None)
+        else:
+            self.push_screen(HelpScreen(app_keys(self.screen.active_bindings.values(), self)))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Textual's commands, with "Keys" opening the help screen: Textual's
+        own keys panel lists the focused text box's editing keys first, and
+        the cockpit's below the fold."""
+        for command in super().get_system_commands(screen):
+            if command.title != "Keys":
+                yield command
+        yield SystemCommand("Keys", "The cockpit's keys, and what each figure means (F1)", self.action_help)
+
     def action_stop(self) -> None:
         """Esc: the reply stops at its next token, and the log says so now; with
         an edit in the box and no reply, the edit is dropped."""
@@ -669,14 +725,13 @@ class LocalLLMApp(ConversationControls, App):
         view.clear_messages()
         view.add("note", "new chat")
         self._reset_latency()  # its figures were the old chat's last reply
-        self._latency.ceiling_tps = None
         self._update_footprint()
 
     def _reset_latency(self) -> None:
         latency = self._latency
         latency.ttft_ms = None
         latency.gaps_ms = []
-        latency.prefill_tps = latency.decode_tps = None
+        latency.prefill_tps = latency.decode_tps = latency.ceiling_tps = None
         latency.verdict = ("", "")
 
     # -- sessions ----------------------------------------------------------------

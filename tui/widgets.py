@@ -81,14 +81,18 @@ class StatusLine(Lines):
     def show(self, latency: LatencyPanel, memory: MemoryPanel) -> None:
         gaps = latency.gaps_ms
         parts = [
-            "TTFT —" if latency.ttft_ms is None else f"TTFT {latency.ttft_ms:.0f} ms",
-            f"ITL {percentile(gaps, 50):.1f} ms" if gaps else "ITL —",
-            "— t/s" if latency.decode_tps is None else f"{latency.decode_tps:.1f} t/s",
+            "TTFT n/a" if latency.ttft_ms is None else f"TTFT {latency.ttft_ms:.0f} ms",
+            f"ITL p50 {percentile(gaps, 50):.1f} ms" if gaps else "ITL p50 n/a",
+            "decode n/a" if latency.decode_tps is None else f"decode {latency.decode_tps:.1f} t/s",
             f"ctx {memory.context_used}/{memory.n_ctx}",
             f"KV {fmt.size(memory.kv_now_bytes)}",
         ]
         if memory.shifts:
             parts.append(f"shifts {memory.shifts}")
+        # One row: the figures at the end give way whole, rather than a figure
+        # being cut mid-number (a long context at 80 columns).
+        while len(parts) > 3 and len(" · ".join(parts)) > (self.size.width or 78):
+            parts.pop()
         self.lines = (" · ".join(parts),)
 
 
@@ -188,7 +192,8 @@ class LatencyPanel(Vertical):
     ceiling_tps: reactive[float | None] = reactive(None, repaint=False)
     """Decode ceiling: measured memory bandwidth over the bytes read per token."""
     verdict: reactive[tuple[str, str]] = reactive(("", ""), repaint=False)
-    """Slow start (prefill-bound) or slow stream (decode-bound), and the figures that decided it."""
+    """What dominates the reply, or "slow ..." when a rate is under reading speed or far under the roofline
+    (``measure.diagnose``), and the figures that decided it."""
 
     def compose(self) -> ComposeResult:
         yield Lines(3, id="latency-top")
@@ -200,10 +205,10 @@ class LatencyPanel(Vertical):
 
     def _paint(self) -> None:
         gaps = self.gaps_ms
-        ttft = "TTFT —" if self.ttft_ms is None else f"TTFT {self.ttft_ms:.1f} ms"
-        itl = f"ITL p50 {percentile(gaps, 50):.1f} ms · p95 {percentile(gaps, 95):.1f} ms" if gaps else "ITL p50 — · p95 —"
-        pre = "—" if self.prefill_tps is None else f"{self.prefill_tps:.1f} t/s"
-        dec = "—" if self.decode_tps is None else f"{self.decode_tps:.1f} t/s"
+        ttft = "TTFT n/a" if self.ttft_ms is None else f"TTFT {self.ttft_ms:.1f} ms"
+        itl = f"ITL p50 {percentile(gaps, 50):.1f} ms · p95 {percentile(gaps, 95):.1f} ms" if gaps else "ITL p50 n/a · p95 n/a"
+        pre = "n/a" if self.prefill_tps is None else f"{self.prefill_tps:.1f} t/s"
+        dec = "n/a" if self.decode_tps is None else f"{self.decode_tps:.1f} t/s"
         self.query_one("#latency-top", Lines).lines = (Text("Latency", style="bold"), ttft, itl)
         headline, detail = self.verdict
         roof = ""

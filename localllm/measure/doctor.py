@@ -131,7 +131,7 @@ def examine(
     concurrency = max(int(free_for_kv // plan.kv_cache_bytes), 0) if plan.kv_cache_bytes else 0
     if placement is not None:
         concurrency = _concurrency(placement, hw.ram_available_bytes)
-    v = verdict(stats)
+    v = verdict(stats, rf.ceiling_tokens_per_s)
     physical = _physical_cores()
     settings = {
         "flash_attn": info.flash_attn,

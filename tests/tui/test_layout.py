@@ -47,7 +47,7 @@ async def test_input_never_covered_and_chat_keeps_room(synth_model: Path, size: 
             assert not _visible(app.query_one(LatencyPanel)) and _visible(status)
             assert chat.width >= size[0] - 2
             line = str(status.lines[0])
-            assert line.startswith("TTFT 30 ms · ITL 10.0 ms") and "ctx " in line and "/1024" in line
+            assert line.startswith("TTFT 30 ms · ITL p50 10.0 ms · decode 100.0 t/s") and "ctx " in line and "/1024" in line
         else:
             assert _visible(app.query_one(LatencyPanel)) and not _visible(status)
             assert app.query_one("#side").region.width == (50 if size[0] >= 120 else 42)

@@ -94,3 +94,8 @@ def test_bench_tui_quick_completes() -> None:
         assert all(0 < float(share.split("%")[0]) < 100 for *_, share in tui), r.stdout
     assert re.search(r"decode t/s, quick \(1 pair, 32 tokens\): TUI [\d.]+ · chat [\d.]+ · ratio [\d.]+ \(not judged\) · UI thread ([\d.]+% of a core|n/a)",
                      r.stdout)
+    # the wall clock from the first token on screen to the last, for each reply: at least the 31 gaps at a generous 1000 t/s
+    stream = [int(ms) for ms in re.findall(r"on screen, first to last token: (\d+) ms", r.stdout)]
+    assert len(stream) == 4 and all(ms >= 31 for ms in stream), r.stdout
+    assert re.search(r"on screen, first to last token, quick \(1 pair, 32 tokens\): TUI \d+ ms · chat \d+ ms · "
+                     r"streaming speed TUI/chat [\d.]+ \(not judged\)", r.stdout)
