@@ -18,7 +18,7 @@ from localllm.engine_api import LoadConfig
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan.planner import MiB, ModelShape, plan_memory
-from scripts.plan_conformance import CASES, Setting, measure
+from scripts.plan_conformance import CASES, ESTIMATE_FLOOR, Setting, measure
 from scripts.synth_gguf import SynthSpec, write_gguf
 from tests.helpers.cli import cli
 
@@ -177,6 +177,8 @@ _FAST = {
     "q8_0-ub128-swafull": Setting(1000, 128, "q8_0", True, True),
     "f16-no-fa": Setting(1000, 512, "f16", False, False),
     "f16-all-logits": Setting(1000, 512, "f16", True, False, 0),  # every row an output (perplexity)
+    "q8_0-x4": Setting(1000, 512, "q8_0", True, False, n_seq=4),  # serve --parallel 4: a unified cache of 4 x 1000
+    "f16-no-fa-x8": Setting(1000, 512, "f16", False, False, n_seq=8),
 }
 _ROWS: dict[tuple[str, str], object] = {}
 
@@ -185,9 +187,27 @@ def _row(case: str, setting: str, d: Path):
     if (case, setting) not in _ROWS:
         s = _FAST[setting]
         if s.swa_full and not _shape(d, case).swa_layers:
-            s = Setting(s.n_ctx, s.n_ubatch, s.kv, s.flash, False)
+            s = Setting(s.n_ctx, s.n_ubatch, s.kv, s.flash, False, n_seq=s.n_seq)
         _ROWS[case, setting] = measure(case, _write(d, case, CASES[case]), s)
     return _ROWS[case, setting]
+
+
+def test_conformance_covers_25_architectures() -> None:
+    """Issue 23 item 5: at least 25 distinct architectures, hybrids, MoEs and odd head sizes among them."""
+    archs = {spec.arch for spec in CASES.values()}
+    assert len(archs) >= 25, sorted(archs)
+    assert {"mamba2", "granitehybrid", "falcon-h1", "nemotron_h", "qwen2moe", "olmoe", "granitemoe", "gpt-oss", "phi2", "stablelm"} <= archs
+    heads = {(s.head_dim or s.n_embd // s.n_head) for s in CASES.values() if s.n_head}
+    assert {80, 96, 256} <= heads
+
+
+@pytest.mark.slow
+def test_every_conformance_architecture_has_a_cache_rule(synth_dir: Path) -> None:
+    assert [case for case in CASES if not _shape(synth_dir, case).verified] == []
+
+
+def _cases(fast: list[str]) -> list[object]:
+    return [*fast, *(pytest.param(c, marks=pytest.mark.slow) for c in CASES if c not in fast)]
 
 
 @pytest.mark.slow
@@ -197,24 +217,62 @@ def test_kv_and_output_match_llama_cpp(case: str, setting: str, synth_dir: Path)
     """KV (and recurrent state) equal to the MiB llama.cpp prints, per cache; output buffer within 5%."""
     r = _row(case, setting, synth_dir)
     assert not r.error, r.error
-    assert r.kv_llama and r.kv_ok, (r.kv_plan, r.kv_llama, r.rs_plan, r.rs_llama)
+    assert (r.kv_llama or not _shape(synth_dir, case).kv_layers) and r.kv_ok, (r.kv_plan, r.kv_llama, r.rs_plan, r.rs_llama)
     assert r.output_ok, (r.output_plan, r.output_llama)
 
 
+@pytest.mark.parametrize("case", ["mamba2", "falcon-h1", "nemotron_h", "granitehybrid"])
+def test_hybrid_cache_and_state_exact_with_8_sequences(case: str, synth_dir: Path) -> None:
+    """The Mamba-2 families (arch_rules._layer_memory): KV only where llama.cpp's layer
+    filter puts one, and one recurrent state per sequence, equal to llama.cpp's
+    buffers with serve --parallel 8. The state is 8 times one sequence's, so the
+    load itself honours n_seq (engine.model.llama_params sets n_seq_max)."""
+    r = _row(case, "f16-no-fa-x8", synth_dir)
+    one = _row(case, "f16-no-fa", synth_dir)
+    assert not r.error and r.kv_ok and r.rs_llama > 0, (r.error, r.kv_plan, r.kv_llama, r.rs_plan, r.rs_llama)
+    assert round(r.rs_plan, 2) == r.rs_llama and r.rs_llama == pytest.approx(8 * one.rs_llama, rel=0.03)
+
+
 @pytest.mark.parametrize("setting", list(_FAST))
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", _cases(["llama", "deepseek2"]))
 def test_compute_within_5_percent(case: str, setting: str, synth_dir: Path) -> None:
+    """Where the plan replays llama.cpp's graph (compute_graph.py), within 5% of llama.cpp's compute buffer."""
     r = _row(case, setting, synth_dir)
     assert not r.error, r.error
+    if r.estimated:
+        pytest.skip("an estimate here (several sequences): test_estimate_never_more_than_10_percent_low")
     assert r.compute_ok, (r.compute_plan, r.compute_llama)
+
+
+@pytest.mark.parametrize("setting", list(_FAST))
+@pytest.mark.parametrize("case", _cases(["granitehybrid", "falcon-h1"]))
+def test_estimate_never_more_than_10_percent_low(case: str, setting: str, synth_dir: Path) -> None:
+    """Issue 23 item 3: where the compute figure is an estimate (no replay for the
+    architecture, or several sequences), it is never below 0.90 of llama.cpp's:
+    erring low says "fits" where the load then fails."""
+    r = _row(case, setting, synth_dir)
+    assert not r.error, r.error
+    if not r.estimated:
+        pytest.skip("replayed here: test_compute_within_5_percent")
+    assert r.compute_llama and r.compute_plan >= ESTIMATE_FLOOR * r.compute_llama, (r.compute_plan, r.compute_llama)
+
+
+@pytest.mark.parametrize("setting", ["f16", "f16-no-fa-x8"])
+@pytest.mark.parametrize("case", _cases(["granitehybrid", "phi2"]))
+def test_dry_run_compute_is_the_real_loads(case: str, setting: str, synth_dir: Path) -> None:
+    """llama.cpp's dry run (engine.dryrun: no_alloc, no weights read) gives the compute buffer the real load allocates."""
+    r = _row(case, setting, synth_dir)
+    assert not r.error, r.error
+    assert r.compute_dry is not None and r.dry_exact, (r.compute_dry, r.compute_llama)
 
 
 def test_compute_is_replayed_or_marked_as_an_estimate(synth_dir: Path) -> None:
     """The compute buffer comes from replaying llama.cpp's graph (localllm/compute_graph.py)
-    where the graph is rebuilt; elsewhere (several sequences here) the plan says it is an estimate."""
+    where the graph is rebuilt; elsewhere (several sequences, a Mamba-2 hybrid) the plan says it is an estimate."""
     assert not plan_memory(_shape(synth_dir, "qwen3moe"), LoadConfig(n_ctx=1000, n_outputs_max=0)).compute_estimated
     streams = plan_memory(_shape(synth_dir, "gemma3"), LoadConfig(n_ctx=1000, n_seq=2, n_outputs_max=0))
     assert streams.compute_estimated and streams.to_dict()["compute_estimated"] is True
+    assert plan_memory(_shape(synth_dir, "granitehybrid"), LoadConfig(n_ctx=1000)).compute_estimated
 
 
 # -- every load checks the plan (localllm.plan.memcheck) ------------------------------------------
