@@ -17,7 +17,7 @@ import pytest
 from localllm.engine_api import LoadConfig
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import read_header
-from localllm.plan.planner import MiB, ModelShape, plan_memory
+from localllm.plan.planner import MiB, ModelShape, cache_types_allowed, plan_memory
 from scripts.plan_conformance import CASES, ESTIMATE_FLOOR, Setting, measure
 from scripts.synth_gguf import SynthSpec, write_gguf
 from tests.helpers.cli import cli
@@ -85,6 +85,24 @@ def test_lfm2_recurrent_layers_hold_a_state_not_a_cache(synth_dir: Path) -> None
     assert p.rs_bytes == 3 * 256 * 2 * 4  # 3 conv layers x n_embd x (l_cache - 1) f32
     w = _shape(synth_dir, "lfm2+window")
     assert w.swa_layers == frozenset({1, 3}) and w.recurrent_layers == frozenset({0, 2})
+
+
+def test_mamba2_families_cache_and_state_layers(synth_dir: Path) -> None:
+    """llama_model::create_memory's layer filters (src/llama-model.cpp): mamba2 is
+    recurrent alone (llm_arch_is_recurrent, no KV cache); falcon-h1 gives every
+    layer both a KV cache and a state; nemotron_h a KV cache to its attention
+    layers (n_ff 0), a state to its mixers (n_head_kv 0 and n_ff 0), and
+    neither to its feed-forward layers."""
+    m = _shape(synth_dir, "mamba2")
+    assert m.recurrent_layers == frozenset({0, 1}) and not any(m.has_kv(i) for i in range(2))
+    f = _shape(synth_dir, "falcon-h1")
+    assert f.recurrent_layers == frozenset({0, 1}) and all(f.has_kv(i) for i in range(2))
+    n = _shape(synth_dir, "nemotron_h")  # layers: mixer, feed-forward, attention, feed-forward
+    assert n.recurrent_layers == frozenset({0}) and [n.has_kv(i) for i in range(4)] == [False, False, True, False]
+    # llama_hparams::n_embd_r / n_embd_s (src/llama-hparams.cpp): (d_conv - 1) (d_inner + 2 n_group d_state), d_state d_inner
+    assert (n.n_embd_r, n.n_embd_s) == (3 * (512 + 2 * 64), 64 * 512)
+    p = plan_memory(n, LoadConfig(n_ctx=1024, n_seq=2, kv_unified=True))
+    assert p.rs_bytes == (3 * 640 + 64 * 512) * 4 * 2 and p.kv_cache_bytes == 1024 * 2 * 128 * 2
 
 
 def test_mla_cache_holds_the_latent(synth_dir: Path) -> None:
@@ -188,6 +206,8 @@ def _row(case: str, setting: str, d: Path):
         s = _FAST[setting]
         if s.swa_full and not _shape(d, case).swa_layers:
             s = Setting(s.n_ctx, s.n_ubatch, s.kv, s.flash, False, n_seq=s.n_seq)
+        if not cache_types_allowed(_shape(d, case), s.config()):
+            pytest.skip("llama.cpp refuses this cache type over this head size (and the plan with it): tests/plan/test_cache_type_rules.py")
         _ROWS[case, setting] = measure(case, _write(d, case, CASES[case]), s)
     return _ROWS[case, setting]
 
