@@ -2,17 +2,23 @@
 
 Writes tiny synthetic GGUFs (scripts/synth_gguf.py) for each architecture,
 loads each in llama.cpp over a grid of settings (cache types, flash attention,
---swa-full, an n_ctx that is not a multiple of 256, ubatch 512 and 128), and
+--swa-full, an n_ctx that is not a multiple of 256, ubatch 512 and 128, and
+serve --parallel 4 and 8: a unified cache of 4 or 8 times the context), and
 compares the planner's figures with the buffers llama.cpp logs: KV cache equal
 to the figure llama.cpp prints (MiB, two decimals), recurrent state likewise,
-compute and output buffers within 5% (or the print resolution, 0.005 MiB).
+output within 5%; compute within 5% where the plan replays llama.cpp's graph,
+and at least 0.90 of llama.cpp's where it estimates (issue 23: an estimate
+errs high); llama.cpp's dry run (localllm.engine.dryrun) equal to the real
+load. Configs llama.cpp refuses (a q8_0 K over head 80 with flash attention)
+are listed, not loaded.
 
     python -m scripts.plan_conformance            # the full table
     python -m scripts.plan_conformance --quick    # a small subset (CI)
     python -m scripts.plan_conformance --arch gemma2 --arch lfm2
 
-Exit status 1 when a load fails or a KV, recurrent-state or output figure
-differs; with --strict also when a compute buffer is outside 5%.
+Exit status 1 when a load fails, a KV, recurrent-state or output figure
+differs, the dry run differs from the load or an estimate is below 0.90;
+with --strict also when a replayed compute buffer is outside 5%.
 """
 
 from __future__ import annotations

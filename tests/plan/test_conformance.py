@@ -396,3 +396,29 @@ def test_llama4_chunked_attention_unless_window_zero(tmp_path: Path) -> None:
     assert r.swa_type == "chunked" and r.n_swa == 8192 and r.swa_layers == frozenset({0, 1, 2, 4, 5, 6})
     off = cache_rule(read_header(_header_only(tmp_path / "l4-off.gguf", "llama4", 8, **{"attention.sliding_window": 0})))
     assert off.swa_type == "none" and not off.swa_layers
+
+
+# -- over RPC: one and two loopback workers (scripts/plan_conformance_rpc.py) -------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["llama", "gemma2", "granitehybrid"])
+def test_rpc_placements_kv_exact_and_dry_run_never_low(case: str, synth_dir: Path) -> None:
+    """Every layer on one or two workers, 4 sequences: the placement's KV per device
+    equals llama.cpp's buffer on that device; llama.cpp's dry run over the same RPC
+    devices is the real load's compute on a uniform model (llama), and never below
+    it elsewhere (measured: 2.00 MiB over on the second worker when the layers
+    differ in kind: sliding window and global, mixer and attention)."""
+    from scripts.plan_conformance_rpc import measure as measure_rpc
+    from tests.helpers.workers import WorkerProc
+
+    workers = [WorkerProc(), WorkerProc()]
+    try:
+        rows = [measure_rpc(case, _write(synth_dir, case, CASES[case]), [str(w.ep) for w in workers[:n]], 4) for n in (1, 2)]
+    finally:
+        for w in workers:
+            w.stop()
+    for r in rows:
+        assert not r.error and r.kv_ok and len(r.kv) == r.n_workers + 1, (r.error, r.kv)
+        assert all(d is not None and round(d, 2) >= round(g, 2) for _, g, d in r.compute.values()), r.compute
+    assert rows[0].dry_ok and (rows[1].dry_ok or case != "llama"), [r.compute for r in rows]
