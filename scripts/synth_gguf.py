@@ -17,6 +17,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from scripts import synth_archs
+
 
 @dataclass(frozen=True)
 class SynthSpec:
@@ -43,11 +45,21 @@ class SynthSpec:
     l_cache: int = 3  # lfm2: short-convolution length
     n_vocab: int = 0  # pad the vocabulary with unused tokens up to this size (0: the natural ~360)
     kv_heads_per_layer: tuple[int, ...] = ()  # llama: KV heads layer by layer (V widths that differ), instead of n_head_kv
+    # Mamba-2 mixers (scripts/synth_archs.py): inner width, state size, groups, heads, convolution length
+    ssm_inner: int = 0
+    ssm_state: int = 0
+    ssm_groups: int = 1
+    ssm_heads: int = 0
+    ssm_conv: int = 4
+    layer_kinds: str = ""  # granitehybrid, nemotron_h: one letter a layer (synth_archs.kind)
+    n_ff_shexp: int = 0  # a shared expert's feed-forward width (qwen2moe, granitemoe)
 
 
 # Architectures write_gguf can write; the tensors each needs follow its
 # load_arch_tensors in llama.cpp's src/models/<arch>.cpp.
-ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granite", "exaone4", "lfm2", "qwen3moe", "deepseek2", "deci")
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granite", "exaone4", "lfm2", "qwen3moe", "deepseek2", "deci",
+         "mistral3", "smollm3", "ernie4_5",
+         *synth_archs.ARCHS)
 
 
 def vocabulary(n_vocab: int = 0) -> tuple[list[str], list[float], list[int]]:
@@ -92,7 +104,7 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     n_vocab = len(tokens)
     a = spec.arch
     E = spec.n_embd
-    hd = spec.head_dim or E // spec.n_head
+    hd = spec.head_dim or (E // spec.n_head if spec.n_head else 0)
     wdtype = np.float16 if spec.dtype == "f16" else np.float32
 
     def mat(*shape: int) -> np.ndarray:
@@ -106,11 +118,14 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     w.add_block_count(spec.n_layer)
     w.add_context_length(spec.n_ctx_train)
     w.add_embedding_length(E)
-    w.add_feed_forward_length(spec.n_ff)
+    w.add_feed_forward_length(synth_archs.feed_forward_length(spec))
     w.add_head_count(spec.n_head)
     if a == "lfm2":
         w.add_head_count_kv([0 if i in spec.conv_layers else spec.n_head_kv for i in range(spec.n_layer)])
         w.add_uint32(f"{a}.shortconv.l_cache", spec.l_cache)
+    elif a in synth_archs.ARCHS:
+        w.add_head_count_kv(synth_archs.head_count_kv(spec))
+        synth_archs.write_hparams(w, spec)
     elif spec.kv_heads_per_layer:
         w.add_head_count_kv(list(spec.kv_heads_per_layer))
     else:
@@ -159,7 +174,7 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     # numpy shapes are (rows, cols); GGUF stores ne reversed: {cols, rows}.
     w.add_tensor("token_embd.weight", mat(n_vocab, E))
     H, Hkv, F = spec.n_head, spec.n_head_kv, spec.n_ff
-    for i in range(spec.n_layer):
+    for i in range(spec.n_layer if a not in synth_archs.ARCHS else 0):
         b = f"blk.{i}"
         conv = a == "lfm2" and i in spec.conv_layers
         if a not in ("olmo2", "exaone4"):
@@ -213,8 +228,13 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
             w.add_tensor(f"{b}.ffn_gate.weight", mat(F, E))
             w.add_tensor(f"{b}.ffn_up.weight", mat(F, E))
             w.add_tensor(f"{b}.ffn_down.weight", mat(E, F))
-    w.add_tensor("token_embd_norm.weight" if a == "lfm2" else "output_norm.weight", ones(E))
-    if not spec.tied_output and a != "gemma2":  # gemma2 always reads token_embd (models/gemma2.cpp)
+    if a in synth_archs.ARCHS:
+        for i in range(spec.n_layer):
+            synth_archs.write_layer(w, spec, i, hd, mat)
+        synth_archs.write_output(w, spec, n_vocab, mat)
+    else:
+        w.add_tensor("token_embd_norm.weight" if a == "lfm2" else "output_norm.weight", ones(E))
+    if not spec.tied_output and a not in ("gemma2", *synth_archs.ARCHS):  # gemma2 always reads token_embd (models/gemma2.cpp)
         w.add_tensor("output.weight", mat(n_vocab, E))
     w.write_header_to_file()
     w.write_kv_data_to_file()

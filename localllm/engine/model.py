@@ -74,6 +74,10 @@ def llama_params(config: LoadConfig) -> tuple[Any, Any, list[object]]:
         "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
     }[flash]
     cparams.swa_full = config.swa_full
+    # Several sequences (serve's batch engine, and its dry run): n_seq_max and a
+    # unified cache change the KV, recurrent-state and compute buffers alike.
+    cparams.n_seq_max = max(config.n_seq, 1)
+    cparams.kv_unified = config.kv_unified
     return mparams, cparams, keep
 
 

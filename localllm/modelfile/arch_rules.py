@@ -222,12 +222,36 @@ _SWA_RULES: dict[str, tuple[SwaRule, str]] = {
     "lfm2moe": (_none, "models/lfm2moe.cpp"),
     "granitehybrid": (_none, "models/granite-hybrid.cpp"),
     "deepseek2": (_none, "models/deepseek2.cpp"),
+    "mamba2": (_none, "models/mamba2.cpp"),
+    "falcon-h1": (_none, "models/falcon-h1.cpp"),
+    "nemotron_h": (_none, "models/nemotron-h.cpp"),
 }
 
 # Hybrid models: layers with n_head_kv == 0 are recurrent (models/lfm2.cpp,
 # models/lfm2moe.cpp, models/granite-hybrid.cpp set is_recr_impl that way);
 # llama_memory_hybrid (src/llama-memory-hybrid.cpp) gives the other layers the KV cache.
 _HYBRID_BY_HEAD_KV = {"lfm2", "lfm2moe", "granitehybrid"}
+
+
+def _layer_memory(header: GGUFHeader, arch: str, n_layer: int, n_head_kv: list[int]) -> tuple[frozenset[int], frozenset[int]] | None:
+    """(layers with a KV cache, recurrent layers) where they are not "every layer,
+    none": llama_model::create_memory's layer filters (src/llama-model.cpp)."""
+    every = frozenset(range(n_layer))
+    if arch in _HYBRID_BY_HEAD_KV:
+        recr = frozenset(i for i in range(n_layer) if n_head_kv[i] == 0)
+        return every - recr, recr
+    if arch == "mamba2":  # llm_arch_is_recurrent (src/llama-arch.cpp): llama_memory_recurrent alone, no KV cache
+        return frozenset(), every
+    if arch == "falcon-h1":  # create_memory: filter_attn and filter_recr both true; models/falcon-h1.cpp: every layer is_recr
+        return every, every
+    if arch == "nemotron_h":
+        # models/nemotron-h.cpp: recurrent iff n_head_kv == 0 and n_ff == 0; create_memory
+        # gives the KV cache to layers with n_ff == 0 that are not recurrent (a
+        # feed-forward-only layer has neither).
+        n_ff = _arr(header.arch_key("feed_forward_length"), n_layer, 0)
+        recr = frozenset(i for i in range(n_layer) if n_head_kv[i] == 0 and n_ff[i] == 0)
+        return frozenset(i for i in range(n_layer) if n_ff[i] == 0) - recr, recr
+    return None
 
 
 def _recurrent_widths(header: GGUFHeader, arch: str, n_embd: int) -> tuple[int, int]:
@@ -277,8 +301,10 @@ def cache_rule(header: GGUFHeader) -> CacheRule:
 
     recurrent: frozenset[int] = frozenset()
     n_r = n_s = 0
-    if arch in _HYBRID_BY_HEAD_KV:
-        recurrent = frozenset(i for i in range(n_layer) if n_head_kv[i] == 0)
+    attention: frozenset[int] = frozenset()
+    memory = _layer_memory(header, arch, n_layer, n_head_kv)
+    if memory is not None:
+        attention, recurrent = memory
         n_r, n_s = _recurrent_widths(header, arch, n_embd)
 
     # src/llama-hparams.cpp has_kv: gemma3n keeps KV only for the first 20 layers
@@ -293,7 +319,7 @@ def cache_rule(header: GGUFHeader) -> CacheRule:
     # create_memory filters out the NextN/MTP layers of the main context.
     kv_layers = frozenset(
         il for il in range(n_layer)
-        if (kv_from < 0 or il < kv_from) and il not in recurrent
+        if (kv_from < 0 or il < kv_from) and (il in attention if memory is not None else True)
     )
     if kv_from >= 0 and kv_from < n_layer:
         notes.append(f"layers {kv_from}..{n_layer - 1} reuse earlier layers' KV cache")

@@ -62,6 +62,13 @@ def _mla_dims(header: GGUFHeader) -> tuple[int, int, int, int]:
     return k, v, q, dense
 
 
+def _ssm_dims(header: GGUFHeader) -> tuple[int, int, int, int]:
+    """Mamba-2 mixer sizes (d_inner, d_state, n_group, heads): the estimate's mixer phase."""
+    d_inner, d_state, n_group, heads = (int(header.arch_key(key, 0) or 0) for key in (
+        "ssm.inner_size", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank"))
+    return d_inner, d_state, n_group, heads
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the planner needs from a model, read from its header.
@@ -104,6 +111,9 @@ class ModelShape:
     # The estimated compute (never the replay) times this: llama.cpp's dry run
     # over the estimate, when it found more (plan.prepare refits with it).
     compute_scale: float = 1.0
+    # Mamba-2 mixers (ssm.inner_size, ssm.state_size, ssm.group_count, ssm.time_step_rank): the estimate's mixer phase
+    ssm_dims: tuple[int, int, int, int] = (0, 0, 0, 0)
+    n_ff_shexp: int = 0  # a MoE's shared expert (expert_shared_feed_forward_length): the estimate holds one more n_embd
 
     @classmethod
     def from_header(cls, header: GGUFHeader) -> ModelShape:
@@ -176,14 +186,16 @@ class ModelShape:
             n_ff_exp=max(per_layer("expert_feed_forward_length", 0) or [0]),
             layer_active_bytes=active,
             mla_dims=_mla_dims(header),
+            ssm_dims=_ssm_dims(header) if rule.n_embd_s else (0, 0, 0, 0),
+            n_ff_shexp=int(header.arch_key("expert_shared_feed_forward_length", 0) or 0) if n_expert else 0,
         )
 
     def has_kv(self, il: int) -> bool:
         """Layer ``il`` has a KV cache of its own (llama-kv-cache.cpp: has_kv and
         the memory's layer filter; recurrent layers of a hybrid have none)."""
-        if il in self.recurrent_layers:
-            return False
-        return self.kv_layers is None or il in self.kv_layers
+        if self.kv_layers is not None:  # arch_rules: falcon-h1's layers have both
+            return il in self.kv_layers
+        return il not in self.recurrent_layers
 
     def head_dims(self, il: int) -> tuple[int, int]:
         """(K, V) head sizes of layer ``il`` (llama_hparams::n_embd_head_k/v: SWA layers may differ)."""
@@ -433,12 +445,22 @@ def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> 
     has_swa_kv = has_swa and any(il in shape.swa_layers for il in kv_layers)
     masks = (cells * T * mask_bytes if has_base else 0) + (swa_cells * T * mask_bytes if has_swa_kv else 0)
     logits = (t_out * shape.n_vocab + 2 * E * T) * 4
+    if t_out >= T:
+        # Every row an output (perplexity): the logits do not fit in what the
+        # layers freed, and llama.cpp's buffer holds them beside the masks and
+        # two more n_embd rows: gemma (head 256) and gpt-oss at 4096 cells were
+        # 0.87x without this (scripts/plan_conformance.py, all-logits rows).
+        logits += masks + 2 * E * T * 4
     # One Q-sized activation is still live at the peak with an f16/f32 K cache,
     # with a Q norm, or when the ubatch fills the whole context and every row is
     # an output: found by measuring llama.cpp's log (tests/test_planner.py).
     n_e, keeps_q, q_norm_keeps = _FFN_LIVE.get(shape.architecture, (3, True, True))
     q_live = q if (not is_quantized(cfg.type_k) or (shape.q_norm and q_norm_keeps) or (t_out >= T and T >= cells)) else 0
     ffn = 3 * F + n_e * E + (q_live if keeps_q else 0) + 8
+    if shape.n_ff_shexp:
+        # The routed experts' sum stays live while the shared expert runs
+        # (models/qwen2moe.cpp): qwen2moe was 0.91x with a quantized cache without it.
+        ffn += E
     if cfg.uses_flash_attn:
         attn = 3 * E + q + kv + H * shape.head_dim_v
     else:
@@ -454,8 +476,27 @@ def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> 
     # nrot x nrot with nrot the largest power of two (>= 64) dividing the head
     # size; V's is always 64 x 64, and MLA has no V.
     rot = hadamard_bytes(shape, cfg) * (int(has_base) + int(has_swa_kv))
-    layer = max(ffn, attn) * T * 4 + masks + rot
+    # A recurrent model's graph also holds every sequence's state (conv and SSM,
+    # f32) read from and written back to the cache: measured as 0.14 MiB a
+    # sequence on the conformance set's mamba2, which is its (n_embd_r + n_embd_s) x 4.
+    states = (shape.n_embd_r + shape.n_embd_s) * 4 * max(cfg.n_seq, 1) if shape.recurrent_layers else 0
+    layer = max(ffn, attn, _mixer_live(shape)) * T * 4 + masks + rot + states
     return int(max(logits, layer) * shape.compute_scale), False
+
+
+def _mixer_live(shape: ModelShape) -> int:
+    """f32 values per token live at a Mamba-2 mixer's peak (models/mamba-base.cpp
+    build_mamba2_layer): its input projection (z, xBC, dt), the convolution's
+    input (xBC after the carried state) and output, the scan's output y and its
+    gated norm, beside the residual stream and the norm output (3 n_embd).
+    Without it the estimate was 0.77-0.86 of llama.cpp's compute buffer on the
+    conformance set's granitehybrid, falcon-h1 and mamba2 (scripts/plan_conformance.py);
+    with it 0.9x-1.1x."""
+    d_inner, d_state, n_group, heads = shape.ssm_dims
+    if not d_inner:
+        return 0
+    conv_dim = d_inner + 2 * n_group * d_state
+    return (d_inner + conv_dim + heads) + 2 * conv_dim + 2 * d_inner + 3 * shape.n_embd
 
 
 # -- fitting a budget ---------------------------------------------------------------

@@ -17,8 +17,8 @@ import pytest
 from localllm.engine_api import LoadConfig
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import read_header
-from localllm.plan.planner import MiB, ModelShape, plan_memory
-from scripts.plan_conformance import CASES, Setting, measure
+from localllm.plan.planner import MiB, ModelShape, cache_types_allowed, plan_memory
+from scripts.plan_conformance import CASES, ESTIMATE_FLOOR, Setting, measure
 from scripts.synth_gguf import SynthSpec, write_gguf
 from tests.helpers.cli import cli
 
@@ -85,6 +85,24 @@ def test_lfm2_recurrent_layers_hold_a_state_not_a_cache(synth_dir: Path) -> None
     assert p.rs_bytes == 3 * 256 * 2 * 4  # 3 conv layers x n_embd x (l_cache - 1) f32
     w = _shape(synth_dir, "lfm2+window")
     assert w.swa_layers == frozenset({1, 3}) and w.recurrent_layers == frozenset({0, 2})
+
+
+def test_mamba2_families_cache_and_state_layers(synth_dir: Path) -> None:
+    """llama_model::create_memory's layer filters (src/llama-model.cpp): mamba2 is
+    recurrent alone (llm_arch_is_recurrent, no KV cache); falcon-h1 gives every
+    layer both a KV cache and a state; nemotron_h a KV cache to its attention
+    layers (n_ff 0), a state to its mixers (n_head_kv 0 and n_ff 0), and
+    neither to its feed-forward layers."""
+    m = _shape(synth_dir, "mamba2")
+    assert m.recurrent_layers == frozenset({0, 1}) and not any(m.has_kv(i) for i in range(2))
+    f = _shape(synth_dir, "falcon-h1")
+    assert f.recurrent_layers == frozenset({0, 1}) and all(f.has_kv(i) for i in range(2))
+    n = _shape(synth_dir, "nemotron_h")  # layers: mixer, feed-forward, attention, feed-forward
+    assert n.recurrent_layers == frozenset({0}) and [n.has_kv(i) for i in range(4)] == [False, False, True, False]
+    # llama_hparams::n_embd_r / n_embd_s (src/llama-hparams.cpp): (d_conv - 1) (d_inner + 2 n_group d_state), d_state d_inner
+    assert (n.n_embd_r, n.n_embd_s) == (3 * (512 + 2 * 64), 64 * 512)
+    p = plan_memory(n, LoadConfig(n_ctx=1024, n_seq=2, kv_unified=True))
+    assert p.rs_bytes == (3 * 640 + 64 * 512) * 4 * 2 and p.kv_cache_bytes == 1024 * 2 * 128 * 2
 
 
 def test_mla_cache_holds_the_latent(synth_dir: Path) -> None:
@@ -177,6 +195,8 @@ _FAST = {
     "q8_0-ub128-swafull": Setting(1000, 128, "q8_0", True, True),
     "f16-no-fa": Setting(1000, 512, "f16", False, False),
     "f16-all-logits": Setting(1000, 512, "f16", True, False, 0),  # every row an output (perplexity)
+    "q8_0-x4": Setting(1000, 512, "q8_0", True, False, n_seq=4),  # serve --parallel 4: a unified cache of 4 x 1000
+    "f16-no-fa-x8": Setting(1000, 512, "f16", False, False, n_seq=8),
 }
 _ROWS: dict[tuple[str, str], object] = {}
 
@@ -185,9 +205,29 @@ def _row(case: str, setting: str, d: Path):
     if (case, setting) not in _ROWS:
         s = _FAST[setting]
         if s.swa_full and not _shape(d, case).swa_layers:
-            s = Setting(s.n_ctx, s.n_ubatch, s.kv, s.flash, False)
+            s = Setting(s.n_ctx, s.n_ubatch, s.kv, s.flash, False, n_seq=s.n_seq)
+        if not cache_types_allowed(_shape(d, case), s.config()):
+            pytest.skip("llama.cpp refuses this cache type over this head size (and the plan with it): tests/plan/test_cache_type_rules.py")
         _ROWS[case, setting] = measure(case, _write(d, case, CASES[case]), s)
     return _ROWS[case, setting]
+
+
+def test_conformance_covers_25_architectures() -> None:
+    """Issue 23 item 5: at least 25 distinct architectures, hybrids, MoEs and odd head sizes among them."""
+    archs = {spec.arch for spec in CASES.values()}
+    assert len(archs) >= 25, sorted(archs)
+    assert {"mamba2", "granitehybrid", "falcon-h1", "nemotron_h", "qwen2moe", "olmoe", "granitemoe", "gpt-oss", "phi2", "stablelm"} <= archs
+    heads = {(s.head_dim or s.n_embd // s.n_head) for s in CASES.values() if s.n_head}
+    assert {80, 96, 256} <= heads
+
+
+@pytest.mark.slow
+def test_every_conformance_architecture_has_a_cache_rule(synth_dir: Path) -> None:
+    assert [case for case in CASES if not _shape(synth_dir, case).verified] == []
+
+
+def _cases(fast: list[str]) -> list[object]:
+    return [*fast, *(pytest.param(c, marks=pytest.mark.slow) for c in CASES if c not in fast)]
 
 
 @pytest.mark.slow
@@ -197,24 +237,53 @@ def test_kv_and_output_match_llama_cpp(case: str, setting: str, synth_dir: Path)
     """KV (and recurrent state) equal to the MiB llama.cpp prints, per cache; output buffer within 5%."""
     r = _row(case, setting, synth_dir)
     assert not r.error, r.error
-    assert r.kv_llama and r.kv_ok, (r.kv_plan, r.kv_llama, r.rs_plan, r.rs_llama)
+    assert (r.kv_llama or not _shape(synth_dir, case).kv_layers) and r.kv_ok, (r.kv_plan, r.kv_llama, r.rs_plan, r.rs_llama)
     assert r.output_ok, (r.output_plan, r.output_llama)
 
 
+@pytest.mark.parametrize("case", ["mamba2", "falcon-h1", "nemotron_h", "granitehybrid"])
+def test_hybrid_cache_and_state_exact_with_8_sequences(case: str, synth_dir: Path) -> None:
+    """The Mamba-2 families (arch_rules._layer_memory): KV only where llama.cpp's layer
+    filter puts one, and one recurrent state per sequence, equal to llama.cpp's
+    buffers with serve --parallel 8. The state is 8 times one sequence's, so the
+    load itself honours n_seq (engine.model.llama_params sets n_seq_max)."""
+    r = _row(case, "f16-no-fa-x8", synth_dir)
+    one = _row(case, "f16-no-fa", synth_dir)
+    assert not r.error and r.kv_ok and r.rs_llama > 0, (r.error, r.kv_plan, r.kv_llama, r.rs_plan, r.rs_llama)
+    assert round(r.rs_plan, 2) == r.rs_llama and r.rs_llama == pytest.approx(8 * one.rs_llama, rel=0.03)
+
+
 @pytest.mark.parametrize("setting", list(_FAST))
-@pytest.mark.parametrize("case", list(CASES))
-def test_compute_within_5_percent(case: str, setting: str, synth_dir: Path) -> None:
+@pytest.mark.parametrize("case", _cases(["llama", "deepseek2", "granitehybrid", "falcon-h1"]))
+def test_compute_replayed_within_5_percent_or_estimated_never_10_percent_low(case: str, setting: str, synth_dir: Path) -> None:
+    """Where the plan replays llama.cpp's graph (compute_graph.py), within 5% of
+    llama.cpp's compute buffer. Issue 23 item 3: where it is an estimate (no
+    replay for the architecture, or several sequences), never below 0.90 of
+    llama.cpp's: erring low says "fits" where the load then fails."""
     r = _row(case, setting, synth_dir)
     assert not r.error, r.error
-    assert r.compute_ok, (r.compute_plan, r.compute_llama)
+    if r.estimated:
+        assert r.compute_llama and r.compute_plan >= ESTIMATE_FLOOR * r.compute_llama, (r.compute_plan, r.compute_llama)
+    else:
+        assert r.compute_ok, (r.compute_plan, r.compute_llama)
+
+
+@pytest.mark.parametrize("setting", ["f16", "f16-no-fa-x8"])
+@pytest.mark.parametrize("case", _cases(["granitehybrid", "phi2"]))
+def test_dry_run_compute_is_the_real_loads(case: str, setting: str, synth_dir: Path) -> None:
+    """llama.cpp's dry run (engine.dryrun: no_alloc, no weights read) gives the compute buffer the real load allocates."""
+    r = _row(case, setting, synth_dir)
+    assert not r.error, r.error
+    assert r.compute_dry is not None and r.dry_exact, (r.compute_dry, r.compute_llama)
 
 
 def test_compute_is_replayed_or_marked_as_an_estimate(synth_dir: Path) -> None:
     """The compute buffer comes from replaying llama.cpp's graph (localllm/compute_graph.py)
-    where the graph is rebuilt; elsewhere (several sequences here) the plan says it is an estimate."""
+    where the graph is rebuilt; elsewhere (several sequences, a Mamba-2 hybrid) the plan says it is an estimate."""
     assert not plan_memory(_shape(synth_dir, "qwen3moe"), LoadConfig(n_ctx=1000, n_outputs_max=0)).compute_estimated
     streams = plan_memory(_shape(synth_dir, "gemma3"), LoadConfig(n_ctx=1000, n_seq=2, n_outputs_max=0))
     assert streams.compute_estimated and streams.to_dict()["compute_estimated"] is True
+    assert plan_memory(_shape(synth_dir, "granitehybrid"), LoadConfig(n_ctx=1000)).compute_estimated
 
 
 # -- every load checks the plan (localllm.plan.memcheck) ------------------------------------------
@@ -318,3 +387,29 @@ def test_llama4_chunked_attention_unless_window_zero(tmp_path: Path) -> None:
     assert r.swa_type == "chunked" and r.n_swa == 8192 and r.swa_layers == frozenset({0, 1, 2, 4, 5, 6})
     off = cache_rule(read_header(_header_only(tmp_path / "l4-off.gguf", "llama4", 8, **{"attention.sliding_window": 0})))
     assert off.swa_type == "none" and not off.swa_layers
+
+
+# -- over RPC: one and two loopback workers (scripts/plan_conformance_rpc.py) -------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["llama", "gemma2", "granitehybrid"])
+def test_rpc_placements_kv_exact_and_dry_run_never_low(case: str, synth_dir: Path) -> None:
+    """Every layer on one or two workers, 4 sequences: the placement's KV per device
+    equals llama.cpp's buffer on that device; llama.cpp's dry run over the same RPC
+    devices is the real load's compute on a uniform model (llama), and never below
+    it elsewhere (measured: 2.00 MiB over on the second worker when the layers
+    differ in kind: sliding window and global, mixer and attention)."""
+    from scripts.plan_conformance_rpc import measure as measure_rpc
+    from tests.helpers.workers import WorkerProc
+
+    workers = [WorkerProc(), WorkerProc()]
+    try:
+        rows = [measure_rpc(case, _write(synth_dir, case, CASES[case]), [str(w.ep) for w in workers[:n]], 4) for n in (1, 2)]
+    finally:
+        for w in workers:
+            w.stop()
+    for r in rows:
+        assert not r.error and r.kv_ok and len(r.kv) == r.n_workers + 1, (r.error, r.kv)
+        assert all(d is not None and round(d, 2) >= round(g, 2) for _, g, d in r.compute.values()), r.compute
+    assert rows[0].dry_ok and (rows[1].dry_ok or case != "llama"), [r.compute for r in rows]
