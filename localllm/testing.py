@@ -15,7 +15,7 @@ a way ``verify`` can check: after token ``t`` it predicts ``t + 1``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from localllm.engine_api import Generation, LoadConfig, LoadInfo, SamplingConfig, TokenEvent, Verification
@@ -38,6 +38,9 @@ class ScriptedEngine:
         self.chat_template = chat_template
         self.n_ctx_override = n_ctx  # a context smaller than the load config's (shift tests)
         self.stamps: list[int] = []  # every token's time, over all replies
+        # called with a reply's last token's time (perf_counter_ns: CLOCK_MONOTONIC on Linux, comparable
+        # across processes) once the UI has taken it: scripts/bench_tui.py times the final frame from it
+        self.on_last_token: Callable[[int], None] | None = None
         self.config: LoadConfig | None = None
         self.sampling: SamplingConfig | None = None  # what the last reply was asked to sample with
         self.loads = 0
@@ -225,6 +228,8 @@ class ScriptedEngine:
                 stamps.append(t)
                 self.stamps.append(t)
                 yield TokenEvent(i, tok, self.reply[i] if self.reply is not None else f" {self.word}{i}", t)
+            if stamps and self.on_last_token is not None:
+                self.on_last_token(stamps[-1])
         finally:
             end = stamps[-1] if stamps else start
             out.finish(compute_stats(

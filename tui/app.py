@@ -603,6 +603,7 @@ class LocalLLMApp(ConversationControls, App):
         if reply is not None and think is not None:
             reply.think_tokens, reply.think_ms = think.think_tokens, think.think_ms
             self.first_answer_ms = think.answer_ms
+            latency.answer_ms = think.answer_ms if think.think_tokens else None  # shown beside TTFT after a <think> block
         if reply is not None:
             view.finish(reply)  # Markdown, drawn once (markdown.py says why)
         if msg.error:
@@ -729,7 +730,7 @@ class LocalLLMApp(ConversationControls, App):
 
     def _reset_latency(self) -> None:
         latency = self._latency
-        latency.ttft_ms = None
+        latency.ttft_ms = latency.answer_ms = None
         latency.gaps_ms = []
         latency.prefill_tps = latency.decode_tps = latency.ceiling_tps = None
         latency.verdict = ("", "")

@@ -183,6 +183,8 @@ class LatencyPanel(Vertical):
 
     ttft_ms: reactive[float | None] = reactive(None, repaint=False)
     """Time to first token of the latest reply (prefill), in ms."""
+    answer_ms: reactive[float | None] = reactive(None, repaint=False)
+    """A reasoning model's reply: time to its first answer token (after ``</think>``), in ms; None otherwise."""
     gaps_ms: reactive[list[float]] = reactive(list, always_update=True, repaint=False)
     """Inter-token gaps of the latest reply, in ms (the ITL samples)."""
     prefill_tps: reactive[float | None] = reactive(None, repaint=False)
@@ -206,6 +208,8 @@ class LatencyPanel(Vertical):
     def _paint(self) -> None:
         gaps = self.gaps_ms
         ttft = "TTFT n/a" if self.ttft_ms is None else f"TTFT {self.ttft_ms:.1f} ms"
+        if self.answer_ms is not None:
+            ttft += f" · answer {self.answer_ms:.0f} ms"
         itl = f"ITL p50 {percentile(gaps, 50):.1f} ms · p95 {percentile(gaps, 95):.1f} ms" if gaps else "ITL p50 n/a · p95 n/a"
         pre = "n/a" if self.prefill_tps is None else f"{self.prefill_tps:.1f} t/s"
         dec = "n/a" if self.decode_tps is None else f"{self.decode_tps:.1f} t/s"
@@ -218,6 +222,9 @@ class LatencyPanel(Vertical):
             f"prefill {pre} · decode {dec}", roof, Text(headline, style="bold yellow"), Text(detail, style="yellow"))
 
     def watch_ttft_ms(self, _: float | None) -> None:
+        self._paint()
+
+    def watch_answer_ms(self, _: float | None) -> None:
         self._paint()
 
     def watch_gaps_ms(self, gaps: list[float]) -> None:

@@ -33,7 +33,8 @@ QUICK = {
     ),
     "plan_conformance": (
         ["--quick"],
-        [r"loads over \d+ architectures: KV \(and recurrent state\) exact to the printed MiB in (\d+)/\1"],
+        [r"KV \(and recurrent state\) exact to the printed MiB: (\d+)/\1", r"dry run's compute = the real load's: (\d+)/\1",
+         r"compute, estimate: (\d+) loads, at or above 0.90 of llama.cpp in \1"],
     ),
     "quality_vs_llama": (
         ["--quick"],

@@ -3,13 +3,15 @@ cockpit on a scripted engine, in a real terminal. When it ends, it writes what
 the engine was given (every conversation it rendered) as JSON to the file named
 by its second argument.
 
-    python -m tests.helpers.scripted_cockpit MODEL OUT.json [REPLY.json] [--stall]
+    python -m tests.helpers.scripted_cockpit MODEL OUT.json [REPLY.json] [--stall] [--itl-ms=N]
 
 REPLY.json: the reply's tokens, a JSON list of strings (default: the engine's
 own " tok0 tok1 …"). ``--stall``: the load keeps the GIL for seconds (a C call
 that does not release it), so the terminal's reading thread stalls and the keys
 typed meanwhile arrive in one read; OUT.json.stall appears as it starts, and
-OUT.json then also has its start and end (``time.time()``)."""
+OUT.json then also has its start and end (``time.time()``). ``--itl-ms=N``: the
+time between two tokens (default 10; scripts/bench_tui.py's render check uses 1).
+OUT.json.last gets each reply's last token's time (``time.perf_counter_ns()``)."""
 
 from __future__ import annotations
 
@@ -45,7 +47,12 @@ class StallingEngine(ScriptedEngine):
 def main(model: str, out: str, *args: str) -> None:
     reply = next((a for a in args if not a.startswith("--")), None)
     pieces = json.loads(Path(reply).read_text()) if reply else None
-    engine = (StallingEngine if "--stall" in args else ScriptedEngine)(ttft_ms=50, itl_ms=10, tokens=5, reply=pieces)
+    itl = next((float(a.split("=", 1)[1]) for a in args if a.startswith("--itl-ms=")), 10.0)
+    engine = (StallingEngine if "--stall" in args else ScriptedEngine)(ttft_ms=50, itl_ms=itl, tokens=5, reply=pieces)
+    def stamp(ns: int) -> None:
+        Path(out + ".last").write_text(str(ns))
+
+    engine.on_last_token = stamp
     if isinstance(engine, StallingEngine):
         engine.started = Path(out + ".stall")
     app = create_app(model, vram=4 * 1024**3, settings=Settings(n_ctx=1024, system_prompt=""),

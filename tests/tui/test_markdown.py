@@ -62,6 +62,8 @@ async def test_thinking_is_folded_with_its_tokens_and_time(synth_model: Path) ->
         assert "▸ thought · 5 tokens in 0.2 s · Ctrl+T shows it" in rows  # tokens 0..4, 4 gaps of 40 ms
         assert "The answer." in rows and not any("Let me think" in r for r in rows)
         assert app.first_answer_ms == 300 + 5 * 40  # Enter to the first token after </think>
+        top = "\n".join(str(line) for line in app.query_one("#latency-top").lines)
+        assert "TTFT 300.0 ms · answer 500 ms" in top  # the latency panel shows it beside TTFT
         await pilot.press("ctrl+t")
         assert any("<think>Let me think</think>" in r for r in _rows(app))
 

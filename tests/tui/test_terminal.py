@@ -97,5 +97,8 @@ def test_bench_tui_quick_completes() -> None:
     # the wall clock from the first token on screen to the last, for each reply: at least the 31 gaps at a generous 1000 t/s
     stream = [int(ms) for ms in re.findall(r"on screen, first to last token: (\d+) ms", r.stdout)]
     assert len(stream) == 4 and all(ms >= 31 for ms in stream), r.stdout
+    # and the Markdown render of a long reply, from the engine's last token to the frame on screen
+    render = re.search(r"last token to the Markdown frame \(wall clock, tmux\): (\d+) ms", r.stdout)
+    assert render and 0 < int(render.group(1)) < 1000, r.stdout
     assert re.search(r"on screen, first to last token, quick \(1 pair, 32 tokens\): TUI \d+ ms · chat \d+ ms · "
                      r"streaming speed TUI/chat [\d.]+ \(not judged\)", r.stdout)
