@@ -38,7 +38,7 @@ def main() -> None:
     text = curated.catalog_text()
     new = updated_text(text)
     for r in curated.rows():
-        print(f"{r['name']:<26} {r['quant']:<7} {r['size_gb']:>5.2f} GB  4 GiB: {r['fits_4gb']:<34} 6 GiB: {r['fits_6gb']}")
+        print(f"{r['name']:<26} {r['quant']:<7} {r['size_bytes'] / 2**30:>5.2f} GiB  4 GiB: {r['fits_4gib']:<34} 6 GiB: {r['fits_6gib']}")
     if a.write:
         with as_file(files("localllm.models").joinpath("catalog.toml")) as path:
             path.write_text(new, encoding="utf-8")

@@ -6,7 +6,7 @@ import argparse
 
 from localllm.store import curated, registry
 from localllm.util import fmt
-from localllm.util.units import GB, format_size
+from localllm.util.units import format_size
 
 
 def run(args: argparse.Namespace) -> int:
@@ -19,10 +19,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     head = ("MODEL", "QUANT", "SIZE", "CTX", "ARCH", "LICENSE", *(f"{curated.budget_label(k)} GPU" for k in curated.BUDGETS), "HERE")
     body = [
-        (r["name"], r["quant"], "≈" + format_size(r["size_gb"] * GB, "GB"), f"{r['context']:,}", r["architecture"], r["license"],
-         r["fits_4gb"], r["fits_6gb"], "yes" if r["here"] else "")
+        (r["name"], r["quant"], "≈" + format_size(r["size_bytes"], "GiB"), f"{r['context']:,}", r["architecture"], r["license"],
+         r["fits_4gib"], r["fits_6gib"], "yes" if r["here"] else "")
         for r in table
     ]
     print(fmt.table(head, body, right=(2, 3)))
-    print("\npull one with: localllm pull REPO --quant Q (repos: localllm list --catalog --json), or --vram SIZE for the largest that fits")
+    print("\nuse a name as it is: localllm run NAME[:QUANT] pulls it on first use (localllm plan NAME plans it first, "
+          "localllm pull NAME --vram SIZE takes the largest quant that fits)")
     return 0

