@@ -20,8 +20,9 @@ from localllm.plan import fitting
 from localllm.plan.hardware import Hardware
 from localllm.plan.prepare import prepare_load
 from localllm.quantize.naming import default_output
-from localllm.quantize.pipeline import Job, Progress, run
+from localllm.quantize.pipeline import SOURCE_TYPES, Job, Progress, dry_report, run
 from localllm.store import registry
+from localllm.tui.quantize_confirm import QuantizeConfirm, QuantizePlan
 from localllm.tui.saved import reason
 from localllm.tui.settings import Settings
 from localllm.util import fmt
@@ -185,22 +186,54 @@ class ModelsScreen(Screen[Path | None]):
     def action_back(self) -> None:
         self.dismiss(None)
 
+    class Ask(Message):
+        """A quantize worked out (``QuantizePlan``): ask before doing it."""
+
+        def __init__(self, plan: QuantizePlan) -> None:
+            super().__init__()
+            self.plan = plan
+
     def action_quantize(self) -> None:
         src = self._selected()
         if src is not None:
-            self._quantize(src, str(self.query_one("#qtype", Select).value))
+            self.query_one("#details", Static).update(f"working out what quantizing {src.name} would write …")
+            self._plan_quantize(src, str(self.query_one("#qtype", Select).value))
 
     @work(thread=True, exclusive=True, group="quantize", exit_on_error=False)
-    def _quantize(self, src: Path, qtype: str) -> None:
+    def _plan_quantize(self, src: Path, qtype: str) -> None:
+        """The output (in localllm's own models folder, as ``quantize NAME``
+        writes: ``localllm list`` shows it), its predicted size and whether the
+        source is quantized already."""
+        dst = paths.ensure_dir(paths.models_dir()) / default_output(src, qtype).name
+        try:
+            source_type = describe(read_header(src)).file_type
+            requantize = source_type not in SOURCE_TYPES
+            problem = f"{dst.name} exists already: remove it first (localllm rm), or pick another type" if dst.exists() else ""
+            predicted = None if problem else dry_report(Job(src, dst, qtype, allow_requantize=True)).output_bytes
+        except Exception as exc:  # noqa: BLE001 - shown where the user looks; the app goes on
+            self.app.call_from_thread(self.query_one("#details", Static).update, f"cannot quantize {src.name}: {_one_line(exc)}")
+            return
+        self.post_message(self.Ask(QuantizePlan(src, dst, qtype, source_type, predicted, requantize, problem)))
 
-        dst = default_output(src, qtype)
-        if not _writable(dst.parent):
-            dst = paths.ensure_dir(paths.models_dir()) / dst.name
+    @on(Ask)
+    def _ask(self, msg: Ask) -> None:
+        plan = msg.plan
+
+        def answered(allow_requantize: bool | None) -> None:
+            if allow_requantize is None:
+                self.query_one("#details", Static).update("quantize cancelled")
+                return
+            self._quantize(plan.src, plan.dst, plan.qtype, allow_requantize)
+
+        self.app.push_screen(QuantizeConfirm(plan), answered)
+
+    @work(thread=True, exclusive=True, group="quantize", exit_on_error=False)
+    def _quantize(self, src: Path, dst: Path, qtype: str, allow_requantize: bool) -> None:
         bar = self.query_one("#qprogress", ProgressBar)
         details = self.query_one("#details", Static)
         self.app.call_from_thread(details.update, f"quantizing {src.name} to {qtype} → {dst}")
         try:
-            for event in run(Job(src, dst, qtype, allow_requantize=True)):
+            for event in run(Job(src, dst, qtype, allow_requantize=allow_requantize)):
                 if isinstance(event, Progress):
                     self.app.call_from_thread(bar.update, total=event.total, progress=event.index)
                 else:
@@ -217,9 +250,3 @@ class ModelsScreen(Screen[Path | None]):
 def _one_line(exc: BaseException) -> str:
 
     return reason(exc)
-
-
-def _writable(d: Path) -> bool:
-    import os
-
-    return d.is_dir() and os.access(d, os.W_OK)

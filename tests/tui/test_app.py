@@ -171,35 +171,68 @@ async def test_real_model_streams_and_panels_fill(smollm2: Path) -> None:
 
 @pytest.mark.slow
 async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
-    """From the models screen: quantize the selected model (a progress bar, a new
-    file beside it), then switch to another model, which reloads."""
+    """From the models screen: quantize the selected model after a question that
+    names the output, its predicted size and type (a progress bar; the file goes
+    into localllm's own folder, so ``localllm list`` shows it), then switch to
+    it, which reloads. A quantized source needs the explicit requantize choice;
+    Cancel writes nothing."""
+    import os
+
+    from localllm.store import registry
+    from localllm.tui.quantize_confirm import QuantizeConfirm
     from localllm.tui.screens import ModelsScreen
     from scripts.synth_gguf import SynthSpec, write_llama_gguf
 
     src = write_llama_gguf(tmp_path / "tiny-F32.gguf", SynthSpec(n_embd=256, n_head=4, n_head_kv=2, n_ff=512))
+    own = Path(os.environ["LOCALLLM_HOME"]) / "models"
     app, backend = scripted_app(src)
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_idle(app, pilot)
         screen = await models_screen(app, pilot)
         assert isinstance(screen, ModelsScreen)
-        screen.query_one("#qtype").value = "Q8_0"
-        await pilot.press("q")
-        out = tmp_path / "tiny-Q8_0.gguf"
+
+        async def ask(qtype: str) -> QuantizeConfirm:
+            screen.query_one("#qtype").value = qtype
+            await pilot.press("q")
+            for _ in range(300):
+                await pilot.pause(0.05)
+                if isinstance(app.screen, QuantizeConfirm):
+                    await pilot.pause()  # laid out before it is clicked
+                    return app.screen
+            raise AssertionError("no question asked")
+
+        dialog = await ask("Q8_0")
+        text = " ".join(str(w.render()) for w in dialog.query("Label"))
+        out = own / "tiny-Q8_0.gguf"
+        assert "Quantize tiny-F32.gguf (F32) to Q8_0?" in text and str(out) in text and "llama.cpp's dry run" in text
+        assert not dialog.query("#q-requantize") and not dialog.query_one("#q-go").disabled
+        await pilot.click("#q-go")
         table = screen.query_one("#models")
         names: list[str] = []
         for _ in range(300):
             await pilot.pause(0.1)
             names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
-            if "tiny-Q8_0.gguf" in names:
+            if "tiny-q8_0" in names:
                 break
-        assert out.exists() and "tiny-Q8_0.gguf" in names
+        assert out.exists() and "tiny-q8_0" in names and not (tmp_path / "tiny-Q8_0.gguf").exists(), str(screen.query_one("#details").render())
+        assert out in [e.path for e in registry.discover()]  # what localllm list shows
         bar = screen.query_one("#qprogress")
         assert bar.total and bar.progress == bar.total  # one step per tensor, all done
         from localllm.modelfile.model_info import inspect_model
 
         assert inspect_model(out).file_type == "Q8_0"
-        row = names.index("tiny-Q8_0.gguf")
-        assert [str(c) for c in table.get_row_at(row)][2] == "Q8_0"
+        row = names.index("tiny-q8_0")
+
+        # the quantized file again, to Q4_0: the requantize choice must be made; Cancel writes nothing
+        table.move_cursor(row=row)
+        dialog = await ask("Q4_0")
+        assert dialog.query_one("#q-go").disabled and dialog.query_one("#q-requantize")
+        await pilot.click("#q-requantize")
+        assert not dialog.query_one("#q-go").disabled
+        await pilot.click("#q-cancel")
+        await pilot.pause(0.2)
+        assert not (own / "tiny-Q4_0.gguf").exists() and "cancelled" in str(screen.query_one("#details").render())
+
         table.move_cursor(row=row)
         await pilot.press("enter")
         await wait_idle(app, pilot)
