@@ -15,6 +15,7 @@ from localllm.quantize.evaluate import evaluate
 from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import Job, Progress, Report, dry_report
 from localllm.quantize.pipeline import run as run_job
+from localllm.quantize.verdict import SOURCE, Verdict, judge
 from localllm.store import resolver
 from localllm.util import fmt
 from localllm.util.progress import Bar as ProgressBar
@@ -50,15 +51,52 @@ def render_report(r: Report) -> str:
     return "\n".join(lines)
 
 
-def render_quality(rows, sizes: dict[str, tuple[int, float]]) -> str:
+def per_gib(r, size: int) -> float:
+    """Top-1 agreement (percent) per GiB of file: what ``--compare`` ranks by,
+    the quality a byte of the file buys."""
+    return 100 * r.top1_agreement / (size / 2**30) if size else 0.0
+
+
+def render_quality(rows, sizes: dict[str, tuple[int, float]], verdicts: list[Verdict]) -> str:
+    """The table (ranked by quality per GiB when there are several files) and a
+    verdict per file, with the source of its bands."""
     ref = rows[0].reference_perplexity if rows else 0
     body = []
-    for r in rows:
+    for rank, r in enumerate(rows, 1):
         size, bpw = sizes.get(r.name, (0, 0.0))
-        body.append((Path(r.name).name, fmt.size(size), f"{bpw:.2f}", f"{r.perplexity:.3f}", f"{r.kl_mean:.5f}", f"{r.kl_p99:.4f}",
-                     f"{100 * r.top1_agreement:.2f}%"))
-    return "\n".join([f"reference perplexity {ref:.3f} on {rows[0].positions if rows else 0} scored tokens", "",
-                      fmt.table(("file", "size", "bpw", "PPL", "KL mean", "KL p99", "top-1"), body, right=range(1, 7))])
+        body.append(((f"{rank}. " if len(rows) > 1 else "") + Path(r.name).name, fmt.size(size), f"{bpw:.2f}", f"{r.perplexity:.3f}",
+                     f"{r.kl_mean:.5f}", f"{r.kl_p99:.4f}", f"{100 * r.top1_agreement:.2f}%", f"{per_gib(r, size):.1f}"))
+    lines = [f"reference perplexity {ref:.3f} on {rows[0].positions if rows else 0} scored tokens", "",
+             fmt.table(("file", "size", "bpw", "PPL", "KL mean", "KL p99", "top-1", "top-1 %/GiB"), body, right=range(1, 8)), ""]
+    if len(rows) > 1:
+        lines.append("ranked by top-1 agreement per GiB of file (the quality a byte buys)")
+    lines += [v.text for v in verdicts]
+    lines.append(f"bands: {SOURCE}")
+    return "\n".join(lines)
+
+
+def quality_of(src: Path, files: list[Path], args: argparse.Namespace) -> tuple[list, dict[str, tuple[int, float]], list[Verdict]]:
+    """Evaluate ``files`` against ``src`` with a progress bar (chunks done, time
+    left; plain lines when piped; none with --json), ranked by quality per GiB,
+    each with its verdict."""
+    bar: ProgressBar | None = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = ProgressBar("evaluating", total, unit="chunks", enabled=not args.json)
+        bar.update(done)
+
+    try:
+        rows = evaluate(src, files, max_tokens=args.eval_tokens, threads=args.threads, on_chunk=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    sizes = _sizes(files)
+    rows = sorted(rows, key=lambda r: -per_gib(r, sizes[r.name][0]))
+    n_params = describe(read_header(src)).n_params
+    verdicts = [judge(describe(read_header(r.name)).file_type, r.kl_mean, r.top1_agreement, n_params) for r in rows]
+    return rows, sizes, verdicts
 
 
 def _sizes(paths) -> dict[str, tuple[int, float]]:
@@ -100,11 +138,12 @@ def run(args: argparse.Namespace) -> int:
         src, *cands = (Path(p) for p in args.compare)
         for p in (src, *cands):
             read_header(p)
-        rows = evaluate(src, cands, max_tokens=args.eval_tokens, threads=args.threads)
+        rows, sizes, verdicts = quality_of(src, list(cands), args)
         if args.json:
-            fmt.print_json([{**r.to_dict(), "size_bytes": _sizes([r.name])[r.name][0]} for r in rows])
+            fmt.print_json([{**r.to_dict(), "size_bytes": sizes[r.name][0], "top1_percent_per_gib": per_gib(r, sizes[r.name][0]),
+                             "rank": i, "verdict": v.to_dict()} for i, (r, v) in enumerate(zip(rows, verdicts), 1)])
         else:
-            print(render_quality(rows, _sizes(cands)))
+            print(render_quality(rows, sizes, verdicts))
         return 0
     if not args.paths or len(args.paths) > 2:
         raise UsageError("give INPUT and optionally OUTPUT: localllm quantize model-F16.gguf --type Q4_K_M")
@@ -140,15 +179,15 @@ def run(args: argparse.Namespace) -> int:
         assert rep is not None
     quality = None
     if args.eval and not args.dry_run:
-        quality = evaluate(src, [dst], max_tokens=args.eval_tokens, threads=args.threads)
+        quality = quality_of(src, [dst], args)
     if args.json:
         d = rep.to_dict()
         if quality:
-            d["quality"] = quality[0].to_dict()
+            d["quality"] = {**quality[0][0].to_dict(), "verdict": quality[2][0].to_dict()}
         fmt.print_json(d)
     else:
         print(render_report(rep))
         if quality:
             print()
-            print(render_quality(quality, _sizes([dst])))
+            print(render_quality(*quality))
     return 0

@@ -7,7 +7,7 @@ position's logits kept (``n_outputs_max=0``), and hands them to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from localllm.engine_api import LoadConfig
@@ -25,8 +25,10 @@ def _load(path: Path, threads: int | None):
     return b
 
 
-def evaluate(source: Path, candidates: Sequence[Path], *, max_tokens: int | None = None, threads: int | None = None) -> list[QualityReport]:
-    """Perplexity, KL divergence (mean, p99) and top-1 agreement of each candidate."""
+def evaluate(source: Path, candidates: Sequence[Path], *, max_tokens: int | None = None, threads: int | None = None,
+             on_chunk: Callable[[int, int], None] | None = None) -> list[QualityReport]:
+    """Perplexity, KL divergence (mean, p99) and top-1 agreement of each
+    candidate; ``on_chunk(done, total)`` after each chunk of text."""
     ref = _load(source, threads)
     loaded = {}
     try:
@@ -35,7 +37,8 @@ def evaluate(source: Path, candidates: Sequence[Path], *, max_tokens: int | None
         tokens = ref.tokenize(eval_text())
         if max_tokens:
             tokens = tokens[:max_tokens]
-        return compare(ref.logits, {name: b.logits for name, b in loaded.items()}, tokens, chunk=CHUNK, bos=ref.bos_token())
+        return compare(ref.logits, {name: b.logits for name, b in loaded.items()}, tokens, chunk=CHUNK, bos=ref.bos_token(),
+                       on_chunk=on_chunk)
     finally:
         ref.close()
         for b in loaded.values():

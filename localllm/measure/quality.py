@@ -56,6 +56,7 @@ def compare(
     tokens: Sequence[int],
     chunk: int = 256,
     bos: int | None = None,
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> list[QualityReport]:
     """Score every candidate against the reference on ``tokens``.
 
@@ -63,7 +64,8 @@ def compare(
     one. llama-perplexity puts it in place of each chunk's first token
     (tools/perplexity/perplexity.cpp: ``if (add_bos && j == 0) tokens[batch_start]
     = llama_vocab_bos(vocab)``); without it a model such as Gemma 3 reads every
-    chunk but the first as a text cut mid-stream, and its perplexity triples."""
+    chunk but the first as a text cut mid-stream, and its perplexity triples.
+    ``on_chunk(done, total)`` is called after each chunk."""
     if len(tokens) < chunk:
         raise ValueError(f"need at least {chunk} tokens of text, got {len(tokens)}")
     ref_nll: list[float] = []
@@ -71,7 +73,8 @@ def compare(
     kl: dict[str, list[np.ndarray]] = {k: [] for k in candidates}
     agree: dict[str, int] = {k: 0 for k in candidates}
     first = chunk // 2
-    for start in range(0, len(tokens) - chunk + 1, chunk):
+    starts = range(0, len(tokens) - chunk + 1, chunk)
+    for i, start in enumerate(starts):
         window = list(tokens[start : start + chunk])
         if bos is not None:
             window[0] = bos
@@ -85,6 +88,8 @@ def compare(
             nll[name].extend((-cand[np.arange(len(targets)), targets]).tolist())
             kl[name].append(np.maximum((p * (ref - cand)).sum(axis=-1), 0.0))
             agree[name] += int((cand.argmax(axis=-1) == ref_top).sum())
+        if on_chunk is not None:
+            on_chunk(i + 1, len(starts))  # chunks done, of all: a progress bar with the time left
     ref_ppl = math.exp(float(np.mean(ref_nll)))
     out = []
     for name in candidates:

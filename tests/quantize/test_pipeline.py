@@ -65,13 +65,44 @@ def test_outputs_match_their_reports_and_generate(gemma_f16: Path, quantized: di
 
 @pytest.mark.slow
 def test_q8_loses_less_than_q4(gemma_f16: Path, quantized: dict[str, dict]) -> None:
+    """--compare ranks by quality per GiB and gives each file a verdict in the
+    bands of llama.cpp's published KL table (quantize/verdict.py), cited."""
     proc = cli("quantize", "--compare", str(gemma_f16), quantized["Q8_0"]["output"], quantized["Q4_K_M"]["output"],
                    "--eval-tokens", "768", "--json")
     assert proc.returncode == 0, proc.stderr
-    q8, q4 = json.loads(proc.stdout)
+    rows = json.loads(proc.stdout)
+    by = {Path(r["name"]).name: r for r in rows}
+    q8, q4 = by["gemma-3-270m-Q8_0.gguf"], by["gemma-3-270m-Q4_K_M.gguf"]
     assert 0 < q8["kl_mean"] < q4["kl_mean"]
     assert q8["top1_agreement"] > q4["top1_agreement"] > 0.5
     assert q8["reference_perplexity"] == q4["reference_perplexity"] > 1
+    assert [r["rank"] for r in rows] == [1, 2] and rows[0]["top1_percent_per_gib"] >= rows[1]["top1_percent_per_gib"]
+    for r in (q8, q4):
+        v = r["verdict"]
+        assert v["source"].startswith("llama.cpp tools/perplexity/README.md") and v["text"].startswith(v["qtype"] + ": " + v["band"])
+        assert "M-parameter model loses more than an 8B one" in v["text"]
+    assert q8["verdict"]["qtype"] == "Q8_0" and q4["verdict"]["qtype"] == "Q4_K_M"
+    bands = ["near-lossless", "small loss", "moderate loss", "large loss", "severe loss"]
+    assert bands.index(q8["verdict"]["band"]) <= bands.index(q4["verdict"]["band"])
+    text = cli("quantize", "--compare", str(gemma_f16), quantized["Q4_K_M"]["output"], "--eval-tokens", "512")
+    assert text.returncode == 0, text.stderr
+    assert "Q4_K_M: " in text.stdout and "bands: llama.cpp tools/perplexity/README.md" in text.stdout
+    # piped, the progress is plain lines on stderr: where it starts and where it ends
+    lines = [line for line in text.stderr.splitlines() if line.startswith("evaluating")]
+    assert len(lines) >= 2 and "100%" in lines[-1] and "chunks" in lines[-1], text.stderr
+
+
+def test_verdict_bands_follow_llama_cpps_table() -> None:
+    """The boundaries sit just above the types llama.cpp measured (LLaMA 3 8B mean KLD)."""
+    from localllm.quantize.verdict import judge
+
+    measured = {"Q8_0": 0.001355, "Q6_K": 0.005452, "Q5_K_M": 0.010762, "Q4_K_M": 0.031273, "Q4_0": 0.071940, "Q3_K_M": 0.101913,
+                "Q3_K_S": 0.228217}
+    bands = {q: judge(q, kl, 0.9).band for q, kl in measured.items()}
+    assert bands == {"Q8_0": "near-lossless", "Q6_K": "small loss", "Q5_K_M": "small loss", "Q4_K_M": "moderate loss",
+                     "Q4_0": "large loss", "Q3_K_M": "large loss", "Q3_K_S": "severe loss"}
+    assert "Q4_K_M is usually the better 4-bit choice" in judge("Q4_0", 0.072, 0.56).text
+    assert "loses more" not in judge("Q4_K_M", 0.03, 0.9, n_params=8_000_000_000).text
 
 
 @pytest.mark.slow
