@@ -53,6 +53,7 @@ class SynthSpec:
     ssm_conv: int = 4
     layer_kinds: str = ""  # granitehybrid, nemotron_h: one letter a layer (synth_archs.kind)
     n_ff_shexp: int = 0  # a shared expert's feed-forward width (qwen2moe, granitemoe)
+    split_max_tensors: int = 0  # >0: a split GGUF (gguf-py's shards, NAME-00001-of-0000N.gguf), at most this many tensors a file
 
 
 # Architectures write_gguf can write; the tensors each needs follow its
@@ -113,7 +114,7 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
-    w = gguf.GGUFWriter(str(path), a)
+    w = gguf.GGUFWriter(str(path), a, split_max_tensors=spec.split_max_tensors)
     w.add_name(spec.name)
     w.add_block_count(spec.n_layer)
     w.add_context_length(spec.n_ctx_train)
@@ -239,7 +240,10 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
+    shards = len(w.fout or [])  # read before close: how many files the writer made
     w.close()
+    if spec.split_max_tensors and shards > 1:
+        return path.with_name(f"{path.stem}-00001-of-{shards:05d}.gguf")  # the first shard: what llama.cpp loads
     return path
 
 

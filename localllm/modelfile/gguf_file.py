@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     type: GGMLQuantizationType
     offset: int  # absolute offset in the file
+    part: int = 0  # of a split model: the file (0: the first) the offset is in
 
     @property
     def n_elements(self) -> int:
@@ -162,14 +164,46 @@ def _read_value(cur: _Cursor, vtype: int) -> Any:
     raise ValueError(f"unknown value type {vtype}")
 
 
+_SPLIT_NAME = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def split_parts(path: Path, count: int) -> list[Path]:
+    """The files of a model split in ``count`` (llama.cpp's ``llama_split_path``:
+    ``PREFIX-00001-of-0000N.gguf``), the first being ``path``."""
+    m = _SPLIT_NAME.match(path.name)
+    if m is None:
+        raise InputError(f"{path} is the first of {count} parts, but its name is not PREFIX-00001-of-{count:05d}.gguf: "
+                         "llama.cpp finds the other parts by that name")
+    return [path.with_name(f"{m.group(1)}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
+
+
 def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
-    """Parse and validate a GGUF file's header and tensor table.
+    """Parse and validate a GGUF file's header and tensor table; of a split
+    model (``split.count`` > 1), the first part's header with every part's
+    tensors and the parts' sizes summed, as llama.cpp loads it.
 
     Raises ``InputError`` with one line saying what is wrong: missing, a
     directory, not GGUF, unsupported version, malformed, or truncated (the file
-    is shorter than its tensor table says).
+    is shorter than its tensor table says), a part of a split model missing.
     """
-    p = Path(path)
+    header = _read_one(Path(path))
+    count = header.get("split.count", 1)
+    if not isinstance(count, int) or count <= 1:
+        return header
+    if header.get("split.no", 0) != 0:
+        raise InputError(f"{header.path} is part {header.get('split.no', 0) + 1} of a model split in {count}: "
+                         "give the first part (…-00001-of-…)")
+    for k, part in enumerate(split_parts(header.path, count)[1:], start=1):
+        if not part.exists():
+            raise InputError(f"{header.path.name} is split in {count} parts and part {k + 1} is missing: {part}")
+        other = _read_one(part)
+        header.tensors.extend(replace(t, part=k) for t in other.tensors)
+        header.size_bytes += other.size_bytes
+    return header
+
+
+def _read_one(path: Path) -> GGUFHeader:
+    p = path
     if not p.exists():
         raise InputError(f"model file not found: {p}")
     if p.is_dir():

@@ -206,7 +206,7 @@ def cpu_mapped_span(header: GGUFHeader, cpu_layers: set[int], output_on_cpu: boo
     the tensors it keeps (llama-model-loader.cpp ``get_mapping_range``), so the
     tensors of offloaded layers that lie between count too (files often store
     blk.0, blk.1, blk.10, ...). Only the pages of the CPU's own tensors are read."""
-    lo, hi = None, 0
+    spans: dict[int, tuple[int, int]] = {}  # per file of a split model: its own mapping
     for t in header.tensors:
         if t.name.startswith("blk."):
             keep = int(t.name.split(".")[1]) in cpu_layers
@@ -215,9 +215,9 @@ def cpu_mapped_span(header: GGUFHeader, cpu_layers: set[int], output_on_cpu: boo
         else:
             keep = True
         if keep:
-            lo = t.offset if lo is None else min(lo, t.offset)
-            hi = max(hi, t.offset + t.n_bytes)
-    return hi - (lo or 0)
+            lo, hi = spans.get(t.part, (t.offset, 0))
+            spans[t.part] = (min(lo, t.offset), max(hi, t.offset + t.n_bytes))
+    return sum(hi - lo for lo, hi in spans.values())
 
 
 def pipeline_parallel(n_devices: int, shape: ModelShape, cfg: LoadConfig) -> bool:

@@ -42,6 +42,17 @@ def split_part(filename: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def split_names(filename: str) -> list[str]:
+    """Every part's name of a split model given its first part's (llama.cpp's
+    ``PREFIX-00001-of-0000N.gguf``), in order; ``[filename]`` for a single file."""
+    m = _SPLIT.search(filename)
+    if m is None:
+        return [filename]
+    n = int(m.group(2))
+    head, suffix = filename[: m.start()], filename[m.end() - len(".gguf"):]  # the suffix as written (.gguf, .GGUF)
+    return [f"{head}-{k:05d}-of-{n:05d}{suffix}" for k in range(1, n + 1)]
+
+
 def is_projector(filename: str) -> bool:
     """Vision projectors (``mmproj-*.gguf``) are not language models on their own."""
     return "mmproj" in filename.rsplit("/", 1)[-1].lower()

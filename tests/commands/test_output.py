@@ -44,7 +44,7 @@ def test_list_aligns_a_cjk_model_name(synth_model: Path, tmp_path: Path) -> None
     f = tmp_path / "模型-Q8_0.gguf"
     f.write_bytes(synth_model.read_bytes())
     assert cli("add", str(f)).returncode == 0
-    r = cli("list", "--vram", "4GiB")
+    r = cli("list", "--vram", "4GiB", env={"COLUMNS": "250"})  # wide enough for every column
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith(("NAME", "模型", "smollm2"))]
     assert len(lines) >= 2 and any(line.startswith("模型") for line in lines)
