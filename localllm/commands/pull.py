@@ -47,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
         hf_cache.check_filename(args.file)
     off = hub.offline(args.offline)
     filename, reason = _choose(args, repo_id, revision, quant, off)
-    result = hub.pull(repo_id, filename, revision, progress=not args.json, reason=reason, offline_mode=off)
+    if args.file:
+        _single(hub.RemoteFile(args.file, 0, None), repo_id)
+    result = hub.pull_all(repo_id, filename, revision, progress=not args.json, reason=reason, offline_mode=off)
     if args.json:
         fmt.print_json(result.to_dict())
         return 0
@@ -93,13 +95,11 @@ def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | 
 
 
 def _single(f: hub.RemoteFile, repo_id: str) -> str:
-
+    """The file to name: a single one, or the first part of a split model (all its parts are pulled)."""
     part = split_part(f.filename)
-    if part is not None:
-        raise InputError(
-            f"{f.filename} is split into {part[1]} parts; localllm pulls single-file GGUFs "
-            "(models for 4-6 GB GPUs are not split): choose a smaller quant"
-        )
+    if part is not None and part[0] != 1:
+        raise InputError(f"{f.filename} is part {part[0]} of {part[1]}: name the first part (…-00001-of-{part[1]:05d}.gguf); "
+                         "every part is pulled")
     return f.filename
 
 

@@ -62,7 +62,8 @@ def _pull_first(nd: names.NotDownloaded, *, yes: bool, no_pull: bool, ask: Ask |
         raise InputError(f"{h.typed} does not fit, so it was not downloaded: {fit.sentence}")
     if not yes and ask is not None and not ask(f"download {remote.file.filename} ({fmt.size(remote.file.size)}) now? [Y/n] "):
         raise InputError(f"{h.typed} not downloaded (you said no): localllm pull {h.pull_arg} gets it later")
-    result = hub.pull(h.repo_id, remote.file.filename, names.REVISION, progress=progress, reason="pulled on first use", offline_mode=False)
+    result = hub.pull_all(h.repo_id, remote.file.filename, names.REVISION, progress=progress, reason="pulled on first use",
+                          offline_mode=False)
     say(f"downloaded {fmt.size(result.downloaded_bytes)}; sha256 verified; now it is {result.name}")
     return Path(result.path)
 

