@@ -8,22 +8,16 @@ from pathlib import Path
 from localllm.commands._common import Fitted, fit_config
 from localllm.errors import EXIT_ERROR
 from localllm.modelfile.model_info import inspect_model
+from localllm.plan.planner import layers_phrase
 from localllm.store import names, resolver
 from localllm.util import fmt
 
 
-def layers_phrase(n_gpu_layers: int, n_all: int) -> str:
-    """What ``n_gpu_layers`` of ``n_all`` (the repeating layers and the output
-    layer, which llama.cpp offloads first) puts on the GPU, in words: "all 30
-    layers + output", "11 of 30 layers + output", "the output layer only", "no layer"."""
-    n_layer = n_all - 1
-    if n_gpu_layers >= n_all:
-        return f"all {n_layer} layers + output"
-    if n_gpu_layers <= 0:
-        return "no layer"
-    if n_gpu_layers == 1:
-        return "the output layer only"
-    return f"{n_gpu_layers - 1} of {n_layer} layers + output"
+def fit_line(r) -> str:
+    """"fits as asked", "fits: context 2048 instead of 4096", "does not fit: …" (never "fits: fits as asked")."""
+    if not r.fits:
+        return "does not fit: " + r.sentence
+    return r.sentence if r.sentence.startswith("fits") else "fits: " + r.sentence
 
 
 def render(f: Fitted, architecture: str = "") -> str:
@@ -54,13 +48,15 @@ def render(f: Fitted, architecture: str = "") -> str:
     ]
     if r.gpu_budget is not None:
         src = {"--vram": "--vram", "nvml": hw.gpu_name, "apple-unified": "unified memory share"}.get(hw.gpu_source, hw.gpu_source)
-        headroom = r.gpu_budget - shown.total[0]
-        lines.append(f"GPU budget {fmt.size(r.gpu_budget)} ({src}), head-room {fmt.size(headroom)} (keeping {fmt.size(r.margin)} free)")
+        left = r.gpu_budget - r.margin - shown.total[0]
+        # one meaning for "head-room": the margin kept free (the planner's, as in its messages)
+        lines.append(f"GPU budget {fmt.size(r.gpu_budget)} ({src}), {fmt.size(r.margin)} of it kept free as head-room, "
+                     + (f"{fmt.size(left)} left over" if left >= 0 else f"{fmt.size(-left)} short"))
     else:
         lines.append("no GPU: everything runs from RAM")
     lines.append(f"RAM available {fmt.size(r.ram or 0)}")
     lines.append(shown.check_line())
-    lines.append(("fits: " + r.sentence) if r.fits else ("does not fit: " + r.sentence))
+    lines.append(fit_line(r))
     if not p.verified:
         lines.append(
             f"(unverified architecture) localllm knows no llama.cpp cache rule for '{architecture}': planned as dense, "
@@ -111,7 +107,7 @@ def render_devices(f: Fitted) -> str:
         *pl.rules,
         "mapped: the file range llama.cpp maps for the CPU's weights (its 'CPU_Mapped model buffer size'); only the CPU's own tensors are read from it",
         f.check_line(),
-        ("fits: " + r.sentence) if r.fits else ("does not fit: " + r.sentence),
+        fit_line(r),
         "largest context that fits: " + ", ".join(f"{k} {v:,}" if v else f"{k} none" for k, v in r.max_ctx_by_kv_type.items()),
     ]
     return "\n".join(lines)

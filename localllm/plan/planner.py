@@ -676,8 +676,23 @@ def describe_change(want: LoadConfig, got: LoadConfig, n_all: int, where: str = 
     if got.n_ctx != want.n_ctx:
         parts.append(f"context {got.n_ctx} instead of {want.n_ctx}")
     if got.n_gpu_layers != want.n_gpu_layers and not (got.n_gpu_layers >= n_all and want.n_gpu_layers < 0):
-        parts.append(f"{min(got.n_gpu_layers, n_all)} of {n_all} layers {where}")
+        parts.append(f"{layers_phrase(got.n_gpu_layers, n_all)} {where}")
     return "; ".join(parts) or "fits as asked"
+
+
+def layers_phrase(n_gpu_layers: int, n_all: int) -> str:
+    """What ``n_gpu_layers`` of ``n_all`` (the repeating layers and the output
+    layer, which llama.cpp offloads first) puts on the GPU, in words: "all 30
+    layers + output", "11 of 30 layers + output", "the output layer only", "no layer"."""
+    n_layer = n_all - 1
+    if n_gpu_layers >= n_all:
+        return f"all {n_layer} layers + output"
+    if n_gpu_layers <= 0:
+        return "no layer"
+    if n_gpu_layers == 1:
+        return "the output layer only"
+    return f"{n_gpu_layers - 1} of {n_layer} layers + output"
+
 
 
 def _gib(n: float) -> str:

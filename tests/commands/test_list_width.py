@@ -47,3 +47,13 @@ def test_plan_names_the_output_layer() -> None:
         "all 30 layers + output", "all 30 layers + output", "11 of 30 layers + output", "the output layer only", "no layer"]
     text = run_cli("plan", "--vram", "4GiB", "--ngl", "12", "--no-dry-run").stdout
     assert "11 of 30 layers + output on the GPU" in text.splitlines()[0]
+
+
+def test_plan_says_fits_once_and_head_room_means_the_margin() -> None:
+    text = run_cli("plan", "--vram", "4GiB", "--no-dry-run").stdout
+    assert "fits as asked" in text.splitlines() and "fits: fits" not in text
+    line = next(x for x in text.splitlines() if x.startswith("GPU budget"))
+    assert "kept free as head-room" in line and line.endswith("left over")
+    reduced = run_cli("plan", "--vram", "200MiB", "--no-dry-run").stdout
+    assert any(x.startswith("fits: KV cache q4_0/q4_0") and x.endswith("11 of 30 layers + output on the GPU")
+               for x in reduced.splitlines()), reduced
