@@ -9,7 +9,9 @@
 
 Knobs for the tests: ``trickle`` (seconds between 64 KiB chunks, so a client can
 be interrupted mid-file), ``corrupt`` (serve wrong bytes for a file), ``cut_after``
-(drop the connection after N bytes, once). Every request is logged in ``requests``.
+(drop the connection after N bytes, once), ``stall_after`` (stop sending after N
+bytes and keep the connection open until ``stop()``; from then on no request
+is answered: a server that stopped). Every request is logged in ``requests``.
 
 A hostile hub, for the tests that hold that its answers cannot write outside the
 cache: ``commit`` can be any string (a traversal), ``extra_tree`` adds raw entries
@@ -49,6 +51,9 @@ class FakeHub:
     trickle: float = 0.0
     corrupt: set[str] = field(default_factory=set)
     cut_after: int | None = None
+    stall_after: int | None = None  # stop sending a CDN body after this many bytes, keeping the connection open (until stop())
+    dead: bool = False  # set when the stall happened: from then on no request is answered (a server that stopped)
+    released: threading.Event = field(default_factory=threading.Event)
     extra_tree: list[dict] = field(default_factory=list)
     size_delta: int = 0
     redirect_loop: str | None = None
@@ -85,6 +90,9 @@ class FakeHub:
                 self._route(head=False)
 
             def _route(self, head: bool) -> None:
+                if hub.dead:  # it stopped answering: the connection stays open, nothing comes
+                    hub.released.wait()
+                    return
                 url = urlparse(self.path)
                 hub.requests.append((self.command, url.path, self.headers.get("Range")))
                 hub.authorized.append((url.path, "Authorization" in self.headers))
@@ -166,6 +174,11 @@ class FakeHub:
                 step = 64 * 1024
                 try:
                     for i in range(0, len(body), step):
+                        if hub.stall_after is not None and sent >= hub.stall_after:
+                            hub.dead = True
+                            hub.released.wait()  # a server that stops answering mid-body
+                            self.close_connection = True
+                            return
                         if hub.cut_after is not None and sent >= hub.cut_after:
                             hub.cut_after = None
                             self.close_connection = True
@@ -184,6 +197,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self.released.set()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()

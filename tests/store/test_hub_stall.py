@@ -56,3 +56,29 @@ def test_a_stalled_hub_is_one_line_within_the_timeout() -> None:
     assert len(lines) == 1 and "cannot reach" in lines[0] and "Timeout" in lines[0], r.stderr
     assert took < 20, took
     assert hub.conns, "the hub was asked"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stall_after", [0, 3 << 20])
+def test_a_hub_that_stops_mid_answer_is_one_line_within_the_timeout(tmp_path, stall_after: int) -> None:
+    """The listing answers, then the file's bytes stop: before the header is
+    read (``plan`` of a model not downloaded, and ``pull``), or mid-download
+    (``pull``, after 3 MiB). One line, within the read time-out, never a hang."""
+    from scripts.synth_gguf import SynthSpec, write_gguf
+    from tests.helpers.fake_hub import FakeHub
+
+    hub = FakeHub(stall_after=stall_after).start()
+    hub.add("acme/Stall-GGUF", "Stall-F32.gguf", write_gguf(tmp_path / "Stall-F32.gguf", SynthSpec(n_layer=8, n_embd=512, n_ff=1024, dtype="f32")))
+    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_DOWNLOAD_TIMEOUT": "2", "HF_HUB_ETAG_TIMEOUT": "2"}
+    try:
+        runs = [("pull", "acme/Stall-GGUF", "--quant", "F32")] + ([("plan", "acme/Stall-GGUF:F32")] if stall_after == 0 else [])
+        for args in runs:
+            t0 = time.monotonic()
+            r = run_cli(*args, timeout=60, env=env)
+            took = time.monotonic() - t0
+            lines = [line for line in r.stderr.splitlines() if line.strip() and "%" not in line and "pulling" not in line]
+            assert r.returncode == 1 and len(lines) == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+            assert "timed out" in lines[0].lower() or "timeout" in lines[0].lower(), (args, lines)
+            assert took < 30, (args, took)
+    finally:
+        hub.stop()
