@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         d = report.to_dict()
         d["kv_q8_0_kl_mean"] = kl.get("q8_0")
         d["memory_check"] = memory_check.to_dict() if memory_check else None
+        d["plan"] = fitted.to_dict()  # the figures the load was budgeted with, each with its source
         fmt.print_json(d)
     else:
         print(render(report, fmt.safe(path.name)))

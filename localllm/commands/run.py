@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
                 "text": "".join(pieces),
                 **stats.to_dict(),
                 "memory_check": memory_check.to_dict() if memory_check else None,
+                "plan": fitted.to_dict(),  # the figures the load was budgeted with, each with its source
                 "devices": device_table(fitted, path, backend.logged_buffers),
             }
             if spec is not None:

@@ -123,7 +123,9 @@ def test_run_checks_the_load_against_the_refereed_figures(deci: Path) -> None:
     args = ("run", str(deci), "--raw", "-p", "The capital", "-n", "2", "--temp", "0", "--ctx", "1024")
     proc = cli(*args, "--json")
     assert proc.returncode == 0, proc.stderr
-    by = {b["buffer"]: b for b in json.loads(proc.stdout)["memory_check"]["buffers"]}
+    out = json.loads(proc.stdout)
+    assert out["plan"]["sources"]["compute"] == prepare.DRY_RUN and out["plan"]["dry_run"]["buffers"]["CPU"]["compute"] > 0
+    by = {b["buffer"]: b for b in out["memory_check"]["buffers"]}
     assert by["compute"]["ok"] and abs(by["compute"]["planned_bytes"] - by["compute"]["llama_bytes"]) <= STEP
     off = {b["buffer"]: b for b in json.loads(cli(*args, "--json", "--no-dry-run").stdout)["memory_check"]["buffers"]}
     assert not off["compute"]["ok"] and off["compute"]["planned_bytes"] > off["compute"]["llama_bytes"]
