@@ -71,11 +71,20 @@ def within(plan_mib: float, real_mib: float, tol: float) -> bool:
     return abs(plan_mib - real_mib) <= max(tol * real_mib, 0.005)
 
 
-def models(quick: bool) -> dict[str, Path]:
+def models(quick: bool, given: list[str] | None = None) -> dict[str, Path]:
+    """The real models by label: ``given`` (LABEL=PATH, as gpu_check.sh passes
+    the files it rebuilt from their headers), else resolved by name."""
     from localllm.errors import LocalLLMError
     from localllm.store.resolver import resolve
 
     out = {}
+    if given:
+        for spec in given:
+            label, sep, path = spec.partition("=")
+            if not sep or not label or not Path(path).is_file():
+                raise SystemExit(f"gpu_compare: --model {spec!r}: expected LABEL=PATH to a GGUF file")
+            out[label] = Path(path)
+        return out
     for label, name in (("SmolLM2-135M", "smollm2"), ("Gemma3-270M", "gemma3-270m"))[: 1 if quick else 2]:
         try:
             out[label] = Path(resolve(name))
@@ -231,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=None, help="context per load (default 8192; 512 with --quick)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-bench", action="store_true", help="leave out the speed comparison")
+    ap.add_argument("--model", action="append", metavar="LABEL=PATH", help="a model to compare (repeatable; default: the two real models)")
+    ap.add_argument("--note", default="", help="a line for the table's head (gpu_check.sh: the weights are zeros)")
     a = ap.parse_args(argv)
     if a.llama_bench is not None and not os.access(a.llama_bench, os.X_OK):
         print(f"gpu_compare: --llama-bench {a.llama_bench} is not an executable file", file=sys.stderr)
@@ -248,14 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         budgets += [("--vram 4GiB", 4 * GiB), ("--vram 6GiB", 6 * GiB)]
     rows = [measure(label, path, budget, vram, kv, n_ctx, gpu, threads)
-            for label, path in models(a.quick).items() for budget, vram in budgets for kv in ("f16", "q8_0")]
+            for label, path in models(a.quick, a.model).items() for budget, vram in budgets for kv in ("f16", "q8_0")]
     free_names = {v["name"] for r in rows for v in r.free.values()}
     gpu_name = ", ".join(sorted(free_names)) or ("GPU" if gpu else "")
-    benches = [] if a.no_bench else [bench(label, path, a.llama_bench, a.quick, threads, gpu) for label, path in models(a.quick).items()]
+    benches = [] if a.no_bench else [bench(label, path, a.llama_bench, a.quick, threads, gpu) for label, path in models(a.quick, a.model).items()]
     table = render(rows, benches, gpu, gpu_name)
+    if a.note:
+        table = a.note + "\n\n" + table
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "gpu_compare.md").write_text(table + "\n")
-    doc = {"gpu": gpu, "gpu_name": gpu_name or None, "n_ctx": n_ctx, "quick": a.quick, "tolerance": None,
+    doc = {"note": a.note, "gpu": gpu, "gpu_name": gpu_name or None, "n_ctx": n_ctx, "quick": a.quick, "tolerance": None,
            "rows": [{**asdict(r), "ok": r.ok} for r in rows], "bench": benches, "seconds": round(time.perf_counter() - t0, 1)}
     from localllm.plan import memcheck
 
