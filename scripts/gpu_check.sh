@@ -104,17 +104,66 @@ echo "   GPU: $name; compute capability $cap -> CMAKE_CUDA_ARCHITECTURES=$arch"
 
 flags=""
 if [ "$(uname -m)" = "x86_64" ]; then flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi  # as scripts/install.sh
+
+# cuBLAS: ggml-cuda links it. A toolkit assembled from NVIDIA's pip packages (as
+# on this workplace's images: /usr/local/cuda-13.0 holds nvcc and cudart, no
+# cuBLAS) has it in python3's nvidia/cu13 (nvidia-cublas) instead: point CMake
+# at that library and header, and the loader at that folder.
+toolkit="$(cd "$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")/.." 2>/dev/null && pwd || echo /usr/local/cuda)"
+cublas_dir=""
+if [ -f "$toolkit/include/cublas_v2.h" ] || [ -f "$toolkit/targets/x86_64-linux/include/cublas_v2.h" ]; then
+  echo "   cuBLAS: in the toolkit ($toolkit)"
+else
+  for d in $(python3 -c 'import sys; print(" ".join(p for p in sys.path if p))' 2>/dev/null); do
+    for c in "$d/nvidia/cu13" "$d/nvidia/cublas" "$d/nvidia/cu12"; do
+      if [ -z "$cublas_dir" ] && [ -f "$c/include/cublas_v2.h" ] && ls "$c/lib"/libcublas.so* >/dev/null 2>&1; then cublas_dir="$c"; fi
+    done
+  done
+  if [ -n "$cublas_dir" ]; then
+    echo "   cuBLAS: not in the toolkit ($toolkit); python3's $cublas_dir"
+  elif [ "$dry" = 1 ]; then
+    echo "   cuBLAS: not found here (the device has it in the toolkit or in python3's nvidia-cublas)"
+  else
+    die "no cuBLAS: neither in the CUDA toolkit ($toolkit) nor in python3's nvidia-cublas package"
+  fi
+fi
+cublas_args=()
+if [ -n "$cublas_dir" ]; then
+  cublas_args=("-DCUDA_cublas_LIBRARY=$(ls "$cublas_dir"/lib/libcublas.so* | head -1)"
+               "-DCUDA_cublasLt_LIBRARY=$(ls "$cublas_dir"/lib/libcublasLt.so* | head -1)"
+               "-DCMAKE_CUDA_FLAGS=-I$cublas_dir/include")
+  flags="$flags -I$cublas_dir/include"
+  export LD_LIBRARY_PATH="$cublas_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# libcuda (CUDA::cuda_driver): the toolkit's stub, else the driver's own library
+# (the driver's folder is mounted read-only there, often with libcuda.so.1 alone)
+for c in "$toolkit/lib64/stubs/libcuda.so" "$toolkit/targets/x86_64-linux/lib/stubs/libcuda.so" \
+         /usr/local/nvidia/lib64/libcuda.so /usr/local/nvidia/lib64/libcuda.so.1 \
+         "$(ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF; exit}')"; do
+  if [ -n "$c" ] && [ -e "$c" ]; then cublas_args+=("-DCUDA_cuda_driver_LIBRARY=$c"); echo "   libcuda: $c"; break; fi
+done
+
 # GGML_CUDA_FA_QUANTS: flash-attention kernels for the K-V cache types the plan
 # uses (f16 and q8_0, same type for K and V); GGML_CUDA_FA_ALL_QUANTS would
 # compile all 49 pairs, minutes more, for pairs no row here loads.
 cmake_args=(-S "$llama_src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
   -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" "-DGGML_CUDA_FA_QUANTS=f16-f16;q8_0-q8_0" -DGGML_RPC=ON
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF
-  "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags")
+  -DLLAMA_BUILD_APP=OFF "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" "${cublas_args[@]}")
 
 step "llama.cpp for sm_$arch (one build: the library llama-cpp-python loads, and llama-bench)"
 run cmake "${cmake_args[@]}"
 run cmake --build "$work/build" -j "$jobs" --target llama llama-bench
+if [ "$dry" = 1 ] && command -v cmake >/dev/null; then
+  # the trimmed tree configures (every add_subdirectory there), CPU backend: a
+  # CUDA configure needs the device's cuBLAS and libcuda
+  cpu_args=()
+  for x in "${cmake_args[@]}"; do
+    case "$x" in -DGGML_CUDA=ON) cpu_args+=(-DGGML_CUDA=OFF) ;; -B) ;; "$work/build") cpu_args+=(-B "$work/build-dry") ;; *) cpu_args+=("$x") ;; esac
+  done
+  cmake "${cpu_args[@]}" >"$work/configure-dry.log" 2>&1 || die "the trimmed source does not configure: $(grep -m1 -A2 'CMake Error' "$work/configure-dry.log" | tr '\n' ' ')"
+  echo "   dry: the trimmed source configures (CPU backend; $work/configure-dry.log)"
+fi
 lib="$work/build/bin"
 
 step "Python: llama-cpp-python on the libraries just built, localllm and the carried wheels, into $work/site"
