@@ -178,7 +178,8 @@ pip=("$py3" -m pip install --quiet --no-index --find-links "$root/wheels" --find
 # rpc.py) look for them. scikit-build-core, cmake, ninja: the device's.
 run env CMAKE_ARGS=-DLLAMA_BUILD=OFF "$py3" -m pip wheel --quiet --no-index --no-build-isolation --no-deps -w "$wheels_built" "$src"
 run "${pip[@]}" --target "$site" "$(echo "$root"/wheels/localllm-*.whl)" diskcache jinja2 typing-extensions numpy
-run ln -sfn "$lib" "$site/llama_cpp/lib"
+run rm -rf "$site/llama_cpp/lib"
+run ln -s "$lib" "$site/llama_cpp/lib"
 if [ "$dry" = 1 ]; then
   # the closure, resolved for the device's CPython 3.12 from the carried wheels
   # alone: every requirement of localllm but llama-cpp-python (built above)
@@ -206,8 +207,12 @@ step "gpu_compare.py (the table and the JSON under $out)"
 note="Models rebuilt on the device from their GGUF headers with zero weights (same tensors, types and sizes)."
 if [ "$dry" = 0 ]; then
   set -o pipefail
+  rc=0
   env "PYTHONPATH=$site" PYTHONUNBUFFERED=1 "$py3" scripts/gpu_compare.py --out "$out" \
-    --llama-bench "$lib/llama-bench" "${model_args[@]}" --note "$note ${name}." 2>&1 | tee "$out/gpu_compare.log"
+    --llama-bench "$lib/llama-bench" "${model_args[@]}" --note "$note ${name}." 2>&1 | tee "$out/gpu_compare.log" || rc=$?
+  # 1: a load failed or a figure differs from llama.cpp's (a planner bug: the table says which)
+  step "gpu_compare.py exited $rc; done in $(( $(date +%s) - t0 )) s"
+  exit "$rc"
 else
   printf '+'; printf ' %q' env "PYTHONPATH=$site" "$py3" scripts/gpu_compare.py --out "$out" --llama-bench "$lib/llama-bench" \
     "${model_args[@]}"; printf '\n'

@@ -30,12 +30,11 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -165,7 +164,8 @@ def bench(label: str, path: Path, llama_bench: Path | None, quick: bool, threads
     out: dict[str, Any] = {"model": label, "prompt_tokens": pp, "gen_tokens": tg, "reps": reps}
     t = ["--threads", str(threads)] if threads else []
     r = subprocess.run([sys.executable, "-m", "localllm", "bench", str(path), "--prompt-tokens", str(pp), "--gen-tokens", str(tg),
-                        "--reps", str(reps), "--ctx", "1024", "--json", *t], capture_output=True, text=True, timeout=600)
+                        "--reps", str(reps), "--ctx", "1024", "--json", *t], capture_output=True, text=True, timeout=600,
+                       cwd=tempfile.gettempdir())  # not the checkout: its localllm/ would shadow the installed package
     try:
         got = json.loads(r.stdout)[0]
         out["localllm"] = {"pp_t_s": got["pp_tokens_per_s"], "tg_t_s": got["tg_tokens_per_s"]}
