@@ -2,13 +2,13 @@
 # The GPU acceptance run (issue 28), from the repository root on a lent NVIDIA
 # machine (no network) with build/gpu-check/gpu-check.tar.gz carried
 # (scripts/prepare_gpu_check.sh makes it). Writes gpu_compare.md, gpu_compare.json
-# and the build log under $OUT.
+# and gpu_compare.log under $OUT (the README's run call tees the whole log there too).
 #
 #   scripts/gpu_check.sh                 # on the device: build, install, compare
 #   scripts/gpu_check.sh --dry           # here / CI: every step checked and printed, nothing built;
 #                                        # the tarball unpacked and its layout checked, the models
 #                                        # rebuilt from their headers, gpu_compare.py --quick on the CPU
-#   scripts/gpu_check.sh --tarball PATH  # another tarball
+#   scripts/gpu_check.sh --tarball PATH  # another tarball (GPU_CHECK_WORK: another work folder)
 #
 # Where the five minutes go (16 cores; estimates until the first run replaces them):
 #   unpack 20 MiB, rebuild the two models from their headers   ~5 s
@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-work="$here/build/gpu-check/work"  # build/ is ignored
+work="${GPU_CHECK_WORK:-$here/build/gpu-check/work}"  # build/ is ignored
 out="${OUT:-$here/build/gpu-check/out}"
 jobs="$(nproc)"
 t0="$(date +%s)"

@@ -79,7 +79,8 @@ def _tarball(path: Path, *, cuda: bool = True, drop: str = "") -> Path:
 
 
 def _dry(tarball: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "PYTHON": sys.executable, "HOME": str(Path.home())}
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "PYTHON": sys.executable, "HOME": str(Path.home()),
+           "GPU_CHECK_WORK": str(out.parent / "work")}  # not the checkout's build/gpu-check/work
     return subprocess.run(["bash", str(GPU_CHECK), "--dry", "--tarball", str(tarball)], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env=env)
 
