@@ -92,17 +92,35 @@ def models(quick: bool, given: list[str] | None = None) -> dict[str, Path]:
     return out
 
 
+def read_log(lines: list[str]) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, list[float]]], dict[str, Any]]:
+    """llama.cpp's load log: MiB per column (gpu, host) and kind, the buffer lines
+    per device as logged, and the free memory it reports per device. A GPU
+    backend's pinned host buffers (CUDA_Host) are the host's; the compute figure
+    per column is its largest buffer (the one the plan sizes: memcheck.check)."""
+    from localllm.engine_api.records import host_buffer
+    from localllm.plan.placement import logged_buffers
+
+    free = {m.group(1): {"name": m.group(2), "free_mib": int(m.group(3))} for m in _FREE.finditer("\n".join(lines))}
+    devices = logged_buffers(lines)
+    cols = {"gpu": dict.fromkeys(KINDS, 0.0), "host": dict.fromkeys(KINDS, 0.0)}
+    for dev, kinds in devices.items():
+        col = "host" if host_buffer(dev) else "gpu"
+        for kind, mibs in kinds.items():
+            key = {"model": "weights", "KV": "kv"}.get(kind, kind)
+            if key in KINDS:
+                cols[col][key] = max(cols[col][key], *mibs) if key == "compute" else cols[col][key] + sum(mibs)
+    return cols, devices, free
+
+
 def measure(label: str, path: Path, budget: str, vram: int | None, kv: str, n_ctx: int, gpu: bool, threads: int | None) -> Row:
     """Plan, dry-run and really load ``path`` with one setting."""
     import psutil
 
     from localllm.engine import ROUTER, LlamaCppBackend
-    from localllm.engine_api.records import host_buffer
     from localllm.errors import LocalLLMError
     from localllm.plan import memcheck
     from localllm.plan.fitting import LoadOptions
     from localllm.plan.hardware import Hardware
-    from localllm.plan.placement import logged_buffers
     from localllm.plan.prepare import prepare_load
 
     row = Row(label, budget, kv, n_ctx)
@@ -139,19 +157,7 @@ def measure(label: str, path: Path, budget: str, vram: int | None, kv: str, n_ct
     except LocalLLMError as exc:
         row.error = f"load: {exc}"
         return row
-    lines = [line for _, line in ROUTER.lines_since(mark)]
-    for m in _FREE.finditer("\n".join(lines)):
-        row.free[m.group(1)] = {"name": m.group(2), "free_mib": int(m.group(3))}
-    # logged_buffers folds CPU_* into "CPU"; CUDA_Host stays its own: host memory too
-    row.devices = logged_buffers(lines)
-    row.llama = {"gpu": dict.fromkeys(KINDS, 0.0), "host": dict.fromkeys(KINDS, 0.0)}
-    for dev, kinds in row.devices.items():
-        col = "host" if host_buffer(dev) else "gpu"
-        for kind, mibs in kinds.items():
-            key = {"model": "weights", "KV": "kv"}.get(kind, kind)
-            if key in KINDS:
-                # compute: the largest buffer per column is the one the plan sizes (memcheck.check)
-                row.llama[col][key] = max(row.llama[col][key], *mibs) if key == "compute" else row.llama[col][key] + sum(mibs)
+    row.llama, row.devices, row.free = read_log([line for _, line in ROUTER.lines_since(mark)])
     for col in ("gpu", "host"):
         for kind in CHECKED:
             row.agree[f"{col} {kind}"] = within(row.plan[col][kind], row.llama[col][kind], memcheck.TOLERANCE)
@@ -200,7 +206,8 @@ def _cell(row: Row, col: str, kind: str) -> str:
 def render(rows: list[Row], benches: list[dict[str, Any]], gpu: bool, gpu_name: str) -> str:
     lines = [
         f"GPU acceptance: {gpu_name if gpu else 'no GPU (CPU build: every buffer is the host’s)'}; "
-        "MiB, plan / llama.cpp's load log; `--vram 4GiB` and `--vram 6GiB` simulate a laptop's budget on this device",
+        f"MiB, plan / llama.cpp's load log; context {', '.join(sorted({str(r.n_ctx) for r in rows}))} tokens; "
+        "`--vram 4GiB` and `--vram 6GiB` simulate a laptop's budget on this device; ngl: layers on the GPU (of n_layer + output)",
         "",
         "| model | budget | cache | ngl | GPU weights | GPU KV | GPU compute | GPU output | host weights | host KV | host compute "
         "| host output | dry run compute | free (llama.cpp) | ok |",

@@ -85,12 +85,41 @@ def _dry(tarball: Path, out: Path) -> subprocess.CompletedProcess[str]:
                           timeout=300, env=env)
 
 
+CUDA_LOG = """\
+llama_model_load_from_file_impl: using device CUDA0 (NVIDIA H200) (0000:00:05.0) - 142582 MiB free
+load_tensors: offloaded 31/31 layers to GPU
+load_tensors:        CUDA0 model buffer size =    92.10 MiB
+load_tensors:   CPU_Mapped model buffer size =    28.69 MiB
+llama_kv_cache:      CUDA0 KV buffer size =    90.00 MiB
+llama_context:  CUDA_Host  output buffer size =     0.19 MiB
+llama_context:      CUDA0 compute buffer size =    17.51 MiB
+llama_context:  CUDA_Host compute buffer size =     9.01 MiB
+"""
+
+
+def test_a_cuda_load_log_is_read_per_column() -> None:
+    """The GPU path's parsing, checked here: CUDA0's buffers are the GPU's,
+    CPU_Mapped's and the pinned CUDA_Host's the host's, and the free memory
+    llama.cpp reports is kept with the device's name."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_compare
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    cols, devices, free = gpu_compare.read_log(CUDA_LOG.splitlines())
+    assert cols == {"gpu": {"weights": 92.10, "kv": 90.00, "compute": 17.51, "output": 0.0},
+                    "host": {"weights": 28.69, "kv": 0.0, "compute": 9.01, "output": 0.19}}
+    assert set(devices) == {"CUDA0", "CPU", "CUDA_Host"}
+    assert free == {"CUDA0": {"name": "NVIDIA H200", "free_mib": 142582}}
+
+
 def test_gpu_check_is_valid_bash() -> None:
     for script in ("gpu_check.sh", "prepare_gpu_check.sh"):
         r = subprocess.run(["bash", "-n", str(REPO / "scripts" / script)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_a_tarball_without_the_cuda_backend_is_one_line(tmp_path: Path) -> None:
     r = _dry(_tarball(tmp_path / "t.tar.gz", cuda=False), tmp_path / "out")
     assert r.returncode == 1
