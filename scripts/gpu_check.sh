@@ -208,14 +208,16 @@ note="Models rebuilt on the device from their GGUF headers with zero weights (sa
 if [ "$dry" = 0 ]; then
   set -o pipefail
   rc=0
-  env "PYTHONPATH=$site" PYTHONUNBUFFERED=1 "$py3" scripts/gpu_compare.py --out "$out" \
-    --llama-bench "$lib/llama-bench" "${model_args[@]}" --note "$note ${name}." 2>&1 | tee "$out/gpu_compare.log" || rc=$?
+  # from the work folder: a child started with `python -m` (llama.cpp's dry run,
+  # bench) would otherwise import the checkout's localllm/ before the installed one
+  (cd "$work" && env "PYTHONPATH=$site" PYTHONUNBUFFERED=1 "$py3" "$here/scripts/gpu_compare.py" --out "$out" \
+    --llama-bench "$lib/llama-bench" "${model_args[@]}" --note "$note ${name}.") 2>&1 | tee "$out/gpu_compare.log" || rc=$?
   # 1: a load failed or a figure differs from llama.cpp's (a planner bug: the table says which)
   step "gpu_compare.py exited $rc; done in $(( $(date +%s) - t0 )) s"
   exit "$rc"
 else
-  printf '+'; printf ' %q' env "PYTHONPATH=$site" "$py3" scripts/gpu_compare.py --out "$out" --llama-bench "$lib/llama-bench" \
-    "${model_args[@]}"; printf '\n'
+  printf '+ cd %q &&' "$work"; printf ' %q' env "PYTHONPATH=$site" "$py3" "$here/scripts/gpu_compare.py" --out "$out" \
+    --llama-bench "$lib/llama-bench" "${model_args[@]}"; printf '\n'
   # the CPU path, here: SmolLM2 rebuilt from its header, this checkout's llama.cpp
   py="${PYTHON:-$here/.venv/bin/python}"
   [ -x "$py" ] || py=python3

@@ -143,7 +143,7 @@ def test_dry_mode_prints_each_step_and_the_cpu_path_agrees(tmp_path: Path) -> No
     assert re.search(r"^\+ env CMAKE_ARGS=-DLLAMA_BUILD=OFF python3 -m pip wheel .*--no-index --no-build-isolation", text, re.M)
     assert re.search(r"^\+ python3 -m pip install .*--no-index .*--target \S+/site \S+/localllm-0.1.0-py3-none-any.whl", text, re.M)
     assert re.search(r"^\+ ln -s \S+/build/bin \S+/site/llama_cpp/lib$", text, re.M)
-    assert re.search(r"^\+ env PYTHONPATH=\S+ python3 scripts/gpu_compare.py --out \S+ --llama-bench \S+/llama-bench "
+    assert re.search(r"^\+ cd \S+ && env PYTHONPATH=\S+ python3 \S+/scripts/gpu_compare.py --out \S+ --llama-bench \S+/llama-bench "
                      r"--model SmolLM2-135M=\S+$", text, re.M)
     assert re.search(r"^   SmolLM2-135M: \S+SmolLM2-135M-Instruct.Q4_1.gguf \(\d+ bytes, header \d+\)$", text, re.M)
     assert [(kv, ok) for kv, _, ok in ROWS.findall(text)] == [("f16", "yes"), ("q8_0", "yes")], text
