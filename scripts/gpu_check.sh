@@ -20,6 +20,7 @@
 #   llama-cpp-python's Python package on those libraries         ~5 s
 #   gpu_compare.py: 2 models x 3 offloads x 2 caches, each a dry
 #     run and a real load, then bench vs llama-bench            ~40 s
+# A second run on the same machine (warm) reuses build/gpu-check/work/build: about a minute.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,7 +71,9 @@ done
 echo "   layout as expected: llama.cpp source, $(grep -c '\.whl$' <<<"$listing") wheels, models.tsv"
 
 step "unpack into $work"
-rm -rf "$work"
+# all but build/: a second run on the same (still warm) machine reuses the CUDA
+# build, since tar restores the sources' times and ninja finds nothing to redo
+if [ -d "$work" ]; then find "$work" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +; fi
 mkdir -p "$work" "$out"
 tar xzf "$tarball" -C "$work"
 root="$work/localllm-gpu"
