@@ -112,7 +112,13 @@ if [ "$(uname -m)" = "x86_64" ]; then flags="-mno-amx-tile -mno-amx-int8 -mno-am
 # on this workplace's images: /usr/local/cuda-13.0 holds nvcc and cudart, no
 # cuBLAS) has it in python3's nvidia/cu13 (nvidia-cublas) instead: point CMake
 # at that library and header, and the loader at that folder.
-toolkit="$(cd "$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")/.." 2>/dev/null && pwd || echo /usr/local/cuda)"
+# the toolkit: the first of these with a real bin/nvcc (/usr/local/bin/nvcc may be a wrapper script)
+toolkit=/usr/local/cuda
+for c in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-* \
+         "$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /nonexistent)")")")"; do
+  if [ -n "$c" ] && [ -x "$c/bin/nvcc" ] && [ -f "$c/include/cuda_runtime.h" ]; then toolkit="$c"; break; fi
+done
+echo "   CUDA toolkit: $toolkit"
 cublas_dir=""
 if [ -f "$toolkit/include/cublas_v2.h" ] || [ -f "$toolkit/targets/x86_64-linux/include/cublas_v2.h" ]; then
   echo "   cuBLAS: in the toolkit ($toolkit)"
