@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics)
         name = args.alias or (path.stem if args.model and resolver.looks_like_path(args.model) else args.model or resolver.DEFAULT_MODEL)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
+                           check_grammar=model.check_grammar,
                            tokenize=_tokenizer(model), api_key=api_key, json_log=args.json)
         scheduler.start()
         host, port = sock.getsockname()[:2]

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from localllm.engine import grammar
 from localllm.engine.llamalog import ROUTER
 from localllm.engine.model import ModelHandle, llama_params, load_model_and_context
 from localllm.engine.native import install_log_router
@@ -120,7 +121,11 @@ class BatchModel:
 
     # -- sampling ------------------------------------------------------------------
     def new_sampler(self, sampling: SamplingConfig):
-        return new_sampler(sampling, self.tok.n_vocab)
+        return new_sampler(sampling, self.tok.n_vocab, self.tok.vocab)
+
+    def check_grammar(self, text: str) -> None:
+        """Raise ``InputError`` unless llama.cpp parses the GBNF ``text`` (serve asks before admitting a request)."""
+        grammar.check(self.tok.vocab, text)
 
     @staticmethod
     def free_sampler(sampler) -> None:

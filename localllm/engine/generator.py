@@ -31,7 +31,7 @@ def generate(handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[i
 def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[int],
          sampling: SamplingConfig, n_keep: int, start: int, shift: bool) -> Iterator[TokenEvent]:
     handle.reset_perf()
-    sampler = new_sampler(sampling, handle.n_vocab)
+    sampler = new_sampler(sampling, handle.n_vocab, tok.vocab)
     prime(sampler, sampling, cache.tokens + list(tokens))  # the repeat penalty sees the conversation, not only the reply
     n_ctx = handle.n_ctx
     prefill_ns = decode_ns = decode_evals = 0

@@ -12,14 +12,23 @@ from collections.abc import Sequence
 
 import llama_cpp
 
+from localllm.engine import grammar
 from localllm.engine_api import SamplingConfig
 from localllm.engine_api.records import PENALTY_LAST_N
 
 
-def new_sampler(s: SamplingConfig, n_vocab: int = 0) -> object:
+def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None) -> object:
     """A sampler chain the caller frees with ``free_sampler``. A repeat penalty
-    of 1.0 adds no sampler (llama.cpp's default: penalties off)."""
+    of 1.0 adds no sampler (llama.cpp's default: penalties off). A grammar
+    (``s.grammar``, needs the model's ``vocab``) comes first, so every sampler
+    after it sees only the tokens it allows."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if s.grammar is not None:
+        try:
+            llama_cpp.llama_sampler_chain_add(chain, grammar.init(vocab, s.grammar))
+        except BaseException:
+            llama_cpp.llama_sampler_free(chain)
+            raise
     if s.repeat_penalty != 1.0:
         llama_cpp.llama_sampler_chain_add(
             chain, llama_cpp.llama_sampler_init_penalties(n_vocab, PENALTY_LAST_N, s.repeat_penalty, 0.0, 0.0))
@@ -40,8 +49,10 @@ def prime(chain: object, s: SamplingConfig, tokens: Sequence[int]) -> None:
     """Show the chain the prompt's last tokens, as llama-cli and llama-server do,
     so the repeat penalty also covers what the user wrote; a no-op without one."""
     if s.repeat_penalty != 1.0:
+        # the penalty sampler alone: a grammar before it must not take the prompt for the reply
+        penalties = llama_cpp.llama_sampler_chain_get(chain, 1 if s.grammar is not None else 0)
         for t in tokens[-PENALTY_LAST_N:]:
-            llama_cpp.llama_sampler_accept(chain, t)
+            llama_cpp.llama_sampler_accept(penalties, t)
 
 
 def free_sampler(chain: object) -> None:

@@ -35,6 +35,7 @@ class SamplingConfig:
     max_tokens: int = -1
     ignore_eos: bool = False
     repeat_penalty: float = 1.0
+    grammar: str | None = None  # GBNF the reply must match (llama.cpp's grammar sampler; engine.grammar makes it)
 
     def problem(self) -> str | None:
         """Why llama.cpp could not sample with these values (one line naming the

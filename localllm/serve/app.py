@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from localllm.engine_api import SamplingConfig
+from localllm.errors import InputError
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import RequestError, Shaper, error_body, parse_gen, parse_json, sse
 from localllm.serve.scheduler import Job, Scheduler
@@ -38,6 +39,8 @@ class ServeState:
     n_vocab: int
     # text -> tokens, run in a worker thread: (params) -> token ids
     tokenize: Callable[[object], list[int]]
+    # raises InputError unless llama.cpp parses a GBNF grammar (the model's vocabulary needed): run in a worker thread
+    check_grammar: Callable[[str], None] | None = None
     api_key: str | None = None
     max_body: int = MAX_BODY
     json_log: bool = False  # one JSON object per request line instead of text
@@ -146,6 +149,11 @@ def build_app(state: ServeState) -> Guard:
                 raise RequestError(400, f"the chat template refused these messages: {type(exc).__name__}: {exc}"[:500]) from None
             if not tokens:
                 raise RequestError(400, "the prompt is empty")
+            if params.grammar is not None and state.check_grammar is not None:
+                try:
+                    await run_in_threadpool(state.check_grammar, params.grammar)
+                except InputError as exc:
+                    raise RequestError(400, str(exc), param="grammar") from None
             if len(tokens) >= state.n_ctx_seq:
                 raise RequestError(400, f"the prompt is {len(tokens)} tokens but a request's context holds {state.n_ctx_seq}: "
                                    "shorten it, or restart the server with a larger --ctx",
@@ -156,7 +164,8 @@ def build_app(state: ServeState) -> Guard:
             return JSONResponse(exc.body(), status_code=exc.status)
         room = state.n_ctx_seq - len(tokens)
         max_tokens = min(params.max_tokens or room, room)
-        sampling = SamplingConfig(temperature=params.temperature, top_p=params.top_p, seed=params.seed, max_tokens=max_tokens, ignore_eos=params.ignore_eos)
+        sampling = SamplingConfig(temperature=params.temperature, top_p=params.top_p, seed=params.seed, max_tokens=max_tokens,
+                                  ignore_eos=params.ignore_eos, grammar=params.grammar)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from localllm.engine_api import SamplingConfig
+from localllm.errors import InputError
 
 DEFAULTS = SamplingConfig()  # a field the request omits samples as run, chat and the cockpit do (llama-server does the same)
 MAX_STOP = 16
@@ -49,6 +50,7 @@ class GenParams:
     stream: bool
     include_usage: bool
     ignore_eos: bool = False  # llama.cpp's and vLLM's extension, for benchmarks
+    grammar: str | None = None  # GBNF the reply must match: response_format, or llama-server's grammar / json_schema
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -173,6 +175,7 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
     if not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos", "must be true or false")
     return GenParams(
+        grammar=_grammar(body),
         ignore_eos=ignore_eos,
         chat=chat,
         messages=messages,
@@ -185,6 +188,44 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
         stream=stream,
         include_usage=include_usage,
     )
+
+
+def _grammar(body: dict) -> str | None:
+    """The GBNF a request constrains its reply with: OpenAI's ``response_format``
+    (``text``; ``json_object``; ``json_schema`` with its ``schema``, ``strict``
+    or not: the grammar always holds the reply to it), or llama-server's
+    ``grammar`` (GBNF text) and ``json_schema`` (a schema). One of them at most."""
+    from localllm.engine import grammar  # lazy: loads llama.cpp's grammar converter, asked only when a request constrains its reply
+
+    given = [k for k in ("response_format", "grammar", "json_schema") if body.get(k) is not None]
+    if len(given) > 1:
+        raise _bad(given[1], f"cannot go with '{given[0]}': give one way to constrain the reply")
+    try:
+        if body.get("grammar") is not None:
+            g = body["grammar"]
+            if not isinstance(g, str) or not g.strip():
+                raise _bad("grammar", "must be a non-empty GBNF string")
+            return g
+        if body.get("json_schema") is not None:
+            if not isinstance(body["json_schema"], dict):
+                raise _bad("json_schema", "must be a JSON schema object")
+            return grammar.from_json_schema(body["json_schema"])
+        rf = body.get("response_format")
+        if rf is None:
+            return None
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return grammar.json_object()
+        if kind == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+                raise _bad("response_format.json_schema", "must be an object with a 'schema' object")
+            return grammar.from_json_schema(js.get("schema") or {"type": "object"})
+        raise _bad("response_format.type", "must be one of text, json_object, json_schema")
+    except InputError as exc:  # the converter refused the schema
+        raise RequestError(400, str(exc), param="response_format" if body.get("response_format") is not None else "json_schema") from None
 
 
 def new_id(chat: bool) -> str:

@@ -1,0 +1,94 @@
+"""Structured output on ``localllm serve`` (issue 25, item 1): ``response_format``
+``json_object`` and ``json_schema`` constrain decoding with llama.cpp's grammar
+sampler, so even SmolLM2-135M answers valid JSON for the schema; llama-server's
+``grammar`` and ``json_schema`` fields work too; a reply that ends by length says
+so; a grammar llama.cpp cannot parse is a 400 before any decoding."""
+
+from __future__ import annotations
+
+import enum
+import json
+
+import pytest
+
+from tests.helpers.server import KEY, Server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    s = Server("smollm2", "--parallel", "2", "--ctx", "1024", "--threads", "1", "--api-key", KEY,
+               env={"LOCALLLM_HOME": str(tmp_path_factory.mktemp("serve-home"))})
+    yield s
+    s.stop()
+
+
+def _openai(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.base + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.mark.slow
+def test_json_object_is_json(server) -> None:
+    r = _openai(server).chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Give a JSON object with a cat's name and age."}], response_format={"type": "json_object"},
+        temperature=0, max_tokens=200)
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop", choice
+    assert isinstance(json.loads(choice.message.content), dict)
+
+
+@pytest.mark.slow
+def test_pydantic_parse_with_nested_objects_enums_and_arrays(server) -> None:
+    from pydantic import BaseModel, Field
+
+    class Colour(str, enum.Enum):
+        red = "red"
+        green = "green"
+        blue = "blue"
+
+    # bounds a 135M model needs, or it repeats itself until max_tokens: the grammar carries them (maxLength, maxItems)
+    class Owner(BaseModel):
+        name: str = Field(max_length=24)
+        age: int
+
+    class Pet(BaseModel):
+        name: str = Field(max_length=24)
+        colour: Colour
+        owner: Owner
+        toys: list[str] = Field(min_length=1, max_length=2)
+
+    client = _openai(server)
+    parse = client.chat.completions.parse if hasattr(client.chat.completions, "parse") else client.beta.chat.completions.parse
+    r = parse(model="smollm2", messages=[{"role": "user", "content": "Invent a pet with an owner and two toys."}],
+              response_format=Pet, temperature=0, max_tokens=300)
+    pet = r.choices[0].message.parsed
+    assert r.choices[0].finish_reason == "stop" and isinstance(pet, Pet)
+    assert isinstance(pet.owner, Owner) and pet.colour in set(Colour) and 1 <= len(pet.toys) <= 2 and len(pet.name) <= 24
+
+
+@pytest.mark.slow
+def test_llama_server_fields_length_and_a_bad_grammar(server) -> None:
+    import httpx2
+
+    c = httpx2.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    # llama-server's grammar: the reply can only be yes or no
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Is water wet?"}], "temperature": 0,
+                                             "grammar": 'root ::= "yes" | "no"'})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] in ("yes", "no")
+    # llama-server's json_schema, cut short by max_tokens: it says "length" and does not pretend to be whole
+    schema = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Tell a long story."}], "temperature": 0,
+                                             "json_schema": schema, "max_tokens": 5})
+    choice = r.json()["choices"][0]
+    assert r.status_code == 200 and choice["finish_reason"] == "length" and choice["message"]["content"].startswith("{")
+    # a grammar llama.cpp cannot parse, and two ways at once: 400s naming the field
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "grammar": "root ::= ("})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "grammar" and "does not parse" in r.json()["error"]["message"]
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "grammar": 'root ::= "a"',
+                                             "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and "give one way" in r.json()["error"]["message"]
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "xml"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.type"
+    # the server still answers after all of it
+    assert c.get("/health").status_code == 200
