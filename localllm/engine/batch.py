@@ -31,7 +31,7 @@ from localllm.engine import grammar
 from localllm.engine.llamalog import ROUTER
 from localllm.engine.model import ModelHandle, llama_params, load_model_and_context
 from localllm.engine.native import install_log_router
-from localllm.engine.sampler import free_sampler, new_sampler, sample
+from localllm.engine.sampler import free_sampler, new_sampler, prime, sample
 from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.errors import EngineError
@@ -120,8 +120,11 @@ class BatchModel:
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, n)
 
     # -- sampling ------------------------------------------------------------------
-    def new_sampler(self, sampling: SamplingConfig):
-        return new_sampler(sampling, self.tok.n_vocab, self.tok.vocab)
+    def new_sampler(self, sampling: SamplingConfig, prompt: Sequence[int] = ()):
+        """A sampler chain for one request, its penalties primed with the prompt (as llama-server does)."""
+        chain = new_sampler(sampling, self.tok.n_vocab, self.tok.vocab)
+        prime(chain, sampling, prompt)
+        return chain
 
     def check_grammar(self, text: str) -> None:
         """Raise ``InputError`` unless llama.cpp parses the GBNF ``text`` (serve asks before admitting a request)."""

@@ -18,8 +18,9 @@ from localllm.engine_api.records import PENALTY_LAST_N
 
 
 def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None) -> object:
-    """A sampler chain the caller frees with ``free_sampler``. A repeat penalty
-    of 1.0 adds no sampler (llama.cpp's default: penalties off). A grammar
+    """A sampler chain the caller frees with ``free_sampler``. Penalties at
+    their neutral values (repeat 1.0, presence and frequency 0) add no sampler
+    (llama.cpp's default: penalties off). A grammar
     (``s.grammar``, needs the model's ``vocab``) comes first, so every sampler
     after it sees only the tokens it allows."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -29,9 +30,9 @@ def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None) -> ob
         except BaseException:
             llama_cpp.llama_sampler_free(chain)
             raise
-    if s.repeat_penalty != 1.0:
+    if s.penalized:
         llama_cpp.llama_sampler_chain_add(
-            chain, llama_cpp.llama_sampler_init_penalties(n_vocab, PENALTY_LAST_N, s.repeat_penalty, 0.0, 0.0))
+            chain, llama_cpp.llama_sampler_init_penalties(n_vocab, PENALTY_LAST_N, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
     if s.temperature <= 0:
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
         return chain
@@ -48,7 +49,7 @@ def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None) -> ob
 def prime(chain: object, s: SamplingConfig, tokens: Sequence[int]) -> None:
     """Show the chain the prompt's last tokens, as llama-cli and llama-server do,
     so the repeat penalty also covers what the user wrote; a no-op without one."""
-    if s.repeat_penalty != 1.0:
+    if s.penalized:
         # the penalty sampler alone: a grammar before it must not take the prompt for the reply
         penalties = llama_cpp.llama_sampler_chain_get(chain, 1 if s.grammar is not None else 0)
         for t in tokens[-PENALTY_LAST_N:]:

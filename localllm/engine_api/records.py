@@ -36,6 +36,14 @@ class SamplingConfig:
     ignore_eos: bool = False
     repeat_penalty: float = 1.0
     grammar: str | None = None  # GBNF the reply must match (llama.cpp's grammar sampler; engine.grammar makes it)
+    # OpenAI's penalties, as llama-server applies them (llama_sampler_init_penalties over the last 64 tokens): 0 is off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalties sampler is in the chain."""
+        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def problem(self) -> str | None:
         """Why llama.cpp could not sample with these values (one line naming the
@@ -54,6 +62,8 @@ SAMPLING_RANGES: dict[str, tuple[float, float | None]] = {
     "min_p": (0.0, 1.0),
     "repeat_penalty": (0.0, None),
     "seed": (0, MAX_SEED),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
 }
 
 

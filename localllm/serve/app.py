@@ -165,7 +165,9 @@ def build_app(state: ServeState) -> Guard:
         room = state.n_ctx_seq - len(tokens)
         max_tokens = min(params.max_tokens or room, room)
         sampling = SamplingConfig(temperature=params.temperature, top_p=params.top_p, seed=params.seed, max_tokens=max_tokens,
-                                  ignore_eos=params.ignore_eos, grammar=params.grammar)
+                                  ignore_eos=params.ignore_eos, grammar=params.grammar, top_k=params.top_k, min_p=params.min_p,
+                                  repeat_penalty=params.repeat_penalty, presence_penalty=params.presence_penalty,
+                                  frequency_penalty=params.frequency_penalty)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 

@@ -51,6 +51,11 @@ class GenParams:
     include_usage: bool
     ignore_eos: bool = False  # llama.cpp's and vLLM's extension, for benchmarks
     grammar: str | None = None  # GBNF the reply must match: response_format, or llama-server's grammar / json_schema
+    top_k: int = DEFAULTS.top_k  # llama-server's extensions, as it accepts them
+    min_p: float = DEFAULTS.min_p
+    repeat_penalty: float = DEFAULTS.repeat_penalty
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -164,8 +169,9 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
     if opts is not None and not isinstance(opts, dict):
         raise _bad("stream_options", "must be an object")
     include_usage = bool(opts and opts.get("include_usage") is True)
-    for k in ("presence_penalty", "frequency_penalty"):
-        _number(body, k, 0.0, -2.0, 2.0)
+    top_k = body.get("top_k")
+    if top_k is not None and (not _is_int(top_k) or top_k < 0):
+        raise _bad("top_k", "must be a whole number of at least 0 (0: all tokens)")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", "must be a string")
@@ -176,6 +182,11 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
         raise _bad("ignore_eos", "must be true or false")
     return GenParams(
         grammar=_grammar(body),
+        top_k=DEFAULTS.top_k if top_k is None else top_k,
+        min_p=_number(body, "min_p", DEFAULTS.min_p, 0.0, 1.0),
+        repeat_penalty=_number(body, "repeat_penalty", DEFAULTS.repeat_penalty, 0.01, 10.0),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         ignore_eos=ignore_eos,
         chat=chat,
         messages=messages,

@@ -444,7 +444,7 @@ class _CountingModel:
     def seq_cp(self, src, dst, n):
         self.copies.append((src, dst, n))
 
-    def new_sampler(self, sampling):
+    def new_sampler(self, sampling, prompt=()):
         return object()
 
     def free_sampler(self, sampler):

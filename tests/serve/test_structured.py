@@ -92,3 +92,28 @@ def test_llama_server_fields_length_and_a_bad_grammar(server) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.type"
     # the server still answers after all of it
     assert c.get("/health").status_code == 200
+
+
+@pytest.mark.slow
+def test_sampling_fields_are_applied_not_dropped(server) -> None:
+    """top_k, min_p, repeat_penalty, presence_penalty and frequency_penalty reach
+    llama.cpp's sampler chain: top_k 1 at temperature 1 is greedy, and a strong
+    presence penalty changes a greedy reply (it was validated, then dropped)."""
+    import httpx2
+
+    c = httpx2.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+
+    def ask(**kw) -> str:
+        body = {"messages": [{"role": "user", "content": "List the days of the week."}], "max_tokens": 40, "seed": 3, **kw}
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    greedy = ask(temperature=0)
+    assert ask(temperature=1.0, top_k=1) == greedy
+    assert ask(temperature=1.0, top_k=0, top_p=1.0, min_p=1.0) == greedy  # min_p 1 keeps the likeliest token only
+    assert ask(temperature=0, presence_penalty=2.0) != greedy
+    assert ask(temperature=0, frequency_penalty=2.0) != greedy
+    assert ask(temperature=0, repeat_penalty=1.5) != greedy
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "top_k": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_k"
