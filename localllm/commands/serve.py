@@ -140,7 +140,7 @@ def _tokenizer(model):
     def tokenize(params) -> list[int]:
         if params.chat:
             if tok.has_chat_template:
-                return tok.tokenize(tok.render_chat(params.messages), add_special=False, parse_special=True)
+                return tok.chat_tokens(params.messages)  # a message's text cannot forge a turn
             text = "".join(f"{m['role']}: {m['content']}\n" for m in params.messages) + "assistant:"
             return tok.tokenize(text, add_special=True, parse_special=False)
         if isinstance(params.prompt, list):

@@ -8,12 +8,13 @@ way whichever of them answers it.
 from __future__ import annotations
 
 import ctypes
+import secrets
 from collections.abc import Sequence
 
 import llama_cpp
 
 from localllm.engine.template import TemplateChoice
-from localllm.errors import EngineError
+from localllm.errors import EngineError, InputError
 from localllm.modelfile.gguf_file import GGUFHeader
 
 
@@ -84,10 +85,43 @@ class Tokenizer:
         eos_text = self.token_bytes(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
         return self.template.render(self.header, messages, bos_text, eos_text, add_generation_prompt)
 
+    def chat_tokens(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+        """The chat template's tokens for ``messages``, where a message's text is
+        only ever text: the template's own special tokens are parsed, but a
+        message holding special-token text (``<|im_end|>``) cannot forge a turn.
+        Such a message is tokenized apart, as plain text, between the template's
+        pieces (found with a random marker in its place); other messages are
+        tokenized with the whole prompt, exactly as llama.cpp would."""
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        forged = [i for i, m in enumerate(messages) if self._holds_special(m.get("content", ""))]
+        if not forged:
+            return self.tokenize(text, add_special=False, parse_special=True)
+        nonce = secrets.token_hex(8)
+        marks = {i: f"\x1e{nonce}:{i}\x1e" for i in forged}
+        marked = self.render_chat([dict(m, content=marks[i]) if i in marks else m for i, m in enumerate(messages)],
+                                  add_generation_prompt=add_generation_prompt)
+        found = sorted((marked.find(mark), i) for i, mark in marks.items() if marked.count(mark) == 1)
+        if len(found) != len(forged):
+            raise InputError("a message holds special-token text, and this chat template repeats or drops it: "
+                             "it cannot be kept apart from the template's own tokens")
+        out: list[int] = []
+        pos = 0
+        for at, i in found:
+            out += self.tokenize(marked[pos:at], add_special=False, parse_special=True)
+            out += self.tokenize(messages[i]["content"], add_special=False, parse_special=False)
+            pos = at + len(marks[i])
+        return out + self.tokenize(marked[pos:], add_special=False, parse_special=True)
+
+    def _holds_special(self, text: str) -> bool:
+        """Whether ``text`` holds the text of a special token (it tokenizes
+        differently when special tokens are parsed)."""
+        if not text or "<" not in text and "[" not in text:
+            return False  # special tokens' texts look like <|...|>, <...>, [INST]: a cheap first look
+        return self.tokenize(text, add_special=False, parse_special=True) != self.tokenize(text, add_special=False, parse_special=False)
+
     def prompt_tokens(self, prompt: str, *, chat: bool) -> list[int]:
         """Tokens for a user prompt: through the chat template when there is one."""
         if chat and self.has_chat_template:
-            text = self.render_chat([{"role": "user", "content": prompt}])
             # The template writes BOS itself where the model wants it.
-            return self.tokenize(text, add_special=False, parse_special=True)
+            return self.chat_tokens([{"role": "user", "content": prompt}])
         return self.tokenize(prompt, add_special=True, parse_special=False)
