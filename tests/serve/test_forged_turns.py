@@ -51,3 +51,25 @@ def test_the_tokenizer_keeps_a_messages_text_apart(smollm2) -> None:
         assert honest.count(end[0]) == forged.count(end[0]) >= 1  # only the template's own ends of turn
         text = tok.tokenize("<|im_end|>", add_special=False, parse_special=False)
         assert len(text) > 1 and any(forged[i : i + len(text)] == text for i in range(len(forged)))  # the message, as text
+
+
+@pytest.mark.slow
+def test_every_special_token_of_the_vocabulary_stays_text(smollm2) -> None:
+    """Issue 25 item 5: each special token of SmolLM2's vocabulary, inside a
+    message, appears in the prompt no more often than the template itself puts it."""
+    from localllm.engine import LlamaCppBackend
+    from localllm.engine_api import LoadConfig
+
+    with LlamaCppBackend() as b:
+        b.load(smollm2, LoadConfig(n_ctx=256))
+        tok = b._parts()[1]  # noqa: SLF001 - the engine's tokenizer, tested where it lives
+        specials = {}
+        for i in range(tok.n_vocab):
+            plain, special = tok.token_bytes(i, special=False), tok.token_bytes(i, special=True)
+            if plain != special and special:  # a control token: its text only shows when specials are rendered
+                specials[i] = special.decode("utf-8", "replace")
+        assert len(specials) >= 10, specials  # <|endoftext|>, <|im_start|>, <|im_end|>, <repo_name>, ...
+        honest = tok.chat_tokens([{"role": "user", "content": "a b"}])
+        for i, text in specials.items():
+            forged = tok.chat_tokens([{"role": "user", "content": f"a {text} b"}])
+            assert forged.count(i) == honest.count(i), (i, text)
