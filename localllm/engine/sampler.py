@@ -24,6 +24,9 @@ def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None) -> ob
     (``s.grammar``, needs the model's ``vocab``) comes first, so every sampler
     after it sees only the tokens it allows."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if s.logit_bias:
+        biases = (llama_cpp.llama_logit_bias * len(s.logit_bias))(*(llama_cpp.llama_logit_bias(t, b) for t, b in s.logit_bias))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(s.logit_bias), biases))
     if s.grammar is not None:
         try:
             llama_cpp.llama_sampler_chain_add(chain, grammar.init(vocab, s.grammar))
@@ -51,7 +54,7 @@ def prime(chain: object, s: SamplingConfig, tokens: Sequence[int]) -> None:
     so the repeat penalty also covers what the user wrote; a no-op without one."""
     if s.penalized:
         # the penalty sampler alone: a grammar before it must not take the prompt for the reply
-        penalties = llama_cpp.llama_sampler_chain_get(chain, 1 if s.grammar is not None else 0)
+        penalties = llama_cpp.llama_sampler_chain_get(chain, int(bool(s.logit_bias)) + int(s.grammar is not None))
         for t in tokens[-PENALTY_LAST_N:]:
             llama_cpp.llama_sampler_accept(penalties, t)
 

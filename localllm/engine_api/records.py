@@ -39,6 +39,7 @@ class SamplingConfig:
     # OpenAI's penalties, as llama-server applies them (llama_sampler_init_penalties over the last 64 tokens): 0 is off
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit): OpenAI's logit_bias, -100 bans a token
 
     @property
     def penalized(self) -> bool:

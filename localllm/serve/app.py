@@ -167,7 +167,7 @@ def build_app(state: ServeState) -> Guard:
         sampling = SamplingConfig(temperature=params.temperature, top_p=params.top_p, seed=params.seed, max_tokens=max_tokens,
                                   ignore_eos=params.ignore_eos, grammar=params.grammar, top_k=params.top_k, min_p=params.min_p,
                                   repeat_penalty=params.repeat_penalty, presence_penalty=params.presence_penalty,
-                                  frequency_penalty=params.frequency_penalty)
+                                  frequency_penalty=params.frequency_penalty, logit_bias=params.logit_bias)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -184,13 +184,17 @@ def build_app(state: ServeState) -> Guard:
             return _error(429, "too many requests are waiting: retry later", kind="rate_limit_error", code="queue_full")
         shaper = Shaper(chat, state.model_name)
 
+        # fields no API defines: accepted (clients send vendor extras), but never silently
+        ignored = {"X-Ignored-Fields": ", ".join(f[:40] for f in params.ignored[:20])} if params.ignored else {}
+        note = f"ignored fields: {ignored['X-Ignored-Fields']}" if ignored else None
+
         def log_done(status: str) -> None:
-            state.log(method, path, status, job=job)
+            state.log(method, path, status, note, job=job)
 
         request.scope["localllm.logged"] = True
         if params.stream:
             return StreamingResponse(_stream(request, job, queue, shaper, params.include_usage, state, log_done), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **ignored})
         parts: list[str] = []
         watch = asyncio.create_task(_watch_disconnect(request, queue))
         try:
@@ -213,7 +217,7 @@ def build_app(state: ServeState) -> Guard:
         finally:
             watch.cancel()
         log_done("200")
-        return JSONResponse(shaper.full("".join(parts), job.finish_reason, job.usage()))
+        return JSONResponse(shaper.full("".join(parts), job.finish_reason, job.usage()), headers=ignored)
 
     async def chat_completions(request: Request) -> Response:
         return await generate(request, True)

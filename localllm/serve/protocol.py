@@ -56,6 +56,8 @@ class GenParams:
     repeat_penalty: float = DEFAULTS.repeat_penalty
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    ignored: tuple[str, ...] = ()  # fields no API defines: accepted, named in the log and in X-Ignored-Fields
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -117,8 +119,6 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
             if role not in ROLES:
                 raise _bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
             messages.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), i)})
-        if body.get("tools"):
-            raise _bad("tools", "are not supported by this server")
     else:
         p = body.get("prompt")
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
@@ -133,10 +133,6 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
             prompt = list(p)
         else:
             raise _bad("prompt", "must be a non-empty string or list of token ids (one prompt per request)")
-        if body.get("echo") not in (None, False):
-            raise _bad("echo", "is not supported")
-        if body.get("suffix") not in (None, ""):
-            raise _bad("suffix", "is not supported")
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens <= 0):
@@ -175,12 +171,15 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", "must be a string")
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
-        raise _bad("logprobs", "are not supported")
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos", "must be true or false")
+    refused = _refused(body, chat)
+    if refused is not None:
+        raise _bad(*refused)
     return GenParams(
+        logit_bias=_logit_bias(body, n_vocab),
+        ignored=tuple(sorted(k for k in body if k not in (CHAT_FIELDS if chat else COMPLETION_FIELDS) | NO_EFFECT)),
         grammar=_grammar(body),
         top_k=DEFAULTS.top_k if top_k is None else top_k,
         min_p=_number(body, "min_p", DEFAULTS.min_p, 0.0, 1.0),
@@ -199,6 +198,62 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
         stream=stream,
         include_usage=include_usage,
     )
+
+
+# Every field the APIs define, by what the server does with it (the README's table says the same, row by row).
+HONOURED = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "presence_penalty",
+    "frequency_penalty", "logit_bias", "response_format",  # OpenAI
+    "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt",  # llama-server's
+})
+CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
+                          "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
+                          "reasoning_effort", "web_search_options", "n_probs"}
+COMPLETION_FIELDS = HONOURED | {"prompt", "n", "logprobs", "echo", "suffix", "best_of", "n_probs"}
+NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier"})  # nothing to do for a local server: accepted as they are
+
+
+def _refused(body: dict, chat: bool) -> tuple[str, str] | None:
+    """(field, why) for a defined field asking what this server does not do
+    (a 400 naming it, never a silent default); None when all is honoured."""
+    checks: list[tuple[str, object, str]] = [
+        ("tools", body.get("tools"), "are not supported by this server yet"),
+        ("functions", body.get("functions"), "are not supported by this server yet"),
+        ("function_call", body.get("function_call") not in (None, "none"), "is not supported by this server yet"),
+        ("tool_choice", body.get("tool_choice") not in (None, "none"), "is not supported by this server yet (only \"none\")"),
+        ("logprobs", body.get("logprobs") not in (None, False, 0), "are not supported by this server yet"),
+        ("top_logprobs", body.get("top_logprobs") not in (None, 0), "are not supported by this server yet"),
+        ("n_probs", body.get("n_probs") not in (None, 0), "is not supported by this server yet"),
+        ("n", body.get("n") not in (None, 1), "must be 1 (one choice per request)"),
+        ("best_of", body.get("best_of") not in (None, 1), "must be 1"),
+        ("echo", body.get("echo") not in (None, False), "is not supported"),
+        ("suffix", body.get("suffix") not in (None, ""), "is not supported"),
+        ("modalities", body.get("modalities") not in (None, ["text"]), "may only be [\"text\"]"),
+        ("audio", body.get("audio") is not None, "is not supported"),
+        ("prediction", body.get("prediction") is not None, "is not supported"),
+        ("cache_prompt", body.get("cache_prompt") not in (None, True), "cannot be turned off: the server reuses a shared prefix always"),
+    ]
+    for field, bad, why in checks:
+        if bad:
+            return field, why
+    return None
+
+
+def _logit_bias(body: dict, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: {"token id": bias from -100 to 100}."""
+    lb = body.get("logit_bias")
+    if lb is None:
+        return ()
+    if not isinstance(lb, dict) or len(lb) > 1024:
+        raise _bad("logit_bias", "must be an object of at most 1024 {\"token id\": bias} pairs")
+    out = []
+    for k, v in lb.items():
+        if not (isinstance(k, str) and k.isdigit() and int(k) < n_vocab):
+            raise _bad("logit_bias", f"has a key that is not a token id of this model (0..{n_vocab - 1}): {k[:20]!r}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not -100 <= v <= 100:
+            raise _bad("logit_bias", f"biases must be numbers from -100 to 100, got {v!r} for {k}")
+        out.append((int(k), float(v)))
+    return tuple(out)
 
 
 def _grammar(body: dict) -> str | None:

@@ -117,3 +117,43 @@ def test_sampling_fields_are_applied_not_dropped(server) -> None:
     assert ask(temperature=0, repeat_penalty=1.5) != greedy
     r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "top_k": -1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_k"
+
+
+@pytest.mark.slow
+def test_nothing_is_silently_ignored(server) -> None:
+    """logit_bias reaches the sampler (+100 forces a token); a field no API
+    defines is accepted but named in X-Ignored-Fields; a defined field asking
+    what the server does not do is a 400 naming it; user/metadata are accepted
+    without effect."""
+    import httpx2
+
+    c = httpx2.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    base = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 5, "temperature": 0}
+    plain = c.post("/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0}).json()
+    forced = c.post("/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0,
+                                             "logit_bias": {"42": 100}}).json()
+    assert forced["choices"][0]["text"] != plain["choices"][0]["text"]
+    r = c.post("/v1/chat/completions", json={**base, "user": "u1", "metadata": {"a": "b"}, "my_vendor_extra": 1, "another": True})
+    assert r.status_code == 200 and r.headers["X-Ignored-Fields"] == "another, my_vendor_extra"
+    assert "X-Ignored-Fields" not in c.post("/v1/chat/completions", json={**base, "user": "u1"}).headers
+    for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]), ("logprobs", True), ("n", 2),
+                         ("tool_choice", "required"), ("cache_prompt", False), ("n_probs", 3)):
+        r = c.post("/v1/chat/completions", json={**base, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+    r = c.post("/v1/chat/completions", json={**base, "logit_bias": {"999999": 5}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+
+
+def test_logit_bias_bans_a_token(smollm2) -> None:
+    """In the engine: -100 on the greedy first token changes it; +100 on another forces that one."""
+    from localllm.engine import LlamaCppBackend
+    from localllm.engine_api import LoadConfig, SamplingConfig
+
+    with LlamaCppBackend() as b:
+        b.load(smollm2, LoadConfig(n_ctx=256))
+        greedy = next(iter(b.stream("The capital of France is", SamplingConfig(temperature=0, max_tokens=1), chat=False))).token_id
+        banned = next(iter(b.stream("The capital of France is", SamplingConfig(temperature=0, max_tokens=1, logit_bias=((greedy, -100.0),)),
+                                    chat=False))).token_id
+        forced = next(iter(b.stream("The capital of France is", SamplingConfig(temperature=0, max_tokens=1, logit_bias=((42, 100.0),)),
+                                    chat=False))).token_id
+    assert banned != greedy and forced == 42
