@@ -27,7 +27,7 @@ def printable(text: str) -> str:
 # The engine's settings, named as the settings screen labels them (the CLI names
 # its flags instead: localllm.commands.advice).
 SETTING_LABELS = {
-    "n_ctx": "context tokens", "n_threads": "threads", "kv_type": "the K/V cache type", "n_batch": "the batch size",
+    "n_ctx": "context size", "n_threads": "threads", "kv_type": "the K/V cache type", "n_batch": "the batch size",
     "n_ubatch": "the micro-batch size", "flash_attn": "flash attention", "template": "the template",
     "template_choice": "a chat template", "raw": "a base model's completion mode",
 }

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from localllm import paths
 from localllm.engine_api import Engine, Generation, SamplingConfig, TokenEvent
+from localllm.engine_api.errors import InvalidSetting
 from localllm.engine_api.stats import GenerationStats, ShiftRecord
 from localllm.errors import UsageError
 from localllm.util.fmt import safe
@@ -174,23 +175,28 @@ class ChatSession:
         tokens = self._new_tokens(rendered)
         pieces: list[str] = []
         reply: Generation | None = None
+        refused = False
         try:
             n_keep = self.n_keep if self.keep_override is None else self.keep_override
             reply = self.backend.extend(tokens, self.sampling, n_keep=n_keep, shift=self.sliding_window, start_ns=start)
             for event in reply:
                 pieces.append(event.text)
                 yield event
+        except InvalidSetting:
+            refused = not pieces  # the engine refused the turn (too long for the context) before a token
+            raise
         finally:
             if reply is not None:
                 reply.close()  # the engine's own finally: its stats exist from here
             stats = reply.stats if reply is not None else None
             out.finish(stats)
-            text_out = "".join(pieces)
-            self.messages = messages + [{"role": "assistant", "content": text_out}]
-            self._cached_text = rendered + text_out
-            if stats is not None:
-                self.shifts.extend(stats.context_shifts)
-                self.turns.append(Turn(text, text_out, stats, before))
+            if not refused:  # a refused message is not part of the conversation: the next one must not carry it
+                text_out = "".join(pieces)
+                self.messages = messages + [{"role": "assistant", "content": text_out}]
+                self._cached_text = rendered + text_out
+                if stats is not None:
+                    self.shifts.extend(stats.context_shifts)
+                    self.turns.append(Turn(text, text_out, stats, before))
 
 
 def prompt_cache_path(model: Path, system_prompt: str, type_k: str, type_v: str, swa_full: bool) -> Path:

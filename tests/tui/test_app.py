@@ -237,3 +237,20 @@ async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
         await pilot.press("enter")
         await wait_idle(app, pilot)
         assert app.model_path == out and backend.loads == 2
+
+
+@pytest.mark.slow
+async def test_a_message_too_long_for_the_context_is_refused_with_its_token_count(smollm2: Path) -> None:
+    """The prompt box takes any length; llama.cpp's context does not: the
+    message is refused with its token count and the fix, and the chat goes on."""
+    app = create_app(None, vram=4 * GiB, settings=Settings(n_ctx=256, temperature=0, system_prompt=""))
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_idle(app, pilot)
+        await send(app, pilot, "word " * 400)
+        await wait_idle(app, pilot)
+        note = chat_text(app)[-1]
+        assert note[0] == "note" and re.fullmatch(
+            r"error: the message is \d+ tokens; the context holds 256 with 0 kept: try a larger context size", note[1]), note
+        await send(app, pilot, "Hi")
+        await wait_idle(app, pilot)
+        assert chat_text(app)[-1][0] == "assistant", chat_text(app)[-3:]
