@@ -1,9 +1,9 @@
 """localllm as a library: load a model, chat or complete with streaming and
 stats, ask whether a model fits, quantize it.
 
-The command line and the cockpit are clients of these same functions: the CLI
-fits through ``fit_request`` and the cockpit loads through the same fitting
-service and post-load memory check. Everything here is typed against the
+The command line and the cockpit are clients of these same functions: both
+fit through ``prepare`` (the fitting service, refereed by llama.cpp's dry run)
+and check each load against it. Everything here is typed against the
 ``Engine`` protocol, so a test can hand ``load`` the scripted fake
 (``localllm.testing.ScriptedEngine``) instead of llama.cpp::
 
@@ -53,26 +53,15 @@ def _local_gpu() -> bool:
     return has_local_gpu()
 
 
-def fit_request(path: Path, request: fitting.Request, *, vram: int | str | None = None, n_ctx: int | None = None,
-                n_seq: int = 1, rpc: Sequence[object] = (), hw: Hardware | None = None) -> tuple[fitting.Fit, Hardware]:
-    """The fitting service asked about a model file with a full ``Request``
-    (which settings the user fixed, the policy): the fit and the hardware it was
-    fitted to. ``vram`` overrides the detected GPU budget (``hw``: hardware
-    already detected); ``rpc`` lists llama.cpp RPC workers whose devices join
-    this machine's (each is probed first)."""
-    hw = hw if hw is not None else hardware.detect(_vram_bytes(vram))
-    if rpc:
-        devices, cpu = placement.rpc_devices(list(rpc), hw, _local_gpu)
-        return fitting.fit_file(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, devices=devices, cpu=cpu), hw
-    return fitting.fit_file(path, request, hw, n_ctx=n_ctx, n_seq=n_seq), hw
-
-
 def prepare(path: Path, request: fitting.Request, *, vram: int | str | None = None, n_ctx: int | None = None, n_seq: int = 1,
             rpc: Sequence[object] = (), hw: Hardware | None = None, dry_run: bool = True, cross_check: bool = False) -> prepare_mod.LoadPlan:
-    """``fit_request``, refereed: the fit with llama.cpp's dry run where the
-    graph replay does not cover the model (``plan.prepare.prepare_load``), and a
-    config llama.cpp refuses raised as ``EngineError``. What every command and
-    the cockpit ask before a load."""
+    """The fitting service asked about a model file with a full ``Request``
+    (which settings the user fixed, the policy), refereed: llama.cpp's dry run
+    where the graph replay does not cover the model (``plan.prepare.prepare_load``),
+    a config llama.cpp refuses raised as ``EngineError``. ``vram`` overrides the
+    detected GPU budget (``hw``: hardware already detected); ``rpc`` lists llama.cpp
+    RPC workers whose devices join this machine's (each is probed first). What
+    every command, the cockpit and ``fit``/``load`` ask before a load."""
     hw = hw if hw is not None else hardware.detect(_vram_bytes(vram))
     runner = referee.dry_run if dry_run else None
     if rpc:
@@ -92,9 +81,10 @@ def fit(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | Non
         policy: str = "ctx") -> fitting.Fit:
     """Does ``model`` fit this machine (or ``vram``), and with which settings?
     The settings you name are kept; the others shrink until it fits. Reads the
-    file's header only: nothing is loaded."""
+    file's header (and llama.cpp's dry run of it, where the graph replay does
+    not cover the model): nothing is loaded."""
     path = resolve(model)
-    return fit_request(path, _request(ctx, kv_type, n_gpu_layers, threads, flash_attn, policy), vram=vram, n_ctx=ctx)[0]
+    return prepare(path, _request(ctx, kv_type, n_gpu_layers, threads, flash_attn, policy), vram=vram, n_ctx=ctx).fit
 
 
 def load(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | None = None, kv_type: str | None = None,
@@ -104,7 +94,8 @@ def load(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | No
     with or complete from. ``engine`` defaults to llama.cpp; a test may pass
     ``localllm.testing.ScriptedEngine()``. Close the model (or use ``with``)."""
     path = resolve(model)
-    fitted, _ = fit_request(path, _request(ctx, kv_type, n_gpu_layers, threads, flash_attn, policy), vram=vram, n_ctx=ctx)
+    lp = prepare(path, _request(ctx, kv_type, n_gpu_layers, threads, flash_attn, policy), vram=vram, n_ctx=ctx)
+    fitted = lp.fit
     if not fitted.fits:
         raise InputError(f"does not fit: {fitted.sentence}")
     if engine is None:
@@ -112,7 +103,7 @@ def load(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | No
 
         engine = LlamaCppBackend()
     try:
-        info, check = load_checked(engine, path, fitted.config)
+        info, check = load_checked(engine, path, fitted.config, lp.placement, lp.plan)
     except BaseException:
         engine.close()
         raise

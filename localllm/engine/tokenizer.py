@@ -115,8 +115,8 @@ class Tokenizer:
     def _holds_special(self, text: str) -> bool:
         """Whether ``text`` holds the text of a special token (it tokenizes
         differently when special tokens are parsed)."""
-        if not text or "<" not in text and "[" not in text:
-            return False  # special tokens' texts look like <|...|>, <...>, [INST]: a cheap first look
+        if not text:
+            return False
         return self.tokenize(text, add_special=False, parse_special=True) != self.tokenize(text, add_special=False, parse_special=False)
 
     def prompt_tokens(self, prompt: str, *, chat: bool) -> list[int]:
