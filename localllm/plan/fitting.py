@@ -9,8 +9,10 @@ loading commands (run, chat, plan, doctor, serve, through
 ``commands/_common.fit_config``), the cockpit and its models screen, ``list``,
 ``pull --vram`` and the catalog verdicts (through ``verdict.judge``).
 
-The search itself is the planner's (``planner.fit``), or with ``--rpc`` devices
-``placement.fit_across``. Pure Python: no I/O, no llama.cpp.
+One code path for every set of devices: the CPU alone, one local GPU, or
+``--rpc`` workers' devices go through ``placement.fit_across`` (the memory per
+device from ``placement.place``, the search from ``planner.search``). Pure
+Python: no I/O, no llama.cpp.
 """
 
 from __future__ import annotations
@@ -174,28 +176,23 @@ def fit(
     """Fit ``request`` to ``budget``. ``ctx_limit`` bounds the largest-context
     table (default: the larger of the asked and the trained context). With
     ``devices`` (``--rpc``: the workers' devices and a local GPU) and ``cpu``,
-    layers are placed across them (``placement.fit_across``)."""
+    layers are placed across them and the fit keeps the placement per device;
+    without, the devices are the budget's GPU (if any) and the CPU."""
     want = request.config
     if request.kv_fixed:
         planner.check_cache_types(shape, want)  # cache types llama.cpp refuses for this model: refused here too
     limit = ctx_limit or max(want.n_ctx, trained_ctx or 0)
-    placed = None
-    if devices is not None:
-
-        assert cpu is not None, "devices go with the cpu device"
-        r, placed = placement.fit_across(
-            shape, want, devices, cpu, ram=budget.ram, policy=request.policy,
-            kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit, header=header,
-        )
-        config = replace(r.config, tensor_split=placed.split)
-        has_gpu = bool(devices)
-    else:
-        r = planner.fit(
-            shape, want, gpu_budget=budget.gpu, ram=budget.ram, policy=request.policy,
-            kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit,
-        )
-        config = r.config
-        has_gpu = budget.gpu is not None
+    across = devices is not None  # --rpc: the workers' devices (and a local GPU), shown per device
+    if devices is None:
+        devices = [placement.Device("GPU", "gpu", budget.gpu)] if budget.gpu is not None else []
+        cpu = placement.Device("CPU", "cpu", budget.ram)
+    assert cpu is not None, "devices go with the cpu device"
+    r, placed = placement.fit_across(
+        shape, want, devices, cpu, ram=budget.ram, policy=request.policy,
+        kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit, header=header,
+    )
+    config = replace(r.config, tensor_split=placed.split) if across else r.config
+    has_gpu = bool(devices)
     n_all = shape.n_layer + 1
     asked_on, got_on = layers_on(want, n_all), layers_on(r.config, n_all)
     if not r.fits:
@@ -216,7 +213,7 @@ def fit(
     return Fit(
         outcome=outcome, asked=want, config=config, plan=r.plan, gpu_budget=r.budget_bytes, ram=r.ram_bytes,
         margin=r.margin_bytes, n_layers=n_all, gpu_layers=got_on, sentence=r.reason, changes=tuple(r.steps),
-        max_ctx_by_kv_type=dict(r.max_ctx_by_kv_type), trained_ctx=trained_ctx, shift_extra_bytes=extra, placement=placed,
+        max_ctx_by_kv_type=dict(r.max_ctx_by_kv_type), trained_ctx=trained_ctx, shift_extra_bytes=extra, placement=placed if across else None,
     )
 
 

@@ -150,6 +150,9 @@ def place(
         u.weights_bytes += shape.layer_bytes[il]
     for kl in plan.kv_layers:
         uses[slot(kl.layer)].kv_bytes += kl.k_bytes + kl.v_bytes
+    rs_layer = plan.rs_bytes // len(shape.recurrent_layers) if shape.recurrent_layers else 0
+    for il in shape.recurrent_layers:  # a recurrent layer's state lives on its layer's device (llama-memory-recurrent.cpp)
+        uses[slot(il)].kv_bytes += rs_layer
     for i, u in enumerate(uses):
         per = [sum(kl.k_bytes + kl.v_bytes for kl in plan.kv_layers if slot(kl.layer) == i and kl.swa == swa) for swa in (False, True)]
         u.kv_by_cache = [b for b in per if b]
@@ -271,6 +274,14 @@ def _compute(shape: ModelShape, cfg: LoadConfig, plan: MemoryPlan, uses: list[De
     logits = t_out * (shape.n_vocab + shape.n_embd) * 4
     offload = [u for u in uses if u.device.kind != "cpu"]
     cpu = uses[-1]
+    if len(offload) == 1 and offload[0].device.kind == "gpu":
+        # One local GPU: it has a host buffer type and offload_op, so the
+        # scheduler moves the CPU layers' large batches to it too
+        # (ggml-backend.cpp ggml_backend_sched_backend_id_from_cur): the
+        # worst-case graph's buffer is the GPU's whenever it holds a layer
+        # or the output, as planner.plan_memory counts it.
+        (offload[0] if plan.compute_on_gpu else cpu).compute_bytes = plan.compute_bytes
+        return
     pp = pipeline_parallel(len(offload), shape, cfg)  # llama.cpp counts the model's devices, used or not
     copies = SCHED_COPIES if pp else 1
     for u in offload:
@@ -297,9 +308,18 @@ def _compute(shape: ModelShape, cfg: LoadConfig, plan: MemoryPlan, uses: list[De
 def refereed(p: Placement, dry: DryRun, source: str) -> Placement:
     """``p`` with each device's compute buffer as llama.cpp's dry run logged it
     (``source`` names it). The CPU's counts its host buffers. Exact against a
-    real load, except that under pipeline parallelism the dry run reserves more
-    on the later devices than the load will (SmolLM2 over two workers: 37.41 MiB
-    where the load takes 32.91): it errs high, never low."""
+    real load, except that under pipeline parallelism the dry run may reserve
+    one n_embd x n_ubatch f32 input more, in its 4 copies, on a later device
+    (SmolLM2 over two workers: 37.41 MiB where the load takes 32.91, 4 x 576 x
+    512 x 4 bytes = 4.5 MiB; 2.00 MiB on 21 of the 180 synthetic RPC cases,
+    n_embd 256). The cause is llama.cpp's: at full offload the graph callback
+    pins each layer's "norm" and "l_last" to the layer's device
+    (llama-context.cpp ``graph_get_cb``), and the dry run's
+    ``ggml_backend_sched_reserve_size`` (ggml-backend.cpp) resets the
+    scheduler after the graph is built, dropping those pins, so the norm runs
+    on the previous device and both its output and the residual are copied
+    in. The real load's ``ggml_backend_sched_reserve`` keeps them. So it errs
+    high, never low."""
     uses = []
     for u in p.uses:
         if u.device.kind == "cpu":
@@ -318,6 +338,8 @@ def fits(p: Placement, ram: int | None) -> bool:
 
 def _fits(p: Placement, ram: int | None) -> bool:
     for u in p.uses:
+        if not u.total_bytes:
+            continue  # a device given nothing needs no head-room either
         if u.device.kind == "cpu":
             if ram is not None and u.total_bytes > ram:
                 return False
@@ -343,14 +365,18 @@ def fit_across(
     ctx_limit: int | None = None,
     header: GGUFHeader | None = None,
 ) -> tuple[planner.FitResult, Placement]:
-    """planner.fit's policies over several devices: cheaper cache types first,
-    then fewer offloaded layers (``offload``) or a smaller context (``ctx``). Each
-    offload device must keep planner.default_margin of its free memory free;
-    the CPU's share must fit the RAM available."""
+    """The one fit, over any set of devices: none (the CPU alone), one local
+    GPU, or RPC workers' devices (and a local GPU). Cheaper cache types first,
+    then fewer offloaded layers (policy ``offload``) or a smaller context
+    (``ctx``): ``planner.search``. ``policy='ctx'`` keeps every layer offloaded
+    and gives up context; settings the user fixed are not changed. Each offload
+    device must keep planner.default_margin of its free memory free; the CPU's
+    share must fit the RAM available."""
     limit = ctx_limit or max(want.n_ctx, planner.MIN_CTX)
     ladder = planner.kv_ladder(shape, want, kv_fixed)
     n_all = shape.n_layer + 1
     ngl_options = [want.n_gpu_layers] if ngl_fixed or not devices else list(range(n_all, -1, -1))
+    local = [d.kind for d in devices] == ["gpu"]
 
     def ok(cfg: LoadConfig) -> bool:
         return _fits(place(shape, cfg, devices, cpu), ram)
@@ -360,14 +386,20 @@ def fit_across(
     cfg = chosen or want
     p = place(shape, cfg, devices, cpu, header=header)
     if not fits:
-        over = [u for u in p.uses if not _fits(Placement(p.plan, [u], p.split), ram)]
-        reason = "does not fit even at the smallest settings: " + ", ".join(
-            f"{u.device.name} needs {size(u.total_bytes)}, has {_free(u.device.free_bytes if u.device.kind != 'cpu' else ram)}" for u in over
-        )
+        smallest = planner.replace_config(want, n_ctx=planner.CTX_PAD, type_k=ladder[-1], type_v=ladder[-1],
+                           n_gpu_layers=0 if devices and not ngl_fixed else want.n_gpu_layers)
+        reason = _why_not(place(shape, want, devices, cpu), place(shape, smallest, devices, cpu), ram)
     elif cfg == want:
         reason = "fits as asked"
+    elif local and cfg.n_gpu_layers == 0:
+        one = place(shape, planner.replace_config(cfg, n_gpu_layers=1), devices, cpu).uses[0]
+        free = devices[0].free_bytes or 0
+        reason = (
+            f"the GPU budget ({size(free)} less {size(planner.default_margin(free))} head-room) is too small for even one layer "
+            f"(the first to go, the output layer, with the compute buffer needs {size(one.total_bytes)}): running on the CPU"
+        )
     else:
-        reason = planner.describe_change(want, cfg, n_all, "offloaded")
+        reason = planner.describe_change(want, cfg, n_all, "on the GPU" if local or not devices else "offloaded")
     budgets = [d.free_bytes for d in devices if d.free_bytes is not None]
     table = {t: _max_ctx(shape, planner.replace_config(cfg, type_k=t, type_v=t), devices, cpu, ram, limit) for t in planner.KV_LADDER
              if planner.cache_types_allowed(shape, planner.replace_config(cfg, type_k=t, type_v=t))}
@@ -383,6 +415,27 @@ def fit_across(
         table,
     )
     return result, p
+
+
+def _why_not(first: Placement, smallest: Placement, ram: int | None) -> str:
+    """Why nothing fits, from the placement asked (``first``) and the one at the
+    smallest settings (every layer on the CPU, the smallest context and cache
+    type): the devices over their budget, the fix named."""
+    plan = smallest.plan
+    over = [u for u in smallest.uses if not _fits(replace(smallest, uses=[u]), ram)]
+    gpus = [u for u in over if u.device.kind != "cpu"]
+    local = [u.device.kind for u in smallest.uses[:-1]] == ["gpu"]
+
+    def needs(u: DeviceUse) -> str:
+        free = u.device.free_bytes or 0
+        return (f"{'the GPU' if local else u.device.name} needs {size(u.total_bytes)}, budget {_free(u.device.free_bytes)} "
+                f"minus {size(planner.default_margin(free))} head-room")
+
+    if gpus:
+        return f"even with every layer on the CPU, a {plan.n_ctx}-token context and a {plan.type_k} cache " + ", ".join(map(needs, gpus))
+    if len(over) == 1:
+        return f"needs {size(over[0].total_bytes)} of RAM at the smallest settings, {_free(ram)} available: a smaller quant is needed"
+    return "; ".join(needs(u) for u in first.uses[:-1] if not _fits(replace(first, uses=[u]), ram)) or "does not fit"
 
 
 def logged_buffers(lines: list[str]) -> dict[str, dict[str, list[float]]]:

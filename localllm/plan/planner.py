@@ -39,7 +39,6 @@ from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.modelfile.model_info import describe
 from localllm.plan import compute_graph
-from localllm.util.units import format_size
 
 CTX_PAD = 256
 MiB = 1024 * 1024
@@ -523,20 +522,6 @@ def default_margin(budget: int) -> int:
     return max(budget // 20, 128 * MiB)
 
 
-def _fits(plan: MemoryPlan, gpu_budget: int | None, ram: int | None, margin: int) -> bool:
-    if gpu_budget is not None and plan.total_gpu_bytes and plan.total_gpu_bytes > gpu_budget - margin:
-        return False
-    if ram is not None and plan.total_cpu_bytes > ram:
-        return False
-    return True
-
-
-def max_ctx(shape: ModelShape, cfg: LoadConfig, gpu_budget: int | None, ram: int | None, margin: int, limit: int) -> int:
-    """Largest context (a multiple of 256, at most ``limit``) that fits, or 0."""
-    gpu = gpu_budget is not None
-    return largest_ctx(lambda c: _fits(plan_memory(shape, c, gpu=gpu), gpu_budget, ram, margin), cfg, limit)
-
-
 def check_cache_types(shape: ModelShape, cfg: LoadConfig) -> None:
     """llama.cpp's cache-type rules (``llama_rules.check_cache_types``) over every
     layer with a KV cache: its head sizes and its K row (n_embd_k_gqa). Raises
@@ -569,60 +554,6 @@ def kv_ladder(shape: ModelShape, want: LoadConfig, kv_fixed: bool) -> list[str]:
 
 def replace_config(cfg: LoadConfig, **kw: Any) -> LoadConfig:
     return replace(cfg, **kw)
-
-
-def fit(
-    shape: ModelShape,
-    want: LoadConfig,
-    *,
-    gpu_budget: int | None,
-    ram: int | None,
-    policy: str = "ctx",
-    kv_fixed: bool = False,
-    ngl_fixed: bool = False,
-    ctx_limit: int | None = None,
-    margin: int | None = None,
-) -> FitResult:
-    """Choose n_gpu_layers, n_ctx and the K/V types that fit the budget.
-
-    ``policy='ctx'`` keeps every layer on the GPU and gives up context (after
-    trying smaller cache types); ``policy='offload'`` keeps the context and moves
-    layers to the CPU first. Settings the user fixed are not changed.
-    """
-    gpu = gpu_budget is not None
-    margin = default_margin(gpu_budget) if (margin is None and gpu_budget) else (margin or 0)
-    limit = ctx_limit or max(want.n_ctx, MIN_CTX)
-    steps: list[str] = []
-    ladder = kv_ladder(shape, want, kv_fixed)
-
-    def result(cfg: LoadConfig, ok: bool, reason: str) -> FitResult:
-        table = {t: max_ctx(shape, replace_config(cfg, type_k=t, type_v=t), gpu_budget, ram, margin, limit) for t in KV_LADDER
-                 if cache_types_allowed(shape, replace_config(cfg, type_k=t, type_v=t))}
-        return FitResult(ok, cfg, plan_memory(shape, cfg, gpu=gpu), gpu_budget, ram, margin, reason, steps, table)
-
-    first = plan_memory(shape, want, gpu=gpu)
-    if _fits(first, gpu_budget, ram, margin):
-        return result(want, True, "fits as asked")
-
-    n_all = shape.n_layer + 1
-    ngl_options = [want.n_gpu_layers] if ngl_fixed or not gpu else list(range(n_all, -1, -1))
-    chosen = search(want, ladder, ngl_options, policy, kv_fixed, lambda c: _fits(plan_memory(shape, c, gpu=gpu), gpu_budget, ram, margin))
-    if chosen is None:
-        smallest = plan_memory(
-            shape,
-            replace_config(want, n_ctx=CTX_PAD, type_k=ladder[-1], type_v=ladder[-1], n_gpu_layers=0 if gpu and not ngl_fixed else want.n_gpu_layers),
-            gpu=gpu,
-        )
-        return result(want, False, _why_not(first, smallest, gpu_budget, ram, margin))
-    reason = describe_change(want, chosen, n_all)
-    if gpu and chosen.n_gpu_layers == 0:
-        one = plan_memory(shape, replace_config(chosen, n_gpu_layers=1), gpu=True)
-        reason = (
-            f"the GPU budget ({_gib(gpu_budget or 0)} less {_gib(margin)} head-room) is too small for even one layer "
-            f"(the first to go, the output layer, with the compute buffer needs {_gib(one.total_gpu_bytes)}): running on the CPU"
-        )
-    steps.append(reason)
-    return result(chosen, True, reason)
 
 
 def search(want: LoadConfig, ladder: list[str], ngl_options: list[int], policy: str, kv_fixed: bool,
@@ -693,22 +624,6 @@ def layers_phrase(n_gpu_layers: int, n_all: int) -> str:
         return "the output layer only"
     return f"{n_gpu_layers - 1} of {n_layer} layers + output"
 
-
-
-def _gib(n: float) -> str:
-    """A size in a message: the unit the user typed (a --vram budget), else binary units."""
-    return format_size(n)
-
-
-def _why_not(first: MemoryPlan, smallest: MemoryPlan, gpu_budget: int | None, ram: int | None, margin: int) -> str:
-    if gpu_budget is not None and smallest.total_gpu_bytes > gpu_budget - margin:
-        return (
-            f"even with every layer on the CPU, a {smallest.n_ctx}-token context and a {smallest.type_k} cache the GPU needs "
-            f"{_gib(smallest.total_gpu_bytes)}, budget {_gib(gpu_budget)} minus {_gib(margin)} head-room"
-        )
-    if ram is not None and smallest.total_cpu_bytes > ram:
-        return f"needs {_gib(smallest.total_cpu_bytes)} of RAM at the smallest settings, {_gib(ram)} available: a smaller quant is needed"
-    return f"needs {_gib(first.total_gpu_bytes)} of GPU memory, budget {_gib(gpu_budget or 0)}"
 
 
 def weights_read_per_token(shape: ModelShape) -> int:

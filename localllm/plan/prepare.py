@@ -149,7 +149,7 @@ def _figures(fit: fitting.Fit, hw: Hardware, dry: DryRun | None, skipped: str, r
 
 
 def _fits_shown(lp: LoadPlan) -> bool:
-    """The budget check of ``planner._fits``, on the figures shown."""
+    """The budget check of ``placement.fits`` (one GPU and the CPU), on the figures shown."""
     f = lp.fit
     gpu, cpu = lp.total
     if f.gpu_budget is not None and gpu and gpu > f.gpu_budget - f.margin:

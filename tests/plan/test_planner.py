@@ -10,8 +10,9 @@ import pytest
 
 from localllm.engine_api import LoadConfig
 from localllm.modelfile.gguf_file import read_header
+from localllm.plan import fitting
 from localllm.plan.hardware import parse_size
-from localllm.plan.planner import MiB, ModelShape, fit, kv_cells, offload, plan_memory, row_bytes
+from localllm.plan.planner import MiB, ModelShape, kv_cells, offload, plan_memory, row_bytes
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.helpers.cli import cli
 
@@ -99,16 +100,21 @@ def test_parse_size() -> None:
 
 
 @pytest.mark.slow
+def fit(shape: ModelShape, want: LoadConfig, *, gpu_budget: int | None, ram: int | None, policy: str = "ctx") -> fitting.Fit:
+    """The one fit (every device set goes through placement.fit_across), for one GPU budget."""
+    return fitting.fit(shape, fitting.Request(want, policy=policy), fitting.Budget(gpu_budget, ram))
+
+
 def test_fit_prefers_cheaper_cache_then_policy(gemma: Path) -> None:
     g = shape_of(gemma)
     want = LoadConfig(n_ctx=32768, n_outputs_max=1)
     r = fit(g, want, gpu_budget=350 * MiB, ram=None, policy="ctx")
-    assert r.fits and r.plan.total_gpu_bytes <= 350 * MiB - r.margin_bytes
+    assert r.fits and r.plan.total_gpu_bytes <= 350 * MiB - r.margin
     assert r.config.type_k == "q8_0" or r.config.n_ctx < 32768
     o = fit(g, want, gpu_budget=350 * MiB, ram=None, policy="offload")
     assert o.fits and o.config.n_ctx == 32768 and o.config.n_gpu_layers < 19
     big = fit(g, want, gpu_budget=4 * GiB, ram=None)
-    assert big.fits and big.reason == "fits as asked" and big.config == want
+    assert big.fits and big.sentence == "fits as asked" and big.config == want
     assert big.max_ctx_by_kv_type["q4_0"] >= big.max_ctx_by_kv_type["q8_0"] >= big.max_ctx_by_kv_type["f16"] > 0
 
 
@@ -116,9 +122,9 @@ def test_fit_prefers_cheaper_cache_then_policy(gemma: Path) -> None:
 def test_budget_too_small_for_one_layer_explains(gemma: Path) -> None:
     r = fit(shape_of(gemma), LoadConfig(n_ctx=4096, n_outputs_max=0), gpu_budget=150 * MiB, ram=None)
     assert r.fits and r.config.n_gpu_layers == 0
-    assert "too small for even one layer" in r.reason
+    assert "too small for even one layer" in r.sentence
     none = fit(shape_of(gemma), LoadConfig(n_ctx=4096, n_outputs_max=0), gpu_budget=150 * MiB, ram=50 * MiB)
-    assert not none.fits and "RAM" in none.reason
+    assert not none.fits and "RAM" in none.sentence
 
 
 @pytest.mark.slow
