@@ -119,7 +119,7 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
     async def props(request: Request) -> Response:
         f = facts()
         return JSONResponse({
-            "default_generation_settings": {"params": _settings(state.defaults, None, ()), "n_ctx": state.n_ctx_seq},
+            "default_generation_settings": {"params": _settings(state.defaults, state.defaults.max_tokens, ()), "n_ctx": state.n_ctx_seq},
             "total_slots": f.n_parallel,
             "model_alias": state.model_name,
             "model_ftype": f.file_type,
