@@ -208,15 +208,15 @@ class CompletionShaper(Shaper):
     ``tokens_evaluated``, ``timings``...; streamed as its chunks, with no [DONE]."""
 
     def __init__(self, chat: bool, model: str, params: GenParams) -> None:
-        super().__init__(chat, model)
+        super().__init__(chat, model, per_token=params.timings_per_token)
         self.params = params
 
     def head(self) -> list[dict | str]:
         return []
 
     def piece(self, text: str, job: Finished) -> list[dict | str]:
-        return [{"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1,
-                 "tokens_predicted": job.n_gen, "tokens_evaluated": len(job.tokens)}]
+        out = {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1, "tokens_predicted": job.n_gen, "tokens_evaluated": len(job.tokens)}
+        return [{**out, "timings": job.timings()} if self.per_token else out]
 
     def full(self, text: str, job: Finished) -> dict:
         stop_word = job.stop_word

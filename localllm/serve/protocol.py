@@ -66,6 +66,7 @@ class GenParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignored: tuple[str, ...] = ()  # fields no API defines: accepted, named in the log and in X-Ignored-Fields
+    timings_per_token: bool = False  # llama-server's: each streamed chunk carries the timings so far
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -187,6 +188,9 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig 
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos", "must be true or false")
+    per_token = body.get("timings_per_token", False)
+    if not isinstance(per_token, bool):
+        raise _bad("timings_per_token", "must be true or false")
     refused = _refused(body, chat)
     if refused is not None:
         raise _bad(*refused)
@@ -200,6 +204,7 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig 
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         ignore_eos=ignore_eos,
+        timings_per_token=per_token,
         chat=chat,
         messages=messages,
         prompt=prompt,
@@ -217,7 +222,7 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig 
 HONOURED = frozenset({
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format",  # OpenAI
-    "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt",  # llama-server's
+    "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt", "timings_per_token",  # llama-server's
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
                           "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
@@ -320,8 +325,8 @@ class Shaper:
 
     media_type = "text/event-stream"
 
-    def __init__(self, chat: bool, model: str) -> None:
-        self.chat, self.model = chat, model
+    def __init__(self, chat: bool, model: str, *, per_token: bool = False) -> None:
+        self.chat, self.model, self.per_token = chat, model, per_token
         self.id = new_id(chat)
         self.created = int(time.time())
 
@@ -350,7 +355,7 @@ class Shaper:
         return [self.chunk(None, first=True)] if self.chat else []
 
     def piece(self, text: str, job: Finished) -> list[dict | str]:
-        return [self.chunk(text)]
+        return [{**self.chunk(text), "timings": job.timings()} if self.per_token else self.chunk(text)]
 
     def tail(self, job: Finished, include_usage: bool) -> list[dict | str]:
         """The finish chunk (with usage and timings, as llama-server's last chunk),
@@ -382,7 +387,7 @@ class Finished(Protocol):
 
 
 def _openai_shaper(chat: bool, model: str, params: GenParams) -> Shaper:
-    return Shaper(chat, model)
+    return Shaper(chat, model, per_token=params.timings_per_token)
 
 
 @dataclass(frozen=True)

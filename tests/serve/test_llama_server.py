@@ -66,6 +66,13 @@ def test_completion_matches_llama_server(server) -> None:
         assert len(chunks) == len(ref) and all(not _missing(a, b) for a, b in zip(chunks, ref))
         assert "".join(ch["content"] for ch in chunks) == "".join(ch["content"] for ch in ref)
         assert [ch["stop"] for ch in chunks] == [False, False, False, True] and chunks[-1]["timings"]["predicted_n"] == 3
+        # timings per token, when asked: every chunk carries the timings so far
+        r = c.post("/completion", json={"prompt": "Hello", "n_predict": 3, "temperature": 0, "stream": True, "timings_per_token": True})
+        assert [ch["timings"]["predicted_n"] for ch in _sse(r.text)] == [1, 2, 3, 3]
+        assert "timings" not in chunks[0]
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True,
+                                                 "timings_per_token": True})
+        assert [ch.get("timings", {}).get("predicted_n") for ch in _sse(r.text)] == [None, 1, 2, 3, 3]
 
 
 @pytest.mark.slow

@@ -12,13 +12,16 @@ import pytest
 from tests.helpers.server import Server
 
 GREEDY = {"temperature": 0, "num_predict": 6}
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("serve-home")
+    template = home / "turns.jinja"  # llama-server's --chat-template-file: every route renders with it (Jinja drops the last newline)
+    template.write_text(TEMPLATE)
     s = Server("smollm2", "--parallel", "2", "--ctx", "512", "--threads", "1", "--host", "127.0.0.1,127.0.0.2",
-               env={"LOCALLLM_HOME": str(home)})
+               "--chat-template-file", str(template), env={"LOCALLLM_HOME": str(home)})
     yield s
     s.stop()
 
@@ -68,7 +71,10 @@ def test_ollama_client_generate_tags_show_version(server) -> None:
     assert [m.model for m in tags.models] == ["smollm2:latest"] and tags.models[0].details.format == "gguf"
     assert tags.models[0].size and tags.models[0].size > 10_000_000 and tags.models[0].details.quantization_level == "Q4_1"
     show = client.show("smollm2")
-    assert "im_start" in (show.template or "") and show.details.family == "llama"
+    assert show.template == TEMPLATE and show.details.family == "llama"
+    with _http(server) as c:  # the file's template, not the model's (which adds a system prompt)
+        rendered = c.post("/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]}).json()["prompt"]
+        assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant" and c.get("/props").json()["chat_template"] == TEMPLATE
     with _http(server) as c:
         assert c.get("/api/version").json()["version"]
 
