@@ -80,7 +80,7 @@ def _error(status: int, message: str, **kw) -> JSONResponse:
 
 
 class Guard:
-    """ASGI middleware: bearer-token auth (constant-time) on all but /health,
+    """ASGI middleware: bearer-token auth (constant-time) on all but /health (and llama-server's /v1/health),
     and the request counter by endpoint and status."""
 
     def __init__(self, app, state: ServeState) -> None:
@@ -101,7 +101,7 @@ class Guard:
             await send(message)
 
         try:
-            if self._key is not None and path != "/health" and not self._authorized(scope):
+            if self._key is not None and path not in ("/health", "/v1/health") and not self._authorized(scope):
                 resp = _error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", kind="authentication_error", code="invalid_api_key")
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 await resp(scope, receive, send_wrapper)
@@ -269,7 +269,6 @@ def build_app(state: ServeState) -> Guard:
         Route("/metrics", metrics, methods=["GET"]),
         # llama-server's unprefixed aliases
         Route("/chat/completions", chat_completions, methods=["POST"]),
-        Route("/completions", completions, methods=["POST"]),
         Route("/models", models, methods=["GET"]),
         Route("/v1/health", health, methods=["GET"]),
         *llama_routes.routes(state, generate, read_json),

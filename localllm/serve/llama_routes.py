@@ -151,6 +151,7 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
 
     return [
         Route("/completion", _answers(completion), methods=["POST"]),
+        Route("/completions", _answers(completion), methods=["POST"]),  # llama-server's: its own shape, not OpenAI's
         Route("/tokenize", _answers(tokenize), methods=["POST"]),
         Route("/detokenize", _answers(detokenize), methods=["POST"]),
         Route("/apply-template", _answers(apply_template), methods=["POST"]),

@@ -165,14 +165,17 @@ def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Calla
         def parse(body: dict, **kw) -> GenParams:
             return _parse(body, generate=gen, n_ctx=state.n_ctx_seq, **kw)
 
-        return Dialect(parse, GenerateShaper if gen else OllamaShaper, _error)
+        def shaper(chat: bool, model: str, params: GenParams) -> Shaper:
+            return (GenerateShaper if gen else OllamaShaper)(chat, name(), params)  # the name /api/tags lists
+
+        return Dialect(parse, shaper, _error)
 
     chat_dialect, generate_dialect = dialect(False), dialect(True)
 
     def loaded(key: str, body: dict) -> Response:
         """Ollama's answer to a request with nothing to say: the model is loaded."""
         text: object = {"role": "assistant", "content": ""} if key == "message" else ""
-        return JSONResponse({"model": body.get("model") or state.model_name, "created_at": created_at(), key: text,
+        return JSONResponse({"model": name(), "created_at": created_at(), key: text,
                              "done": True, "done_reason": "load"})
 
     async def api_chat(request: Request) -> Response:

@@ -90,13 +90,18 @@ def test_openai_fields_and_stream_shape(server) -> None:
         last = chunks[-1]
         assert last["choices"][0]["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 3
         assert not _missing(last, LLAMA["chat_stream"][-1]) and last["timings"]["predicted_n"] == 3
-        r = c.post("/completions", json={"prompt": "Hi", "max_tokens": 3, "stream": True})
+        r = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "stream": True})
         last = _sse(r.text)[-1]
         assert not _missing(last, LLAMA["v1_completions_stream"][-1]) and last["usage"]["completion_tokens"] == 3
+        # llama-server's unprefixed /completions is its own /completion, not OpenAI's
+        assert c.post("/completions", json={"prompt": "Hello", "n_predict": 4}).json()["content"] == LLAMA["completion"]["content"]
         # -n 8 is the server's default for a request that names no limit
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Write a long story."}]})
         assert r.json()["usage"]["completion_tokens"] == 8 and r.json()["choices"][0]["finish_reason"] == "length"
-        assert c.get("/models").json()["data"][0]["id"] == "smollm2" and c.get("/v1/health").json() == {"status": "ok"}
+        assert c.get("/models").json()["data"][0]["id"] == "smollm2"
+    import httpx2
+
+    assert httpx2.get(server.base + "/v1/health").json() == {"status": "ok"}  # public, as llama-server's /health and /v1/health
 
 
 @pytest.mark.slow

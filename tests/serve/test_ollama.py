@@ -43,7 +43,7 @@ def test_ollama_client_chat_stream_and_not(server) -> None:
     client = _ollama(server)
     msgs = [{"role": "user", "content": "Hi"}]
     r = client.chat(model="smollm2", messages=msgs, options=GREEDY, stream=False)
-    assert r.done and r.done_reason == "length" and r.eval_count == 6 and r.prompt_eval_count > 5
+    assert r.done and r.done_reason == "length" and r.eval_count == 6 and r.prompt_eval_count > 5 and r.model == "smollm2:latest"
     assert r.message.role == "assistant" and r.message.content
     assert r.total_duration and r.eval_duration and r.prompt_eval_duration and r.total_duration >= r.eval_duration
     parts = list(client.chat(model="smollm2", messages=msgs, options=GREEDY, stream=True))
