@@ -35,3 +35,16 @@ def test_empty_api_key_and_host_are_usage_errors() -> None:
     assert r.returncode == 2 and "--api-key is empty" in r.stderr
     r = cli("serve", "--api-key", "k", "--host", "127.0.0.1,", "--parallel", "300")
     assert r.returncode == 2 and "--host has an empty address" in r.stderr
+
+
+def test_server_side_defaults_fill_what_a_request_omits() -> None:
+    from localllm.engine_api import SamplingConfig
+    from localllm.serve.protocol import parse_gen
+
+    d = SamplingConfig(temperature=0.3, seed=7, max_tokens=5, top_k=3)
+    msgs = {"messages": [{"role": "user", "content": "hi"}]}
+    p = parse_gen(msgs, chat=True, n_vocab=100, defaults=d)
+    assert (p.temperature, p.seed, p.max_tokens, p.top_k) == (0.3, 7, 5, 3)
+    p = parse_gen({**msgs, "temperature": 1.0, "seed": 1, "max_tokens": 9, "top_k": 0}, chat=True, n_vocab=100, defaults=d)
+    assert (p.temperature, p.seed, p.max_tokens, p.top_k) == (1.0, 1, 9, 0)  # the request's own fields win
+    assert parse_gen({"prompt": "x"}, chat=False, n_vocab=100).max_tokens == 16  # no -n: OpenAI's default for completions

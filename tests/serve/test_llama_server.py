@@ -174,3 +174,25 @@ def test_cors_preflight_before_the_key(server) -> None:
         assert r.status_code == 401 and r.headers["access-control-allow-origin"] == ORIGIN
         r = c.get("/v1/models", headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+
+
+@pytest.mark.slow
+def test_bad_bodies_on_the_new_routes_get_one_json_error(server) -> None:
+    """Untrusted bodies on every new route: a 4xx with a JSON error naming the cause, never a 500 or a hang."""
+    bodies = [b"[]", b"null", b"{", b'"x"', b"{}", json.dumps({"prompt": {"a": 1}}).encode(), json.dumps({"content": ["x", 1]}).encode(),
+              json.dumps({"tokens": "abc"}).encode(), json.dumps({"tokens": [-1]}).encode(), json.dumps({"messages": [{"role": 1}]}).encode(),
+              json.dumps({"prompt": "x", "n_predict": "many"}).encode(), json.dumps({"prompt": "x", "logit_bias": [["a", 1]]}).encode(),
+              json.dumps({"prompt": "x", "options": [1]}).encode(), json.dumps({"prompt": "x", "raw": "yes"}).encode(),
+              json.dumps({"messages": [{"role": "user", "content": "x"}], "options": {"stop": 5}}).encode(),
+              json.dumps({"prompt": "x", "timings_per_token": "yes"}).encode(), json.dumps({"prompt": [10**12]}).encode()]
+    routes = ("/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/api/chat", "/api/generate")
+    with _client(server) as c:
+        for path in routes:
+            for raw in bodies:
+                r = c.post(path, content=raw, headers={"Content-Type": "application/json"})
+                if r.status_code == 200:  # a body the route may take: {} on /tokenize, /detokenize, /api/generate (loads)
+                    continue
+                assert 400 <= r.status_code < 500, (path, raw, r.status_code, r.text)
+                err = r.json()["error"]
+                assert (err if isinstance(err, str) else err["message"]), (path, raw)
+    assert "Traceback" not in server.log
