@@ -11,6 +11,7 @@ and the tests compare keys against them.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -182,10 +183,25 @@ def _settings(s, n_predict: int | None, stop: tuple[str, ...]) -> dict:
     }
 
 
+# llama-server's sampling fields serve does not implement: accepted at their "off" value (clients such as
+# llama.cpp's web UI send them all), a 400 naming them otherwise, never silently dropped
+OFF = {"typical_p": 1, "mirostat": 0, "dynatemp_range": 0, "xtc_probability": 0, "dry_multiplier": 0, "min_keep": 0,
+       "repeat_last_n": 64, "return_tokens": False, "post_sampling_probs": False, "n_indent": 0, "t_max_predict_ms": 0}
+# without effect whatever their value: parameters of samplers that are off, a slot hint, n_keep (serve never shifts a context)
+MOOT = frozenset({"dynatemp_exponent", "mirostat_tau", "mirostat_eta", "xtc_threshold", "dry_base", "dry_allowed_length",
+                  "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "id_slot", "n_keep", "return_progress", "top_n_sigma"})
+
+
 def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS) -> GenParams:
     """``/completion``'s body: OpenAI's completion fields plus llama-server's
     ``n_predict`` (-1 or absent: until the model stops, or serve's -n) and its
     ``logit_bias`` as ``[[token id, bias], ...]`` (``false``: never)."""
+    for key, off in OFF.items():
+        if key in body and body[key] != off:
+            raise RequestError(400, f"'{key}' is not supported by this server (only {json.dumps(off)}, its off value)", param=key)
+    sigma = body.get("top_n_sigma")
+    if sigma is not None and (not isinstance(sigma, (int, float)) or sigma > 0):
+        raise RequestError(400, "'top_n_sigma' is not supported by this server (only a value of 0 or less: off)", param="top_n_sigma")
     body = dict(body)
     n_predict = body.pop("n_predict", None)
     if n_predict is not None and (not isinstance(n_predict, int) or isinstance(n_predict, bool) or n_predict == 0 or n_predict < -1):
@@ -201,7 +217,8 @@ def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS)
     params = parse_gen(body, chat=False, n_vocab=n_vocab, defaults=defaults)
     if n_predict is None:
         n_predict = body.get("max_tokens") or (defaults.max_tokens if defaults.max_tokens > 0 else -1)
-    return dataclasses.replace(params, max_tokens=None if n_predict == -1 else n_predict)
+    ignored = tuple(k for k in params.ignored if k not in OFF and k not in MOOT)
+    return dataclasses.replace(params, max_tokens=None if n_predict == -1 else n_predict, ignored=ignored)
 
 
 class CompletionShaper(Shaper):

@@ -154,6 +154,13 @@ def test_props_slots_metrics_and_errors(server) -> None:
         assert r.status_code == 400 == LLAMA["bad_grammar"]["error"]["code"]
         r = c.post("/completion", json={"prompt": "Hi", "n_predict": 0})
         assert r.status_code == 400 and r.json()["error"]["param"] == "n_predict"
+        # llama-server's samplers serve does not have: accepted when off (as its web UI sends them), else a 400 naming them
+        off = {"prompt": "Hi", "n_predict": 2, "mirostat": 0, "typical_p": 1.0, "dry_multiplier": 0, "dry_base": 1.75, "n_keep": 0, "id_slot": -1}
+        r = c.post("/completion", json=off)
+        assert r.status_code == 200 and "x-ignored-fields" not in r.headers
+        for field, value in (("mirostat", 2), ("typical_p", 0.5), ("xtc_probability", 0.5), ("top_n_sigma", 1.0), ("repeat_last_n", 128)):
+            r = c.post("/completion", json={**off, field: value})
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
         r = c.post("/completion", json={"prompt": "Hi", "n_predict": 2, "json_schema": {"type": "integer"}})
         assert r.status_code == 200 and r.json()["content"].strip().lstrip("-").isdigit()
 

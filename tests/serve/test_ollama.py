@@ -97,6 +97,10 @@ def test_ndjson_stream_and_documented_shapes(server) -> None:
         r = c.post("/api/chat", json={"model": "smollm2", "messages": [{"role": "user", "content": "Give a JSON object with a key a."}],
                                       "format": "json", "stream": False, "options": {"temperature": 0, "num_predict": 24}})
         assert r.status_code == 200 and r.json()["message"]["content"].lstrip().startswith("{")
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+        r = c.post("/api/generate", json={"model": "smollm2", "prompt": "Is water wet? Answer in JSON.", "format": schema, "stream": False,
+                                          "options": {"temperature": 0, "num_predict": 32}})
+        assert isinstance(json.loads(r.json()["response"])["ok"], bool) and r.json()["done_reason"] == "stop"
 
 
 @pytest.mark.slow
