@@ -31,7 +31,7 @@ from localllm.serve.scheduler import Job, Scheduler
 MAX_BODY = 1024 * 1024
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/completion", "/chat/completions",
              "/completions", "/models", "/v1/health", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
-             "/api/chat", "/api/generate", "/api/tags", "/api/version")
+             "/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version")
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Ollama's API over the same engine and scheduler: ``/api/chat``,
 ``/api/generate`` (streamed as NDJSON unless ``"stream": false``),
-``/api/tags``, ``/api/show`` and ``/api/version``, so clients that speak only
+``/api/tags``, ``/api/ps``, ``/api/show`` and ``/api/version``, so clients that speak only
 Ollama's API can connect.
 
 A request is translated into the OpenAI body ``protocol.parse_gen`` checks, so
@@ -214,6 +214,12 @@ def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Calla
                  "digest": None, "details": details()}  # no digest: hashing a multi-GB file per listing is not worth it
         return JSONResponse({"models": [model]})
 
+    async def ps(request: Request) -> Response:
+        """The loaded model: always this one, loaded until serve stops (no expiry); the VRAM share is not measured here."""
+        f = state.facts
+        return JSONResponse({"models": [{"name": name(), "model": name(), "size": f.size_bytes if f else None, "digest": None,
+                                         "details": details(), "expires_at": None, "size_vram": None}]})
+
     async def show(request: Request) -> Response:
         f = state.facts
         info = {} if f is None else {"general.architecture": f.architecture, "general.parameter_count": f.n_params,
@@ -228,6 +234,7 @@ def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Calla
         Route("/api/chat", api_chat, methods=["POST"]),
         Route("/api/generate", api_generate, methods=["POST"]),
         Route("/api/tags", tags, methods=["GET"]),
+        Route("/api/ps", ps, methods=["GET"]),
         Route("/api/show", show, methods=["POST"]),
         Route("/api/version", version, methods=["GET"]),
     ]

@@ -70,6 +70,7 @@ def test_ollama_client_generate_tags_show_version(server) -> None:
     tags = client.list()
     assert [m.model for m in tags.models] == ["smollm2:latest"] and tags.models[0].details.format == "gguf"
     assert tags.models[0].size and tags.models[0].size > 10_000_000 and tags.models[0].details.quantization_level == "Q4_1"
+    assert [m.model for m in client.ps().models] == ["smollm2:latest"]
     show = client.show("smollm2")
     assert show.template == TEMPLATE and show.details.family == "llama"
     with _http(server) as c:  # the file's template, not the model's (which adds a system prompt)
