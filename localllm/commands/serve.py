@@ -138,7 +138,7 @@ def _shown(host: str) -> str:
 
 
 def _serve(app, socks: list[socket.socket]) -> int:
-    """Run uvicorn on our socket; SIGINT/SIGTERM stop accepting, let running
+    """Run uvicorn on our sockets (one per --host); SIGINT/SIGTERM stop accepting, let running
     requests finish (up to 30 s), then return."""
     import uvicorn
 

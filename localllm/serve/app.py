@@ -13,7 +13,6 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -49,7 +48,7 @@ class ServeState:
     max_body: int = MAX_BODY
     json_log: bool = False  # one JSON object per request line instead of text
     defaults: SamplingConfig = DEFAULTS  # what a request's omitted fields take: serve's --temp, --seed, -n
-    facts: Any = None  # llama_routes.ModelFacts: what /props, /tokenize, /apply-template and Ollama's API read
+    facts: llama_routes.ModelFacts | None = None  # what /props, /tokenize, /apply-template and Ollama's API read
     metrics_endpoint: bool = True  # serve --metrics (llama-server answers 501 without it)
     slots_endpoint: bool = False  # serve --slots
 
