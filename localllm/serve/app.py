@@ -235,10 +235,10 @@ def build_app(state: ServeState) -> Guard:
         return parse_json(await _read_body(request, state.max_body))
 
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, True)
+        return await generate(request, True, llama_routes.OPENAI_WITH_LLAMA_FIELDS)
 
     async def completions(request: Request) -> Response:
-        return await generate(request, False)
+        return await generate(request, False, llama_routes.OPENAI_WITH_LLAMA_FIELDS)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "localllm"}]})

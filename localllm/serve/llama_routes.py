@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localllm.errors import InputError
-from localllm.serve.protocol import DEFAULTS, FINGERPRINT, Dialect, Finished, GenParams, RequestError, Shaper, error_body, parse_gen
+from localllm.serve.protocol import DEFAULTS, FINGERPRINT, OPENAI, Dialect, Finished, GenParams, RequestError, Shaper, error_body, parse_gen
 
 
 @dataclass(frozen=True)
@@ -192,10 +192,12 @@ MOOT = frozenset({"dynatemp_exponent", "mirostat_tau", "mirostat_eta", "xtc_thre
                   "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "id_slot", "n_keep", "return_progress", "top_n_sigma"})
 
 
-def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS) -> GenParams:
-    """``/completion``'s body: OpenAI's completion fields plus llama-server's
-    ``n_predict`` (-1 or absent: until the model stops, or serve's -n) and its
-    ``logit_bias`` as ``[[token id, bias], ...]`` (``false``: never)."""
+def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, native: bool = False) -> GenParams:
+    """A body with llama-server's fields, which it takes on its OpenAI routes too:
+    ``n_predict`` (-1: until the model stops; ``max_tokens`` wins where both are
+    given), ``logit_bias`` as ``[[token id, bias], ...]`` (``false``: never), its
+    samplers at their off value. ``native``: ``/completion``, where a request that
+    sets no limit runs until the model stops (or serve's -n), as llama-server's does."""
     for key, off in OFF.items():
         if key in body and body[key] != off:
             raise RequestError(400, f"'{key}' is not supported by this server (only {json.dumps(off)}, its off value)", param=key)
@@ -214,11 +216,20 @@ def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS)
                 raise RequestError(400, "'logit_bias' pairs must be [token id, bias]", param="logit_bias")
             pairs[str(pair[0])] = -100 if pair[1] is False else pair[1]
         body["logit_bias"] = pairs
-    params = parse_gen(body, chat=False, n_vocab=n_vocab, defaults=defaults)
-    if n_predict is None:
-        n_predict = body.get("max_tokens") or (defaults.max_tokens if defaults.max_tokens > 0 else -1)
+    params = parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults)
     ignored = tuple(k for k in params.ignored if k not in OFF and k not in MOOT)
-    return dataclasses.replace(params, max_tokens=None if n_predict == -1 else n_predict, ignored=ignored)
+    limit = params.max_tokens
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        if n_predict is not None:
+            limit = None if n_predict == -1 else n_predict
+        elif native:
+            limit = defaults.max_tokens if defaults.max_tokens > 0 else None
+    return dataclasses.replace(params, max_tokens=limit, ignored=ignored)
+
+
+def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS) -> GenParams:
+    """``/completion``'s body (see ``parse_llama``)."""
+    return parse_llama(body, chat=False, n_vocab=n_vocab, defaults=defaults, native=True)
 
 
 class CompletionShaper(Shaper):
@@ -257,3 +268,4 @@ class CompletionShaper(Shaper):
 
 
 LLAMA_COMPLETION = Dialect(parse_completion, CompletionShaper)
+OPENAI_WITH_LLAMA_FIELDS = Dialect(parse_llama, OPENAI.shaper)  # the OpenAI routes, as llama-server's take its fields

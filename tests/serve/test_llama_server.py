@@ -95,6 +95,11 @@ def test_openai_fields_and_stream_shape(server) -> None:
         assert not _missing(last, LLAMA["v1_completions_stream"][-1]) and last["usage"]["completion_tokens"] == 3
         # llama-server's unprefixed /completions is its own /completion, not OpenAI's
         assert c.post("/completions", json={"prompt": "Hello", "n_predict": 4}).json()["content"] == LLAMA["completion"]["content"]
+        # llama-server's fields on its OpenAI routes too: n_predict, its samplers only when off
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Write a story."}], "n_predict": 2, "typical_p": 1})
+        assert r.json()["usage"]["completion_tokens"] == 2 and "x-ignored-fields" not in r.headers
+        r = c.post("/v1/completions", json={"prompt": "Hi", "mirostat": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "mirostat"
         # -n 8 is the server's default for a request that names no limit
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Write a long story."}]})
         assert r.json()["usage"]["completion_tokens"] == 8 and r.json()["choices"][0]["finish_reason"] == "length"
