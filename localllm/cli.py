@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from localllm import __version__
 from localllm.commands import config_file as config
-from localllm.commands import dispatch
+from localllm.commands import dispatch, serve_flags
 from localllm.commands.advice import cli_message
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localllm.engine_api.records import MAX_SEED, SamplingConfig
@@ -323,9 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (loopback by default)")
     _add_model(p)
     _add_pull_options(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; another one warns without --api-key)")
+    p.add_argument("--host", action="append", default=None, metavar="HOST[,HOST]",
+        help="address(es) to listen on, repeatable or comma-separated (default: 127.0.0.1; another one warns without --api-key)")
     p.add_argument("--port", type=_port, default=8080, help="TCP port, 0 for any free one (default: 8080)")
-    p.add_argument("--parallel", type=_int_at_least(1, "--parallel"), default=4, metavar="N",
+    p.add_argument("--parallel", "-np", type=_int_at_least(1, "--parallel"), default=4, metavar="N",
         help="sequences decoded together; the KV cache holds N x --ctx (default: 4)")
     p.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY' (also: LOCALLLM_API_KEY)")
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: the name given)")
@@ -333,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-chunk", type=_int_at_least(1, "--prefill-chunk"), default=128, metavar="N",
         help="prompt tokens per step while others generate (default: 128)")
     _add_load_options(p, ctx_default=None)
+    _add_sampling(p)  # the defaults of a request's omitted fields, as llama-server's --temp, --seed, -n ...
+    _add_template(p)
+    serve_flags.add(p)
     p.add_argument("--json", action="store_true", help="the request log as one JSON object per line (stderr)")
 
     p = sub.add_parser("bench", help="prefill and decode throughput (llama-bench style); --url measures an OpenAI-compatible server")

@@ -15,7 +15,7 @@ import signal
 import socket
 from dataclasses import replace
 
-from localllm.commands._common import fit_config, model_path, say
+from localllm.commands._common import fit_config, model_path, sampling_config, say
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting
@@ -54,9 +54,13 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.api_key is not None and not args.api_key.strip():
+        raise UsageError("--api-key is empty: give a key, or leave --api-key out to serve without one")
     api_key = args.api_key or os.environ.get("LOCALLLM_API_KEY") or None
-    if not _is_loopback(args.host) and not api_key:
-        say(f"warning: listening on {args.host} without --api-key: anyone who can reach this address can use the model")
+    hosts = _hosts(args.host)
+    for host in hosts:
+        if not _is_loopback(host) and not api_key:
+            say(f"warning: listening on {host} without --api-key: anyone who can reach this address can use the model")
     path = model_path(args)
     parallel = args.parallel
     if parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h)
@@ -77,15 +81,25 @@ def run(args: argparse.Namespace) -> int:
         c = fitted.config
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx} ({n_ctx_seq} per sequence), "
             f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.sentence})")
-    sock = _bind(args.host, args.port)
-    from localllm.engine.batch import BatchModel  # lazy: loads llama.cpp
-
+    socks = [_bind(hosts[0], args.port)]
+    port = socks[0].getsockname()[1]  # --port 0: the others take the port the first got
+    try:
+        socks += [_bind(h, port) for h in hosts[1:]]
+    except Exception:
+        for sock in socks:
+            sock.close()
+        raise
     # lazy: loads Starlette (~64 ms here), which serve does not load at import
-    from localllm.serve.app import ServeState, build_app
+    from localllm.commands.serve_facts import model_facts
+    from localllm.engine.batch import BatchModel  # lazy: loads llama.cpp
+    from localllm.serve.app import ServeState, build_app  # lazy: Starlette, as above
+    from localllm.serve.cors import with_cors  # lazy: Starlette, as above
 
     model = BatchModel()
     try:
         info = model.load(path, replace(fitted.config, n_ctx=n_ctx_seq * parallel), parallel)
+        if args.template is not None:
+            model.tok.template.use(args.template)
         metrics = ServerMetrics()
         metrics.kv_cells_total = info.n_ctx
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
@@ -93,24 +107,38 @@ def run(args: argparse.Namespace) -> int:
         name = args.alias or (path.stem if args.model and resolver.looks_like_path(args.model) else args.model or resolver.DEFAULT_MODEL)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
                            check_grammar=model.check_grammar,
-                           tokenize=_tokenizer(model), api_key=api_key, json_log=args.json)
+                           tokenize=_tokenizer(model), api_key=api_key, json_log=args.json,
+                           defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template),
+                           metrics_endpoint=args.metrics, slots_endpoint=args.slots)
         scheduler.start()
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        say(f"serving {name} on http://{shown}:{port}/v1 ({parallel} parallel, {n_ctx_seq} tokens per request, "
+        urls = " and ".join(f"http://{_shown(s.getsockname()[0])}:{port}/v1" for s in socks)
+        say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request, "
             f"KV pool {info.n_ctx} cells {info.type_k}/{info.type_v}, prefix reuse {'on' if info.prefix_reuse else 'off'}"
             f"{', API key required' if api_key else ''}); Ctrl+C stops")
-        served = _serve(build_app(state), sock)
+        served = _serve(with_cors(build_app(state), tuple(args.cors or ())), socks)
         scheduler.stop()
         say(f"stopped after {served} request(s)")
     finally:
         model.close()
-        sock.close()
+        for sock in socks:
+            sock.close()
     return 0
 
 
-def _serve(app, sock: socket.socket) -> int:
-    """Run uvicorn on our socket; SIGINT/SIGTERM stop accepting, let running
+def _hosts(given: list[str] | None) -> list[str]:
+    """``--host`` repeated or comma-separated, as llama-server's list; each once."""
+    hosts = [h.strip() for value in (given or ["127.0.0.1"]) for h in value.split(",")]
+    if not all(hosts):
+        raise UsageError("--host has an empty address")
+    return list(dict.fromkeys(hosts))
+
+
+def _shown(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _serve(app, socks: list[socket.socket]) -> int:
+    """Run uvicorn on our sockets (one per --host); SIGINT/SIGTERM stop accepting, let running
     requests finish (up to 30 s), then return."""
     import uvicorn
 
@@ -121,7 +149,7 @@ def _serve(app, sock: socket.socket) -> int:
     # an exception too (its default would end the process before we clean up).
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        asyncio.run(server.serve(sockets=[sock]))
+        asyncio.run(server.serve(sockets=socks))
     except KeyboardInterrupt:
         pass
     finally:

@@ -22,12 +22,15 @@ from starlette.routing import Route
 
 from localllm.engine_api import SamplingConfig
 from localllm.errors import InputError
+from localllm.serve import llama_routes, ollama
 from localllm.serve.prometheus import ServerMetrics
-from localllm.serve.protocol import RequestError, Shaper, error_body, parse_gen, parse_json, sse
+from localllm.serve.protocol import DEFAULTS, OPENAI, Dialect, RequestError, Shaper, error_body, parse_json
 from localllm.serve.scheduler import Job, Scheduler
 
 MAX_BODY = 1024 * 1024
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/completion", "/chat/completions",
+             "/completions", "/models", "/v1/health", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
+             "/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version")
 
 
 @dataclass
@@ -44,6 +47,10 @@ class ServeState:
     api_key: str | None = None
     max_body: int = MAX_BODY
     json_log: bool = False  # one JSON object per request line instead of text
+    defaults: SamplingConfig = DEFAULTS  # what a request's omitted fields take: serve's --temp, --seed, -n
+    facts: llama_routes.ModelFacts | None = None  # what /props, /tokenize, /apply-template and Ollama's API read
+    metrics_endpoint: bool = True  # serve --metrics (llama-server answers 501 without it)
+    slots_endpoint: bool = False  # serve --slots
 
     def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
         """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
@@ -72,7 +79,7 @@ def _error(status: int, message: str, **kw) -> JSONResponse:
 
 
 class Guard:
-    """ASGI middleware: bearer-token auth (constant-time) on all but /health,
+    """ASGI middleware: bearer-token auth (constant-time) on all but /health (and llama-server's /v1/health),
     and the request counter by endpoint and status."""
 
     def __init__(self, app, state: ServeState) -> None:
@@ -93,7 +100,7 @@ class Guard:
             await send(message)
 
         try:
-            if self._key is not None and path != "/health" and not self._authorized(scope):
+            if self._key is not None and path not in ("/health", "/v1/health") and not self._authorized(scope):
                 resp = _error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", kind="authentication_error", code="invalid_api_key")
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 await resp(scope, receive, send_wrapper)
@@ -136,11 +143,13 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def build_app(state: ServeState) -> Guard:
     from starlette.concurrency import run_in_threadpool
 
-    async def generate(request: Request, chat: bool) -> Response:
+    async def generate(request: Request, chat: bool, dialect: Dialect = OPENAI, body: dict | None = None) -> Response:
+        """One generation in ``dialect``'s shapes; ``body``: already read by the caller."""
         method, path = request.method, request.url.path
         try:
-            body = parse_json(await _read_body(request, state.max_body))
-            params = parse_gen(body, chat=chat, n_vocab=state.n_vocab)
+            if body is None:
+                body = parse_json(await _read_body(request, state.max_body))
+            params = dialect.parse(body, chat=chat, n_vocab=state.n_vocab, defaults=state.defaults)
             try:
                 tokens = await run_in_threadpool(state.tokenize, params)
             except RequestError:
@@ -157,11 +166,12 @@ def build_app(state: ServeState) -> Guard:
             if len(tokens) >= state.n_ctx_seq:
                 raise RequestError(400, f"the prompt is {len(tokens)} tokens but a request's context holds {state.n_ctx_seq}: "
                                    "shorten it, or restart the server with a larger --ctx",
-                                   param="messages" if chat else "prompt", code="context_length_exceeded")
+                                   param="messages" if chat else "prompt", code="context_length_exceeded",
+                                   extra={"n_prompt_tokens": len(tokens), "n_ctx": state.n_ctx_seq})  # llama-server's fields
         except RequestError as exc:
             request.scope["localllm.logged"] = True
             state.log(method, path, exc.status, exc.message)
-            return JSONResponse(exc.body(), status_code=exc.status)
+            return JSONResponse(dialect.error(exc), status_code=exc.status)
         room = state.n_ctx_seq - len(tokens)
         max_tokens = min(params.max_tokens or room, room)
         sampling = SamplingConfig(temperature=params.temperature, top_p=params.top_p, seed=params.seed, max_tokens=max_tokens,
@@ -181,8 +191,9 @@ def build_app(state: ServeState) -> Guard:
         if not state.scheduler.submit(job):
             request.scope["localllm.logged"] = True
             state.log(method, path, 429, "queue full")
-            return _error(429, "too many requests are waiting: retry later", kind="rate_limit_error", code="queue_full")
-        shaper = Shaper(chat, state.model_name)
+            busy = RequestError(429, "too many requests are waiting: retry later", kind="rate_limit_error", code="queue_full")
+            return JSONResponse(dialect.error(busy), status_code=429)
+        shaper = dialect.shaper(chat, state.model_name, params)
 
         # fields no API defines: accepted (clients send vendor extras), but never silently
         ignored = {"X-Ignored-Fields": ", ".join(f[:40] for f in params.ignored[:20])} if params.ignored else {}
@@ -193,7 +204,7 @@ def build_app(state: ServeState) -> Guard:
 
         request.scope["localllm.logged"] = True
         if params.stream:
-            return StreamingResponse(_stream(request, job, queue, shaper, params.include_usage, state, log_done), media_type="text/event-stream",
+            return StreamingResponse(_stream(request, job, queue, shaper, params.include_usage, state, log_done), media_type=shaper.media_type,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **ignored})
         parts: list[str] = []
         watch = asyncio.create_task(_watch_disconnect(request, queue))
@@ -208,7 +219,8 @@ def build_app(state: ServeState) -> Guard:
                     return Response(status_code=499)
                 elif kind == "error":
                     log_done("500")
-                    return _error(500, f"the engine failed: {payload}", kind="server_error")
+                    failed = RequestError(500, f"the engine failed: {payload}", kind="server_error")
+                    return JSONResponse(dialect.error(failed), status_code=500)
                 else:
                     break
         except asyncio.CancelledError:
@@ -217,13 +229,16 @@ def build_app(state: ServeState) -> Guard:
         finally:
             watch.cancel()
         log_done("200")
-        return JSONResponse(shaper.full("".join(parts), job.finish_reason, job.usage()), headers=ignored)
+        return JSONResponse(shaper.full("".join(parts), job), headers=ignored)
+
+    async def read_json(request: Request) -> dict:
+        return parse_json(await _read_body(request, state.max_body))
 
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, True)
+        return await generate(request, True, llama_routes.OPENAI_WITH_LLAMA_FIELDS)
 
     async def completions(request: Request) -> Response:
-        return await generate(request, False)
+        return await generate(request, False, llama_routes.OPENAI_WITH_LLAMA_FIELDS)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "localllm"}]})
@@ -232,6 +247,8 @@ def build_app(state: ServeState) -> Guard:
         return JSONResponse({"status": "ok"})
 
     async def metrics(request: Request) -> Response:
+        if not state.metrics_endpoint:
+            return _error(501, "This server does not support metrics endpoint. Start it with `--metrics`", kind="not_supported_error")
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -249,6 +266,12 @@ def build_app(state: ServeState) -> Guard:
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        # llama-server's unprefixed aliases
+        Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/models", models, methods=["GET"]),
+        Route("/v1/health", health, methods=["GET"]),
+        *llama_routes.routes(state, generate, read_json),
+        *ollama.routes(state, generate, read_json),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
     return Guard(app, state)
@@ -264,32 +287,32 @@ async def _watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
 
 
 async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shaper, include_usage: bool, state: ServeState, log_done):
-    """SSE: a role chunk, one chunk per piece of text, the finish chunk, usage if asked, [DONE]."""
+    """The shaper's frames (SSE, or Ollama's NDJSON): its head (OpenAI's role chunk), one
+    piece per text, then its tail (the finish chunk with usage and timings, usage if asked, [DONE])."""
     status = "200"
     finished = False
     watch = asyncio.create_task(_watch_disconnect(request, queue))
     try:
-        if shaper.chat:
-            yield sse(shaper.chunk("", first=True))
+        for obj in shaper.head():
+            yield shaper.frame(obj)
         while True:
             kind, payload = await queue.get()
             if kind == "text":
-                yield sse(shaper.chunk(payload))
+                for obj in shaper.piece(payload, job):
+                    yield shaper.frame(obj)
             elif kind == "gone":
                 break
             elif kind == "error":
                 status = "500"
                 finished = True
-                yield sse(error_body(f"the engine failed: {payload}", kind="server_error"))
+                for obj in shaper.failure(f"the engine failed: {payload}"):
+                    yield shaper.frame(obj)
                 break
             else:
                 finished = True
-                yield sse(shaper.chunk(None, job.finish_reason))
-                if include_usage:
-                    yield sse(shaper.usage_chunk(job.usage()))
+                for obj in shaper.tail(job, include_usage):
+                    yield shaper.frame(obj)
                 break
-        if finished:
-            yield sse("[DONE]")
     finally:
         watch.cancel()
         if not finished:

@@ -11,8 +11,11 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
+from localllm import __version__
 from localllm.engine_api import SamplingConfig
 from localllm.errors import InputError
 
@@ -20,17 +23,22 @@ DEFAULTS = SamplingConfig()  # a field the request omits samples as run, chat an
 MAX_STOP = 16
 MAX_STOP_CHARS = 128
 ROLES = ("system", "developer", "user", "assistant", "tool")
+FINGERPRINT = f"localllm-{__version__}"  # OpenAI's and llama-server's system_fingerprint: the build that answered
 
 
 class RequestError(Exception):
     """An error the client caused: an HTTP status and an OpenAI-style body."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, kind: str = "invalid_request_error", code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, kind: str = "invalid_request_error", code: str | None = None,
+                 extra: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.extra = extra or {}  # more fields for the error object, e.g. llama-server's n_prompt_tokens and n_ctx
 
     def body(self) -> dict:
-        return error_body(self.message, kind=self.kind, param=self.param, code=self.code)
+        body = error_body(self.message, kind=self.kind, param=self.param, code=self.code)
+        body["error"].update(self.extra)
+        return body
 
 
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:
@@ -58,6 +66,7 @@ class GenParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignored: tuple[str, ...] = ()  # fields no API defines: accepted, named in the log and in X-Ignored-Fields
+    timings_per_token: bool = False  # llama-server's: each streamed chunk carries the timings so far
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -104,7 +113,8 @@ def _content(v: object, i: int) -> str:
     raise _bad(f"messages[{i}].content", "must be a string or a list of text parts")
 
 
-def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
+def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig = DEFAULTS) -> GenParams:
+    """The request's fields; one it omits takes ``defaults`` (serve's --temp, --seed, -n ..., else llama.cpp's)."""
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     if chat:
@@ -137,7 +147,9 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
     max_tokens = body.get(key)
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens <= 0):
         raise _bad(key, "must be a whole number of at least 1")
-    if max_tokens is None and not chat:
+    if max_tokens is None and defaults.max_tokens > 0:
+        max_tokens = defaults.max_tokens  # serve -n N
+    elif max_tokens is None and not chat:
         max_tokens = 16  # OpenAI's default for completions
     n = body.get("n")
     if n is not None and (not _is_int(n) or n != 1):
@@ -145,6 +157,8 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise _bad("seed", "must be a whole number")
+    if seed is None:
+        seed = defaults.seed
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -174,6 +188,9 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos", "must be true or false")
+    per_token = body.get("timings_per_token", False)
+    if not isinstance(per_token, bool):
+        raise _bad("timings_per_token", "must be true or false")
     refused = _refused(body, chat)
     if refused is not None:
         raise _bad(*refused)
@@ -181,18 +198,19 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
         logit_bias=_logit_bias(body, n_vocab),
         ignored=tuple(sorted(k for k in body if k not in (CHAT_FIELDS if chat else COMPLETION_FIELDS) | NO_EFFECT)),
         grammar=_grammar(body),
-        top_k=DEFAULTS.top_k if top_k is None else top_k,
-        min_p=_number(body, "min_p", DEFAULTS.min_p, 0.0, 1.0),
-        repeat_penalty=_number(body, "repeat_penalty", DEFAULTS.repeat_penalty, 0.01, 10.0),
+        top_k=defaults.top_k if top_k is None else top_k,
+        min_p=_number(body, "min_p", defaults.min_p, 0.0, 1.0),
+        repeat_penalty=_number(body, "repeat_penalty", defaults.repeat_penalty, 0.01, 10.0),
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         ignore_eos=ignore_eos,
+        timings_per_token=per_token,
         chat=chat,
         messages=messages,
         prompt=prompt,
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", DEFAULTS.temperature, 0.0, 2.0),
-        top_p=_number(body, "top_p", DEFAULTS.top_p, 0.0, 1.0),
+        temperature=_number(body, "temperature", defaults.temperature, 0.0, 2.0),
+        top_p=_number(body, "top_p", defaults.top_p, 0.0, 1.0),
         seed=seed,
         stop=stops,
         stream=stream,
@@ -204,7 +222,7 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
 HONOURED = frozenset({
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format",  # OpenAI
-    "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt",  # llama-server's
+    "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt", "timings_per_token",  # llama-server's
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
                           "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
@@ -299,35 +317,90 @@ def new_id(chat: bool) -> str:
 
 
 class Shaper:
-    """Builds the response objects of one request."""
+    """Builds the response objects of one request, in OpenAI's shapes with
+    llama-server's additions (``system_fingerprint``, ``timings``). Other
+    dialects (llama-server's /completion, Ollama's API) subclass it: the
+    routes stream whatever ``head``, ``piece``, ``tail`` and ``failure`` give,
+    each framed by ``frame``."""
 
-    def __init__(self, chat: bool, model: str) -> None:
-        self.chat, self.model = chat, model
+    media_type = "text/event-stream"
+
+    def __init__(self, chat: bool, model: str, *, per_token: bool = False) -> None:
+        self.chat, self.model, self.per_token = chat, model, per_token
         self.id = new_id(chat)
         self.created = int(time.time())
 
     def _base(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": FINGERPRINT}
 
-    def full(self, text: str, finish: str | None, usage: dict) -> dict:
+    def frame(self, obj: dict | str) -> bytes:
+        return sse(obj)
+
+    def full(self, text: str, job: Finished) -> dict:
+        finish, usage, timings = job.finish_reason, job.usage(), job.timings()
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
-            return {**self._base("chat.completion"), "choices": [choice], "usage": usage}
+            return {**self._base("chat.completion"), "choices": [choice], "usage": usage, "timings": timings}
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**self._base("text_completion"), "choices": [choice], "usage": usage}
+        return {**self._base("text_completion"), "choices": [choice], "usage": usage, "timings": timings}
 
     def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False) -> dict:
         if self.chat:
-            delta: dict = {}
-            if first:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
+            # the first chunk names the role with content null, as llama-server and OpenAI send it
+            delta: dict = {"role": "assistant", "content": text} if first else {} if text is None else {"content": text}
             return {**self._base("chat.completion.chunk"), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
         return {**self._base("text_completion"), "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
 
-    def usage_chunk(self, usage: dict) -> dict:
-        return {**self._base("chat.completion.chunk" if self.chat else "text_completion"), "choices": [], "usage": usage}
+    def head(self) -> list[dict | str]:
+        return [self.chunk(None, first=True)] if self.chat else []
+
+    def piece(self, text: str, job: Finished) -> list[dict | str]:
+        return [{**self.chunk(text), "timings": job.timings()} if self.per_token else self.chunk(text)]
+
+    def tail(self, job: Finished, include_usage: bool) -> list[dict | str]:
+        """The finish chunk (with usage and timings, as llama-server's last chunk),
+        then OpenAI's usage chunk when asked, then [DONE]."""
+        last = {**self.chunk(None, job.finish_reason), "usage": job.usage(), "timings": job.timings()}
+        usage = [{**self._base("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
+                  "usage": job.usage(), "timings": job.timings()}] if include_usage else []
+        return [last, *usage, "[DONE]"]
+
+    def failure(self, message: str) -> list[dict | str]:
+        return [error_body(message, kind="server_error"), "[DONE]"]
+
+
+class Finished(Protocol):
+    """What a shaper reads of a request (``scheduler.Job``)."""
+
+    finish_reason: str | None
+    tokens: list[int]
+    n_gen: int
+    n_cached: int
+    sampling: SamplingConfig
+    max_tokens: int
+    slot: int
+    stop_word: str | None
+    submit_ns: int
+
+    def usage(self) -> dict: ...
+    def timings(self) -> dict: ...
+
+
+def _openai_shaper(chat: bool, model: str, params: GenParams) -> Shaper:
+    return Shaper(chat, model, per_token=params.timings_per_token)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One API over the same engine: how a request body is read, how the
+    replies are shaped, and what an error looks like."""
+
+    parse: Callable[..., GenParams]  # (body, *, chat, n_vocab, defaults) -> GenParams
+    shaper: Callable[[bool, str, GenParams], Shaper]  # (chat, model name, params)
+    error: Callable[[RequestError], dict] = RequestError.body
+
+
+OPENAI = Dialect(parse_gen, _openai_shaper)
 
 
 def sse(obj: dict | str) -> bytes:

@@ -44,6 +44,9 @@ class Job:
     stop: tuple[str, ...] = ()
     cancelled: bool = False
     submit_ns: int = field(default_factory=time.perf_counter_ns)
+    start_ns: int = 0  # when a slot took it: its prompt is read from then on
+    slot: int = -1  # the slot (llama.cpp sequence) that took it
+    stop_word: str | None = None  # the stop string that ended it, if one did
     token_ns: list[int] = field(default_factory=list)
     n_cached: int = 0
     n_gen: int = 0
@@ -64,6 +67,26 @@ class Job:
             "completion_tokens": self.n_gen,
             "total_tokens": len(self.tokens) + self.n_gen,
             "prompt_tokens_details": {"cached_tokens": self.n_cached},
+        }
+
+    def timings(self) -> dict:
+        """llama-server's ``timings``, measured here: the prompt from a slot taking
+        the request to its first token, generation from the first token to the
+        last (its gaps); a span not measured (no token, one token) is null."""
+        prompt_n = len(self.tokens) - self.n_cached
+        prompt_ms = (self.token_ns[0] - self.start_ns) / 1e6 if self.token_ns and self.start_ns else None
+        gen_ms = (self.token_ns[-1] - self.token_ns[0]) / 1e6 if len(self.token_ns) > 1 else None
+        gaps = len(self.token_ns) - 1
+        return {
+            "cache_n": self.n_cached,
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_ms is not None and prompt_n else None,
+            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms else None,
+            "predicted_n": self.n_gen,
+            "predicted_ms": gen_ms,
+            "predicted_per_token_ms": gen_ms / gaps if gen_ms is not None else None,
+            "predicted_per_second": 1e3 * gaps / gen_ms if gen_ms else None,
         }
 
 
@@ -226,6 +249,8 @@ class Scheduler:
         target.text, target.emitted = "", 0
         target.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         job.n_cached = n
+        job.start_ns = time.perf_counter_ns()
+        job.slot = target.id
         self.metrics.prompt(len(toks), n)
         self.metrics.running = sum(1 for s in self.slots if s.job)
 
@@ -318,6 +343,7 @@ class Scheduler:
             hits = [i for i in (s.text.find(x, start) for x in job.stop) if i >= 0]
             if hits:
                 cut = min(hits)
+                job.stop_word = next(x for x in job.stop if s.text.find(x, start) == cut)
                 if cut > s.emitted:
                     job.emit("text", s.text[s.emitted:cut])
                 s.emitted = cut

@@ -38,6 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         "1",
         "--api-key",
         KEY,
+        "--metrics",
         env={"LOCALLLM_HOME": str(home)},
     )
     yield s

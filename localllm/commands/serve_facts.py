@@ -1,0 +1,44 @@
+"""The loaded model's facts for serve's informational routes (llama-server's
+``/props``, ``/tokenize``, ``/apply-template``; Ollama's ``/api/tags`` and
+``/api/show``): read once from the GGUF header and the vocabulary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localllm.modelfile.model_info import inspect_model
+from localllm.serve.llama_routes import ModelFacts
+
+
+def model_facts(model, path: Path, n_parallel: int, template: str | None = None) -> ModelFacts:
+    """``model``: a loaded ``engine.batch.BatchModel``; ``template``: serve's --chat-template(-file)."""
+    tok = model.tok
+    header = tok.header
+    info = inspect_model(path)
+
+    def special(key: str) -> str:
+        tid = header.get(key) if header is not None else None
+        return tok.token_bytes(tid, special=True).decode("utf-8", "replace") if isinstance(tid, int) and 0 <= tid < tok.n_vocab else ""
+
+    if template is not None:
+        p = Path(template).expanduser()
+        source = p.read_text(encoding="utf-8", errors="replace") if p.is_file() else template  # a file's text, or a built-in's name
+    else:
+        own = header.get("tokenizer.chat_template") if header is not None else None
+        source = own if isinstance(own, str) else ""
+    return ModelFacts(
+        path=str(path),
+        n_parallel=n_parallel,
+        chat_template=source,
+        bos_token=special("tokenizer.ggml.bos_token_id"),
+        eos_token=special("tokenizer.ggml.eos_token_id"),
+        architecture=info.architecture,
+        file_type=info.file_type,
+        n_params=info.n_params,
+        size_bytes=info.size_bytes,
+        n_ctx_train=info.context_length,
+        n_embd=info.n_embd,
+        tokenize=lambda text, add_special, parse_special: tok.tokenize(text, add_special=add_special, parse_special=parse_special),
+        piece=lambda t: tok.token_bytes(t, special=True),
+        render=lambda messages: tok.render_chat(messages),
+    )

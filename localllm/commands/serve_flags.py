@@ -1,0 +1,58 @@
+"""llama-server's spelling on ``localllm serve``: the flags it shares with
+llama-server (``--jinja``, ``--metrics``, ``--slots``, ``--cors``; ``-m``,
+``-c``, ``-np``, ``-t``, ``--temp``, ``--seed``, ``-n``... are the ordinary
+options' aliases), and the llama-server flags it cannot honour, each refused
+by name with the reason rather than ignored or reported as unknown."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+# llama-server's flags that serve does not do, and why (a usage error naming the flag)
+UNSUPPORTED = {
+    ("--lora", "--lora-scaled", "--lora-init-without-apply"): "LoRA adapters are not supported",
+    ("--control-vector", "--control-vector-scaled", "--control-vector-layer-range"): "control vectors are not supported",
+    ("--mmproj", "-mm", "--mmproj-url", "-mmu"): "multimodal projectors are not supported (text models only)",
+    ("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"): "give a model name or a .gguf path (localllm pulls Hub models itself)",
+    ("-md", "--model-draft", "-hfd", "--hf-repo-draft", "--draft", "--draft-max", "--draft-min"): "speculative decoding is not supported in serve",
+    ("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor",
+     "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast", "-gan", "--grp-attn-n", "-gaw", "--grp-attn-w"):
+        "RoPE and context-extension overrides are not supported: the model's own settings are used",
+    ("--override-kv", "--override-tensor", "-ot"): "overriding the model's metadata or tensor placement is not supported",
+    ("-nkvo", "--no-kv-offload", "--mlock", "--no-mmap", "--numa", "-sm", "--split-mode", "-ts", "--tensor-split", "-mg",
+     "--main-gpu", "-dev", "--device"): "placement is planned by localllm (see --vram, --ngl, --rpc)",
+    ("--slot-save-path",): "saving slots is not supported",
+    ("--props",): "changing the server's properties over HTTP is not supported",
+    ("--path", "--webui", "--no-webui", "--api-prefix"): "serve has no web UI and no static files",
+    ("--api-key-file",): "give --api-key, or LOCALLLM_API_KEY",
+    ("--ssl-key-file", "--ssl-cert-file"): "serve has no TLS: put a reverse proxy in front",
+    ("-to", "--timeout", "--threads-http"): "not configurable in serve",
+    ("--cache-reuse", "--no-cache-prompt", "--ctx-checkpoints", "--swa-checkpoints"): "prefix reuse is automatic (see README: Serve)",
+    ("--no-cont-batching", "-nocb"): "serve always batches continuously",
+    ("--no-context-shift", "--context-shift", "--keep", "-k"): "serve does not shift the context: a request gets up to --ctx tokens",
+    ("--no-jinja",): "chat templates are always rendered with Jinja (or a llama.cpp built-in given by --chat-template)",
+    ("--reasoning-format", "--reasoning-budget", "--chat-template-kwargs"): "reasoning and template options are not supported",
+    ("-sp", "--special", "--no-warmup", "--spm-infill", "--rerank", "--reranking", "--system-prompt-file"): "not supported in serve",
+    ("--log-file", "--log-format", "--log-disable", "--log-colors", "--log-verbosity", "-lv"): "serve logs one line per request to stderr (--json for JSON)",
+    ("--n-probs", "--defrag-thold", "-dt", "-cd", "--ctx-size-draft", "-np-draft"): "not supported in serve",
+}
+
+
+class _Refuse(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option: str | None = None) -> NoReturn:
+        why = next(w for flags, w in UNSUPPORTED.items() if option in flags)
+        parser.error(f"serve does not support llama-server's {option}: {why}")
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    """serve's llama-server flags (the shared ones and the refused ones)."""
+    g = p.add_argument_group("llama-server's flags")
+    g.add_argument("--jinja", action="store_true", help="accepted: chat templates are always Jinja here (llama-server's --jinja)")
+    g.add_argument("--metrics", action="store_true", help="serve GET /metrics (Prometheus text); without it /metrics answers 501, as llama-server")
+    g.add_argument("--slots", action="store_true", help="serve GET /slots (what each slot is doing); without it /slots answers 501")
+    g.add_argument("--no-slots", dest="slots", action="store_false", help="no /slots (the default)")
+    g.add_argument("--cors", action="append", default=None, metavar="ORIGIN",
+                   help="let web pages from ORIGIN call the API (repeatable; * for any); without it no CORS headers are sent")
+    for flags in UNSUPPORTED:
+        g.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)

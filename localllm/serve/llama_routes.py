@@ -1,0 +1,271 @@
+"""llama-server's own routes, so that its clients work unchanged: ``/completion``
+(its request fields and reply shape, streamed as it streams), ``/tokenize``,
+``/detokenize``, ``/apply-template``, ``/props`` and ``/slots``.
+
+Field names and shapes follow llama.cpp's tools/server (server-context.cpp,
+server-task.cpp) as vendored in the pinned llama-cpp-python;
+``tests/serve/llama_server_answers.json`` holds its real answers, recorded,
+and the tests compare keys against them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from localllm.errors import InputError
+from localllm.serve.protocol import DEFAULTS, FINGERPRINT, OPENAI, Dialect, Finished, GenParams, RequestError, Shaper, error_body, parse_gen
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What llama-server's and Ollama's informational routes report of the
+    loaded model, and the vocabulary's functions they call (in a worker thread)."""
+
+    path: str
+    n_parallel: int
+    chat_template: str  # "" for none
+    bos_token: str
+    eos_token: str
+    architecture: str
+    file_type: str
+    n_params: int
+    size_bytes: int
+    n_ctx_train: int
+    n_embd: int
+    tokenize: Callable[[str, bool, bool], list[int]]  # (text, add_special, parse_special)
+    piece: Callable[[int], bytes]
+    render: Callable[[list[dict]], str]  # the chat template, with the generation prompt
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+Generate = Callable[..., Awaitable[Response]]
+
+
+def _answers(handler: Handler) -> Handler:
+    """A ``RequestError`` raised by the handler becomes its JSON error."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+
+    return wrapped
+
+
+def _flag(body: dict, key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if not isinstance(v, bool):
+        raise RequestError(400, f"'{key}' must be true or false", param=key)
+    return v
+
+
+def _utf8_or_bytes(b: bytes) -> str | list[int]:
+    """A piece as llama-server gives it: text, or its bytes when not valid UTF-8 alone."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)
+
+
+def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[dict]]) -> list[Route]:
+    """The routes, over ``state`` (``app.ServeState``) and the app's ``generate``."""
+
+    def facts() -> ModelFacts:
+        if state.facts is None:
+            raise RequestError(503, "the model's details are not available", kind="unavailable_error")
+        return state.facts
+
+    async def completion(request: Request) -> Response:
+        return await generate(request, False, LLAMA_COMPLETION)
+
+    async def tokenize(request: Request) -> Response:
+        body = await read_json(request)
+        content = body.get("content", "")
+        if not isinstance(content, str):
+            raise RequestError(400, "'content' must be a string", param="content")
+        add_special, parse_special = _flag(body, "add_special", False), _flag(body, "parse_special", True)
+        f = facts()
+        ids = await run_in_threadpool(f.tokenize, content, add_special, parse_special)
+        if not _flag(body, "with_pieces", False):
+            return JSONResponse({"tokens": ids})
+        return JSONResponse({"tokens": [{"id": t, "piece": _utf8_or_bytes(f.piece(t))} for t in ids]})
+
+    async def detokenize(request: Request) -> Response:
+        body = await read_json(request)
+        tokens = body.get("tokens", [])
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < state.n_vocab for t in tokens):
+            raise RequestError(400, f"'tokens' must be a list of token ids of this model (0..{state.n_vocab - 1})", param="tokens")
+        f = facts()
+        text = b"".join(f.piece(t) for t in tokens).decode("utf-8", errors="replace")
+        return JSONResponse({"content": text})
+
+    async def apply_template(request: Request) -> Response:
+        body = await read_json(request)
+        params = parse_gen({"messages": body.get("messages")}, chat=True, n_vocab=state.n_vocab)
+        try:
+            prompt = await run_in_threadpool(facts().render, params.messages or [])
+        except (InputError, ValueError) as exc:  # no template, or one that refuses these messages
+            raise RequestError(400, f"the chat template refused these messages: {exc}"[:500]) from None
+        return JSONResponse({"prompt": prompt})
+
+    async def props(request: Request) -> Response:
+        f = facts()
+        return JSONResponse({
+            "default_generation_settings": {"params": _settings(state.defaults, state.defaults.max_tokens, ()), "n_ctx": state.n_ctx_seq},
+            "total_slots": f.n_parallel,
+            "model_alias": state.model_name,
+            "model_ftype": f.file_type,
+            "model_path": f.path,
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": state.slots_endpoint,
+            "endpoint_props": False,
+            "endpoint_metrics": state.metrics_endpoint,
+            "chat_template": f.chat_template,
+            "bos_token": f.bos_token,
+            "eos_token": f.eos_token,
+            "build_info": FINGERPRINT,
+        })
+
+    async def slots(request: Request) -> Response:
+        if not state.slots_endpoint:
+            return JSONResponse(error_body("This server does not support slots endpoint. Start it with `--slots`", kind="not_supported_error"),
+                                status_code=501)
+        out = []
+        for s in state.scheduler.slots:  # read without the engine's lock: a snapshot, perhaps a step old
+            job = s.job
+            entry = {"id": s.id, "n_ctx": state.n_ctx_seq, "speculative": False, "is_processing": job is not None,
+                     "n_prompt_tokens": len(job.tokens) if job else 0, "n_prompt_tokens_cache": job.n_cached if job else 0}
+            if job is not None:
+                entry["params"] = _settings(job.sampling, job.max_tokens, job.stop)
+                entry["next_token"] = [{"has_next_token": True, "n_remain": job.max_tokens - job.n_gen, "n_decoded": job.n_gen}]
+            out.append(entry)
+        return JSONResponse(out)
+
+    return [
+        Route("/completion", _answers(completion), methods=["POST"]),
+        Route("/completions", _answers(completion), methods=["POST"]),  # llama-server's: its own shape, not OpenAI's
+        Route("/tokenize", _answers(tokenize), methods=["POST"]),
+        Route("/detokenize", _answers(detokenize), methods=["POST"]),
+        Route("/apply-template", _answers(apply_template), methods=["POST"]),
+        Route("/props", _answers(props), methods=["GET"]),
+        Route("/slots", _answers(slots), methods=["GET"]),
+    ]
+
+
+def _settings(s, n_predict: int | None, stop: tuple[str, ...]) -> dict:
+    """llama-server's ``generation_settings``/``params`` for a ``SamplingConfig``
+    (its field names; -1 for no limit, as it writes them)."""
+    return {
+        "n_predict": n_predict if n_predict else -1,
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "seed": -1 if s.seed is None else s.seed,
+        "repeat_penalty": s.repeat_penalty,
+        "repeat_last_n": 64,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "ignore_eos": s.ignore_eos,
+        "stop": list(stop),
+        "grammar": s.grammar or "",
+        "n_probs": 0,
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+    }
+
+
+# llama-server's sampling fields serve does not implement: accepted at their "off" value (clients such as
+# llama.cpp's web UI send them all), a 400 naming them otherwise, never silently dropped
+OFF = {"typical_p": 1, "mirostat": 0, "dynatemp_range": 0, "xtc_probability": 0, "dry_multiplier": 0, "min_keep": 0,
+       "repeat_last_n": 64, "return_tokens": False, "post_sampling_probs": False, "n_indent": 0, "t_max_predict_ms": 0}
+# without effect whatever their value: parameters of samplers that are off, a slot hint, n_keep (serve never shifts a context)
+MOOT = frozenset({"dynatemp_exponent", "mirostat_tau", "mirostat_eta", "xtc_threshold", "dry_base", "dry_allowed_length",
+                  "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "id_slot", "n_keep", "return_progress", "top_n_sigma"})
+
+
+def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, native: bool = False) -> GenParams:
+    """A body with llama-server's fields, which it takes on its OpenAI routes too:
+    ``n_predict`` (-1: until the model stops; ``max_tokens`` wins where both are
+    given), ``logit_bias`` as ``[[token id, bias], ...]`` (``false``: never), its
+    samplers at their off value. ``native``: ``/completion``, where a request that
+    sets no limit runs until the model stops (or serve's -n), as llama-server's does."""
+    for key, off in OFF.items():
+        if key in body and body[key] != off:
+            raise RequestError(400, f"'{key}' is not supported by this server (only {json.dumps(off)}, its off value)", param=key)
+    sigma = body.get("top_n_sigma")
+    if sigma is not None and (not isinstance(sigma, (int, float)) or sigma > 0):
+        raise RequestError(400, "'top_n_sigma' is not supported by this server (only a value of 0 or less: off)", param="top_n_sigma")
+    body = dict(body)
+    n_predict = body.pop("n_predict", None)
+    if n_predict is not None and (not isinstance(n_predict, int) or isinstance(n_predict, bool) or n_predict == 0 or n_predict < -1):
+        raise RequestError(400, "'n_predict' must be -1 (until the model stops) or a whole number of at least 1", param="n_predict")
+    lb = body.get("logit_bias")
+    if isinstance(lb, list):
+        pairs = {}
+        for pair in lb[:1025]:
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int) and not isinstance(pair[0], bool)):
+                raise RequestError(400, "'logit_bias' pairs must be [token id, bias]", param="logit_bias")
+            pairs[str(pair[0])] = -100 if pair[1] is False else pair[1]
+        body["logit_bias"] = pairs
+    params = parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults)
+    ignored = tuple(k for k in params.ignored if k not in OFF and k not in MOOT)
+    limit = params.max_tokens
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        if n_predict is not None:
+            limit = None if n_predict == -1 else n_predict
+        elif native:
+            limit = defaults.max_tokens if defaults.max_tokens > 0 else None
+    return dataclasses.replace(params, max_tokens=limit, ignored=ignored)
+
+
+def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS) -> GenParams:
+    """``/completion``'s body (see ``parse_llama``)."""
+    return parse_llama(body, chat=False, n_vocab=n_vocab, defaults=defaults, native=True)
+
+
+class CompletionShaper(Shaper):
+    """llama-server's ``/completion`` reply: ``content``, ``stop``, ``tokens_predicted``,
+    ``tokens_evaluated``, ``timings``...; streamed as its chunks, with no [DONE]."""
+
+    def __init__(self, chat: bool, model: str, params: GenParams) -> None:
+        super().__init__(chat, model, per_token=params.timings_per_token)
+        self.params = params
+
+    def head(self) -> list[dict | str]:
+        return []
+
+    def piece(self, text: str, job: Finished) -> list[dict | str]:
+        out = {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1, "tokens_predicted": job.n_gen, "tokens_evaluated": len(job.tokens)}
+        return [{**out, "timings": job.timings()} if self.per_token else out]
+
+    def full(self, text: str, job: Finished) -> dict:
+        stop_word = job.stop_word
+        stop_type = "limit" if job.finish_reason == "length" else "word" if stop_word else "eos"
+        prompt = self.params.prompt
+        return {
+            "index": 0, "content": text, "tokens": [], "id_slot": job.slot, "stop": True, "model": self.model,
+            "tokens_predicted": job.n_gen, "tokens_evaluated": len(job.tokens),
+            "generation_settings": _settings(job.sampling, job.max_tokens, self.params.stop),
+            "prompt": prompt if isinstance(prompt, str) else "", "has_new_line": "\n" in text, "truncated": False,
+            "stop_type": stop_type, "stopping_word": stop_word or "", "tokens_cached": len(job.tokens) + job.n_gen,
+            "timings": job.timings(),
+        }
+
+    def tail(self, job: Finished, include_usage: bool) -> list[dict | str]:
+        return [self.full("", job)]
+
+    def failure(self, message: str) -> list[dict | str]:
+        return [error_body(message, kind="server_error")]
+
+
+LLAMA_COMPLETION = Dialect(parse_completion, CompletionShaper)
+OPENAI_WITH_LLAMA_FIELDS = Dialect(parse_llama, OPENAI.shaper)  # the OpenAI routes, as llama-server's take its fields

@@ -1,0 +1,240 @@
+"""Ollama's API over the same engine and scheduler: ``/api/chat``,
+``/api/generate`` (streamed as NDJSON unless ``"stream": false``),
+``/api/tags``, ``/api/ps``, ``/api/show`` and ``/api/version``, so clients that speak only
+Ollama's API can connect.
+
+A request is translated into the OpenAI body ``protocol.parse_gen`` checks, so
+the limits and refusals are the same; ``options`` Ollama defines but this
+server does not apply are named in the ``X-Ignored-Fields`` header and the log,
+as unknown OpenAI fields are. Errors are Ollama's ``{"error": "..."}``.
+Durations are nanoseconds as Ollama gives them; ``load_duration`` is null (the
+model was loaded before any request, nothing was measured for this one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from localllm import __version__
+from localllm.serve.protocol import DEFAULTS, Dialect, Finished, GenParams, RequestError, Shaper, parse_gen
+
+# Ollama's options mapped onto the request fields parse_gen knows
+OPTION_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
+                 "stop": "stop", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
+                 "frequency_penalty": "frequency_penalty"}
+REFUSED = {"images": "are not supported (a text model)", "suffix": "is not supported", "template": "cannot be changed per request",
+           "context": "(a token context from an earlier reply) is not supported: send the conversation to /api/chat",
+           "tools": "are not supported by this server yet"}
+NO_EFFECT = {"model", "keep_alive", "stream", "options", "format", "system", "raw", "messages", "prompt", "think"}
+
+
+def created_at() -> str:
+    """Now in UTC, RFC 3339 with nanoseconds, as Ollama writes ``created_at``."""
+    ns = time.time_ns()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns % 10**9:09d}Z"
+
+
+def _bad(field: str, why: str) -> RequestError:
+    return RequestError(400, f"'{field}' {why}", param=field)
+
+
+def _translate(body: dict, *, chat: bool, n_ctx: int | None) -> tuple[dict, list[str], int | None]:
+    """(an OpenAI body, the fields and options ignored, num_predict) for an Ollama body."""
+    for field, why in REFUSED.items():
+        if body.get(field) not in (None, "", []):
+            raise _bad(field, why)
+    if body.get("think") not in (None, False):
+        raise _bad("think", "is not supported: this server has no separate thinking output")
+    out: dict = {"model": body.get("model"), "stream": True if body.get("stream") is None else body["stream"]}
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise _bad("messages", "must be a list")
+        for i, m in enumerate(messages):
+            if isinstance(m, dict) and m.get("images"):
+                raise _bad(f"messages[{i}].images", "are not supported (a text model)")
+        out["messages"] = [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in messages]
+    fmt = body.get("format")
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        out["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt}}
+    elif fmt not in (None, ""):
+        raise _bad("format", "must be \"json\" or a JSON schema object")
+    opts = body.get("options") or {}
+    if not isinstance(opts, dict):
+        raise _bad("options", "must be an object")
+    ignored = [f"options.{k}"[:40] for k in opts if k not in OPTION_FIELDS and k not in ("num_predict", "num_ctx")]
+    ignored += [k for k in body if k not in NO_EFFECT and k not in REFUSED]
+    for k, field in OPTION_FIELDS.items():
+        if opts.get(k) is not None:
+            out[field] = opts[k]
+    num_ctx = opts.get("num_ctx")
+    if num_ctx is not None and (not isinstance(num_ctx, int) or isinstance(num_ctx, bool) or num_ctx < 1):
+        raise _bad("options.num_ctx", "must be a whole number of at least 1")
+    if num_ctx is not None and n_ctx is not None and num_ctx > n_ctx:
+        raise _bad("options.num_ctx", f"asks for {num_ctx} tokens, but this server holds {n_ctx} per request: restart it with a larger --ctx")
+    num_predict = opts.get("num_predict")
+    if num_predict is not None and (not isinstance(num_predict, int) or isinstance(num_predict, bool) or num_predict == 0 or num_predict < -2):
+        raise _bad("options.num_predict", "must be -1 (until the model stops), -2 (until the context is full) or at least 1")
+    return out, ignored, num_predict
+
+
+def _parse(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, generate: bool, n_ctx: int | None = None) -> GenParams:
+    if generate:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise _bad("prompt", "must be a string")
+        system = body.get("system")
+        if system is not None and not isinstance(system, str):
+            raise _bad("system", "must be a string")
+        body = {**body, "messages": ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]}
+        if body.get("raw") not in (None, False, True):
+            raise _bad("raw", "must be true or false")
+    out, ignored, num_predict = _translate(body, chat=True, n_ctx=n_ctx)
+    if not chat:  # /api/generate with raw: the prompt as it is, no template
+        out["prompt"] = body["prompt"]
+        del out["messages"]
+    params = parse_gen(out, chat=chat, n_vocab=n_vocab, defaults=defaults)
+    limit = num_predict if num_predict is not None and num_predict > 0 else defaults.max_tokens if defaults.max_tokens > 0 else None
+    return dataclasses.replace(params, max_tokens=limit, ignored=tuple(ignored))
+
+
+class OllamaShaper(Shaper):
+    """NDJSON: one object per piece, then the last with ``done: true``, the reason and the counts."""
+
+    media_type = "application/x-ndjson"
+    key = "message"
+
+    def __init__(self, chat: bool, model: str, params: GenParams) -> None:
+        super().__init__(chat, model)
+
+    def frame(self, obj: dict | str) -> bytes:
+        return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+
+    def _text(self, text: str) -> object:
+        return {"role": "assistant", "content": text} if self.key == "message" else text
+
+    def head(self) -> list[dict | str]:
+        return []
+
+    def piece(self, text: str, job: Finished) -> list[dict | str]:
+        return [{"model": self.model, "created_at": created_at(), self.key: self._text(text), "done": False}]
+
+    def full(self, text: str, job: Finished) -> dict:
+        t = job.timings()
+        gap = t["predicted_per_token_ms"]
+        return {
+            "model": self.model, "created_at": created_at(), self.key: self._text(text), "done": True, "done_reason": job.finish_reason,
+            "total_duration": time.perf_counter_ns() - job.submit_ns,
+            "load_duration": None,
+            "prompt_eval_count": len(job.tokens),
+            "prompt_eval_duration": None if t["prompt_ms"] is None else int(t["prompt_ms"] * 1e6),
+            "eval_count": job.n_gen,
+            # the mean measured gap between tokens, times the tokens: the decode time of eval_count tokens
+            "eval_duration": None if gap is None else int(gap * 1e6 * job.n_gen),
+        }
+
+    def tail(self, job: Finished, include_usage: bool) -> list[dict | str]:
+        return [self.full("", job)]
+
+    def failure(self, message: str) -> list[dict | str]:
+        return [{"error": message}]
+
+
+class GenerateShaper(OllamaShaper):
+    key = "response"
+
+
+def _error(exc: RequestError) -> dict:
+    return {"error": exc.message}
+
+
+def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Callable[[Request], Awaitable[dict]]) -> list[Route]:
+    """The routes, over ``state`` (``app.ServeState``) and the app's ``generate``."""
+
+    def dialect(gen: bool) -> Dialect:
+        def parse(body: dict, **kw) -> GenParams:
+            return _parse(body, generate=gen, n_ctx=state.n_ctx_seq, **kw)
+
+        def shaper(chat: bool, model: str, params: GenParams) -> Shaper:
+            return (GenerateShaper if gen else OllamaShaper)(chat, name(), params)  # the name /api/tags lists
+
+        return Dialect(parse, shaper, _error)
+
+    chat_dialect, generate_dialect = dialect(False), dialect(True)
+
+    def loaded(key: str, body: dict) -> Response:
+        """Ollama's answer to a request with nothing to say: the model is loaded."""
+        text: object = {"role": "assistant", "content": ""} if key == "message" else ""
+        return JSONResponse({"model": name(), "created_at": created_at(), key: text,
+                             "done": True, "done_reason": "load"})
+
+    async def api_chat(request: Request) -> Response:
+        try:
+            body = await read_json(request)
+        except RequestError as exc:
+            return JSONResponse(_error(exc), status_code=exc.status)
+        if body.get("messages") == []:
+            return loaded("message", body)
+        return await generate(request, True, chat_dialect, body=body)
+
+    async def api_generate(request: Request) -> Response:
+        try:
+            body = await read_json(request)
+        except RequestError as exc:
+            return JSONResponse(_error(exc), status_code=exc.status)
+        if body.get("prompt") in (None, ""):
+            return loaded("response", body)
+        return await generate(request, body.get("raw") is not True, generate_dialect, body=body)
+
+    def details() -> dict:
+        f = state.facts
+        if f is None:
+            return {"format": "gguf"}
+        return {"parent_model": "", "format": "gguf", "family": f.architecture, "families": [f.architecture],
+                "parameter_size": f"{f.n_params / 1e9:.1f}B" if f.n_params >= 1e9 else f"{f.n_params / 1e6:.0f}M",
+                "quantization_level": f.file_type}
+
+    def name() -> str:
+        return state.model_name if ":" in state.model_name else f"{state.model_name}:latest"
+
+    async def tags(request: Request) -> Response:
+        f = state.facts
+        modified = None if f is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.stat(f.path).st_mtime))
+        model = {"name": name(), "model": name(), "modified_at": modified, "size": f.size_bytes if f else None,
+                 "digest": None, "details": details()}  # no digest: hashing a multi-GB file per listing is not worth it
+        return JSONResponse({"models": [model]})
+
+    async def ps(request: Request) -> Response:
+        """The loaded model: always this one, loaded until serve stops (no expiry); the VRAM share is not measured here."""
+        f = state.facts
+        return JSONResponse({"models": [{"name": name(), "model": name(), "size": f.size_bytes if f else None, "digest": None,
+                                         "details": details(), "expires_at": None, "size_vram": None}]})
+
+    async def show(request: Request) -> Response:
+        f = state.facts
+        info = {} if f is None else {"general.architecture": f.architecture, "general.parameter_count": f.n_params,
+                                     f"{f.architecture}.context_length": f.n_ctx_train, f"{f.architecture}.embedding_length": f.n_embd}
+        return JSONResponse({"modelfile": "", "parameters": "", "template": f.chat_template if f else "", "details": details(),
+                             "model_info": info, "capabilities": ["completion"]})
+
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": __version__})
+
+    return [
+        Route("/api/chat", api_chat, methods=["POST"]),
+        Route("/api/generate", api_generate, methods=["POST"]),
+        Route("/api/tags", tags, methods=["GET"]),
+        Route("/api/ps", ps, methods=["GET"]),
+        Route("/api/show", show, methods=["POST"]),
+        Route("/api/version", version, methods=["GET"]),
+    ]
