@@ -25,6 +25,7 @@ from localllm.errors import InputError
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import RequestError, Shaper, error_body, parse_gen, parse_json, sse
 from localllm.serve.scheduler import Job, Scheduler
+from localllm.serve.tools import GENERIC, Format, ReplySplitter, parse_reply
 
 MAX_BODY = 1024 * 1024
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
@@ -44,6 +45,7 @@ class ServeState:
     api_key: str | None = None
     max_body: int = MAX_BODY
     json_log: bool = False  # one JSON object per request line instead of text
+    tool_format: Format = GENERIC  # how the chat template writes tool calls (serve/tools.py)
 
     def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
         """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
@@ -140,7 +142,7 @@ def build_app(state: ServeState) -> Guard:
         method, path = request.method, request.url.path
         try:
             body = parse_json(await _read_body(request, state.max_body))
-            params = parse_gen(body, chat=chat, n_vocab=state.n_vocab)
+            params = parse_gen(body, chat=chat, n_vocab=state.n_vocab, tool_format=state.tool_format)
             try:
                 tokens = await run_in_threadpool(state.tokenize, params)
             except RequestError:
@@ -167,7 +169,8 @@ def build_app(state: ServeState) -> Guard:
         sampling = SamplingConfig(temperature=params.temperature, top_p=params.top_p, seed=params.seed, max_tokens=max_tokens,
                                   ignore_eos=params.ignore_eos, grammar=params.grammar, top_k=params.top_k, min_p=params.min_p,
                                   repeat_penalty=params.repeat_penalty, presence_penalty=params.presence_penalty,
-                                  frequency_penalty=params.frequency_penalty, logit_bias=params.logit_bias)
+                                  frequency_penalty=params.frequency_penalty, logit_bias=params.logit_bias,
+                                  grammar_triggers=params.tools.triggers if params.tools else ())
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -193,7 +196,8 @@ def build_app(state: ServeState) -> Guard:
 
         request.scope["localllm.logged"] = True
         if params.stream:
-            return StreamingResponse(_stream(request, job, queue, shaper, params.include_usage, state, log_done), media_type="text/event-stream",
+            splitter = ReplySplitter(params.tools) if params.tools else None
+            return StreamingResponse(_stream(request, job, queue, shaper, params.include_usage, state, log_done, splitter), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **ignored})
         parts: list[str] = []
         watch = asyncio.create_task(_watch_disconnect(request, queue))
@@ -216,8 +220,12 @@ def build_app(state: ServeState) -> Guard:
             raise
         finally:
             watch.cancel()
+        text, calls = "".join(parts), None
+        if params.tools:
+            text, calls = parse_reply(text, params.tools.fmt, {f["name"] for f in params.tools.functions})
+            job.finish_reason = "tool_calls" if calls and job.finish_reason == "stop" else job.finish_reason
         log_done("200")
-        return JSONResponse(shaper.full("".join(parts), job.finish_reason, job.usage()), headers=ignored)
+        return JSONResponse(shaper.full(text, job.finish_reason, job.usage(), calls), headers=ignored)
 
     async def chat_completions(request: Request) -> Response:
         return await generate(request, True)
@@ -263,8 +271,10 @@ async def _watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
             return
 
 
-async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shaper, include_usage: bool, state: ServeState, log_done):
-    """SSE: a role chunk, one chunk per piece of text, the finish chunk, usage if asked, [DONE]."""
+async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shaper, include_usage: bool, state: ServeState, log_done,
+                  splitter: ReplySplitter | None = None):
+    """SSE: a role chunk, one chunk per piece of text, the finish chunk, usage if asked, [DONE].
+    With tools, text that may be a call is held, and the calls go out whole before the finish chunk."""
     status = "200"
     finished = False
     watch = asyncio.create_task(_watch_disconnect(request, queue))
@@ -274,7 +284,9 @@ async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shap
         while True:
             kind, payload = await queue.get()
             if kind == "text":
-                yield sse(shaper.chunk(payload))
+                piece = splitter.feed(payload) if splitter else payload
+                if piece:
+                    yield sse(shaper.chunk(piece))
             elif kind == "gone":
                 break
             elif kind == "error":
@@ -284,6 +296,13 @@ async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shap
                 break
             else:
                 finished = True
+                if splitter:
+                    rest, calls = splitter.finish()
+                    if rest:
+                        yield sse(shaper.chunk(rest))
+                    if calls:
+                        job.finish_reason = "tool_calls" if job.finish_reason == "stop" else job.finish_reason
+                        yield sse(shaper.calls_chunk(calls))
                 yield sse(shaper.chunk(None, job.finish_reason))
                 if include_usage:
                     yield sse(shaper.usage_chunk(job.usage()))

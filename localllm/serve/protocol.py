@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from localllm.engine_api import SamplingConfig
 from localllm.errors import InputError
+from localllm.serve import tools as tool_calls
 
 DEFAULTS = SamplingConfig()  # a field the request omits samples as run, chat and the cockpit do (llama-server does the same)
 MAX_STOP = 16
@@ -58,6 +59,7 @@ class GenParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignored: tuple[str, ...] = ()  # fields no API defines: accepted, named in the log and in X-Ignored-Fields
+    tools: tool_calls.ToolRequest | None = None  # tools the model may call (serve/tools.py); None: a plain reply
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -104,7 +106,14 @@ def _content(v: object, i: int) -> str:
     raise _bad(f"messages[{i}].content", "must be a string or a list of text parts")
 
 
-def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
+def parse_gen(body: dict, *, chat: bool, n_vocab: int, tool_format: tool_calls.Format = tool_calls.GENERIC) -> GenParams:
+    try:
+        return _parse_gen(body, chat=chat, n_vocab=n_vocab, tool_format=tool_format)
+    except tool_calls.ToolsError as exc:
+        raise _bad(exc.field, exc.why) from None
+
+
+def _parse_gen(body: dict, *, chat: bool, n_vocab: int, tool_format: tool_calls.Format) -> GenParams:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     if chat:
@@ -118,7 +127,8 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
             role = m.get("role")
             if role not in ROLES:
                 raise _bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
-            messages.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), i)})
+            messages.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), i),
+                             **tool_calls.message_extras(m, i)})
     else:
         p = body.get("prompt")
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
@@ -177,10 +187,18 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
     refused = _refused(body, chat)
     if refused is not None:
         raise _bad(*refused)
+    tools = tool_calls.parse_request(body, tool_format) if chat else None
+    if messages is not None:
+        messages = tool_calls.for_template(messages, tool_format, tools)
+    grammar = _grammar(body)
+    if tools is not None and grammar is not None:
+        raise _bad(next(k for k in ("response_format", "grammar", "json_schema") if body.get(k) is not None),
+                   "cannot go with 'tools': a reply is held either to calls or to this")
     return GenParams(
+        tools=tools,
         logit_bias=_logit_bias(body, n_vocab),
         ignored=tuple(sorted(k for k in body if k not in (CHAT_FIELDS if chat else COMPLETION_FIELDS) | NO_EFFECT)),
-        grammar=_grammar(body),
+        grammar=tools.grammar if tools is not None else grammar,
         top_k=DEFAULTS.top_k if top_k is None else top_k,
         min_p=_number(body, "min_p", DEFAULTS.min_p, 0.0, 1.0),
         repeat_penalty=_number(body, "repeat_penalty", DEFAULTS.repeat_penalty, 0.01, 10.0),
@@ -217,10 +235,8 @@ def _refused(body: dict, chat: bool) -> tuple[str, str] | None:
     """(field, why) for a defined field asking what this server does not do
     (a 400 naming it, never a silent default); None when all is honoured."""
     checks: list[tuple[str, object, str]] = [
-        ("tools", body.get("tools"), "are not supported by this server yet"),
-        ("functions", body.get("functions"), "are not supported by this server yet"),
-        ("function_call", body.get("function_call") not in (None, "none"), "is not supported by this server yet"),
-        ("tool_choice", body.get("tool_choice") not in (None, "none"), "is not supported by this server yet (only \"none\")"),
+        ("functions", body.get("functions"), "(OpenAI's deprecated form) are not supported: send 'tools'"),
+        ("function_call", body.get("function_call") not in (None, "none"), "(OpenAI's deprecated form) is not supported: send 'tool_choice'"),
         ("logprobs", body.get("logprobs") not in (None, False, 0), "are not supported by this server yet"),
         ("top_logprobs", body.get("top_logprobs") not in (None, 0), "are not supported by this server yet"),
         ("n_probs", body.get("n_probs") not in (None, 0), "is not supported by this server yet"),
@@ -309,9 +325,12 @@ class Shaper:
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish: str | None, usage: dict) -> dict:
+    def full(self, text: str, finish: str | None, usage: dict, calls: list[dict] | None = None) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+            message: dict = {"role": "assistant", "content": text}
+            if calls:  # OpenAI's shape: content null when the reply is only calls
+                message = {"role": "assistant", "content": text.strip() or None, "tool_calls": calls}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             return {**self._base("chat.completion"), "choices": [choice], "usage": usage}
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {**self._base("text_completion"), "choices": [choice], "usage": usage}
@@ -325,6 +344,11 @@ class Shaper:
                 delta["content"] = text
             return {**self._base("chat.completion.chunk"), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
         return {**self._base("text_completion"), "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+
+    def calls_chunk(self, calls: list[dict]) -> dict:
+        """The calls as one delta: each with its index, id, type, name and whole arguments."""
+        deltas = [{"index": i, **c} for i, c in enumerate(calls)]
+        return {**self._base("chat.completion.chunk"), "choices": [{"index": 0, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}]}
 
     def usage_chunk(self, usage: dict) -> dict:
         return {**self._base("chat.completion.chunk" if self.chat else "text_completion"), "choices": [], "usage": usage}
