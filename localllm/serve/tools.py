@@ -23,7 +23,7 @@ import json
 import re
 import secrets
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 MAX_TOOLS = 128
@@ -48,8 +48,9 @@ class Format:
     args_key: str  # "arguments", or Llama 3's "parameters"
     root_one: str  # GBNF of the whole reply holding one call (rule tool-call is one call object)
     root_many: str  # ... holding one or more calls
-    trigger: str  # a ^...$ regex over the reply so far whose capture starts the grammar
+    trigger: str  # a regex ending in $ over the reply so far; its capture is where the grammar starts (tool_choice "auto")
     id_len: int = 0  # Mistral's templates want 9 alphanumerics as a call id; 0: OpenAI's call_...
+    system_role: bool = True  # generic: whether the template takes a system message (Gemma 2's refuses one)
 
     def call_id(self) -> str:
         if self.id_len:
@@ -62,15 +63,17 @@ class Format:
         return self.name != "generic"
 
 
-# The lazy grammar's triggers: each matches all the reply so far and ends where
-# a token may end, so llama.cpp replays into the grammar only text it accepts.
-_JSON_START = r'^[ \t\n]*(\{[ \t\n]{0,8}"name"[ \t\n]{0,8}:[ \t\n]{0,8}"?)$'
+# The lazy grammar's triggers: each ends at the end of the reply so far ($), so
+# llama.cpp replays into the grammar only the capture, text it accepts. None
+# holds an unbounded run: llama.cpp tries them after every token on all the
+# reply so far (std::regex, which recurses per character of such a run).
+_JSON_START = r'^[ \t\n]{0,16}(\{[ \t\n]{0,8}"name"[ \t\n]{0,8}:[ \t\n]{0,8}"?)$'
 _HERMES_BLOCK = 'tool-block ::= "<tool_call>" [ \\n]{0,2} tool-call [ \\n]{0,2} "</tool_call>"\n'
 HERMES = Format("hermes", "arguments", "root ::= tool-block\n" + _HERMES_BLOCK,
-                'root ::= tool-block ("\\n" tool-block)*\n' + _HERMES_BLOCK, r"^[\s\S]*?(<tool_call>[ \n]{0,2}\{?)$")
+                'root ::= tool-block ("\\n" tool-block)*\n' + _HERMES_BLOCK, r"(<tool_call>[ \n]{0,2}\{?)$")
 LLAMA3 = Format("llama3", "parameters", "root ::= tool-call\n", "root ::= tool-call\n", _JSON_START)
 MISTRAL = Format("mistral", "arguments", 'root ::= "[TOOL_CALLS]" "[" tool-call "]"\n',
-                 'root ::= "[TOOL_CALLS]" "[" tool-call ("," " "? tool-call)* "]"\n', r"^[\s\S]*?(\[TOOL_CALLS\])$", id_len=9)
+                 'root ::= "[TOOL_CALLS]" "[" tool-call ("," " "? tool-call)* "]"\n', r"(\[TOOL_CALLS\])$", id_len=9)
 GENERIC = Format("generic", "arguments", "root ::= tool-call\n", "root ::= tool-call\n", _JSON_START)
 
 
@@ -84,6 +87,8 @@ def detect(template: str | None) -> Format:
         return HERMES
     if "<|start_header_id|>" in template and "tools" in template and "ipython" in template:
         return LLAMA3
+    if "System role not supported" in template:
+        return replace(GENERIC, system_role=False)
     return GENERIC
 
 
@@ -223,20 +228,23 @@ def message_extras(m: dict, i: int) -> dict[str, Any]:
 def for_template(messages: list[dict[str, Any]], fmt: Format, req: ToolRequest | None) -> list[dict[str, Any]]:
     """The messages as the template gets them. A native format renders calls
     and results itself; the generic one gets calls as the JSON the model
-    writes, results as user messages, and the tools in a system message."""
+    writes, results as user messages, and the tools in a system message (or
+    the first user message, where the template refuses a system one)."""
     if fmt.native:
         return messages
-    out = []
+    out: list[dict[str, Any]] = []
     for m in messages:
-        if m.get("tool_calls"):
+        if m["role"] == "tool" and out and out[-1].get("results"):  # results in a row: one turn (templates that alternate roles)
+            out[-1]["content"] += "\n" + _result(m)
+        elif m.get("tool_calls"):
             text = "\n".join(json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False)
                              for c in m["tool_calls"])
             out.append({"role": "assistant", "content": ((m["content"] + "\n") if m["content"] else "") + text})
         elif m["role"] == "tool":
-            out.append({"role": "user", "content": json.dumps({"tool_response": {"tool_call_id": m["tool_call_id"], "content": m["content"]}},
-                                                                ensure_ascii=False)})
+            out.append({"role": "user", "content": _result(m), "results": True})
         else:
             out.append({"role": m["role"], "content": m["content"]})
+    out = [{"role": m["role"], "content": m["content"]} for m in out]
     if req is None:
         return out
     said = ("You can call these functions. To call one, reply with only a JSON object "
@@ -244,7 +252,15 @@ def for_template(messages: list[dict[str, Any]], fmt: Format, req: ToolRequest |
             + "\n".join(json.dumps(f, ensure_ascii=False) for f in req.functions))
     if out and out[0]["role"] == "system":
         return [{"role": "system", "content": out[0]["content"] + "\n\n" + said}, *out[1:]]
+    if not fmt.system_role:  # said at the start of the first user message instead
+        first = next((i for i, m in enumerate(out) if m["role"] == "user"), None)
+        if first is not None:
+            return [*out[:first], {"role": "user", "content": said + "\n\n" + out[first]["content"]}, *out[first + 1:]]
     return [{"role": "system", "content": said}, *out]
+
+
+def _result(m: dict[str, Any]) -> str:
+    return json.dumps({"tool_response": {"tool_call_id": m["tool_call_id"], "content": m["content"]}}, ensure_ascii=False)
 
 
 # -- replies -------------------------------------------------------------------------

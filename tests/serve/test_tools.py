@@ -32,8 +32,9 @@ def test_each_catalog_family_is_read_from_its_template() -> None:
     assert tools.detect(_template("meta-llama-Llama-3.2-3B-Instruct.jinja")) is tools.LLAMA3
     assert tools.detect(_template("mistralai-Mistral-Nemo-Instruct-2407.jinja")) is tools.MISTRAL
     # no tool calling in these: the generic format (tools described in a system message)
-    for name in ("microsoft-Phi-3.5-mini-instruct.jinja", "google-gemma-2-2b-it.jinja"):
-        assert tools.detect(_template(name)) is tools.GENERIC, name
+    assert tools.detect(_template("microsoft-Phi-3.5-mini-instruct.jinja")) is tools.GENERIC
+    gemma = tools.detect(_template("google-gemma-2-2b-it.jinja"))
+    assert gemma.name == "generic" and not gemma.system_role  # it refuses a system message
     assert tools.detect("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}") is tools.GENERIC
     assert tools.detect(None) is tools.GENERIC
 
@@ -64,6 +65,21 @@ def test_real_templates_render_tools_calls_and_results(name: str, fmt: tools.For
     assert "The weather in a city" in text  # the tool reached the template
     assert call_text in text  # the assistant's call, arguments as an object, in the model's own format
     assert "sunny, 21 C" in text  # the tool's result continues the conversation
+
+
+def test_gemma_gets_the_tools_and_results_as_user_turns() -> None:
+    """Gemma 2's template refuses a system message and wants roles to alternate."""
+    gemma = tools.detect(_template("google-gemma-2-2b-it.jinja"))
+    body = {"tools": [WEATHER], "messages": [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": c})}}
+                                             for i, c in enumerate(("Paris", "Rome"))]},
+        {"role": "tool", "tool_call_id": "c0", "content": "sunny"}, {"role": "tool", "tool_call_id": "c1", "content": "rain"}]}
+    p = parse_gen(body, chat=True, n_vocab=100, tool_format=gemma)
+    assert p.messages is not None and [m["role"] for m in p.messages] == ["user", "assistant", "user"]
+    text = ChatTemplate(_template("google-gemma-2-2b-it.jinja"), "gemma").render(p.messages, bos_token="<bos>", eos_token="<eos>",
+                                                                                add_generation_prompt=True)
+    assert '"name": "get_weather"' in text and "sunny" in text and "rain" in text and text.endswith("<start_of_turn>model\n")
 
 
 def test_generic_format_says_the_tools_in_a_system_message() -> None:
