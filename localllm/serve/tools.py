@@ -70,10 +70,10 @@ class Format:
 _JSON_START = r'^[ \t\n]{0,16}(\{[ \t\n]{0,8}"name"[ \t\n]{0,8}:[ \t\n]{0,8}"?)$'
 _HERMES_BLOCK = 'tool-block ::= "<tool_call>" [ \\n]{0,2} tool-call [ \\n]{0,2} "</tool_call>"\n'
 HERMES = Format("hermes", "arguments", "root ::= tool-block\n" + _HERMES_BLOCK,
-                'root ::= tool-block ("\\n" tool-block)*\n' + _HERMES_BLOCK, r"(<tool_call>[ \n]{0,2}\{?)$")
+                'root ::= tool-block ("\\n" tool-block)*\n' + _HERMES_BLOCK, r'(<tool_call>[ \n]{0,2}(?:\{[ \t\n]{0,8}"?)?)$')
 LLAMA3 = Format("llama3", "parameters", "root ::= tool-call\n", "root ::= tool-call\n", _JSON_START)
 MISTRAL = Format("mistral", "arguments", 'root ::= "[TOOL_CALLS]" "[" tool-call "]"\n',
-                 'root ::= "[TOOL_CALLS]" "[" tool-call ("," " "? tool-call)* "]"\n', r"(\[TOOL_CALLS\])$", id_len=9)
+                 'root ::= "[TOOL_CALLS]" "[" tool-call ("," " "? tool-call)* "]"\n', r'(\[TOOL_CALLS\](?:\[(?:\{[ \t\n]{0,8}"?)?)?)$', id_len=9)
 GENERIC = Format("generic", "arguments", "root ::= tool-call\n", "root ::= tool-call\n", _JSON_START)
 
 

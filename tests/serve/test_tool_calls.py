@@ -182,3 +182,27 @@ def test_auto_holds_a_started_call_to_the_grammar(smollm2_server) -> None:
     plain = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=100, logit_bias=brace,
                                            messages=[{"role": "system", "content": "You can call get_weather."}, *ASK])
     assert plain.choices[0].message.tool_calls is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template", ["meta-llama-Llama-3.1-8B-Instruct.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja"])
+def test_llama3_and_mistral_templates_call_and_continue(template: str, synth_model: Path, tmp_path: Path) -> None:
+    source = (Path(__file__).parent / "templates" / template).read_text(encoding="utf-8")
+    model = mutated(synth_model, tmp_path, "synth-template.gguf", lambda m: _replace_kv(m, "tokenizer.chat_template", STR, enc(STR, source), add=True))
+    # a byte-level vocabulary spells Llama's long tool prompt a byte a token
+    s = Server(str(model), "--parallel", "1", "--ctx", "2048", "--threads", "1", "--api-key", KEY, env={"LOCALLLM_HOME": str(tmp_path / "home")})
+    try:
+        client = _openai(s)
+        r = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, NOW], tool_choice="required", parallel_tool_calls=False,
+                                           temperature=1.0, seed=1, max_tokens=200)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+        call = r.choices[0].message.tool_calls[0]
+        _well_formed(call)
+        if "Mistral" in template:
+            assert len(call.id) == 9 and call.id.isalnum()  # what its template demands of the id it is sent back
+        history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                   {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+        r = client.chat.completions.create(model="m", messages=history, tools=[WEATHER, NOW], temperature=0, max_tokens=4)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    finally:
+        s.stop()

@@ -166,6 +166,26 @@ def test_tool_choice_shapes_the_grammar() -> None:
     assert '"\\"parameters\\""' in _request(tools.LLAMA3, tool_choice="required").grammar
 
 
+@pytest.mark.parametrize("fmt, so_far, capture", [
+    (tools.HERMES, "Let me check. <tool_call>", "<tool_call>"),
+    (tools.HERMES, 'Ok <tool_call>\n{"', '<tool_call>\n{"'),  # a token that ran on past the marker
+    (tools.HERMES, "<tool_call> x", None),  # text the grammar would refuse: never replayed into it
+    (tools.MISTRAL, "[TOOL_CALLS]", "[TOOL_CALLS]"),
+    (tools.MISTRAL, '[TOOL_CALLS][{"', '[TOOL_CALLS][{"'),
+    (tools.LLAMA3, '{"name":', '{"name":'),
+    (tools.LLAMA3, '\n{\n  "name": "', '{\n  "name": "'),
+    (tools.GENERIC, '{"names": ', None),
+    (tools.GENERIC, 'The answer is {"name":', None),  # a JSON format's call is the whole reply
+])
+def test_lazy_triggers_capture_only_what_the_grammar_takes(fmt: tools.Format, so_far: str, capture: str | None) -> None:
+    """llama.cpp tries the trigger (ECMAScript regex, the same here) on the reply so
+    far after each token, and replays from its capture into the grammar."""
+    import re
+
+    m = re.search(fmt.trigger, so_far)
+    assert (m.group(1) if m else None) == capture
+
+
 @pytest.mark.parametrize("body, field", [
     ({"tools": {"type": "function"}}, "tools"),
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name"),
