@@ -71,7 +71,7 @@ _JSON_START = r'^[ \t\n]{0,16}(\{[ \t\n]{0,8}"name"[ \t\n]{0,8}:[ \t\n]{0,8}"?)$
 _HERMES_BLOCK = 'tool-block ::= "<tool_call>" [ \\n]{0,2} tool-call [ \\n]{0,2} "</tool_call>"\n'
 HERMES = Format("hermes", "arguments", "root ::= tool-block\n" + _HERMES_BLOCK,
                 'root ::= tool-block ("\\n" tool-block)*\n' + _HERMES_BLOCK, r'(<tool_call>[ \n]{0,2}(?:\{[ \t\n]{0,8}"?)?)$')
-LLAMA3 = Format("llama3", "parameters", "root ::= tool-call\n", "root ::= tool-call\n", _JSON_START)
+LLAMA3 = Format("llama3", "parameters", "root ::= tool-call\n", "root ::= tool-call\n", r"^(?:<\|python_tag\|>)?" + _JSON_START[1:])
 MISTRAL = Format("mistral", "arguments", 'root ::= "[TOOL_CALLS]" "[" tool-call "]"\n',
                  'root ::= "[TOOL_CALLS]" "[" tool-call ("," " "? tool-call)* "]"\n', r'(\[TOOL_CALLS\](?:\[(?:\{[ \t\n]{0,8}"?)?)?)$', id_len=9)
 GENERIC = Format("generic", "arguments", "root ::= tool-call\n", "root ::= tool-call\n", _JSON_START)
@@ -300,7 +300,8 @@ def parse_reply(text: str, fmt: Format, names: set[str]) -> tuple[str, list[dict
                     return text, []
                 calls.append(call)
             content = ""
-    else:  # llama3 (after <|python_tag|>, a control token, or none) and generic: the reply is the call
+    else:  # llama3 (after <|python_tag|>, a control token not in the text, or none) and generic: the reply is the call
+        stripped = stripped.removeprefix("<|python_tag|>") if fmt is LLAMA3 else stripped
         call = _call(stripped, fmt.args_key) or _call(stripped, "arguments")
         if call is not None:
             calls, content = [call], ""

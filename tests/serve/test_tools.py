@@ -99,6 +99,7 @@ NAMES = {"get_weather", "now"}
      [("get_weather", {"city": "Paris"}), ("now", {})]),
     (tools.HERMES, '{"name": "now", "arguments": {}}', "", [("now", {})]),  # <tool_call> a control token, not in the text
     (tools.LLAMA3, ' {"name": "get_weather", "parameters": {"city": "Oslo"}}', "", [("get_weather", {"city": "Oslo"})]),
+    (tools.LLAMA3, '<|python_tag|>{"name": "now", "parameters": {}}', "", [("now", {})]),
     (tools.MISTRAL, '[{"name": "get_weather", "arguments": {"city": "Rome"}}, {"name": "now", "arguments": {}}]', "",
      [("get_weather", {"city": "Rome"}), ("now", {})]),
     (tools.MISTRAL, '[TOOL_CALLS][{"name": "now", "arguments": {}}]', "", [("now", {})]),
@@ -174,6 +175,7 @@ def test_tool_choice_shapes_the_grammar() -> None:
     (tools.MISTRAL, '[TOOL_CALLS][{"', '[TOOL_CALLS][{"'),
     (tools.LLAMA3, '{"name":', '{"name":'),
     (tools.LLAMA3, '\n{\n  "name": "', '{\n  "name": "'),
+    (tools.LLAMA3, '<|python_tag|>{"name":', '{"name":'),  # the control token's text is in what llama.cpp matches
     (tools.GENERIC, '{"names": ', None),
     (tools.GENERIC, 'The answer is {"name":', None),  # a JSON format's call is the whole reply
 ])
