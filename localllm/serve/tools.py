@@ -179,7 +179,12 @@ def _call_rules(functions: list[dict[str, Any]], fmt: Format) -> str:
     try:  # anyOf even for one: every rule of the arguments is then named alternative-N-..., apart from ours
         gbnf = grammar.from_json_schema({"anyOf": [f["parameters"] for f in functions]})
     except InputError as exc:
-        raise ToolsError("tools", f"holds a parameters schema the converter refuses: {exc}") from None
+        for i, f in enumerate(functions):  # which one: each alone (the request is refused anyway)
+            try:
+                grammar.from_json_schema(f["parameters"])
+            except InputError:
+                raise ToolsError(f"tools[{i}].function.parameters", str(exc)) from None
+        raise ToolsError("tools", str(exc)) from None
     root = re.search(r"^root ::= (.*)$", gbnf, re.M)
     assert root is not None  # the converter always writes its root rule
     refs = root.group(1).split(" | ")  # one rule an alternative, in order

@@ -126,7 +126,7 @@ def test_bad_tools_are_400s_naming_the_field(hermes) -> None:
     client = _openai(hermes)
     cases = [
         ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "https://example.com/x"}}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "https://example.com/x"}}}]}, "tools[0].function.parameters"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ]
     for extra, field in cases:
