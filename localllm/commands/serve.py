@@ -19,6 +19,7 @@ from localllm.commands._common import fit_config, model_path, sampling_config, s
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting
+from localllm.serve import tools
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import RequestError
 from localllm.serve.scheduler import Scheduler
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics)
         name = args.alias or (path.stem if args.model and resolver.looks_like_path(args.model) else args.model or resolver.DEFAULT_MODEL)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
-                           check_grammar=model.check_grammar,
+                           check_grammar=model.check_grammar, tool_format=tools.detect(model.tok.template.source(model.tok.header)),
                            tokenize=_tokenizer(model), api_key=api_key, json_log=args.json,
                            defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template),
                            metrics_endpoint=args.metrics, slots_endpoint=args.slots)
@@ -168,7 +169,8 @@ def _tokenizer(model):
     def tokenize(params) -> list[int]:
         if params.chat:
             if tok.has_chat_template:
-                return tok.chat_tokens(params.messages)  # a message's text cannot forge a turn
+                # a message's text cannot forge a turn; tools reach the template as Transformers passes them
+                return tok.chat_tokens(params.messages, tools=params.tools.template_tools if params.tools else None)
             text = "".join(f"{m['role']}: {m['content']}\n" for m in params.messages) + "assistant:"
             return tok.tokenize(text, add_special=True, parse_special=False)
         if isinstance(params.prompt, list):

@@ -143,8 +143,11 @@ class ChatTemplate:
         except Exception as exc:  # a syntax error, or anything Jinja raises while compiling
             raise TemplateError(f"{origin} failed: {_reason(exc)}; use {{raw}} or {{template_choice}}") from None
 
-    def render(self, messages: list[dict[str, str]], *, bos_token: str, eos_token: str, add_generation_prompt: bool) -> str:
-        chars = sum(len(m.get("content") or "") for m in messages)
+    def render(self, messages: list[dict[str, Any]], *, bos_token: str, eos_token: str, add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """``tools``: OpenAI's tool objects, given to the template as Transformers'
+        ``apply_chat_template(tools=...)`` gives them (None: no tools)."""
+        chars = sum(len(m.get("content") or "") for m in messages) + len(json.dumps(tools or []))
         self._limits.deadline = time.monotonic() + self.seconds
         self._limits.max_chars = max(MIN_OUTPUT_LIMIT, 8 * chars)
         ctx = {
@@ -154,7 +157,7 @@ class ChatTemplate:
             "add_generation_prompt": add_generation_prompt,
             "raise_exception": _raise_exception,
             "strftime_now": _strftime_now,
-            "tools": None,
+            "tools": tools,
             "functions": None,
         }
         pieces: list[str] = []

@@ -11,7 +11,9 @@ parses, before any request is admitted.
 
 from __future__ import annotations
 
+import ctypes
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import llama_cpp
@@ -33,10 +35,20 @@ def json_object() -> str:
     return from_json_schema({"type": "object"})
 
 
-def init(vocab: object, text: str) -> object:
+def init(vocab: object, text: str, triggers: Sequence[str] = ()) -> object:
     """llama.cpp's grammar sampler for ``text`` (root rule ``root``); an
-    ``InputError`` when llama.cpp cannot parse it (it returns no sampler)."""
-    sampler = llama_cpp.llama_sampler_init_grammar(vocab, text.encode("utf-8"), b"root")
+    ``InputError`` when llama.cpp cannot parse it (it returns no sampler).
+    With ``triggers`` (regexes, llama.cpp's lazy grammar) the reply is free
+    until one matches, and held to the grammar from its first capture group:
+    a pattern written ``^...$`` must match all the text so far, so that what
+    llama.cpp replays into the grammar is exactly the capture (a token running
+    past it could hold text the grammar refuses, and llama.cpp aborts then)."""
+    if triggers:
+        patterns = [p.encode("utf-8") for p in triggers]
+        arr = (ctypes.c_char_p * len(patterns))(*patterns)
+        sampler = llama_cpp.llama_sampler_init_grammar_lazy_patterns(vocab, text.encode("utf-8"), b"root", arr, len(patterns), None, 0)
+    else:
+        sampler = llama_cpp.llama_sampler_init_grammar(vocab, text.encode("utf-8"), b"root")
     if not sampler:
         raise InputError("the grammar does not parse (llama.cpp's GBNF parser refused it: see its grammars/README.md)")
     return sampler

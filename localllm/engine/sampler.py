@@ -29,7 +29,7 @@ def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None) -> ob
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(s.logit_bias), biases))
     if s.grammar is not None:
         try:
-            llama_cpp.llama_sampler_chain_add(chain, grammar.init(vocab, s.grammar))
+            llama_cpp.llama_sampler_chain_add(chain, grammar.init(vocab, s.grammar, s.grammar_triggers))
         except BaseException:
             llama_cpp.llama_sampler_free(chain)
             raise

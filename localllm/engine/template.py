@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 
@@ -65,8 +66,16 @@ class TemplateChoice:
             raise InvalidSetting(f"{{template}} {spec}: no such file, and not a built-in template (one of: {', '.join(names)})")
         self._override = ("builtin", spec)
 
-    def render(self, header: GGUFHeader | None, messages: list[dict[str, str]], bos_text: str, eos_text: str,
-               add_generation_prompt: bool) -> str:
+    def source(self, header: GGUFHeader | None) -> str | None:
+        """The Jinja text in use (None for a built-in template or none at all):
+        ``serve`` reads which tool-call format it speaks from it."""
+        if self._override is not None:
+            return self._override[1] if self._override[0] == "jinja" else None
+        source = header.get("tokenizer.chat_template") if header else None
+        return source if isinstance(source, str) else None
+
+    def render(self, header: GGUFHeader | None, messages: list[dict[str, Any]], bos_text: str, eos_text: str,
+               add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None) -> str:
         if self._override and self._override[0] == "builtin":
             return _render_builtin(self._override[1], messages, add_generation_prompt)
         if self._compiled is None:
@@ -79,7 +88,8 @@ class TemplateChoice:
             if not isinstance(source, str):
                 raise InvalidSetting("this model has no chat template (a base model): use {raw}, or {template_choice}")
             self._compiled = ChatTemplate(source, origin)
-        return self._compiled.render(messages, bos_token=bos_text, eos_token=eos_text, add_generation_prompt=bool(add_generation_prompt))
+        return self._compiled.render(messages, bos_token=bos_text, eos_token=eos_text, add_generation_prompt=bool(add_generation_prompt),
+                                     tools=tools)
 
 
 def _render_builtin(name: str, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:

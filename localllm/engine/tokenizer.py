@@ -8,8 +8,10 @@ way whichever of them answers it.
 from __future__ import annotations
 
 import ctypes
+import json
 import secrets
 from collections.abc import Sequence
+from typing import Any
 
 import llama_cpp
 
@@ -74,7 +76,8 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self.template.available(self.header)
 
-    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> str:
         """Apply the chat template (the model's, or ``use_template``'s) under
         time and size limits; a failing template is an ``InputError``."""
         self._require()
@@ -83,23 +86,30 @@ class Tokenizer:
         eos = llama_cpp.llama_vocab_eos(self.vocab)
         bos_text = self.token_bytes(bos, special=True).decode("utf-8", "replace") if bos >= 0 else ""
         eos_text = self.token_bytes(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
-        return self.template.render(self.header, messages, bos_text, eos_text, add_generation_prompt)
+        return self.template.render(self.header, messages, bos_text, eos_text, add_generation_prompt, tools)
 
-    def chat_tokens(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def chat_tokens(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The chat template's tokens for ``messages``, where a message's text is
         only ever text: the template's own special tokens are parsed, but a
         message holding special-token text (``<|im_end|>``) cannot forge a turn.
         Such a message is tokenized apart, as plain text, between the template's
         pieces (found with a random marker in its place); other messages are
-        tokenized with the whole prompt, exactly as llama.cpp would."""
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        tokenized with the whole prompt, exactly as llama.cpp would. ``tools``
+        and assistant messages' ``tool_calls`` reach the template as JSON it
+        re-encodes, where no marker survives: one holding special-token text is
+        an ``InputError`` naming it instead."""
+        self._no_special_in("tools", tools)
+        for i, m in enumerate(messages):
+            self._no_special_in(f"messages[{i}].tool_calls", m.get("tool_calls"))
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         forged = [i for i, m in enumerate(messages) if self._holds_special(m.get("content", ""))]
         if not forged:
             return self.tokenize(text, add_special=False, parse_special=True)
         nonce = secrets.token_hex(8)
         marks = {i: f"\x1e{nonce}:{i}\x1e" for i in forged}
         marked = self.render_chat([dict(m, content=marks[i]) if i in marks else m for i, m in enumerate(messages)],
-                                  add_generation_prompt=add_generation_prompt)
+                                  add_generation_prompt=add_generation_prompt, tools=tools)
         found = sorted((marked.find(mark), i) for i, mark in marks.items() if marked.count(mark) == 1)
         if len(found) != len(forged):
             raise InputError("a message holds special-token text, and this chat template repeats or drops it: "
@@ -111,6 +121,11 @@ class Tokenizer:
             out += self.tokenize(messages[i]["content"], add_special=False, parse_special=False)
             pos = at + len(marks[i])
         return out + self.tokenize(marked[pos:], add_special=False, parse_special=True)
+
+    def _no_special_in(self, field: str, value: object) -> None:
+        if value and self._holds_special(json.dumps(value, ensure_ascii=False)):
+            raise InputError(f"'{field}' holds the text of one of the model's special tokens: "
+                             "it would reach the prompt as a control token, so it is refused")
 
     def _holds_special(self, text: str) -> bool:
         """Whether ``text`` holds the text of a special token (it tokenizes

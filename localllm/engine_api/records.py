@@ -36,6 +36,9 @@ class SamplingConfig:
     ignore_eos: bool = False
     repeat_penalty: float = 1.0
     grammar: str | None = None  # GBNF the reply must match (llama.cpp's grammar sampler; engine.grammar makes it)
+    # regexes that make the grammar lazy: it holds from the first capture of a match on (the whole of) the reply so far
+    # (llama.cpp's llama_sampler_init_grammar_lazy_patterns; serve's tool calls with tool_choice "auto"); empty: from the start
+    grammar_triggers: tuple[str, ...] = ()
     # OpenAI's penalties, as llama-server applies them (llama_sampler_init_penalties over the last 64 tokens): 0 is off
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

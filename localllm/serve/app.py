@@ -26,6 +26,7 @@ from localllm.serve import llama_routes, ollama
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import DEFAULTS, OPENAI, Dialect, RequestError, Shaper, error_body, parse_json
 from localllm.serve.scheduler import Job, Scheduler
+from localllm.serve.tools import GENERIC, Format, ReplySplitter, parse_reply
 
 MAX_BODY = 1024 * 1024
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/completion", "/chat/completions",
@@ -51,6 +52,7 @@ class ServeState:
     facts: llama_routes.ModelFacts | None = None  # what /props, /tokenize, /apply-template and Ollama's API read
     metrics_endpoint: bool = True  # serve --metrics (llama-server answers 501 without it)
     slots_endpoint: bool = False  # serve --slots
+    tool_format: Format = GENERIC  # how the chat template writes tool calls (serve/tools.py)
 
     def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
         """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
@@ -149,7 +151,7 @@ def build_app(state: ServeState) -> Guard:
         try:
             if body is None:
                 body = parse_json(await _read_body(request, state.max_body))
-            params = dialect.parse(body, chat=chat, n_vocab=state.n_vocab, defaults=state.defaults)
+            params = dialect.parse(body, chat=chat, n_vocab=state.n_vocab, defaults=state.defaults, tool_format=state.tool_format)
             try:
                 tokens = await run_in_threadpool(state.tokenize, params)
             except RequestError:
@@ -177,7 +179,8 @@ def build_app(state: ServeState) -> Guard:
         sampling = SamplingConfig(temperature=params.temperature, top_p=params.top_p, seed=params.seed, max_tokens=max_tokens,
                                   ignore_eos=params.ignore_eos, grammar=params.grammar, top_k=params.top_k, min_p=params.min_p,
                                   repeat_penalty=params.repeat_penalty, presence_penalty=params.presence_penalty,
-                                  frequency_penalty=params.frequency_penalty, logit_bias=params.logit_bias)
+                                  frequency_penalty=params.frequency_penalty, logit_bias=params.logit_bias,
+                                  grammar_triggers=params.tools.triggers if params.tools else ())
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -204,7 +207,8 @@ def build_app(state: ServeState) -> Guard:
 
         request.scope["localllm.logged"] = True
         if params.stream:
-            return StreamingResponse(_stream(request, job, queue, shaper, params.include_usage, state, log_done), media_type=shaper.media_type,
+            splitter = ReplySplitter(params.tools) if params.tools else None
+            return StreamingResponse(_stream(request, job, queue, shaper, params.include_usage, state, log_done, splitter), media_type=shaper.media_type,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **ignored})
         parts: list[str] = []
         watch = asyncio.create_task(_watch_disconnect(request, queue))
@@ -228,8 +232,12 @@ def build_app(state: ServeState) -> Guard:
             raise
         finally:
             watch.cancel()
+        text, calls = "".join(parts), None
+        if params.tools:
+            text, calls = parse_reply(text, params.tools.fmt, {f["name"] for f in params.tools.functions})
+            job.finish_reason = "tool_calls" if calls and job.finish_reason == "stop" else job.finish_reason
         log_done("200")
-        return JSONResponse(shaper.full("".join(parts), job), headers=ignored)
+        return JSONResponse(shaper.full(text, job, calls), headers=ignored)
 
     async def read_json(request: Request) -> dict:
         return parse_json(await _read_body(request, state.max_body))
@@ -286,9 +294,11 @@ async def _watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
             return
 
 
-async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shaper, include_usage: bool, state: ServeState, log_done):
+async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shaper, include_usage: bool, state: ServeState, log_done,
+                  splitter: ReplySplitter | None = None):
     """The shaper's frames (SSE, or Ollama's NDJSON): its head (OpenAI's role chunk), one
-    piece per text, then its tail (the finish chunk with usage and timings, usage if asked, [DONE])."""
+    piece per text, then its tail (the finish chunk with usage and timings, usage if asked, [DONE]).
+    With tools, text that may be a call is held, and the calls go out whole before the finish chunk."""
     status = "200"
     finished = False
     watch = asyncio.create_task(_watch_disconnect(request, queue))
@@ -298,8 +308,10 @@ async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shap
         while True:
             kind, payload = await queue.get()
             if kind == "text":
-                for obj in shaper.piece(payload, job):
-                    yield shaper.frame(obj)
+                piece = splitter.feed(payload) if splitter else payload
+                if piece:
+                    for obj in shaper.piece(piece, job):
+                        yield shaper.frame(obj)
             elif kind == "gone":
                 break
             elif kind == "error":
@@ -310,6 +322,14 @@ async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shap
                 break
             else:
                 finished = True
+                if splitter:
+                    rest, calls = splitter.finish()
+                    if rest:
+                        for obj in shaper.piece(rest, job):
+                            yield shaper.frame(obj)
+                    if calls:
+                        job.finish_reason = "tool_calls" if job.finish_reason == "stop" else job.finish_reason
+                        yield shaper.frame(shaper.calls_chunk(calls))
                 for obj in shaper.tail(job, include_usage):
                     yield shaper.frame(obj)
                 break

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from localllm.errors import InputError
 from localllm.serve.protocol import DEFAULTS, FINGERPRINT, OPENAI, Dialect, Finished, GenParams, RequestError, Shaper, error_body, parse_gen
+from localllm.serve.tools import GENERIC, Format
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ MOOT = frozenset({"dynatemp_exponent", "mirostat_tau", "mirostat_eta", "xtc_thre
                   "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "id_slot", "n_keep", "return_progress", "top_n_sigma"})
 
 
-def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, native: bool = False) -> GenParams:
+def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, native: bool = False, tool_format: Format = GENERIC) -> GenParams:
     """A body with llama-server's fields, which it takes on its OpenAI routes too:
     ``n_predict`` (-1: until the model stops; ``max_tokens`` wins where both are
     given), ``logit_bias`` as ``[[token id, bias], ...]`` (``false``: never), its
@@ -216,7 +217,7 @@ def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, nati
                 raise RequestError(400, "'logit_bias' pairs must be [token id, bias]", param="logit_bias")
             pairs[str(pair[0])] = -100 if pair[1] is False else pair[1]
         body["logit_bias"] = pairs
-    params = parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults)
+    params = parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format)
     ignored = tuple(k for k in params.ignored if k not in OFF and k not in MOOT)
     limit = params.max_tokens
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
@@ -227,8 +228,8 @@ def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, nati
     return dataclasses.replace(params, max_tokens=limit, ignored=ignored)
 
 
-def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS) -> GenParams:
-    """``/completion``'s body (see ``parse_llama``)."""
+def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, tool_format: Format = GENERIC) -> GenParams:
+    """``/completion``'s body (see ``parse_llama``); no tools (it is not a chat)."""
     return parse_llama(body, chat=False, n_vocab=n_vocab, defaults=defaults, native=True)
 
 
@@ -247,7 +248,7 @@ class CompletionShaper(Shaper):
         out = {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1, "tokens_predicted": job.n_gen, "tokens_evaluated": len(job.tokens)}
         return [{**out, "timings": job.timings()} if self.per_token else out]
 
-    def full(self, text: str, job: Finished) -> dict:
+    def full(self, text: str, job: Finished, calls: list[dict] | None = None) -> dict:  # no tools on /completion
         stop_word = job.stop_word
         stop_type = "limit" if job.finish_reason == "length" else "word" if stop_word else "eos"
         prompt = self.params.prompt

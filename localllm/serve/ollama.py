@@ -88,7 +88,8 @@ def _translate(body: dict, *, chat: bool, n_ctx: int | None) -> tuple[dict, list
     return out, ignored, num_predict
 
 
-def _parse(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, generate: bool, n_ctx: int | None = None) -> GenParams:
+def _parse(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, generate: bool, n_ctx: int | None = None, tool_format: object = None) -> GenParams:
+    """Ollama's body as the OpenAI one parse_gen checks. ``tool_format`` is unused: Ollama's ``tools`` are refused (400)."""
     if generate:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
@@ -129,7 +130,7 @@ class OllamaShaper(Shaper):
     def piece(self, text: str, job: Finished) -> list[dict | str]:
         return [{"model": self.model, "created_at": created_at(), self.key: self._text(text), "done": False}]
 
-    def full(self, text: str, job: Finished) -> dict:
+    def full(self, text: str, job: Finished, calls: list[dict] | None = None) -> dict:  # Ollama's tools are refused
         t = job.timings()
         gap = t["predicted_per_token_ms"]
         return {

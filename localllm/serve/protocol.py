@@ -18,6 +18,7 @@ from typing import Protocol
 from localllm import __version__
 from localllm.engine_api import SamplingConfig
 from localllm.errors import InputError
+from localllm.serve import tools as tool_calls
 
 DEFAULTS = SamplingConfig()  # a field the request omits samples as run, chat and the cockpit do (llama-server does the same)
 MAX_STOP = 16
@@ -67,6 +68,7 @@ class GenParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignored: tuple[str, ...] = ()  # fields no API defines: accepted, named in the log and in X-Ignored-Fields
     timings_per_token: bool = False  # llama-server's: each streamed chunk carries the timings so far
+    tools: tool_calls.ToolRequest | None = None  # tools the model may call (serve/tools.py); None: a plain reply
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -113,8 +115,17 @@ def _content(v: object, i: int) -> str:
     raise _bad(f"messages[{i}].content", "must be a string or a list of text parts")
 
 
-def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig = DEFAULTS) -> GenParams:
-    """The request's fields; one it omits takes ``defaults`` (serve's --temp, --seed, -n ..., else llama.cpp's)."""
+def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig = DEFAULTS,
+              tool_format: tool_calls.Format = tool_calls.GENERIC) -> GenParams:
+    """The request's fields; one it omits takes ``defaults`` (serve's --temp, --seed, -n ..., else llama.cpp's).
+    ``tool_format``: how the model's template writes tool calls (serve/tools.py)."""
+    try:
+        return _parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format)
+    except tool_calls.ToolsError as exc:
+        raise _bad(exc.field, exc.why) from None
+
+
+def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig, tool_format: tool_calls.Format) -> GenParams:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     if chat:
@@ -128,7 +139,8 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig 
             role = m.get("role")
             if role not in ROLES:
                 raise _bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
-            messages.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), i)})
+            messages.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), i),
+                             **tool_calls.message_extras(m, i)})
     else:
         p = body.get("prompt")
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
@@ -194,10 +206,18 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig 
     refused = _refused(body, chat)
     if refused is not None:
         raise _bad(*refused)
+    tools = tool_calls.parse_request(body, tool_format) if chat else None
+    if messages is not None:
+        messages = tool_calls.for_template(messages, tool_format, tools)
+    grammar = _grammar(body)
+    if tools is not None and grammar is not None:
+        raise _bad(next(k for k in ("response_format", "grammar", "json_schema") if body.get(k) is not None),
+                   "cannot go with 'tools': a reply is held either to calls or to this")
     return GenParams(
+        tools=tools,
         logit_bias=_logit_bias(body, n_vocab),
         ignored=tuple(sorted(k for k in body if k not in (CHAT_FIELDS if chat else COMPLETION_FIELDS) | NO_EFFECT)),
-        grammar=_grammar(body),
+        grammar=tools.grammar if tools is not None else grammar,
         top_k=defaults.top_k if top_k is None else top_k,
         min_p=_number(body, "min_p", defaults.min_p, 0.0, 1.0),
         repeat_penalty=_number(body, "repeat_penalty", defaults.repeat_penalty, 0.01, 10.0),
@@ -235,10 +255,8 @@ def _refused(body: dict, chat: bool) -> tuple[str, str] | None:
     """(field, why) for a defined field asking what this server does not do
     (a 400 naming it, never a silent default); None when all is honoured."""
     checks: list[tuple[str, object, str]] = [
-        ("tools", body.get("tools"), "are not supported by this server yet"),
-        ("functions", body.get("functions"), "are not supported by this server yet"),
-        ("function_call", body.get("function_call") not in (None, "none"), "is not supported by this server yet"),
-        ("tool_choice", body.get("tool_choice") not in (None, "none"), "is not supported by this server yet (only \"none\")"),
+        ("functions", body.get("functions"), "(OpenAI's deprecated form) are not supported: send 'tools'"),
+        ("function_call", body.get("function_call") not in (None, "none"), "(OpenAI's deprecated form) is not supported: send 'tool_choice'"),
         ("logprobs", body.get("logprobs") not in (None, False, 0), "are not supported by this server yet"),
         ("top_logprobs", body.get("top_logprobs") not in (None, 0), "are not supported by this server yet"),
         ("n_probs", body.get("n_probs") not in (None, 0), "is not supported by this server yet"),
@@ -336,10 +354,13 @@ class Shaper:
     def frame(self, obj: dict | str) -> bytes:
         return sse(obj)
 
-    def full(self, text: str, job: Finished) -> dict:
+    def full(self, text: str, job: Finished, calls: list[dict] | None = None) -> dict:
         finish, usage, timings = job.finish_reason, job.usage(), job.timings()
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+            message: dict = {"role": "assistant", "content": text}
+            if calls:  # OpenAI's shape: content null when the reply is only calls
+                message = {"role": "assistant", "content": text.strip() or None, "tool_calls": calls}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             return {**self._base("chat.completion"), "choices": [choice], "usage": usage, "timings": timings}
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {**self._base("text_completion"), "choices": [choice], "usage": usage, "timings": timings}
@@ -356,6 +377,11 @@ class Shaper:
 
     def piece(self, text: str, job: Finished) -> list[dict | str]:
         return [{**self.chunk(text), "timings": job.timings()} if self.per_token else self.chunk(text)]
+
+    def calls_chunk(self, calls: list[dict]) -> dict:
+        """The calls as one delta: each with its index, id, type, name and whole arguments."""
+        deltas = [{"index": i, **c} for i, c in enumerate(calls)]
+        return {**self._base("chat.completion.chunk"), "choices": [{"index": 0, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}]}
 
     def tail(self, job: Finished, include_usage: bool) -> list[dict | str]:
         """The finish chunk (with usage and timings, as llama-server's last chunk),
