@@ -29,6 +29,7 @@ import llama_cpp
 
 from localllm.engine import grammar
 from localllm.engine.llamalog import ROUTER
+from localllm.engine.logprobs import row_logprobs
 from localllm.engine.model import ModelHandle, llama_params, load_model_and_context
 from localllm.engine.native import install_log_router
 from localllm.engine.sampler import free_sampler, new_sampler, prime, sample
@@ -165,3 +166,8 @@ class BatchModel:
         rc = llama_cpp.llama_decode(self.ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed ({rc}): {ROUTER.last_error() or 'no reason given'}")
+
+    def logprobs(self, i: int, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]:
+        """log p of ``token`` at batch entry ``i``, and the ``n_top`` likeliest
+        tokens': the model's distribution before sampling (``engine.logprobs``)."""
+        return row_logprobs(self.ctx, i, self.tok.n_vocab, token, n_top)

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from localllm.engine_api import SamplingConfig
 from localllm.errors import InputError
+from localllm.serve.choices import Choices
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import RequestError, Shaper, error_body, parse_gen, parse_json, sse
 from localllm.serve.scheduler import Job, Scheduler
@@ -140,7 +141,7 @@ def build_app(state: ServeState) -> Guard:
         method, path = request.method, request.url.path
         try:
             body = parse_json(await _read_body(request, state.max_body))
-            params = parse_gen(body, chat=chat, n_vocab=state.n_vocab)
+            params = parse_gen(body, chat=chat, n_vocab=state.n_vocab, max_n=len(state.scheduler.slots))
             try:
                 tokens = await run_in_threadpool(state.tokenize, params)
             except RequestError:
@@ -171,14 +172,17 @@ def build_app(state: ServeState) -> Guard:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
-        def emit(kind: str, payload: object) -> None:
+        def put(event: tuple[int, str, object]) -> None:
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
+                loop.call_soon_threadsafe(queue.put_nowait, event)
             except RuntimeError:  # the loop is closed: the server is gone
                 pass
 
-        job = Job(tokens=tokens, sampling=sampling, max_tokens=max_tokens, emit=emit, stop=params.stop)
-        if not state.scheduler.submit(job):
+        choices = Choices(params, tokens, sampling, max_tokens, put)
+        job = choices.jobs[0]
+        if not all(state.scheduler.submit(j) for j in choices.jobs):
+            for j in choices.jobs:
+                state.scheduler.cancel(j)
             request.scope["localllm.logged"] = True
             state.log(method, path, 429, "queue full")
             return _error(429, "too many requests are waiting: retry later", kind="rate_limit_error", code="queue_full")
@@ -193,31 +197,31 @@ def build_app(state: ServeState) -> Guard:
 
         request.scope["localllm.logged"] = True
         if params.stream:
-            return StreamingResponse(_stream(request, job, queue, shaper, params.include_usage, state, log_done), media_type="text/event-stream",
+            return StreamingResponse(_stream(request, choices, queue, shaper, params.include_usage, state, log_done), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **ignored})
-        parts: list[str] = []
         watch = asyncio.create_task(_watch_disconnect(request, queue))
+        done = 0
         try:
-            while True:
-                kind, payload = await queue.get()
-                if kind == "text":
-                    parts.append(payload)
-                elif kind == "gone":
-                    state.scheduler.cancel(job)
+            while done < len(choices.jobs):
+                index, kind, payload = await queue.get()
+                choices.add(index, kind, payload)
+                if kind == "gone":
+                    _cancel(state, choices)
                     log_done("499")
                     return Response(status_code=499)
                 elif kind == "error":
+                    _cancel(state, choices)
                     log_done("500")
                     return _error(500, f"the engine failed: {payload}", kind="server_error")
-                else:
-                    break
+                elif kind == "done":
+                    done += 1
         except asyncio.CancelledError:
-            state.scheduler.cancel(job)
+            _cancel(state, choices)
             raise
         finally:
             watch.cancel()
         log_done("200")
-        return JSONResponse(shaper.full("".join(parts), job.finish_reason, job.usage()), headers=ignored)
+        return JSONResponse(choices.response(shaper), headers=ignored)
 
     async def chat_completions(request: Request) -> Response:
         return await generate(request, True)
@@ -254,27 +258,36 @@ def build_app(state: ServeState) -> Guard:
     return Guard(app, state)
 
 
+def _cancel(state: ServeState, choices: Choices) -> None:
+    for j in choices.jobs:
+        state.scheduler.cancel(j)
+
+
 async def _watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
     """The body is read: the next message is http.disconnect when the client goes."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            queue.put_nowait(("gone", None))
+            queue.put_nowait((-1, "gone", None))
             return
 
 
-async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shaper, include_usage: bool, state: ServeState, log_done):
-    """SSE: a role chunk, one chunk per piece of text, the finish chunk, usage if asked, [DONE]."""
+async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shaper: Shaper, include_usage: bool, state: ServeState, log_done):
+    """SSE: a role chunk per choice, one chunk per piece of text (with its choice's
+    index and log-probabilities), each choice's finish chunk, usage if asked, [DONE]."""
     status = "200"
     finished = False
+    done = 0
     watch = asyncio.create_task(_watch_disconnect(request, queue))
     try:
         if shaper.chat:
-            yield sse(shaper.chunk("", first=True))
+            for i in range(len(choices.jobs)):
+                yield sse(shaper.chunk("", first=True, index=i))
         while True:
-            kind, payload = await queue.get()
+            i, kind, payload = await queue.get()
+            choices.add(i, kind, payload)
             if kind == "text":
-                yield sse(shaper.chunk(payload))
+                yield sse(shaper.chunk(payload, index=i, logprobs=choices.take_logprobs(i)))
             elif kind == "gone":
                 break
             elif kind == "error":
@@ -282,17 +295,21 @@ async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shap
                 finished = True
                 yield sse(error_body(f"the engine failed: {payload}", kind="server_error"))
                 break
-            else:
-                finished = True
-                yield sse(shaper.chunk(None, job.finish_reason))
-                if include_usage:
-                    yield sse(shaper.usage_chunk(job.usage()))
-                break
+            elif kind == "done":
+                yield sse(shaper.chunk(None, choices.jobs[i].finish_reason, index=i,
+                                       logprobs=choices.take_logprobs(i) if choices.pending[i] else None))
+                done += 1
+                if done == len(choices.jobs):
+                    finished = True
+                    if include_usage:
+                        yield sse(shaper.usage_chunk(choices.usage()))
+                    break
         if finished:
             yield sse("[DONE]")
     finally:
         watch.cancel()
+        if not finished or status == "500":
+            _cancel(state, choices)  # the client went away (or a choice failed): free the sequences at the next step
         if not finished:
-            status = "499"  # the client went away: free its sequence at the next step
-            state.scheduler.cancel(job)
+            status = "499"
         log_done(status)

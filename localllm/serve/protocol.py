@@ -58,6 +58,10 @@ class GenParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignored: tuple[str, ...] = ()  # fields no API defines: accepted, named in the log and in X-Ignored-Fields
+    n: int = 1  # choices, each its own sequence
+    logprobs: int | None = None  # alternatives per token (chat top_logprobs, completions' logprobs int); None: no logprobs
+    n_probs: int | None = None  # llama-server's n_probs: logprobs.content with token ids; None: off
+    cache_prompt: bool = True  # llama-server's: False reads the whole prompt again
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -104,7 +108,7 @@ def _content(v: object, i: int) -> str:
     raise _bad(f"messages[{i}].content", "must be a string or a list of text parts")
 
 
-def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
+def parse_gen(body: dict, *, chat: bool, n_vocab: int, max_n: int = 1) -> GenParams:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     if chat:
@@ -139,9 +143,11 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
         raise _bad(key, "must be a whole number of at least 1")
     if max_tokens is None and not chat:
         max_tokens = 16  # OpenAI's default for completions
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n != 1):
-        raise _bad("n", "must be 1 (one choice per request)")
+    n = body.get("n", 1)
+    if n is None:
+        n = 1
+    if not _is_int(n) or not 1 <= n <= max_n:
+        raise _bad("n", f"must be a whole number from 1 to {max_n} (the server's --parallel sequences)")
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise _bad("seed", "must be a whole number")
@@ -177,7 +183,14 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int) -> GenParams:
     refused = _refused(body, chat)
     if refused is not None:
         raise _bad(*refused)
+    cache_prompt = body.get("cache_prompt", True)
+    if not isinstance(cache_prompt, bool):
+        raise _bad("cache_prompt", "must be true or false")
     return GenParams(
+        n=n,
+        logprobs=_logprobs(body, chat),
+        n_probs=_count(body, "n_probs", 100) or None,  # 0 is llama-server's default: off
+        cache_prompt=cache_prompt,
         logit_bias=_logit_bias(body, n_vocab),
         ignored=tuple(sorted(k for k in body if k not in (CHAT_FIELDS if chat else COMPLETION_FIELDS) | NO_EFFECT)),
         grammar=_grammar(body),
@@ -221,22 +234,43 @@ def _refused(body: dict, chat: bool) -> tuple[str, str] | None:
         ("functions", body.get("functions"), "are not supported by this server yet"),
         ("function_call", body.get("function_call") not in (None, "none"), "is not supported by this server yet"),
         ("tool_choice", body.get("tool_choice") not in (None, "none"), "is not supported by this server yet (only \"none\")"),
-        ("logprobs", body.get("logprobs") not in (None, False, 0), "are not supported by this server yet"),
-        ("top_logprobs", body.get("top_logprobs") not in (None, 0), "are not supported by this server yet"),
-        ("n_probs", body.get("n_probs") not in (None, 0), "is not supported by this server yet"),
-        ("n", body.get("n") not in (None, 1), "must be 1 (one choice per request)"),
         ("best_of", body.get("best_of") not in (None, 1), "must be 1"),
         ("echo", body.get("echo") not in (None, False), "is not supported"),
         ("suffix", body.get("suffix") not in (None, ""), "is not supported"),
         ("modalities", body.get("modalities") not in (None, ["text"]), "may only be [\"text\"]"),
         ("audio", body.get("audio") is not None, "is not supported"),
         ("prediction", body.get("prediction") is not None, "is not supported"),
-        ("cache_prompt", body.get("cache_prompt") not in (None, True), "cannot be turned off: the server reuses a shared prefix always"),
     ]
     for field, bad, why in checks:
         if bad:
             return field, why
     return None
+
+
+def _count(body: dict, key: str, hi: int) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not _is_int(v) or not 0 <= v <= hi:
+        raise _bad(key, f"must be a whole number from 0 to {hi}")
+    return int(v)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Alternatives to report per token, or None: chat's ``logprobs: true`` with
+    ``top_logprobs`` (0-20, OpenAI's range; it needs ``logprobs``), or the
+    completions API's ``logprobs`` count (OpenAI allows 0-5; 0-20 here, as chat)."""
+    if not chat:
+        if isinstance(body.get("logprobs"), bool):
+            raise _bad("logprobs", "must be a whole number from 0 to 20 on /v1/completions")
+        return _count(body, "logprobs", 20)
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise _bad("logprobs", "must be true or false")
+    top = _count(body, "top_logprobs", 20)
+    if top and not on:
+        raise _bad("top_logprobs", "needs 'logprobs': true")
+    return (top or 0) if on else None
 
 
 def _logit_bias(body: dict, n_vocab: int) -> tuple[tuple[int, float], ...]:
@@ -309,22 +343,22 @@ class Shaper:
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish: str | None, usage: dict) -> dict:
+    def full(self, text: str, finish: str | None, usage: dict, *, index: int = 0, logprobs: dict | None = None) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}
             return {**self._base("chat.completion"), "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         return {**self._base("text_completion"), "choices": [choice], "usage": usage}
 
-    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False) -> dict:
+    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False, index: int = 0, logprobs: dict | None = None) -> dict:
         if self.chat:
             delta: dict = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            return {**self._base("chat.completion.chunk"), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        return {**self._base("text_completion"), "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+            return {**self._base("chat.completion.chunk"), "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+        return {**self._base("text_completion"), "choices": [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]}
 
     def usage_chunk(self, usage: dict) -> dict:
         return {**self._base("chat.completion.chunk" if self.chat else "text_completion"), "choices": [], "usage": usage}

@@ -217,7 +217,7 @@ def test_limits(server) -> None:
             {"prompt": "x", "max_tokens": -3},
             {"prompt": "x", "max_tokens": "9"},
             {"prompt": "x", "temperature": "hot"},
-            {"prompt": "x", "n": 2},
+            {"prompt": "x", "n": 5},  # over the 4 sequences
             {"prompt": 5},
             {"prompt": [10**9]},
             {"messages": "hi"},
@@ -337,6 +337,9 @@ def _fuzz_cases(rng: random.Random) -> list[tuple[str, str, bytes]]:
         "stream_options",
         "model",
         "logprobs",
+        "top_logprobs",
+        "n_probs",
+        "cache_prompt",
         "tools",
         "echo",
         "suffix",
