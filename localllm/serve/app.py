@@ -21,14 +21,16 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from localllm.engine_api import SamplingConfig
-from localllm.errors import InputError
+from localllm.errors import EngineError, InputError
+from localllm.serve import embeddings
 from localllm.serve.choices import Choices
+from localllm.serve.embeddings import Embeddings
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import RequestError, Shaper, error_body, parse_gen, parse_json, sse
 from localllm.serve.scheduler import Job, Scheduler
 
 MAX_BODY = 1024 * 1024
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/health", "/metrics")
 
 
 @dataclass
@@ -45,6 +47,7 @@ class ServeState:
     api_key: str | None = None
     max_body: int = MAX_BODY
     json_log: bool = False  # one JSON object per request line instead of text
+    embeddings: Embeddings | None = None  # /v1/embeddings (serve always sets it)
 
     def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
         """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
@@ -229,6 +232,24 @@ def build_app(state: ServeState) -> Guard:
     async def completions(request: Request) -> Response:
         return await generate(request, False)
 
+    async def embed(request: Request) -> Response:
+        request.scope["localllm.logged"] = True
+        method, path = request.method, request.url.path
+        try:
+            if state.embeddings is None:
+                raise RequestError(404, "this server does not serve embeddings")
+            body = parse_json(await _read_body(request, state.max_body))
+            out, ignored = await embeddings.answer(body, state.embeddings, state.model_name)
+        except RequestError as exc:
+            state.log(method, path, exc.status, exc.message)
+            return JSONResponse(exc.body(), status_code=exc.status)
+        except EngineError as exc:
+            state.log(method, path, 500, str(exc))
+            return _error(500, f"the engine failed: {exc}", kind="server_error")
+        header = ", ".join(f[:40] for f in ignored[:20])
+        state.log(method, path, 200, f"{len(out['data'])} inputs, {out['usage']['prompt_tokens']} tokens" + (f"; ignored fields: {header}" if header else ""))
+        return JSONResponse(out, headers={"X-Ignored-Fields": header} if header else {})
+
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "localllm"}]})
 
@@ -250,6 +271,7 @@ def build_app(state: ServeState) -> Guard:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embed, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -11,7 +11,6 @@ import math
 import pytest
 
 from tests.helpers.server import http_client, openai_client, smollm2_server
-from tests.serve.test_server import _CountingModel, _drain, _job, _scheduler
 
 PROMPT_IDS = [1, 504, 3458, 282, 4649, 314, 253]  # token ids: both sides read exactly these
 
@@ -136,32 +135,3 @@ def test_cache_prompt_false_reads_the_whole_prompt(server) -> None:
         cached = c.post("/v1/completions", json=body).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
         fresh = c.post("/v1/completions", json={**body, "cache_prompt": False}).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached > 0 and fresh == 0
-
-
-def test_scheduler_n_siblings_share_the_prompt_read_once() -> None:
-    """Choice 1 waits for choice 0 to read the prompt, then shares its cells (seq_cp): the prompt is decoded once."""
-    from localllm.serve.scheduler import Job
-
-    model = _CountingModel()
-    sched = _scheduler(model)
-    a, _ = _job(range(10), max_tokens=3)
-    b, eb = _job(range(10), max_tokens=3)
-    b = Job(tokens=b.tokens, sampling=b.sampling, max_tokens=3, emit=b.emit, after=a)
-    sched.submit(a)
-    sched.submit(b)
-    _drain(sched)
-    prompt_reads = sum(1 for bt in model.batches for tok, pos, seq, _ in bt if pos < 9)
-    assert prompt_reads == 9 and model.copies == [(0, 1, 9)] and b.n_cached == 9 and eb[-1] == ("done", "length")
-
-
-def test_scheduler_cache_prompt_false_reuses_nothing() -> None:
-    model = _CountingModel()
-    sched = _scheduler(model)
-    a, _ = _job(range(10), max_tokens=1)
-    sched.submit(a)
-    _drain(sched)
-    b, _ = _job(range(10), max_tokens=1)
-    b.cache_prompt = False
-    sched.submit(b)
-    _drain(sched)
-    assert b.n_cached == 0 and not model.copies
