@@ -221,8 +221,8 @@ HONOURED = frozenset({
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
                           "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
-                          "reasoning_effort", "web_search_options", "n_probs"}
-COMPLETION_FIELDS = HONOURED | {"prompt", "n", "logprobs", "echo", "suffix", "best_of", "n_probs"}
+                          "reasoning_effort", "web_search_options", "n_probs", "post_sampling_probs"}
+COMPLETION_FIELDS = HONOURED | {"prompt", "n", "logprobs", "echo", "suffix", "best_of", "n_probs", "post_sampling_probs"}
 NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier"})  # nothing to do for a local server: accepted as they are
 
 
@@ -240,6 +240,8 @@ def _refused(body: dict, chat: bool) -> tuple[str, str] | None:
         ("modalities", body.get("modalities") not in (None, ["text"]), "may only be [\"text\"]"),
         ("audio", body.get("audio") is not None, "is not supported"),
         ("prediction", body.get("prediction") is not None, "is not supported"),
+        ("post_sampling_probs", body.get("post_sampling_probs") not in (None, False),
+         "is not supported: probabilities are the model's, before sampling (llama-server's default)"),
     ]
     for field, bad, why in checks:
         if bad:

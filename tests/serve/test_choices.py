@@ -121,6 +121,7 @@ def test_n_over_the_sequences_and_bad_logprobs_are_400(server) -> None:
             ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
             ("/v1/completions", {"prompt": "x", "n_probs": -1}, "n_probs"),
             ("/v1/completions", {"prompt": "x", "cache_prompt": "no"}, "cache_prompt"),
+            ("/v1/chat/completions", {"messages": MSG, "n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
         ):
             r = c.post(path, json=body)
             assert r.status_code == 400 and r.json()["error"]["param"] == field, (body, r.text)
