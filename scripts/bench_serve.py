@@ -140,7 +140,7 @@ def fmt(x, spec=".1f") -> str:
 
 def main() -> int:
     if "--embeddings" in sys.argv[1:]:  # /v1/embeddings against llama-server --embeddings (scripts/bench_embed.py)
-        from scripts import bench_embed
+        from scripts import bench_embed  # lazy: it imports this module (a cycle at import time), and only this mode needs it
 
         return bench_embed.main([a for a in sys.argv[1:] if a != "--embeddings"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -92,6 +92,22 @@ def test_bad_inputs_are_400s_naming_the_cause(server) -> None:
 
 
 @pytest.mark.slow
+def test_fuzzed_bodies_get_200_or_400(server) -> None:
+    import json
+    import random
+
+    rng = random.Random(25)
+    values = [None, True, 0, -1, 576, 2**70, 1.5, "", "x", "float", "base64", [], [""], [1, 2], [[1], "a"], [[]], [[-1]], {"a": 1}, ["ok"] * 3000]
+    with http_client(server) as c:
+        for _ in range(120):
+            body = {k: rng.choice(values) for k in rng.sample(["input", "encoding_format", "dimensions", "embd_normalize", "model", "user"], 3)}
+            r = c.post("/v1/embeddings", content=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            assert r.status_code in (200, 400), (body, r.status_code, r.text[:300])
+            assert r.status_code == 200 or set(r.json()["error"]) == {"message", "type", "param", "code"}
+        assert c.post("/v1/embeddings", json={"input": "still here"}).status_code == 200
+
+
+@pytest.mark.slow
 def test_chat_is_unchanged_beside_embeddings(server) -> None:
     import threading
 
