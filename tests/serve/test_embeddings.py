@@ -97,7 +97,7 @@ def test_fuzzed_bodies_get_200_or_400(server) -> None:
     import random
 
     rng = random.Random(25)
-    values = [None, True, 0, -1, 576, 2**70, 1.5, "", "x", "float", "base64", [], [""], [1, 2], [[1], "a"], [[]], [[-1]], {"a": 1}, ["ok"] * 3000]
+    values: list[object] = [None, True, 0, -1, 576, 2**70, 1.5, "", "x", "float", "base64", [], [""], [1, 2], [[1], "a"], [[]], [[-1]], {"a": 1}, ["ok"] * 3000]
     with http_client(server) as c:
         for _ in range(120):
             body = {k: rng.choice(values) for k in rng.sample(["input", "encoding_format", "dimensions", "embd_normalize", "model", "user"], 3)}
