@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics)
         name = args.alias or (path.stem if args.model and resolver.looks_like_path(args.model) else args.model or resolver.DEFAULT_MODEL)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
-                           check_grammar=model.check_grammar, tool_format=tools.detect(model.tok.template.source(model.tok.header)),
+                           check_grammar=model.check_grammar, embeddings=_embeddings(model, n_ctx_seq, args.pooling),
+                           tool_format=tools.detect(model.tok.template.source(model.tok.header)),
                            tokenize=_tokenizer(model), api_key=api_key, json_log=args.json,
                            defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template),
                            metrics_endpoint=args.metrics, slots_endpoint=args.slots)
@@ -160,6 +161,15 @@ def _serve(app, socks: list[socket.socket]) -> int:
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+def _embeddings(model, n_ctx: int, pooling: str | None):
+    """/v1/embeddings on the served model (its embedding context is made on first use)."""
+    from localllm.serve.embeddings import Embeddings  # lazy: with Starlette (~64 ms), which serve loads only once it starts
+
+    emb = model.embedder(n_ctx, pooling)
+    return Embeddings(tokenize=lambda text: model.tok.tokenize(text, add_special=True, parse_special=False), embed=emb.embed,
+                      n_ctx=emb.n_ctx, n_vocab=model.tok.n_vocab, n_embd=emb.n_embd, pooling=emb.pooling)
 
 
 def _tokenizer(model):

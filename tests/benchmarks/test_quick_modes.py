@@ -31,6 +31,10 @@ QUICK = {
         ["--quick"],
         [r"\| localllm serve \| 1 \| \d+ \| 0 \| [\d.]+", r"\| localllm serve \| 4 \| \d+ \| 0 \| [\d.]+", r"4 clients / 1 client \(target >= 2.5\): [\d.]+"],
     ),
+    "bench_embed": (
+        ["--quick"],
+        [r"\| localllm serve \| 1 \| 32 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", r"localllm serve / llama-server \(target >= 0.9\): n/a"],
+    ),
     "plan_conformance": (
         ["--quick"],
         [r"KV \(and recurrent state\) exact to the printed MiB: (\d+)/\1", r"dry run's compute = the real load's: (\d+)/\1",
