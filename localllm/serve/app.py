@@ -31,8 +31,8 @@ from localllm.serve.scheduler import Job, Scheduler
 from localllm.serve.tools import GENERIC, Format, ReplySplitter
 
 MAX_BODY = 1024 * 1024
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/embeddings", "/v1/models", "/health", "/metrics", "/completion", "/chat/completions",
-             "/completions", "/models", "/v1/health", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/embeddings", "/v1/models", "/health", "/metrics",
+             "/completion", "/chat/completions", "/completions", "/models", "/v1/health", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
              "/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version")
 
 
