@@ -54,6 +54,9 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.api_key is not None and not args.api_key.strip():
+        # an empty key would silently mean "no authentication": refuse it rather than guess
+        raise UsageError("--api-key is empty: give a key (e.g. \"$(openssl rand -hex 16)\"), or leave --api-key out to serve without one")
     api_key = args.api_key or os.environ.get("LOCALLLM_API_KEY") or None
     if not _is_loopback(args.host) and not api_key:
         say(f"warning: listening on {args.host} without --api-key: anyone who can reach this address can use the model")
