@@ -117,8 +117,12 @@ def _serve(app, sock: socket.socket) -> int:
     requests finish (up to 30 s), then return."""
     import uvicorn
 
+    from localllm.serve.accept import BoundedH11Protocol
+
+    # Connections are capped by the protocol (per client, idle ones closed first);
+    # uvicorn's limit_concurrency would count idle sockets and answer 503 to all.
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=30,
-                            limit_concurrency=512, server_header=False, date_header=False)
+                            http=BoundedH11Protocol, limit_concurrency=None, server_header=False, date_header=False)
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal it caught once it has drained: make SIGTERM's
     # an exception too (its default would end the process before we clean up).

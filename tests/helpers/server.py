@@ -55,3 +55,13 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def serving(tmp_path_factory, *args: str):
+    """A module fixture's body: SmolLM2 on one thread with the test key and its own
+    LOCALLLM_HOME, stopped when the module is done."""
+    s = Server("smollm2", "--threads", "1", "--api-key", KEY, *args, env={"LOCALLLM_HOME": str(tmp_path_factory.mktemp("serve-home"))})
+    try:
+        yield s
+    finally:
+        s.stop()
