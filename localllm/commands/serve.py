@@ -8,10 +8,8 @@ plans a context of that many tokens; each request may use up to ``--ctx``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ipaddress
 import os
-import signal
 import socket
 from dataclasses import replace
 
@@ -81,63 +79,53 @@ def run(args: argparse.Namespace) -> int:
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx} ({n_ctx_seq} per sequence), "
             f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.sentence})")
     sock = _bind(args.host, args.port)
-    from localllm.engine.batch import BatchModel  # lazy: loads llama.cpp
+    # lazy: loads Starlette and uvicorn (~64 ms here), which serve does not load at import
+    from localllm.serve.lifecycle import Switch, serve
 
-    # lazy: loads Starlette (~64 ms here), which serve does not load at import
-    from localllm.serve.app import ServeState, build_app
+    host, port = sock.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+    name = args.alias or (path.stem if args.model and resolver.looks_like_path(args.model) else args.model or resolver.DEFAULT_MODEL)
+    say(f"listening on {url}: loading {name} (requests get 503 'Loading model' until it is loaded)")
+    switch = Switch()
+    running: list[Scheduler] = []
+    models: list = []  # the BatchModel once the loader thread has made it, closed after serving
 
-    model = BatchModel()
-    try:
+    def load() -> None:
+        # lazy: loads llama.cpp, in the loader thread while the socket already answers
+        from localllm.engine.batch import BatchModel
+        from localllm.serve.app import ServeState, build_app  # lazy: loads Starlette's routing, needed once loaded
+
+        model = BatchModel()
+        models.append(model)
         info = model.load(path, replace(fitted.config, n_ctx=n_ctx_seq * parallel), parallel)
         metrics = ServerMetrics()
         metrics.kv_cells_total = info.n_ctx
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics)
-        name = args.alias or (path.stem if args.model and resolver.looks_like_path(args.model) else args.model or resolver.DEFAULT_MODEL)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
                            check_grammar=model.check_grammar,
                            tokenize=_tokenizer(model), api_key=api_key, json_log=args.json)
         scheduler.start()
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        say(f"serving {name} on http://{shown}:{port}/v1 ({parallel} parallel, {n_ctx_seq} tokens per request, "
+        running.append(scheduler)
+        switch.app = build_app(state)
+        say(f"serving {name} on {url} ({parallel} parallel, {n_ctx_seq} tokens per request, "
             f"KV pool {info.n_ctx} cells {info.type_k}/{info.type_v}, prefix reuse {'on' if info.prefix_reuse else 'off'}"
             f"{', API key required' if api_key else ''}); Ctrl+C stops")
-        served = _serve(build_app(state), sock)
-        scheduler.stop()
-        say(f"stopped after {served} request(s)")
-    finally:
-        model.close()
-        sock.close()
-    return 0
 
+    def abort(reason: str) -> int:
+        return sum(s.abort(reason) for s in running)
 
-def _serve(app, sock: socket.socket) -> int:
-    """Run uvicorn on our socket; SIGINT/SIGTERM stop accepting, let running
-    requests finish (up to 30 s), then return."""
-    import uvicorn
-
-    from localllm.serve.accept import BoundedH11Protocol
-
-    # Connections are capped by the protocol (per client, idle ones closed first);
-    # uvicorn's limit_concurrency would count idle sockets and answer 503 to all.
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=30,
-                            http=BoundedH11Protocol, limit_concurrency=None, server_header=False, date_header=False)
-    server = uvicorn.Server(config)
-    # uvicorn re-raises the signal it caught once it has drained: make SIGTERM's
-    # an exception too (its default would end the process before we clean up).
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        asyncio.run(server.serve(sockets=[sock]))
-    except KeyboardInterrupt:
-        pass
+        server = serve(switch, sock, load, abort)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    return int(server.server_state.total_requests)
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+        for s in running:
+            s.stop()
+        for m in models:
+            m.close()
+        sock.close()
+    cut = f" ({server.aborted} ended early by the stop)" if server.aborted else ""
+    say(f"stopped after {switch.requests} request(s){cut}")
+    return 0
 
 
 def _tokenizer(model):

@@ -3,14 +3,19 @@ API key, half-sent requests, the model still loading, repeated signals."""
 
 from __future__ import annotations
 
+import json
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cli import cli
-from tests.helpers.server import KEY, serving
+from tests.helpers.paths import REPO
+from tests.helpers.server import KEY, Server, serving
 
 
 def test_empty_api_key_is_a_usage_error(tmp_path: Path) -> None:
@@ -72,3 +77,130 @@ def test_a_half_sent_request_is_closed_after_the_header_limit(server) -> None:
         waited = time.monotonic() - t0
     assert answer.startswith(b"HTTP/1.1 408 ")
     assert HEADER_TIMEOUT_S - 1 < waited < HEADER_TIMEOUT_S + 5
+
+
+# -- the server's life, on a stand-in app (tests/helpers/lifecycle_child.py) -----------
+
+
+class _Child:
+    def __init__(self, tmp_path: Path, grace_s: float = 30) -> None:
+        self.gate = tmp_path / "gate"
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.lifecycle_child", str(self.gate), str(grace_s)],
+                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline()
+        assert first.startswith("port "), first + self.proc.stderr.read()
+        self.base = f"http://127.0.0.1:{first.split()[1]}"
+
+    def finish(self) -> tuple[int, str, str]:
+        try:
+            out, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        return self.proc.returncode, out, err
+
+
+def _wait_status(url: str, status: int, timeout: float = 10) -> int:
+    """Poll until ``url`` answers ``status``; the number of requests it took."""
+    import httpx2
+
+    deadline, n = time.monotonic() + timeout, 1
+    while httpx2.get(url, timeout=5).status_code != status:
+        assert time.monotonic() < deadline, f"{url} never answered {status}"
+        time.sleep(0.05)
+        n += 1
+    return n
+
+
+@pytest.mark.slow
+def test_every_request_gets_503_loading_until_the_model_is_loaded(tmp_path: Path) -> None:
+    """llama-server's body and status while it loads; the socket answers from the start."""
+    import httpx2
+
+    c = _Child(tmp_path)
+    for path in ("/health", "/v1/models", "/v1/chat/completions"):
+        r = httpx2.get(c.base + path, timeout=5)
+        assert r.status_code == 503 and r.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+    c.gate.write_text("ok")
+    polls = _wait_status(c.base + "/health", 200)
+    c.proc.send_signal(signal.SIGINT)
+    rc, out, err = c.finish()
+    assert rc == 0 and "Traceback" not in err, err
+    assert f"stopped: {3 + polls} requests, 0 aborted" in out
+
+
+@pytest.mark.slow
+def test_a_failed_load_stops_the_server_and_says_why(tmp_path: Path) -> None:
+    c = _Child(tmp_path)
+    c.gate.write_text("fail")
+    rc, out, err = c.finish()
+    assert rc == 1 and "load error: the load failed" in out and "Traceback" not in err
+
+
+def _stream_then(c: _Child, *signals: signal.Signals) -> tuple[list[str], float]:
+    """Open a stream, send the signals 0.2 s apart, return its lines and how long it took to end after the first."""
+    import httpx2
+
+    with httpx2.stream("GET", c.base + "/stream", timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(lines) == "data: tick"
+        t0 = time.monotonic()
+        for sig in signals:
+            c.proc.send_signal(sig)
+            time.sleep(0.2)
+        rest = [line for line in lines if line]
+    return rest, time.monotonic() - t0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signals", [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM)])
+def test_a_second_signal_ends_streams_at_once_with_an_error_event(tmp_path: Path, signals) -> None:
+    c = _Child(tmp_path)
+    c.gate.write_text("ok")
+    polls = _wait_status(c.base + "/health", 200)
+    rest, took = _stream_then(c, *signals)
+    assert rest[-2:] == ["data: error: the server is stopping (a second signal)", "data: [DONE]"]
+    assert took < 5  # not the 30 s grace period
+    rc, out, err = c.finish()
+    assert rc == 0 and "Traceback" not in err, err
+    assert f"stopped: {polls + 1} requests, 1 aborted" in out
+
+
+@pytest.mark.slow
+def test_a_drain_past_the_grace_period_ends_streams_with_an_error_event(tmp_path: Path) -> None:
+    c = _Child(tmp_path, grace_s=1.5)
+    c.gate.write_text("ok")
+    polls = _wait_status(c.base + "/health", 200)
+    rest, took = _stream_then(c, signal.SIGTERM)
+    assert rest[-2:] == ["data: error: the server is stopping (the 1.5 s grace period ended)", "data: [DONE]"]
+    assert 1.2 < took < 5
+    rc, out, err = c.finish()
+    assert rc == 0 and "Traceback" not in err, err
+    assert f"stopped: {polls + 1} requests, 1 aborted" in out
+
+
+@pytest.mark.slow
+def test_sigterm_then_sigint_on_the_real_server_ends_the_stream_cleanly(tmp_path: Path) -> None:
+    """SIGTERM then SIGINT used to cut the stream (no error, no [DONE]), log a
+    CancelledError traceback and report 'stopped after 0 request(s)'."""
+    import httpx2
+
+    s = Server("smollm2", "--parallel", "2", "--ctx", "512", "--threads", "1", env={"LOCALLLM_HOME": str(tmp_path)})
+    try:
+        assert httpx2.get(s.base + "/health", timeout=10).json() == {"status": "ok"}
+        with httpx2.stream("POST", s.base + "/v1/completions", timeout=60,
+                           json={"prompt": "Count:", "max_tokens": 400, "ignore_eos": True, "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")
+            s.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            s.proc.send_signal(signal.SIGINT)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][6:])["error"]["message"].endswith("the server is stopping (a second signal)")
+        assert s.proc.wait(30) == 0
+    finally:
+        s.stop()
+    assert "stopped after 2 request(s) (1 ended early by the stop)" in s.log
+    assert "Traceback" not in s.log

@@ -1,0 +1,121 @@
+"""The server's life: answering while the model loads, and stopping cleanly.
+
+- The socket is bound and served before the model loads (in a thread), and every
+  request meanwhile gets llama-server's 503 "Loading model", so a client polling
+  ``/health`` sees the server come up instead of a refused connection followed
+  by a request that blocks.
+- SIGINT or SIGTERM stops accepting and lets running requests finish, for up to
+  ``GRACE_S``; a second signal, or the end of the grace period, ends what is left
+  with an error event (a stream) or a 500 (a plain request), never a cut
+  connection and a traceback, and the exit summary counts every request the app
+  received, answered or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import threading
+from collections.abc import Callable
+
+import uvicorn
+from starlette.responses import JSONResponse
+
+from localllm.serve.accept import BoundedH11Protocol
+
+GRACE_S = 30.0
+FLUSH_S = 3.0  # after aborting, how long the ended requests get to send their last bytes
+
+LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+
+
+class Switch:
+    """ASGI app: 503 "Loading model" (llama-server's body) until ``app`` is set;
+    counts the requests it receives."""
+
+    def __init__(self) -> None:
+        self.app: Callable | None = None
+        self.requests = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            self.requests += 1
+        app = self.app
+        if app is not None:
+            await app(scope, receive, send)
+        elif scope["type"] == "http":
+            await JSONResponse(LOADING, status_code=503, headers={"Retry-After": "1"})(scope, receive, send)
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, stopping on our terms: the first signal drains, the second
+    (or the grace period's end) calls ``abort(reason)`` to end the running requests
+    with an error, waits up to ``FLUSH_S`` for them to send it, then stops."""
+
+    def __init__(self, config: uvicorn.Config, abort: Callable[[str], int]) -> None:
+        super().__init__(config)
+        self.abort = abort
+        self.hurry = False
+        self.aborted = 0
+
+    def handle_exit(self, sig, frame) -> None:
+        # Not uvicorn's: it would cut the running requests on a second SIGINT, and
+        # raise the signals again once stopped, as tracebacks.
+        if self.should_exit:
+            self.hurry = True
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        watch = asyncio.create_task(self._watch())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            watch.cancel()
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GRACE_S
+        while not self.hurry and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        why = "a second signal" if self.hurry else f"the {GRACE_S:g} s grace period ended"
+        self.aborted = self.abort(f"the server is stopping ({why})")
+        deadline = loop.time() + FLUSH_S
+        while self.server_state.tasks and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        self.force_exit = True
+
+
+def serve(switch: Switch, sock: socket.socket, load: Callable[[], None], abort: Callable[[str], int]) -> Server:
+    """Serve ``switch`` on ``sock`` while ``load()`` runs in a thread (it sets
+    ``switch.app``); return once stopped: by a signal, or by ``load`` failing
+    (its exception re-raised here)."""
+    # Connections are capped by the protocol (per client, idle ones closed first);
+    # uvicorn's limit_concurrency would count idle sockets and answer 503 to all.
+    config = uvicorn.Config(switch, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=None,
+                            http=BoundedH11Protocol, limit_concurrency=None, server_header=False, date_header=False)
+    server = Server(config, abort)
+    failed: list[BaseException] = []
+
+    def loader() -> None:
+        try:
+            load()
+        except BaseException as exc:  # shown by the caller, once the server has stopped
+            failed.append(exc)
+            server.should_exit = True
+
+    # Ours until uvicorn installs the same (and after it restores them): a signal
+    # before the loop runs stops the server too, and SIGTERM never ends the process
+    # before the model is freed.
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        thread = threading.Thread(target=loader, name="localllm-load", daemon=True)
+        thread.start()
+        asyncio.run(server.serve(sockets=[sock]))
+        thread.join()  # a signal during the load: llama.cpp cannot be interrupted mid-load
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failed:
+        raise failed[0]
+    return server
