@@ -115,16 +115,29 @@ def run(args: argparse.Namespace) -> int:
     def abort(reason: str) -> int:
         return sum(s.abort(reason) for s in running)
 
+    if args.rpc:
+        from localllm.engine import rpc  # lazy: loads llama.cpp's libraries, for --rpc only
+
+        def worker_gone(line: str) -> None:
+            # llama.cpp holds this thread and the engine's inside the model for good
+            ended = abort(f"the model is gone: {line}")
+            switch.gone(f"the model is gone: {line}; restart localllm serve once the worker is back")
+            say(f"error: {line}: {ended} request(s) ended with an error; every request gets 503 until serve is restarted")
+
+        rpc.keep_alive_on_abort(worker_gone)
     try:
         server = serve(switch, sock, load, abort)
     finally:
-        for s in running:
-            s.stop()
-        for m in models:
-            m.close()
+        if switch.lost is None:  # else the engine thread is held in llama.cpp: it cannot be stopped, nor the model freed
+            for s in running:
+                s.stop()
+            for m in models:
+                m.close()
         sock.close()
     cut = f" ({server.aborted} ended early by the stop)" if server.aborted else ""
     say(f"stopped after {switch.requests} request(s){cut}")
+    if switch.lost is not None:
+        os._exit(1)  # llama.cpp's held threads would keep a normal exit waiting for good
     return 0
 
 

@@ -37,6 +37,12 @@ class Switch:
     def __init__(self) -> None:
         self.app: Callable | None = None
         self.requests = 0
+        self.lost: str | None = None  # why the model is gone for good, if it is
+
+    def gone(self, message: str) -> None:
+        """The model can no longer be used (llama.cpp holds it): 503 from now on."""
+        self.lost = message
+        self.app = JSONResponse({"error": {"code": 503, "message": message, "type": "unavailable_error"}}, status_code=503)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -112,7 +118,8 @@ def serve(switch: Switch, sock: socket.socket, load: Callable[[], None], abort: 
         thread = threading.Thread(target=loader, name="localllm-load", daemon=True)
         thread.start()
         asyncio.run(server.serve(sockets=[sock]))
-        thread.join()  # a signal during the load: llama.cpp cannot be interrupted mid-load
+        while thread.is_alive() and switch.lost is None:  # a signal during the load: llama.cpp cannot be interrupted mid-load
+            thread.join(0.1)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

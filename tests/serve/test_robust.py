@@ -204,3 +204,38 @@ def test_sigterm_then_sigint_on_the_real_server_ends_the_stream_cleanly(tmp_path
         s.stop()
     assert "stopped after 2 request(s) (1 ended early by the stop)" in s.log
     assert "Traceback" not in s.log
+
+
+@pytest.mark.slow
+def test_a_dead_rpc_worker_ends_the_streams_and_the_server_stays_up(tmp_path: Path) -> None:
+    """It used to take the whole server down (exit 1) with the open streams cut.
+    llama.cpp holds the aborting thread and the dead connection for good, so the
+    model is not loaded again in this process: 503 until serve is restarted."""
+    import httpx2
+
+    from tests.helpers.workers import WorkerProc
+
+    w = WorkerProc()
+    try:
+        s = Server("smollm2", "--rpc", str(w.ep), "--parallel", "2", "--ctx", "512", "--threads", "1", env={"LOCALLLM_HOME": str(tmp_path)})
+        try:
+            with httpx2.stream("POST", s.base + "/v1/completions", timeout=60,
+                               json={"prompt": "Count:", "max_tokens": 400, "ignore_eos": True, "stream": True}) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: {")
+                w.proc.kill()
+                rest = [line for line in lines if line]
+            assert rest[-1] == "data: [DONE]"
+            assert "a worker stopped answering" in json.loads(rest[-2][6:])["error"]["message"]
+            time.sleep(0.5)
+            assert s.proc.poll() is None  # still up
+            for path in ("/health", "/v1/models"):
+                r = httpx2.get(s.base + path, timeout=5)
+                assert r.status_code == 503 and "restart localllm serve" in r.json()["error"]["message"]
+            s.proc.send_signal(signal.SIGINT)
+            assert s.proc.wait(20) == 1
+        finally:
+            s.stop()
+    finally:
+        w.stop()
+    assert "stopped after 3 request(s)" in s.log and "Traceback" not in s.log
