@@ -10,6 +10,7 @@ open. This subclass of its h11 protocol, passed as ``Config(http=...)``, adds:
   request, head and body (``REQUEST_TIMEOUT_S``), from the moment the
   connection is ready for it (accepted, or its previous response sent); a
   connection past it is closed (a 408 when part of a request came);
+- a cap on the size of a request's head (``MAX_HEAD_BYTES``, then 431);
 - a cap on the connections one client address holds (``PER_CLIENT``) and on all
   of them (``MAX_CONNECTIONS``): a new connection over a cap closes the
   connection that has waited longest for its request to arrive, so slow or idle
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -32,8 +34,11 @@ HEADER_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 60.0
 PER_CLIENT = 64
 MAX_CONNECTIONS = 1024
+MAX_HEAD_BYTES = 32 * 1024  # a request line and headers; larger gets 431
 
 _TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_TOO_LARGE_431 = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_HEAD_END = re.compile(rb"\n\r?\n")
 
 
 def _refusal(message: str) -> bytes:
@@ -53,6 +58,7 @@ class BoundedH11Protocol(H11Protocol):
     _phase = "busy"  # "head": waiting for a request's head, "body": for its body, "busy": it arrived
     _since = 0.0  # when the connection became ready for the request it waits for
     _got_bytes = False
+    _head = b""  # the start of the head being read, to bound its size
     _timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -64,6 +70,13 @@ class BoundedH11Protocol(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True
+        if self._phase == "head":
+            # h11 bounds a head that arrives in pieces, not one that arrives whole
+            self._head = (self._head + data)[:MAX_HEAD_BYTES + 4]
+            if len(self._head) > MAX_HEAD_BYTES and not _HEAD_END.search(self._head):
+                self.transport.write(_TOO_LARGE_431)
+                self._close(late=False)
+                return
         super().data_received(data)
         self._follow()
 
@@ -84,7 +97,7 @@ class BoundedH11Protocol(H11Protocol):
         state = self.conn.their_state
         now = self.loop.time()
         if state is h11.IDLE and self._phase != "head":
-            self._phase, self._since, self._got_bytes = "head", now, False
+            self._phase, self._since, self._got_bytes, self._head = "head", now, False, b""
             self._arm(now + self.header_timeout)
         elif state is h11.SEND_BODY and self._phase != "body":
             self._phase = "body"

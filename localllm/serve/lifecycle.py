@@ -22,7 +22,7 @@ from collections.abc import Callable
 import uvicorn
 from starlette.responses import JSONResponse
 
-from localllm.serve.accept import BoundedH11Protocol
+from localllm.serve.accept import MAX_HEAD_BYTES, BoundedH11Protocol
 
 GRACE_S = 30.0
 FLUSH_S = 3.0  # after aborting, how long the ended requests get to send their last bytes
@@ -99,7 +99,8 @@ def serve(switch: Switch, sock: socket.socket, load: Callable[[], None], abort: 
     # Connections are capped by the protocol (per client, idle ones closed first);
     # uvicorn's limit_concurrency would count idle sockets and answer 503 to all.
     config = uvicorn.Config(switch, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=None,
-                            http=BoundedH11Protocol, limit_concurrency=None, server_header=False, date_header=False)
+                            http=BoundedH11Protocol, limit_concurrency=None, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+                            server_header=False, date_header=False)
     server = Server(config, abort)
     failed: list[BaseException] = []
 

@@ -239,3 +239,32 @@ def test_a_dead_rpc_worker_ends_the_streams_and_the_server_stays_up(tmp_path: Pa
     finally:
         w.stop()
     assert "stopped after 3 request(s)" in s.log and "Traceback" not in s.log
+
+
+@pytest.mark.slow
+def test_a_client_whose_connections_are_all_busy_is_refused_by_name(tmp_path: Path) -> None:
+    """Idle connections make room; busy ones are never closed: the next one gets a 503 saying why."""
+    import httpx2
+
+    from localllm.serve.accept import PER_CLIENT
+
+    c = _Child(tmp_path)
+    c.gate.write_text("ok")
+    _wait_status(c.base + "/health", 200)
+    streams = []
+    try:
+        for _ in range(PER_CLIENT):
+            client = httpx2.Client(base_url=c.base, timeout=30)
+            r = client.send(client.build_request("GET", "/stream"), stream=True)
+            assert r.status_code == 200
+            streams.append((client, r))
+        r = httpx2.get(c.base + "/health", timeout=10)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_connections"
+        assert "busy with requests" in r.json()["error"]["message"]
+    finally:
+        for client, r in streams:
+            r.close()
+            client.close()
+    _wait_status(c.base + "/health", 200)
+    c.proc.send_signal(signal.SIGINT)
+    assert c.finish()[0] == 0
