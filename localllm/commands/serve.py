@@ -11,12 +11,15 @@ import argparse
 import ipaddress
 import os
 import socket
+import threading
+import time
 from dataclasses import replace
 
 from localllm.commands._common import fit_config, model_path, say
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting
+from localllm.plan.workers import probe_all
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import RequestError
 from localllm.serve.scheduler import Scheduler
@@ -78,9 +81,10 @@ def run(args: argparse.Namespace) -> int:
         c = fitted.config
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx} ({n_ctx_seq} per sequence), "
             f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.sentence})")
-    sock = _bind(args.host, args.port)
     # lazy: loads Starlette and uvicorn (~64 ms here), which serve does not load at import
-    from localllm.serve.lifecycle import Switch, serve
+    from localllm.serve.lifecycle import Switch, exec_fresh, hand_over, inherited_socket, serve
+
+    sock = inherited_socket() or _bind(args.host, args.port)  # inherited: this process replaced one that lost its model
 
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
@@ -121,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
         def worker_gone(line: str) -> None:
             # llama.cpp holds this thread and the engine's inside the model for good
             ended = abort(f"the model is gone: {line}")
-            switch.gone(f"the model is gone: {line}; restart localllm serve once the worker is back")
-            say(f"error: {line}: {ended} request(s) ended with an error; every request gets 503 until serve is restarted")
+            switch.gone(f"the model is gone: {line}; it loads again once the worker is back")
+            say(f"error: {line}: {ended} request(s) ended with an error; 503 until the workers answer again")
+            threading.Thread(target=_when_workers_answer, args=(args.rpc, lambda: hand_over(switch, sock)), daemon=True).start()
 
         rpc.keep_alive_on_abort(worker_gone)
     try:
@@ -135,10 +140,25 @@ def run(args: argparse.Namespace) -> int:
                 m.close()
         sock.close()
     cut = f" ({server.aborted} ended early by the stop)" if server.aborted else ""
+    if switch.handover_fd is not None and not server.signalled:
+        say(f"the workers answer again: restarting to load the model ({switch.requests} request(s) so far)")
+        exec_fresh(switch.handover_fd)
     say(f"stopped after {switch.requests} request(s){cut}")
     if switch.lost is not None:
         os._exit(1)  # llama.cpp's held threads would keep a normal exit waiting for good
     return 0
+
+
+def _when_workers_answer(endpoints, then) -> None:
+    """Probe the workers every 2 s; call ``then()`` once they all answer."""
+    while True:
+        try:
+            probe_all(endpoints, timeout=2)
+        except InputError:
+            time.sleep(2)
+            continue
+        then()
+        return
 
 
 def _tokenizer(model):

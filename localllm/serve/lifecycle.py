@@ -4,6 +4,11 @@
   request meanwhile gets llama-server's 503 "Loading model", so a client polling
   ``/health`` sees the server come up instead of a refused connection followed
   by a request that blocks.
+- When the model is lost for good (an RPC worker died: llama.cpp holds the
+  aborting thread and the dead connection inside the process), every request
+  gets 503 naming the cause; once the workers answer again, the process execs a
+  fresh ``serve`` that inherits the listening socket (``SOCKET_FD_ENV``), so
+  clients queue on it instead of being refused, and loads the model again.
 - SIGINT or SIGTERM stops accepting and lets running requests finish, for up to
   ``GRACE_S``; a second signal, or the end of the grace period, ends what is left
   with an error event (a stream) or a 500 (a plain request), never a cut
@@ -14,10 +19,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 import uvicorn
 from starlette.responses import JSONResponse
@@ -28,6 +36,7 @@ GRACE_S = 30.0
 FLUSH_S = 3.0  # after aborting, how long the ended requests get to send their last bytes
 
 LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+SOCKET_FD_ENV = "LOCALLLM_SERVE_FD"  # the listening socket handed to the serve that replaces this one
 
 
 class Switch:
@@ -38,6 +47,8 @@ class Switch:
         self.app: Callable | None = None
         self.requests = 0
         self.lost: str | None = None  # why the model is gone for good, if it is
+        self.handover_fd: int | None = None  # set when a fresh serve is to take the socket over
+        self.stop: Callable[[], None] = lambda: None  # set by serve(): stop serving, as a signal would
 
     def gone(self, message: str) -> None:
         """The model can no longer be used (llama.cpp holds it): 503 from now on."""
@@ -63,6 +74,7 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.abort = abort
         self.hurry = False
+        self.signalled = False
         self.aborted = 0
 
     def handle_exit(self, sig, frame) -> None:
@@ -70,7 +82,7 @@ class Server(uvicorn.Server):
         # raise the signals again once stopped, as tracebacks.
         if self.should_exit:
             self.hurry = True
-        self.should_exit = True
+        self.should_exit = self.signalled = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         watch = asyncio.create_task(self._watch())
@@ -102,6 +114,7 @@ def serve(switch: Switch, sock: socket.socket, load: Callable[[], None], abort: 
                             http=BoundedH11Protocol, limit_concurrency=None, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
                             server_header=False, date_header=False)
     server = Server(config, abort)
+    switch.stop = lambda: setattr(server, "should_exit", True)
     failed: list[BaseException] = []
 
     def loader() -> None:
@@ -127,3 +140,31 @@ def serve(switch: Switch, sock: socket.socket, load: Callable[[], None], abort: 
     if failed:
         raise failed[0]
     return server
+
+
+def inherited_socket() -> socket.socket | None:
+    """The listening socket a serve that exec'd this one handed over, if any."""
+    fd = os.environ.pop(SOCKET_FD_ENV, "")
+    return socket.socket(fileno=int(fd)) if fd.isdigit() else None
+
+
+def hand_over(switch: Switch, sock: socket.socket) -> bool:
+    """Stop serving so that ``exec_fresh`` can replace this process (from any
+    thread); False when this process was not started as ``localllm ... serve``
+    (the library or a test in-process), which stays as it is."""
+    if "serve" not in sys.argv[1:]:
+        return False
+    fd = os.dup(sock.fileno())  # uvicorn closes ``sock`` as it stops
+    os.set_inheritable(fd, True)
+    switch.handover_fd = fd
+    switch.stop()
+    return True
+
+
+def exec_fresh(fd: int) -> NoReturn:
+    """Replace this process (and the threads llama.cpp holds in it) with the same
+    ``localllm serve`` command line, which takes the socket ``fd`` over."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.environ[SOCKET_FD_ENV] = str(fd)
+    os.execv(sys.executable, [sys.executable, "-m", "localllm", *sys.argv[1:]])
