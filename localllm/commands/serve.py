@@ -11,15 +11,12 @@ import argparse
 import ipaddress
 import os
 import socket
-import threading
-import time
 from dataclasses import replace
 
 from localllm.commands._common import fit_config, model_path, say
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting
-from localllm.plan.workers import probe_all
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import RequestError
 from localllm.serve.scheduler import Scheduler
@@ -82,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx} ({n_ctx_seq} per sequence), "
             f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.sentence})")
     # lazy: loads Starlette and uvicorn (~64 ms here), which serve does not load at import
-    from localllm.serve.lifecycle import Switch, exec_fresh, hand_over, inherited_socket, serve
+    from localllm.serve.lifecycle import Switch, exec_fresh, inherited_socket, recover_lost_workers, serve
 
     sock = inherited_socket() or _bind(args.host, args.port)  # inherited: this process replaced one that lost its model
 
@@ -120,16 +117,7 @@ def run(args: argparse.Namespace) -> int:
         return sum(s.abort(reason) for s in running)
 
     if args.rpc:
-        from localllm.engine import rpc  # lazy: loads llama.cpp's libraries, for --rpc only
-
-        def worker_gone(line: str) -> None:
-            # llama.cpp holds this thread and the engine's inside the model for good
-            ended = abort(f"the model is gone: {line}")
-            switch.gone(f"the model is gone: {line}; it loads again once the worker is back")
-            say(f"error: {line}: {ended} request(s) ended with an error; 503 until the workers answer again")
-            threading.Thread(target=_when_workers_answer, args=(args.rpc, lambda: hand_over(switch, sock)), daemon=True).start()
-
-        rpc.keep_alive_on_abort(worker_gone)
+        recover_lost_workers(switch, sock, abort, args.rpc)
     try:
         server = serve(switch, sock, load, abort)
     finally:
@@ -147,18 +135,6 @@ def run(args: argparse.Namespace) -> int:
     if switch.lost is not None:
         os._exit(1)  # llama.cpp's held threads would keep a normal exit waiting for good
     return 0
-
-
-def _when_workers_answer(endpoints, then) -> None:
-    """Probe the workers every 2 s; call ``then()`` once they all answer."""
-    while True:
-        try:
-            probe_all(endpoints, timeout=2)
-        except InputError:
-            time.sleep(2)
-            continue
-        then()
-        return
 
 
 def _tokenizer(model):

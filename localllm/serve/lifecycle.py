@@ -24,12 +24,15 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import uvicorn
 from starlette.responses import JSONResponse
 
+from localllm.errors import InputError
+from localllm.plan.workers import Endpoint, probe_all
 from localllm.serve.accept import MAX_HEAD_BYTES, BoundedH11Protocol
 
 GRACE_S = 30.0
@@ -168,3 +171,29 @@ def exec_fresh(fd: int) -> NoReturn:
     sys.stderr.flush()
     os.environ[SOCKET_FD_ENV] = str(fd)
     os.execv(sys.executable, [sys.executable, "-m", "localllm", *sys.argv[1:]])
+
+
+def recover_lost_workers(switch: Switch, sock: socket.socket, abort: Callable[[str], int], endpoints: Sequence[Endpoint]) -> None:
+    """``--rpc``: when a worker dies, end the running requests with an error and
+    answer 503 (``switch.gone``); once every worker answers again, hand the
+    socket over to a fresh serve (``hand_over``, then ``exec_fresh``)."""
+    from localllm.engine import rpc  # lazy: loads llama.cpp's libraries, for --rpc only
+
+    def worker_gone(line: str) -> None:
+        # on llama.cpp's aborting thread, which it then holds for good, as the engine's
+        ended = abort(f"the model is gone: {line}")
+        switch.gone(f"the model is gone: {line}; it loads again once the worker is back")
+        print(f"localllm: error: {line}: {ended} request(s) ended with an error; 503 until the workers answer again", file=sys.stderr, flush=True)
+        threading.Thread(target=when_back, daemon=True).start()
+
+    def when_back() -> None:
+        while True:
+            try:
+                probe_all(list(endpoints), timeout=2)
+            except InputError:
+                time.sleep(2)
+                continue
+            hand_over(switch, sock)
+            return
+
+    rpc.keep_alive_on_abort(worker_gone)
