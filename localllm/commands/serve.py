@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         model = BatchModel()
         models.append(model)
         info = model.load(path, replace(fitted.config, n_ctx=n_ctx_seq * parallel), parallel)
+        if switch.stopped:  # stopped by a signal while loading
+            return
         metrics = ServerMetrics()
         metrics.kv_cells_total = info.n_ctx
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,

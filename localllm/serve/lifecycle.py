@@ -51,6 +51,7 @@ class Switch:
         self.requests = 0
         self.lost: str | None = None  # why the model is gone for good, if it is
         self.handover_fd: int | None = None  # set when a fresh serve is to take the socket over
+        self.stopped = False  # the server has stopped: a load that ends now must not start serving
         self.stop: Callable[[], None] = lambda: None  # set by serve(): stop serving, as a signal would
 
     def gone(self, message: str) -> None:
@@ -135,6 +136,7 @@ def serve(switch: Switch, sock: socket.socket, load: Callable[[], None], abort: 
         thread = threading.Thread(target=loader, name="localllm-load", daemon=True)
         thread.start()
         asyncio.run(server.serve(sockets=[sock]))
+        switch.stopped = True
         while thread.is_alive() and switch.lost is None:  # a signal during the load: llama.cpp cannot be interrupted mid-load
             thread.join(0.1)
     finally:

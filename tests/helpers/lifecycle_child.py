@@ -47,6 +47,9 @@ def main() -> int:
             time.sleep(0.02)
         if "fail" in gate.read_text():
             raise RuntimeError("the load failed")
+        if switch.stopped:
+            print("stopped while loading", flush=True)
+            return
         switch.app = Starlette(routes=[Route("/health", health), Route("/stream", stream)])
 
     def abort(reason: str) -> int:

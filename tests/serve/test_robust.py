@@ -282,3 +282,35 @@ def test_a_client_whose_connections_are_all_busy_is_refused_by_name(tmp_path: Pa
     _wait_status(c.base + "/health", 200)
     c.proc.send_signal(signal.SIGINT)
     assert c.finish()[0] == 0
+
+
+@pytest.mark.slow
+def test_a_signal_while_loading_stops_once_the_load_ends_without_serving(tmp_path: Path) -> None:
+    """llama.cpp cannot be interrupted mid-load: the stop waits for it, then serves nothing."""
+    c = _Child(tmp_path)
+    _wait_status(c.base + "/health", 503)
+    c.proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert c.proc.poll() is None  # waiting for the load
+    c.gate.write_text("ok")
+    rc, out, err = c.finish()
+    assert rc == 0 and "stopped while loading" in out and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+def test_511_half_sent_requests_on_a_server_without_a_key(tmp_path: Path) -> None:
+    import httpx2
+
+    c = _Child(tmp_path)
+    c.gate.write_text("ok")
+    _wait_status(c.base + "/health", 200)
+    socks = _half_sent(c.base, 511)
+    try:
+        t0 = time.monotonic()
+        assert httpx2.get(c.base + "/health", timeout=10).status_code == 200
+        assert time.monotonic() - t0 < 5
+    finally:
+        for s in socks:
+            s.close()
+    c.proc.send_signal(signal.SIGINT)
+    assert c.finish()[0] == 0
