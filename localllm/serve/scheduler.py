@@ -200,6 +200,18 @@ class Scheduler:
             job.cancelled = True
             self._cv.notify()
 
+    def abort(self, reason: str) -> int:
+        """The server stops now: end every waiting and running request with an
+        error event saying ``reason`` (the engine frees their sequences at its next
+        step); the number ended."""
+        with self._cv:
+            jobs = [j for j in (*self.pending, *(s.job for s in self.slots)) if j is not None and not j.cancelled]
+            for job in jobs:
+                job.cancelled = True
+                job.emit("error", reason)
+            self._cv.notify()
+        return len(jobs)
+
     # -- the engine thread ------------------------------------------------------------
     def _run(self) -> None:
         while True:

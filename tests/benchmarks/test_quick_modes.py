@@ -69,6 +69,10 @@ QUICK = {
         ["--quick"],
         [r"localllm pull\s+\d+ ms\s+[\d.]+ MB/s", r"hf_hub_download\s+\d+ ms", r"ratio localllm/huggingface_hub: [\d.]+"],
     ),
+    "hostile_requests": (
+        ["--quick"],
+        [r"PASS slowloris: 511 half-sent", r"PASS SIGTERM then SIGINT mid-stream", r"hostile requests: (\d+)/\1 passed"],
+    ),
 }
 
 

@@ -74,3 +74,13 @@ def http_client(server: Server):
 def smollm2_server(tmp_path_factory, *args: str) -> Server:
     """``serve smollm2`` with ``args``, the test key, and a data directory of its own."""
     return Server("smollm2", *args, "--api-key", KEY, env={"LOCALLLM_HOME": str(tmp_path_factory.mktemp("serve-home"))})
+
+
+def serving(tmp_path_factory, *args: str):
+    """A module fixture's body: SmolLM2 on one thread with the test key and its own
+    LOCALLLM_HOME, stopped when the module is done."""
+    s = Server("smollm2", "--threads", "1", "--api-key", KEY, *args, env={"LOCALLLM_HOME": str(tmp_path_factory.mktemp("serve-home"))})
+    try:
+        yield s
+    finally:
+        s.stop()
