@@ -88,6 +88,7 @@ class LoadOptions:
     n_ubatch: int = 512
     policy: str = "ctx"
     rpc_servers: tuple[str, ...] = ()
+    n_cpu_moe: int | None = None  # experts in RAM: layers 0..N-1, -1 all (LoadConfig.n_cpu_moe); None: none
 
     def config(self) -> LoadConfig:
         """The load config asked: a quantized V cache turns flash attention on
@@ -98,6 +99,7 @@ class LoadOptions:
             n_ctx=self.n_ctx, n_threads=self.threads, n_gpu_layers=-1 if self.n_gpu_layers is None else self.n_gpu_layers,
             flash_attn=flash_attn_mode(self.flash_attn, type_v), type_k=self.type_k or "f16", type_v=type_v,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch, swa_full=self.swa_full, rpc_servers=self.rpc_servers,
+            n_cpu_moe=self.n_cpu_moe or 0,
         )
 
     def request(self) -> Request:
@@ -176,6 +178,7 @@ def fit(
     ``devices`` (``--rpc``: the workers' devices and a local GPU) and ``cpu``,
     layers are placed across them (``placement.fit_across``)."""
     want = request.config
+    planner.check_moe(shape, want)  # experts in RAM for a model without experts: refused, as a cache type llama.cpp refuses
     if request.kv_fixed:
         planner.check_cache_types(shape, want)  # cache types llama.cpp refuses for this model: refused here too
     limit = ctx_limit or max(want.n_ctx, trained_ctx or 0)

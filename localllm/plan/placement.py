@@ -29,12 +29,13 @@ llama.cpp's rules (the vendored llama.cpp of llama-cpp-python 0.3.36):
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localllm.engine_api import DryRun, LoadConfig
-from localllm.engine_api.llama_rules import is_quantized
+from localllm.engine_api.llama_rules import FFN_EXPS_REGEX, is_quantized
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.plan import planner
 from localllm.plan.buffer_log import buffer_lines
@@ -144,10 +145,12 @@ def place(
         return len(devices) if d is None else d
 
     uses = [DeviceUse(d, [], False, 0, 0, 0, 0) for d in slots]
+    in_ram = shape.experts_in_ram(cfg)  # --cpu-moe / --n-cpu-moe: these stay with the CPU wherever their layer goes
     for il in range(shape.n_layer):
         u = uses[slot(il)]
         u.layers.append(il)
-        u.weights_bytes += shape.layer_bytes[il]
+        u.weights_bytes += shape.layer_bytes[il] - in_ram[il]
+        uses[-1].weights_bytes += in_ram[il]
     for kl in plan.kv_layers:
         uses[slot(kl.layer)].kv_bytes += kl.k_bytes + kl.v_bytes
     for i, u in enumerate(uses):
@@ -163,7 +166,8 @@ def place(
         out.weights_bytes += shape.output_bytes + shape.tied_bytes
     cpu_use.output_bytes = plan.output_bytes
     if header is not None:
-        cpu_use.mapped_bytes = cpu_mapped_span(header, set(cpu_use.layers), cpu_use.output_layer)
+        moe = {il for il, b in enumerate(in_ram) if b}
+        cpu_use.mapped_bytes = cpu_mapped_span(header, set(cpu_use.layers), cpu_use.output_layer, moe)
     _compute(shape, cfg, plan, uses)
     rules = []
     if len(devices) > 1:
@@ -176,6 +180,12 @@ def place(
         )
         if out is not cpu_use and out.device.kind == "rpc":
             rules.append("the output layer is offloaded first (as to a GPU): every token's logits come back over the network")
+    if any(in_ram):
+        n = sum(1 for b in in_ram if b)
+        rules.append(
+            f"the experts of {n} of {shape.n_layer} layers ({size(sum(in_ram))}, their biases and scales with them) stay in RAM and run on the CPU; "
+            "attention, norms, router and shared experts go with their layer (tensor-buffer overrides, llama.cpp's --cpu-moe/--n-cpu-moe)"
+        )
     if pipeline_parallel(len(devices), shape, cfg):
         rules.append("pipeline parallelism (llama-context.cpp: more than one device, all layers offloaded): each device keeps 4 copies of its inputs")
     return Placement(plan, uses, tuple(split), rules)
@@ -200,16 +210,20 @@ def _q_live(shape: ModelShape, cfg: LoadConfig, cells: int) -> int:
     return min(q, max(0, ffn - attn))
 
 
-def cpu_mapped_span(header: GGUFHeader, cpu_layers: set[int], output_on_cpu: bool) -> int:
+def cpu_mapped_span(header: GGUFHeader, cpu_layers: set[int], output_on_cpu: bool, moe_layers: frozenset[int] | set[int] = frozenset()) -> int:
     """What llama.cpp prints as ``CPU_Mapped model buffer size``: with mmap the
     CPU's weights are one mapping of the file from the first to the last byte of
     the tensors it keeps (llama-model-loader.cpp ``get_mapping_range``), so the
     tensors of offloaded layers that lie between count too (files often store
-    blk.0, blk.1, blk.10, ...). Only the pages of the CPU's own tensors are read."""
+    blk.0, blk.1, blk.10, ...). Only the pages of the CPU's own tensors are read.
+    ``moe_layers``: layers whose experts are kept in RAM (``--n-cpu-moe``): their
+    expert tensors are the CPU's too, and usually stretch the mapping over most of the file."""
     spans: dict[int, tuple[int, int]] = {}  # per file of a split model: its own mapping
+    exps = re.compile(FFN_EXPS_REGEX)
     for t in header.tensors:
         if t.name.startswith("blk."):
-            keep = int(t.name.split(".")[1]) in cpu_layers
+            il = int(t.name.split(".")[1])
+            keep = il in cpu_layers or (il in moe_layers and exps.search(t.name) is not None)
         elif t.name.startswith("output"):
             keep = output_on_cpu
         else:
@@ -227,7 +241,8 @@ def pipeline_parallel(n_devices: int, shape: ModelShape, cfg: LoadConfig) -> boo
     of each split's inputs, to overlap the devices' work."""
     n_all = shape.n_layer + 1
     ngl = n_all if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
-    return n_devices > 1 and ngl > shape.n_layer
+    # ... and no tensor override (llama-context.cpp: !model.has_tensor_overrides()): experts in RAM turn it off
+    return n_devices > 1 and ngl > shape.n_layer and cfg.n_cpu_moe == 0
 
 
 SCHED_COPIES = 4  # ggml-backend.cpp GGML_SCHED_MAX_COPIES

@@ -26,6 +26,7 @@ follows llama.cpp (the version pinned by scripts/install.sh):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -34,7 +35,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localllm.engine_api import LoadConfig, llama_rules
 from localllm.engine_api.errors import InvalidSetting
-from localllm.engine_api.llama_rules import hadamard_sides, is_quantized
+from localllm.engine_api.llama_rules import FFN_EXPS_REGEX, cpu_moe_layers, hadamard_sides, is_quantized
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.modelfile.model_info import describe
@@ -114,6 +115,10 @@ class ModelShape:
     # Mamba-2 mixers (ssm.inner_size, ssm.state_size, ssm.group_count, ssm.time_step_rank): the estimate's mixer phase
     ssm_dims: tuple[int, int, int, int] = (0, 0, 0, 0)
     n_ff_shexp: int = 0  # a MoE's shared expert (expert_shared_feed_forward_length): the estimate holds one more n_embd
+    # Per layer, the bytes of the tensors llama.cpp's --cpu-moe pattern matches
+    # (llama_rules.FFN_EXPS_REGEX: the experts with their biases and scales),
+    # which LoadConfig.n_cpu_moe keeps in RAM; None: no such tensor (a dense model).
+    layer_expert_bytes: list[int] | None = None
 
     @classmethod
     def from_header(cls, header: GGUFHeader) -> ModelShape:
@@ -131,6 +136,8 @@ class ModelShape:
         n_expert, n_used = rule.n_expert, rule.n_expert_used
         layer_bytes = [0] * n_layer
         active = [0] * n_layer
+        experts = [0] * n_layer
+        exps = re.compile(FFN_EXPS_REGEX)
         input_bytes = output_bytes = 0
         token_embd = 0
         has_output = False
@@ -143,6 +150,8 @@ class ModelShape:
                     # (ggml_mul_mat_id over *_exps tensors, llama-graph.cpp build_moe_ffn).
                     expert = "_exps." in t.name and n_expert > 0
                     active[il] += t.n_bytes * n_used // n_expert if expert else t.n_bytes
+                    if exps.search(t.name):
+                        experts[il] += t.n_bytes
             elif t.name.startswith("output"):
                 output_bytes += t.n_bytes
                 has_output = has_output or t.name == "output.weight"
@@ -188,7 +197,17 @@ class ModelShape:
             mla_dims=_mla_dims(header),
             ssm_dims=_ssm_dims(header) if rule.n_embd_s else (0, 0, 0, 0),
             n_ff_shexp=int(header.arch_key("expert_shared_feed_forward_length", 0) or 0) if n_expert else 0,
+            layer_expert_bytes=experts if any(experts) else None,
         )
+
+    def experts_in_ram(self, cfg: LoadConfig) -> list[int]:
+        """Per layer, the expert bytes ``cfg.n_cpu_moe`` keeps in RAM wherever the
+        rest of the layer goes (tensor-buffer overrides to the CPU)."""
+        out = [0] * self.n_layer
+        if self.layer_expert_bytes is not None:
+            for il in cpu_moe_layers(cfg.n_cpu_moe, self.n_layer):
+                out[il] = self.layer_expert_bytes[il]
+        return out
 
     def has_kv(self, il: int) -> bool:
         """Layer ``il`` has a KV cache of its own (llama-kv-cache.cpp: has_kv and
@@ -341,7 +360,8 @@ def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> Mem
     rs_total = rs_layer * len(shape.recurrent_layers)
     rs_gpu = rs_layer * len(shape.recurrent_layers & gpu_layers)
     compute = _compute(shape, cfg, cells, swa_cells)
-    w_gpu = sum(shape.layer_bytes[i] for i in gpu_layers)
+    in_ram = shape.experts_in_ram(cfg)
+    w_gpu = sum(shape.layer_bytes[i] - in_ram[i] for i in gpu_layers)
     w_cpu = sum(shape.layer_bytes) - w_gpu + shape.input_bytes
     if output_on_gpu:
         w_gpu += shape.output_bytes + shape.tied_bytes
@@ -545,6 +565,20 @@ def check_cache_types(shape: ModelShape, cfg: LoadConfig) -> None:
     rows = {shape.kv_dims(il)[0] for il in layers}
     for hk, hv in sorted({shape.head_dims(il) for il in layers}):
         llama_rules.check_cache_types(cfg.type_k, cfg.type_v, hk, hv, flash_attn=cfg.uses_flash_attn, k_rows=rows)
+
+
+def check_moe(shape: ModelShape, cfg: LoadConfig) -> None:
+    """Experts in RAM (``n_cpu_moe``) only for a model that has experts, and at
+    most for its layers: llama.cpp would silently match nothing (a dense model)
+    or nothing more (a count past the last layer). Raises ``InvalidSetting``."""
+    if cfg.n_cpu_moe == 0:
+        return
+    if shape.layer_expert_bytes is None:
+        raise InvalidSetting(f"{{n_cpu_moe}}: this model ({shape.architecture}) has no expert tensors to keep in RAM: it is not a mixture of experts")
+    if cfg.n_cpu_moe > shape.n_layer:
+        raise InvalidSetting(f"{{n_cpu_moe}} must be at most the model's {shape.n_layer} layers, got {cfg.n_cpu_moe}")
+    if cfg.n_cpu_moe < -1:
+        raise InvalidSetting(f"{{n_cpu_moe}} must be -1 (every layer) or between 0 and {shape.n_layer}, got {cfg.n_cpu_moe}")
 
 
 def cache_types_allowed(shape: ModelShape, cfg: LoadConfig) -> bool:
