@@ -8,6 +8,7 @@ from pathlib import Path
 from localllm.commands._common import Fitted, fit_config
 from localllm.errors import EXIT_ERROR
 from localllm.modelfile.model_info import inspect_model
+from localllm.plan.placement import experts_rule
 from localllm.plan.planner import layers_phrase
 from localllm.store import names, resolver
 from localllm.util import fmt
@@ -46,6 +47,8 @@ def render(f: Fitted, architecture: str = "") -> str:
         ),
         "",
     ]
+    if p.experts_ram_bytes:
+        lines.append(experts_rule(p.experts_ram_layers, r.n_layers - 1, p.experts_ram_bytes))
     if r.gpu_budget is not None:
         src = {"--vram": "--vram", "nvml": hw.gpu_name, "apple-unified": "unified memory share"}.get(hw.gpu_source, hw.gpu_source)
         left = r.gpu_budget - r.margin - shown.total[0]
@@ -138,6 +141,7 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
             margin_bytes=f.fit.margin,
             max_ctx_by_kv_type=f.fit.max_ctx_by_kv_type,
             shiftable_cache_extra_bytes=f.shift_extra_bytes,
+            n_cpu_moe=f.config.n_cpu_moe,
             hardware=f.hardware.to_dict(),
             architecture=info.architecture,
             cache_rule_source=info.cache_rule_source if info.cache_rule_verified else None,

@@ -181,14 +181,16 @@ def place(
         if out is not cpu_use and out.device.kind == "rpc":
             rules.append("the output layer is offloaded first (as to a GPU): every token's logits come back over the network")
     if any(in_ram):
-        n = sum(1 for b in in_ram if b)
-        rules.append(
-            f"the experts of {n} of {shape.n_layer} layers ({size(sum(in_ram))}, their biases and scales with them) stay in RAM and run on the CPU; "
-            "attention, norms, router and shared experts go with their layer (tensor-buffer overrides, llama.cpp's --cpu-moe/--n-cpu-moe)"
-        )
+        rules.append(experts_rule(sum(1 for b in in_ram if b), shape.n_layer, sum(in_ram)))
     if pipeline_parallel(len(devices), shape, cfg):
         rules.append("pipeline parallelism (llama-context.cpp: more than one device, all layers offloaded): each device keeps 4 copies of its inputs")
     return Placement(plan, uses, tuple(split), rules)
+
+
+def experts_rule(n_layers: int, n_layer: int, n_bytes: int) -> str:
+    """The sentence for experts kept in RAM (``--cpu-moe``/``--n-cpu-moe``)."""
+    return (f"experts in RAM: those of {n_layers} of {n_layer} layers ({size(n_bytes)}, biases and scales included) stay in RAM and run "
+            "on the CPU; attention, norms, router and shared experts go with their layer (llama.cpp's tensor-buffer overrides)")
 
 
 def _q_live(shape: ModelShape, cfg: LoadConfig, cells: int) -> int:

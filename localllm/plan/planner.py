@@ -280,6 +280,9 @@ class MemoryPlan:
     verified: bool = True  # False: the architecture's cache rule is unknown, planned as dense
     swa_type: str = "none"
     compute_estimated: bool = False  # True: compute_bytes is an estimate (the graph is not replayed: compute_graph.py)
+    n_cpu_moe: int = 0  # the layers whose experts stay in RAM, as asked (LoadConfig.n_cpu_moe: -1 all)
+    experts_ram_bytes: int = 0  # expert weights kept in RAM by n_cpu_moe (counted in weights_cpu_bytes)
+    experts_ram_layers: int = 0  # the layers they belong to
 
     @property
     def total_gpu_bytes(self) -> int:
@@ -390,6 +393,9 @@ def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> Mem
         verified=shape.verified,
         swa_type="none" if not (shape.swa_layers and shape.n_swa) else ("chunked" if shape.architecture == "llama4" else "standard"),
         compute_estimated=not compute[1],
+        n_cpu_moe=cfg.n_cpu_moe,
+        experts_ram_bytes=sum(in_ram),
+        experts_ram_layers=sum(1 for b in in_ram if b),
     )
 
 
