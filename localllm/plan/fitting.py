@@ -38,7 +38,7 @@ class Outcome(Enum):
 
     FITS_AS_ASKED = "fits_as_asked"  # every setting as asked
     FITS_REDUCED = "fits_reduced"  # a cheaper cache type or a smaller context; the layers where asked
-    PARTIAL_OFFLOAD = "partial_offload"  # fewer layers on the GPU (or offload devices) than asked
+    PARTIAL_OFFLOAD = "partial_offload"  # fewer layers on the GPU (or offload devices) than asked, or a MoE's experts moved to RAM
     CPU_ONLY = "cpu_only"  # the GPU budget holds not even one layer: everything on the CPU
     DOES_NOT_FIT = "does_not_fit"  # not even at the smallest settings
 
@@ -68,6 +68,7 @@ class Request:
     kv_fixed: bool = False
     ngl_fixed: bool = False
     policy: str = "ctx"
+    moe_fixed: bool = False  # the experts in RAM (n_cpu_moe) were given: kept; otherwise a MoE's fit may move them
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class LoadOptions:
         """What the fitting service is asked: the config, with the cache types
         and GPU layers that were given kept as they are."""
         return Request(self.config(), kv_fixed=self.type_k is not None or self.type_v is not None,
-                       ngl_fixed=self.n_gpu_layers is not None, policy=self.policy)
+                       ngl_fixed=self.n_gpu_layers is not None, policy=self.policy, moe_fixed=self.n_cpu_moe is not None)
 
 
 @dataclass(frozen=True)
@@ -188,14 +189,14 @@ def fit(
         assert cpu is not None, "devices go with the cpu device"
         r, placed = placement.fit_across(
             shape, want, devices, cpu, ram=budget.ram, policy=request.policy,
-            kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit, header=header,
+            kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit, header=header, moe_fixed=request.moe_fixed,
         )
         config = replace(r.config, tensor_split=placed.split)
         has_gpu = bool(devices)
     else:
         r = planner.fit(
             shape, want, gpu_budget=budget.gpu, ram=budget.ram, policy=request.policy,
-            kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit,
+            kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit, moe_fixed=request.moe_fixed,
         )
         config = r.config
         has_gpu = budget.gpu is not None
@@ -207,8 +208,8 @@ def fit(
         outcome = Outcome.FITS_AS_ASKED
     elif has_gpu and got_on == 0 < asked_on:
         outcome = Outcome.CPU_ONLY
-    elif has_gpu and got_on < asked_on:
-        outcome = Outcome.PARTIAL_OFFLOAD
+    elif has_gpu and (got_on < asked_on or r.config.n_cpu_moe != want.n_cpu_moe):
+        outcome = Outcome.PARTIAL_OFFLOAD  # fewer layers, or experts moved to RAM
     else:
         outcome = Outcome.FITS_REDUCED
     extra = None

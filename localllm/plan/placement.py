@@ -37,7 +37,7 @@ from typing import Any
 from localllm.engine_api import DryRun, LoadConfig
 from localllm.engine_api.llama_rules import FFN_EXPS_REGEX, is_quantized
 from localllm.modelfile.gguf_file import GGUFHeader
-from localllm.plan import planner
+from localllm.plan import moe, planner
 from localllm.plan.buffer_log import buffer_lines
 from localllm.plan.planner import MemoryPlan, ModelShape
 from localllm.plan.workers import probe_all
@@ -359,6 +359,7 @@ def fit_across(
     ngl_fixed: bool = False,
     ctx_limit: int | None = None,
     header: GGUFHeader | None = None,
+    moe_fixed: bool = False,
 ) -> tuple[planner.FitResult, Placement]:
     """planner.fit's policies over several devices: cheaper cache types first,
     then fewer offloaded layers (``offload``) or a smaller context (``ctx``). Each
@@ -367,12 +368,12 @@ def fit_across(
     limit = ctx_limit or max(want.n_ctx, planner.MIN_CTX)
     ladder = planner.kv_ladder(shape, want, kv_fixed)
     n_all = shape.n_layer + 1
-    ngl_options = [want.n_gpu_layers] if ngl_fixed or not devices else list(range(n_all, -1, -1))
+    steps = moe.offload_steps(shape, want, gpu=bool(devices), ngl_fixed=ngl_fixed, moe_fixed=moe_fixed)
 
     def ok(cfg: LoadConfig) -> bool:
         return _fits(place(shape, cfg, devices, cpu), ram)
 
-    chosen = want if ok(want) else planner.search(want, ladder, ngl_options, policy, kv_fixed, ok)
+    chosen = want if ok(want) else planner.search(want, ladder, steps, policy, kv_fixed, ok)
     fits = chosen is not None
     cfg = chosen or want
     p = place(shape, cfg, devices, cpu, header=header)

@@ -39,7 +39,7 @@ from localllm.engine_api.llama_rules import FFN_EXPS_REGEX, cpu_moe_layers, hada
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.modelfile.model_info import describe
-from localllm.plan import compute_graph
+from localllm.plan import compute_graph, moe
 from localllm.util.units import format_size
 
 CTX_PAD = 256
@@ -622,12 +622,14 @@ def fit(
     ngl_fixed: bool = False,
     ctx_limit: int | None = None,
     margin: int | None = None,
+    moe_fixed: bool = False,
 ) -> FitResult:
     """Choose n_gpu_layers, n_ctx and the K/V types that fit the budget.
 
     ``policy='ctx'`` keeps every layer on the GPU and gives up context (after
     trying smaller cache types); ``policy='offload'`` keeps the context and moves
-    layers to the CPU first. Settings the user fixed are not changed.
+    layers to the CPU first; a MoE's experts move to RAM before whole layers do
+    (``moe.offload_steps``). Settings the user fixed are not changed.
     """
     gpu = gpu_budget is not None
     margin = default_margin(gpu_budget) if (margin is None and gpu_budget) else (margin or 0)
@@ -645,8 +647,8 @@ def fit(
         return result(want, True, "fits as asked")
 
     n_all = shape.n_layer + 1
-    ngl_options = [want.n_gpu_layers] if ngl_fixed or not gpu else list(range(n_all, -1, -1))
-    chosen = search(want, ladder, ngl_options, policy, kv_fixed, lambda c: _fits(plan_memory(shape, c, gpu=gpu), gpu_budget, ram, margin))
+    options = moe.offload_steps(shape, want, gpu=gpu, ngl_fixed=ngl_fixed, moe_fixed=moe_fixed)
+    chosen = search(want, ladder, options, policy, kv_fixed, lambda c: _fits(plan_memory(shape, c, gpu=gpu), gpu_budget, ram, margin))
     if chosen is None:
         smallest = plan_memory(
             shape,
@@ -665,31 +667,32 @@ def fit(
     return result(chosen, True, reason)
 
 
-def search(want: LoadConfig, ladder: list[str], ngl_options: list[int], policy: str, kv_fixed: bool,
+def search(want: LoadConfig, ladder: list[str], steps: list[moe.Step], policy: str, kv_fixed: bool,
            ok: Callable[[LoadConfig], bool]) -> LoadConfig | None:
     """The one search, for one GPU and for several devices (``placement.fit_across``):
     ``ok`` says whether a config fits the devices' budgets. Cheaper cache types
     first (q8_0 costs little quality); then, by policy, fewer offloaded layers at
     the wanted context (``offload``), or a smaller context (``ctx``) with as many
-    layers offloaded as can be."""
+    layers offloaded as can be. ``steps``: the (GPU layers, experts in RAM)
+    to try, most on the GPU first (``moe.offload_steps``)."""
 
-    def with_kv(cfg: LoadConfig, kv: str) -> LoadConfig:
-        return replace_config(cfg, type_k=kv, type_v=want.type_v if kv_fixed else kv)
+    def with_kv(step: moe.Step, kv: str) -> LoadConfig:
+        return replace_config(want, n_gpu_layers=step[0], n_cpu_moe=step[1], type_k=kv, type_v=want.type_v if kv_fixed else kv)
 
     for kv in ladder:
-        cfg = with_kv(replace_config(want, n_gpu_layers=ngl_options[0]), kv)
+        cfg = with_kv(steps[0], kv)
         if ok(cfg):
             return cfg
     if policy == "offload":
-        orders = [(kv, ngl) for kv in ladder for ngl in ngl_options]
-        for kv, ngl in orders:
-            cfg = with_kv(replace_config(want, n_gpu_layers=ngl), kv)
+        orders = [(kv, step) for kv in ladder for step in steps]
+        for kv, step in orders:
+            cfg = with_kv(step, kv)
             if ok(cfg):
                 return cfg
     else:
-        orders = [(kv, ngl) for ngl in ngl_options for kv in ladder]
-    for kv, ngl in orders:
-        cfg = with_kv(replace_config(want, n_gpu_layers=ngl), kv)
+        orders = [(kv, step) for step in steps for kv in ladder]
+    for kv, step in orders:
+        cfg = with_kv(step, kv)
         n = largest_ctx(ok, cfg, want.n_ctx)
         if n >= min(MIN_CTX, want.n_ctx):
             return replace_config(cfg, n_ctx=n)
@@ -717,6 +720,9 @@ def describe_change(want: LoadConfig, got: LoadConfig, n_all: int, where: str = 
         parts.append(f"context {got.n_ctx} instead of {want.n_ctx}")
     if got.n_gpu_layers != want.n_gpu_layers and not (got.n_gpu_layers >= n_all and want.n_gpu_layers < 0):
         parts.append(f"{layers_phrase(got.n_gpu_layers, n_all)} {where}")
+    if got.n_cpu_moe != want.n_cpu_moe and got.n_gpu_layers != 0:
+        parts.append(moe.experts_phrase(got.n_cpu_moe, n_all - 1)
+                     + " (a token reads only the experts it is routed to: they move before whole layers, as in llama.cpp's --fit)")
     return "; ".join(parts) or "fits as asked"
 
 
