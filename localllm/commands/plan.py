@@ -141,7 +141,6 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
             margin_bytes=f.fit.margin,
             max_ctx_by_kv_type=f.fit.max_ctx_by_kv_type,
             shiftable_cache_extra_bytes=f.shift_extra_bytes,
-            n_cpu_moe=f.config.n_cpu_moe,
             hardware=f.hardware.to_dict(),
             architecture=info.architecture,
             cache_rule_source=info.cache_rule_source if info.cache_rule_verified else None,

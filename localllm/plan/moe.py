@@ -13,29 +13,24 @@ then fills the GPU back with whole layers while they fit).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from localllm.engine_api import LoadConfig
-
-if TYPE_CHECKING:
-    from localllm.plan.planner import ModelShape
 
 Step = tuple[int, int]  # (n_gpu_layers, n_cpu_moe)
 
 
-def offload_steps(shape: ModelShape, want: LoadConfig, *, gpu: bool, ngl_fixed: bool, moe_fixed: bool) -> list[Step]:
+def offload_steps(n_layer: int, has_experts: bool, want: LoadConfig, *, gpu: bool, ngl_fixed: bool, moe_fixed: bool) -> list[Step]:
     """The (GPU layers, experts in RAM) the fit may try, from the most on the GPU
     to the least: every layer offloaded with the experts of 0, 1, ... all layers
     in RAM, then one layer fewer at a time with every expert in RAM. What the
     user fixed (``--ngl``, ``--cpu-moe``/``--n-cpu-moe``) stays as it is; a dense
-    model has whole layers only."""
-    n_all = shape.n_layer + 1
+    model (``has_experts`` False) has whole layers only."""
+    n_all = n_layer + 1
     if not gpu:
         return [(want.n_gpu_layers, want.n_cpu_moe)]
     ngls = [want.n_gpu_layers] if ngl_fixed else list(range(n_all, -1, -1))
-    if moe_fixed or shape.layer_expert_bytes is None:
+    if moe_fixed or not has_experts:
         return [(n, want.n_cpu_moe) for n in ngls]
-    steps = [(ngls[0], m) for m in range(shape.n_layer)] + [(ngls[0], -1)]
+    steps = [(ngls[0], m) for m in range(n_layer)] + [(ngls[0], -1)]
     return steps + [(n, -1 if n else 0) for n in ngls[1:]]
 
 

@@ -368,7 +368,7 @@ def fit_across(
     limit = ctx_limit or max(want.n_ctx, planner.MIN_CTX)
     ladder = planner.kv_ladder(shape, want, kv_fixed)
     n_all = shape.n_layer + 1
-    steps = moe.offload_steps(shape, want, gpu=bool(devices), ngl_fixed=ngl_fixed, moe_fixed=moe_fixed)
+    steps = moe.offload_steps(shape.n_layer, shape.layer_expert_bytes is not None, want, gpu=bool(devices), ngl_fixed=ngl_fixed, moe_fixed=moe_fixed)
 
     def ok(cfg: LoadConfig) -> bool:
         return _fits(place(shape, cfg, devices, cpu), ram)

@@ -647,7 +647,7 @@ def fit(
         return result(want, True, "fits as asked")
 
     n_all = shape.n_layer + 1
-    options = moe.offload_steps(shape, want, gpu=gpu, ngl_fixed=ngl_fixed, moe_fixed=moe_fixed)
+    options = moe.offload_steps(shape.n_layer, shape.layer_expert_bytes is not None, want, gpu=gpu, ngl_fixed=ngl_fixed, moe_fixed=moe_fixed)
     chosen = search(want, ladder, options, policy, kv_fixed, lambda c: _fits(plan_memory(shape, c, gpu=gpu), gpu_budget, ram, margin))
     if chosen is None:
         smallest = plan_memory(

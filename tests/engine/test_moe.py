@@ -94,3 +94,27 @@ def test_plan_and_run_with_experts_in_ram(worker, moe_files: dict[str, Path]) ->
     rpc = [x for x in out["devices"] if x["kind"] == "rpc"][0]
     assert rpc["logged_mib"]["model"] == [round(rpc["weights_bytes"] / MiB, 2)]
     assert out["generated_tokens"] >= 1
+
+
+@pytest.mark.slow
+def test_plan_and_run_choose_experts_in_ram_for_a_small_gpu(tmp_path: Path) -> None:
+    """--vram short of the model by two layers' experts: plan (with llama.cpp's
+    dry run) chooses the experts of 2 layers in RAM and says why; run loads that
+    choice and llama.cpp's buffers agree with the plan (its memory check)."""
+    spec = replace(CASES["qwen2moe"], n_layer=4, n_embd=256, n_expert=16, n_ff_exp=512, n_ff_shexp=512, dtype="f16", n_ctx_train=4096)
+    path = write_gguf(tmp_path / "moe.gguf", spec)
+    shape = ModelShape.from_header(read_header(path))
+    from localllm.plan import planner
+
+    want = LoadConfig(n_ctx=2048, n_cpu_moe=2)
+    vram = planner.plan_memory(shape, want, gpu=True).total_gpu_bytes + 128 * MiB + MiB  # the head-room kept, and 1 MiB slack
+    r = cli("plan", str(path), "--vram", f"{vram / MiB:.2f}MiB", "--ctx", "2048", "--policy", "offload", "--kv-type", "f16", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["n_cpu_moe"] == 2 and d["outcome"] == "partial_offload" and d["sources"]["compute"] == "llama.cpp's dry run"
+    assert d["reason"].startswith("the experts of 2 of 4 layers in RAM") and "llama.cpp's --fit" in d["reason"]
+    r = cli("run", str(path), "--vram", f"{vram / MiB:.2f}MiB", "--ctx", "2048", "--policy", "offload", "--kv-type", "f16", "--raw",
+            "-p", "hello", "-n", "2", "--temp", "0", "--json", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["memory_check"]["ok"] is True and out["plan"]["n_cpu_moe"] == 2, out["plan"]

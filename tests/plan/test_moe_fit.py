@@ -13,6 +13,7 @@ from localllm.engine_api import LoadConfig
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting, planner
 from localllm.plan.moe import offload_steps
+from localllm.plan.placement import Device, fit_across, place
 from localllm.plan.planner import ModelShape
 from scripts.plan_conformance import CASES
 from scripts.synth_gguf import write_gguf
@@ -75,7 +76,8 @@ def test_what_the_user_fixed_stays(shape: ModelShape) -> None:
 
 def test_a_dense_model_moves_whole_layers(synth_model: Path) -> None:
     dense = ModelShape.from_header(read_header(synth_model))
-    assert offload_steps(dense, WANT, gpu=True, ngl_fixed=False, moe_fixed=False) == [(n, 0) for n in range(dense.n_layer + 1, -1, -1)]
+    steps = offload_steps(dense.n_layer, dense.layer_expert_bytes is not None, WANT, gpu=True, ngl_fixed=False, moe_fixed=False)
+    assert steps == [(n, 0) for n in range(dense.n_layer + 1, -1, -1)]
 
 
 def test_the_fitting_service_says_so(shape: ModelShape) -> None:
@@ -85,3 +87,14 @@ def test_the_fitting_service_says_so(shape: ModelShape) -> None:
     assert f.sentence.startswith("the experts of 2 of 4 layers in RAM")
     fixed = fitting.LoadOptions(n_ctx=1024, type_k="f16", type_v="f16", policy="offload", n_cpu_moe=0).request()
     assert fitting.fit(shape, fixed, budget).config.n_cpu_moe == 0
+
+
+def test_across_devices_too(shape: ModelShape) -> None:
+    """--rpc: a worker short of memory gets the layers' attention, the experts of
+    the first layers stay in RAM (the same search over placement.fit_across)."""
+    cpu = Device("CPU", "cpu", None)
+    probe = place(shape, replace(WANT, n_gpu_layers=N + 1, n_cpu_moe=2), [Device("RPC0[x]", "rpc", None)], cpu, [1.0])
+    free = probe.uses[0].total_bytes + planner.default_margin(0)
+    r, pl = fit_across(shape, WANT, [Device("RPC0[x]", "rpc", free)], cpu, ram=None, policy="offload", kv_fixed=True, ctx_limit=WANT.n_ctx)
+    assert (r.config.n_gpu_layers, r.config.n_cpu_moe) == (N + 1, 2) and r.fits, r.reason
+    assert pl.uses[0].weights_bytes == probe.uses[0].weights_bytes and any("experts in RAM" in x for x in pl.rules)
