@@ -145,7 +145,7 @@ def place(
         return len(devices) if d is None else d
 
     uses = [DeviceUse(d, [], False, 0, 0, 0, 0) for d in slots]
-    in_ram = shape.experts_in_ram(cfg)  # --cpu-moe / --n-cpu-moe: these stay with the CPU wherever their layer goes
+    in_ram = shape.experts_in_ram(cfg.n_cpu_moe)  # --cpu-moe / --n-cpu-moe: these stay with the CPU wherever their layer goes
     for il in range(shape.n_layer):
         u = uses[slot(il)]
         u.layers.append(il)

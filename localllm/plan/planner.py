@@ -200,12 +200,12 @@ class ModelShape:
             layer_expert_bytes=experts if any(experts) else None,
         )
 
-    def experts_in_ram(self, cfg: LoadConfig) -> list[int]:
-        """Per layer, the expert bytes ``cfg.n_cpu_moe`` keeps in RAM wherever the
-        rest of the layer goes (tensor-buffer overrides to the CPU)."""
+    def experts_in_ram(self, n_cpu_moe: int) -> list[int]:
+        """Per layer, the expert bytes ``n_cpu_moe`` (LoadConfig's) keeps in RAM
+        wherever the rest of the layer goes (tensor-buffer overrides to the CPU)."""
         out = [0] * self.n_layer
         if self.layer_expert_bytes is not None:
-            for il in cpu_moe_layers(cfg.n_cpu_moe, self.n_layer):
+            for il in cpu_moe_layers(n_cpu_moe, self.n_layer):
                 out[il] = self.layer_expert_bytes[il]
         return out
 
@@ -363,7 +363,7 @@ def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> Mem
     rs_total = rs_layer * len(shape.recurrent_layers)
     rs_gpu = rs_layer * len(shape.recurrent_layers & gpu_layers)
     compute = _compute(shape, cfg, cells, swa_cells)
-    in_ram = shape.experts_in_ram(cfg)
+    in_ram = shape.experts_in_ram(cfg.n_cpu_moe)
     w_gpu = sum(shape.layer_bytes[i] - in_ram[i] for i in gpu_layers)
     w_cpu = sum(shape.layer_bytes) - w_gpu + shape.input_bytes
     if output_on_gpu:
