@@ -18,20 +18,23 @@ from localllm.engine_api import LoadConfig
 Step = tuple[int, int]  # (n_gpu_layers, n_cpu_moe)
 
 
-def offload_steps(n_layer: int, has_experts: bool, want: LoadConfig, *, gpu: bool, ngl_fixed: bool, moe_fixed: bool) -> list[Step]:
-    """The (GPU layers, experts in RAM) the fit may try, from the most on the GPU
-    to the least: every layer offloaded with the experts of 0, 1, ... all layers
-    in RAM, then one layer fewer at a time with every expert in RAM. What the
-    user fixed (``--ngl``, ``--cpu-moe``/``--n-cpu-moe``) stays as it is; a dense
-    model (``has_experts`` False) has whole layers only."""
+def offload_steps(n_layer: int, has_experts: bool, want: LoadConfig, *, gpu: bool, ngl_fixed: bool,
+                  moe_fixed: bool) -> tuple[list[Step], list[Step]]:
+    """The (GPU layers, experts in RAM) the fit may try, most on the GPU first,
+    in two lists: the experts' steps (every layer offloaded, the experts of 0, 1,
+    ... all layers in RAM), tried first at the context asked; then the layers'
+    steps (one layer fewer at a time, every expert in RAM), where the policy
+    chooses between a smaller context and fewer layers. What the user fixed
+    (``--ngl``, ``--cpu-moe``/``--n-cpu-moe``) stays as it is; a dense model
+    (``has_experts`` False) has no experts' steps."""
     n_all = n_layer + 1
     if not gpu:
-        return [(want.n_gpu_layers, want.n_cpu_moe)]
+        return [], [(want.n_gpu_layers, want.n_cpu_moe)]
     ngls = [want.n_gpu_layers] if ngl_fixed else list(range(n_all, -1, -1))
     if moe_fixed or not has_experts:
-        return [(n, want.n_cpu_moe) for n in ngls]
-    steps = [(ngls[0], m) for m in range(n_layer)] + [(ngls[0], -1)]
-    return steps + [(n, -1 if n else 0) for n in ngls[1:]]
+        return [], [(n, want.n_cpu_moe) for n in ngls]
+    experts = [(ngls[0], m) for m in range(n_layer)] + [(ngls[0], -1)]
+    return experts, [(n, -1 if n else 0) for n in ngls]
 
 
 def experts_phrase(n_cpu_moe: int, n_layer: int) -> str:

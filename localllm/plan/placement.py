@@ -368,12 +368,13 @@ def fit_across(
     limit = ctx_limit or max(want.n_ctx, planner.MIN_CTX)
     ladder = planner.kv_ladder(shape, want, kv_fixed)
     n_all = shape.n_layer + 1
-    steps = moe.offload_steps(shape.n_layer, shape.layer_expert_bytes is not None, want, gpu=bool(devices), ngl_fixed=ngl_fixed, moe_fixed=moe_fixed)
+    experts, steps = moe.offload_steps(shape.n_layer, shape.layer_expert_bytes is not None, want, gpu=bool(devices), ngl_fixed=ngl_fixed,
+                                       moe_fixed=moe_fixed)
 
     def ok(cfg: LoadConfig) -> bool:
         return _fits(place(shape, cfg, devices, cpu), ram)
 
-    chosen = want if ok(want) else planner.search(want, ladder, steps, policy, kv_fixed, ok)
+    chosen = want if ok(want) else planner.search(want, ladder, steps, policy, kv_fixed, ok, experts)
     fits = chosen is not None
     cfg = chosen or want
     p = place(shape, cfg, devices, cpu, header=header)

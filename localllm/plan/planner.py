@@ -647,8 +647,9 @@ def fit(
         return result(want, True, "fits as asked")
 
     n_all = shape.n_layer + 1
-    options = moe.offload_steps(shape.n_layer, shape.layer_expert_bytes is not None, want, gpu=gpu, ngl_fixed=ngl_fixed, moe_fixed=moe_fixed)
-    chosen = search(want, ladder, options, policy, kv_fixed, lambda c: _fits(plan_memory(shape, c, gpu=gpu), gpu_budget, ram, margin))
+    experts, options = moe.offload_steps(shape.n_layer, shape.layer_expert_bytes is not None, want, gpu=gpu, ngl_fixed=ngl_fixed,
+                                         moe_fixed=moe_fixed)
+    chosen = search(want, ladder, options, policy, kv_fixed, lambda c: _fits(plan_memory(shape, c, gpu=gpu), gpu_budget, ram, margin), experts)
     if chosen is None:
         smallest = plan_memory(
             shape,
@@ -668,21 +669,23 @@ def fit(
 
 
 def search(want: LoadConfig, ladder: list[str], steps: list[moe.Step], policy: str, kv_fixed: bool,
-           ok: Callable[[LoadConfig], bool]) -> LoadConfig | None:
+           ok: Callable[[LoadConfig], bool], experts: list[moe.Step] | None = None) -> LoadConfig | None:
     """The one search, for one GPU and for several devices (``placement.fit_across``):
     ``ok`` says whether a config fits the devices' budgets. Cheaper cache types
     first (q8_0 costs little quality); then, by policy, fewer offloaded layers at
     the wanted context (``offload``), or a smaller context (``ctx``) with as many
     layers offloaded as can be. ``steps``: the (GPU layers, experts in RAM)
-    to try, most on the GPU first (``moe.offload_steps``)."""
+    to try, most on the GPU first; a MoE's ``experts`` steps come before them, at
+    the context asked and for each cache type (``moe.offload_steps``)."""
 
     def with_kv(step: moe.Step, kv: str) -> LoadConfig:
         return replace_config(want, n_gpu_layers=step[0], n_cpu_moe=step[1], type_k=kv, type_v=want.type_v if kv_fixed else kv)
 
     for kv in ladder:
-        cfg = with_kv(steps[0], kv)
-        if ok(cfg):
-            return cfg
+        for step in experts or steps[:1]:
+            cfg = with_kv(step, kv)
+            if ok(cfg):
+                return cfg
     if policy == "offload":
         orders = [(kv, step) for kv in ladder for step in steps]
         for kv, step in orders:
@@ -762,6 +765,16 @@ def weights_read_per_token(shape: ModelShape) -> int:
     experts it is routed to) and the output matrix; the token embedding is a
     one-row lookup unless it doubles as the output matrix."""
     return sum(shape.active_layer_bytes) + shape.output_bytes + shape.tied_bytes
+
+
+def gpu_read_per_token(shape: ModelShape, plan: MemoryPlan, gpu: bool) -> int:
+    """Of the weights one token reads (``weights_read_per_token``), those in GPU
+    memory: the offloaded layers (their routed experts, less those kept in RAM by
+    ``n_cpu_moe``) and the output matrix when it went too. The rest is read from RAM."""
+    layers, output_on_gpu, _ = offload(shape, plan.n_gpu_layers, gpu)
+    in_ram = shape.experts_in_ram(plan.n_cpu_moe)  # a token reads n_expert_used of n_expert of them (as ModelShape counts)
+    read = sum(shape.active_layer_bytes[i] - (in_ram[i] * shape.n_expert_used // shape.n_expert if shape.n_expert else 0) for i in layers)
+    return read + (shape.output_bytes + shape.tied_bytes if output_on_gpu else 0)
 
 
 def kv_bytes_in_use(plan: MemoryPlan, n_tokens: int) -> int:

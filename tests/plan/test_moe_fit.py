@@ -56,14 +56,16 @@ def test_then_whole_layers_with_their_experts_in_ram(shape: ModelShape) -> None:
 
 
 def test_the_policy_still_chooses_context_or_offload(shape: ModelShape) -> None:
-    """--policy ctx gives up context before moving experts; --policy offload keeps
-    the context and moves experts."""
+    """Experts move first under either policy, at the context asked; once they
+    are all in RAM, --policy ctx gives up context and --policy offload whole layers."""
     want = replace(WANT, n_ctx=4096)
-    budget = gpu_bytes(shape, replace(want, n_ctx=2048))
+    experts_first = fit(shape, gpu_bytes(shape, replace(want, n_cpu_moe=2)), want, policy="ctx")
+    assert (experts_first.config.n_ctx, experts_first.config.n_cpu_moe) == (4096, 2), experts_first.reason
+    budget = gpu_bytes(shape, replace(want, n_ctx=2048, n_cpu_moe=-1))
     by_ctx = fit(shape, budget, want, policy="ctx")
-    assert (by_ctx.config.n_ctx, by_ctx.config.n_cpu_moe) == (2048, 0), by_ctx.reason
+    assert (by_ctx.config.n_ctx, by_ctx.config.n_cpu_moe, by_ctx.config.n_gpu_layers) == (2048, -1, N + 1), by_ctx.reason
     by_offload = fit(shape, budget, want, policy="offload")
-    assert by_offload.config.n_ctx == 4096 and by_offload.config.n_cpu_moe != 0, by_offload.reason
+    assert (by_offload.config.n_ctx, by_offload.config.n_cpu_moe) == (4096, -1) and by_offload.config.n_gpu_layers < N + 1, by_offload.reason
 
 
 def test_what_the_user_fixed_stays(shape: ModelShape) -> None:
@@ -76,8 +78,8 @@ def test_what_the_user_fixed_stays(shape: ModelShape) -> None:
 
 def test_a_dense_model_moves_whole_layers(synth_model: Path) -> None:
     dense = ModelShape.from_header(read_header(synth_model))
-    steps = offload_steps(dense.n_layer, dense.layer_expert_bytes is not None, WANT, gpu=True, ngl_fixed=False, moe_fixed=False)
-    assert steps == [(n, 0) for n in range(dense.n_layer + 1, -1, -1)]
+    experts, steps = offload_steps(dense.n_layer, dense.layer_expert_bytes is not None, WANT, gpu=True, ngl_fixed=False, moe_fixed=False)
+    assert experts == [] and steps == [(n, 0) for n in range(dense.n_layer + 1, -1, -1)]
 
 
 def test_the_fitting_service_says_so(shape: ModelShape) -> None:
