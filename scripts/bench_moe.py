@@ -10,7 +10,8 @@ in three setups, side by side in one run.
 3. llama-bench with the same placement (``-rpc`` the same worker, ``-ngl 99
    -ncmoe N_LAYER``): the same tensor-buffer overrides, llama.cpp's own loop.
 
-Target: 2. at >= 0.95x 3.'s decode rate. On loopback the "GPU" is this CPU
+Target: 2. at >= 0.95x 3.'s decode rate (the median of per-pair ratios: the two
+alternate, so that other load on the machine hits both alike). On loopback the "GPU" is this CPU
 behind a socket, so 2. is slower than 1. here: each layer's attention is a
 round trip to the worker and back to the experts on the CPU. On a laptop with a
 real GPU the same split reads the experts from RAM at the CPU's bandwidth and
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +36,7 @@ from localllm.engine import LlamaCppBackend  # noqa: E402
 from localllm.engine_api import LoadConfig  # noqa: E402
 from localllm.measure.bench import BenchRow, run_bench  # noqa: E402
 from localllm.modelfile.model_info import describe  # noqa: E402
-from scripts.bench_rpc import _spread, start_worker  # noqa: E402
+from scripts.bench_rpc import start_worker, stop_worker  # noqa: E402
 from scripts.synth_gguf import SynthSpec, write_gguf  # noqa: E402
 
 LLAMA_BENCH = Path.home() / ".cache/localllm/llama.cpp-tools/0.3.36/build/bin/llama-bench"
@@ -69,17 +71,17 @@ def llama_bench(path: Path, ep: str, n_cpu_moe: int, prompt: int, gen: int, reps
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a smaller model, one short prompt, few tokens, one rep")
+    ap.add_argument("--quick", action="store_true", help="a smaller model, one short prompt, few tokens, one pair")
     ap.add_argument("--threads", type=int, default=1, help="threads for the local CPU and for the worker (default 1)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=5, help="localllm and llama-bench runs, alternating (default 5)")
     a = ap.parse_args()
     import logging
 
     logging.getLogger("localllm.llama").setLevel(logging.ERROR)  # llama.cpp's advice on mmap with overrides: llama-bench mmaps too
     spec = QUICK if a.quick else FULL
-    prompt, gen, reps = (32, 16, 1) if a.quick else (a.prompt, a.gen, a.reps)
+    prompt, gen, pairs = (32, 16, 1) if a.quick else (a.prompt, a.gen, a.pairs)
     proc, ep = start_worker(a.threads)
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -87,28 +89,32 @@ def main() -> int:
             n = spec.n_layer
             base = LoadConfig(n_ctx=1024, n_threads=a.threads, flash_attn="on")
             print(f"synthetic {spec.arch}: {n} layers, {spec.n_expert} experts ({spec.n_expert_used} a token), shared expert, "
-                  f"{path.stat().st_size / 2**20:.0f} MiB · prompt {prompt} · {gen} generated · {reps} reps · {a.threads} thread(s) · {ep}")
+                  f"{path.stat().st_size / 2**20:.0f} MiB · prompt {prompt} · {gen} generated · {pairs} pair(s), alternating · "
+                  f"{a.threads} thread(s) · {ep}")
             print(f"{'setup':<60}{'prefill t/s':>14}{'decode t/s':>14}")
-            local = ours(path, replace(base, n_gpu_layers=0), prompt, gen, reps)
-            print(f"{'local only':<60}{local.pp_tokens_per_s:>9.1f} ±{_spread(local.pp_std, 0):<4}"
-                  f"{local.tg_tokens_per_s:>9.1f} ±{_spread(local.tg_std, 1):<4}", flush=True)
-            split = ours(path, replace(base, n_gpu_layers=-1, rpc_servers=(ep,), tensor_split=(1.0,), n_cpu_moe=n), prompt, gen, reps)
-            print(f"{f'localllm: experts in RAM (--n-cpu-moe {n}), rest on the worker':<60}{split.pp_tokens_per_s:>9.1f} "
-                  f"±{_spread(split.pp_std, 0):<4}{split.tg_tokens_per_s:>9.1f} ±{_spread(split.tg_std, 1):<4}", flush=True)
-            ref = llama_bench(path, ep, n, prompt, gen, reps, a.threads)
-            if isinstance(ref, str):
-                print(f"{'llama-bench, same placement':<60} {ref}")
-                return 0
-            print(f"{f'llama-bench -rpc -ngl 99 -ncmoe {n}':<60}{ref[0]:>9.1f}      {ref[1]:>9.1f}")
+            local = ours(path, replace(base, n_gpu_layers=0), prompt, gen, 1)
+            print(f"{'local only':<60}{local.pp_tokens_per_s:>9.1f}     {local.tg_tokens_per_s:>9.1f}", flush=True)
+            split_cfg = replace(base, n_gpu_layers=-1, rpc_servers=(ep,), tensor_split=(1.0,), n_cpu_moe=n)
+            rows: list[tuple[float, float, float, float]] = []  # (ours pp, ours tg, llama-bench pp, llama-bench tg) per pair
+            for _ in range(pairs):  # alternating, so that a load on the machine hits both alike
+                r = ours(path, split_cfg, prompt, gen, 1)
+                ref = llama_bench(path, ep, n, prompt, gen, 1, a.threads)
+                if isinstance(ref, str):
+                    print(f"{'llama-bench, same placement':<60} {ref}")
+                    return 0
+                rows.append((r.pp_tokens_per_s, r.tg_tokens_per_s, *ref))
+            med = [statistics.median(col) for col in zip(*rows)]
+            print(f"{f'localllm: experts in RAM (--n-cpu-moe {n}), rest on the worker':<60}{med[0]:>9.1f}     {med[1]:>9.1f}")
+            print(f"{f'llama-bench -rpc -ngl 99 -ncmoe {n}':<60}{med[2]:>9.1f}     {med[3]:>9.1f}")
+            print("(medians of the pairs)")
+            tg = [x[1] / x[3] for x in rows]
+            pp = [x[0] / x[2] for x in rows]
             print()
-            print(f"decode, localllm / llama-bench with the same placement (target >= 0.95): {split.tg_tokens_per_s / ref[1]:.3f}")
-            print(f"prefill, localllm / llama-bench: {split.pp_tokens_per_s / ref[0]:.3f}")
+            print(f"decode, localllm / llama-bench with the same placement (target >= 0.95): {statistics.median(tg):.3f} "
+                  f"(median of {len(tg)} pairs, {min(tg):.3f}..{max(tg):.3f})")
+            print(f"prefill, localllm / llama-bench: {statistics.median(pp):.3f}")
     finally:
-        proc.send_signal(2)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_worker(proc)
     return 0
 
 

@@ -29,7 +29,7 @@ QUICK = {
     ),
     "bench_moe": (
         ["--quick"],
-        [r"local only\s+[\d.]+ ±n/a\s+[\d.]+", r"localllm: experts in RAM \(--n-cpu-moe 4\), rest on the worker\s+[\d.]+ ±n/a\s+[\d.]+",
+        [r"local only\s+[\d.]+\s+[\d.]+", r"localllm: experts in RAM \(--n-cpu-moe 4\), rest on the worker\s+[\d.]+\s+[\d.]+",
          r"llama-bench -rpc -ngl 99 -ncmoe 4\s+[\d.]+\s+[\d.]+", r"decode, localllm / llama-bench with the same placement \(target >= 0.95\): [\d.]+"],
     ),
     "bench_serve": (
