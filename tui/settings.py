@@ -34,7 +34,7 @@ class Settings:
     n_batch: int = 512
     n_ubatch: int = 512
     policy: str = "ctx"  # when it does not fit: shrink the context (ctx) or offload fewer layers (offload)
-    n_cpu_moe: int | None = None  # experts in RAM: of the first N layers, -1 all (--n-cpu-moe / --cpu-moe); None: none
+    n_cpu_moe: int | None = None  # experts in RAM: of the first N layers, -1 all (--n-cpu-moe / --cpu-moe); None: the fit's choice
     temperature: float = _SAMPLING.temperature
     top_k: int = _SAMPLING.top_k
     top_p: float = _SAMPLING.top_p

@@ -89,7 +89,7 @@ class LoadOptions:
     n_ubatch: int = 512
     policy: str = "ctx"
     rpc_servers: tuple[str, ...] = ()
-    n_cpu_moe: int | None = None  # experts in RAM: layers 0..N-1, -1 all (LoadConfig.n_cpu_moe); None: none
+    n_cpu_moe: int | None = None  # experts in RAM: layers 0..N-1, -1 all (LoadConfig.n_cpu_moe); None: none, or the fit's choice
 
     def config(self) -> LoadConfig:
         """The load config asked: a quantized V cache turns flash attention on
