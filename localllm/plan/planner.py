@@ -585,6 +585,11 @@ def check_moe(shape: ModelShape, cfg: LoadConfig) -> None:
         raise InvalidSetting(f"{{n_cpu_moe}} must be at most the model's {shape.n_layer} layers, got {cfg.n_cpu_moe}")
     if cfg.n_cpu_moe < -1:
         raise InvalidSetting(f"{{n_cpu_moe}} must be -1 (every layer) or between 0 and {shape.n_layer}, got {cfg.n_cpu_moe}")
+    if cfg.n_cpu_moe > 0 and not any(shape.layer_expert_bytes[: cfg.n_cpu_moe]):
+        # leading dense layers (DeepSeek's leading_dense_block_count): the patterns would match no tensor
+        first = next(i for i, b in enumerate(shape.layer_expert_bytes) if b)
+        dense = "the first layer of this model has" if first == 1 else f"the first {first} layers of this model have"
+        raise InvalidSetting(f"{{n_cpu_moe}} {cfg.n_cpu_moe} matches no tensor: {dense} no experts; give more than {first}")
 
 
 def cache_types_allowed(shape: ModelShape, cfg: LoadConfig) -> bool:

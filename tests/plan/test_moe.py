@@ -98,6 +98,11 @@ def test_refusals(moe_files: dict[str, Path], synth_model: Path) -> None:
     with pytest.raises(InvalidSetting, match="at most the model's 3 layers, got 4"):
         planner.check_moe(moe, LoadConfig(n_cpu_moe=4))
     planner.check_moe(moe, LoadConfig(n_cpu_moe=3))
+    assert moe.layer_expert_bytes is not None
+    leading = replace(moe, layer_expert_bytes=[0, *moe.layer_expert_bytes[1:]])  # a leading dense layer, as DeepSeek's
+    with pytest.raises(InvalidSetting, match="n_cpu_moe 1 matches no tensor: the first layer of this model has no experts"):
+        planner.check_moe(leading, LoadConfig(n_cpu_moe=1))
+    planner.check_moe(leading, LoadConfig(n_cpu_moe=2))
 
 
 @pytest.mark.parametrize("args", [("--cpu-moe",), ("--n-cpu-moe", "1")])
