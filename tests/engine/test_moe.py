@@ -118,3 +118,27 @@ def test_plan_and_run_choose_experts_in_ram_for_a_small_gpu(tmp_path: Path) -> N
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["memory_check"]["ok"] is True and out["plan"]["n_cpu_moe"] == 2, out["plan"]
+
+
+@pytest.mark.slow
+def test_serves_batch_engine_keeps_the_experts_in_ram_too(worker, moe_files: dict[str, Path]) -> None:
+    """serve's batch engine loads through the same parameters: the worker's model
+    buffer is the placement's, without the experts."""
+    from localllm.engine.batch import BatchModel
+    from localllm.engine.llamalog import ROUTER
+    from localllm.plan.placement import logged_buffers
+
+    path = moe_files["olmoe"]
+    header = read_header(path)
+    ep = str(worker.ep)
+    cfg = LoadConfig(n_ctx=1024, n_gpu_layers=-1, flash_attn="on", n_threads=1, rpc_servers=(ep,), tensor_split=(1.0,), n_cpu_moe=-1,
+                     n_seq=2, kv_unified=True, n_outputs_max=2)
+    pl = place(ModelShape.from_header(header), cfg, [Device(f"RPC0[{ep}]", "rpc", None)], Device("CPU", "cpu", None), [1.0], header=header)
+    mark = ROUTER.mark()
+    m = BatchModel()
+    try:
+        m.load(path, cfg, 2)
+    finally:
+        m.close()
+    logged = logged_buffers([line for _, line in ROUTER.lines_since(mark)])
+    assert logged[f"RPC0[{ep}]"]["model"] == [round(pl.uses[0].weights_bytes / MiB, 2)]
