@@ -445,9 +445,11 @@ def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> 
     T = min(n_ctx, cfg.n_ubatch)
     t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
 
-    if cfg.n_seq <= 1 and shape.architecture in compute_graph.BUILDERS:
+    if cfg.n_seq <= 1 and shape.architecture in compute_graph.BUILDERS and cfg.n_cpu_moe == 0:
         # The worst-case graph replayed through ggml's allocator (compute_graph.py),
         # for the architectures whose graph it rebuilds; the rest below is an estimate.
+        # Experts in RAM split the graph between the CPU and the GPU, each with a
+        # buffer of its own that one replay does not give: llama.cpp's dry run does.
         simulated = compute_graph.replay(shape, T, t_out, cells=cells, swa_cells=swa_cells, type_k=cfg.type_k, type_v=cfg.type_v,
                                          flash_attn=cfg.uses_flash_attn)
         if simulated is not None:

@@ -120,3 +120,13 @@ def test_count_past_the_layers_is_one_line_exit_2(moe_files: dict[str, Path]) ->
     assert r.returncode == 2 and "--n-cpu-moe" in r.stderr
     r = cli("plan", str(moe_files["olmoe"]), "--cpu-moe", "--n-cpu-moe", "1")
     assert r.returncode == 2 and "not allowed with" in r.stderr
+
+
+def test_experts_in_ram_are_refereed_by_the_dry_run(tmp_path: Path) -> None:
+    """qwen3moe's graph is replayed whole, but experts in RAM split it between
+    the CPU and the GPU: the compute figure is then an estimate, which llama.cpp's
+    dry run referees (plan.prepare), not the replay."""
+    path = write_gguf(tmp_path / "qwen3moe.gguf", replace(CASES["qwen3moe"], n_layer=3))
+    shape = ModelShape.from_header(read_header(path))
+    assert not planner.plan_memory(shape, LoadConfig(n_ctx=1024), gpu=True).compute_estimated
+    assert planner.plan_memory(shape, LoadConfig(n_ctx=1024, n_cpu_moe=1), gpu=True).compute_estimated
