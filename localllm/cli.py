@@ -175,6 +175,12 @@ def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fi
                    help="V cache type alone (quantized needs flash attention)")
     g.add_argument("--flash-attn", "-fa", choices=FLASH_ATTN_MODES, default="auto", help="flash attention (default: auto; a quantized V cache needs it)")
     g.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers (more memory; the cache can shift)")
+    moe = g.add_mutually_exclusive_group()
+    moe.add_argument("--cpu-moe", "-cmoe", action="store_const", const=-1, dest="n_cpu_moe", default=None,
+                     help="keep every layer's expert weights (mixture of experts) in RAM; the rest of each layer is offloaded")
+    moe.add_argument("--n-cpu-moe", "-ncmoe", type=_int_at_least(0, "--n-cpu-moe", MAX_INT32), dest="n_cpu_moe", metavar="N",
+                     help="keep the expert weights of the first N layers in RAM (as llama.cpp's --n-cpu-moe; default: none, "
+                     "or as many as a mixture of experts needs to fit --vram)")
     g.add_argument("--batch", "-b", "--batch-size", type=_int_at_least(1, "--batch", MAX_CTX), default=512, metavar="N",
                    help="logical batch for prompt processing (default: 512)")
     g.add_argument("--ubatch", "-ub", "--ubatch-size", type=_int_at_least(1, "--ubatch", MAX_CTX), default=512, metavar="N",
