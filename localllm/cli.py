@@ -339,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=_int_at_least(1, "--max-queue"), default=64, metavar="N", help="requests waiting for a slot before 429 (default: 64)")
     p.add_argument("--prefill-chunk", type=_int_at_least(1, "--prefill-chunk"), default=128, metavar="N",
         help="prompt tokens per step while others generate (default: 128)")
+    p.add_argument("--embeddings", action="store_true",
+        help="make /v1/embeddings' context at start, not at the first request (llama-server's flag; embeddings are always served beside chat)")
     p.add_argument("--pooling", choices=("mean", "last", "cls"), default=None,
         help="how /v1/embeddings pools a sequence (default: what the model declares, else mean)")
     _add_load_options(p, ctx_default=None)

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
-                           check_grammar=model.check_grammar, embeddings=_embeddings(model, n_ctx_seq, args.pooling),
+                           check_grammar=model.check_grammar, embeddings=_embeddings(model, n_ctx_seq, args.pooling, args.embeddings),
                            tool_format=tools.detect(model.tok.template.source(model.tok.header)),
                            tokenize=_tokenizer(model), api_key=api_key, json_log=args.json,
                            defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template),
@@ -173,11 +173,13 @@ def _shown(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _embeddings(model, n_ctx: int, pooling: str | None):
-    """/v1/embeddings on the served model (its embedding context is made on first use)."""
+def _embeddings(model, n_ctx: int, pooling: str | None, at_start: bool = False):
+    """/v1/embeddings on the served model (its embedding context is made on first use, or now with ``at_start``: --embeddings)."""
     from localllm.serve.embeddings import Embeddings  # lazy: with Starlette (~64 ms), which serve loads only once it starts
 
     emb = model.embedder(n_ctx, pooling)
+    if at_start:
+        emb.open()
     return Embeddings(tokenize=lambda text: model.tok.tokenize(text, add_special=True, parse_special=False), embed=emb.embed,
                       n_ctx=emb.n_ctx, n_vocab=model.tok.n_vocab, n_embd=emb.n_embd, pooling=emb.pooling)
 

@@ -75,6 +75,17 @@ class Embedder:
         self._ctx = ctx
         self._batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
 
+    @property
+    def is_open(self) -> bool:
+        return self._ctx is not None
+
+    def open(self) -> None:
+        """Make the embedding context now rather than at the first request (serve
+        --embeddings): its memory is taken, and a failure shown, at start."""
+        with self._lock:
+            if self._ctx is None:
+                self._open()
+
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """One normalized vector per input (each at most ``n_ctx`` tokens, none empty: the caller checked)."""
         out: list[list[float]] = []

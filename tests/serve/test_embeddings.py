@@ -180,3 +180,20 @@ def test_batched_inputs_share_one_decode(smollm2: Path, monkeypatch: pytest.Monk
         m.close()
     n = sum(map(len, toks))
     assert calls[0] == n and len(calls) == 1 + 5 and sum(calls[1:]) == 20 * n
+
+
+@pytest.mark.slow
+def test_embeddings_flag_makes_the_context_at_start(smollm2: Path) -> None:
+    """serve --embeddings (llama-server's flag) makes the embedding context as the
+    server starts; without it, the first request makes it."""
+    from localllm.commands.serve import _embeddings
+    from localllm.engine.batch import BatchModel
+
+    for at_start in (False, True):
+        m = BatchModel()
+        try:
+            m.load(smollm2, LoadConfig(n_ctx=256, n_threads=1), 1)
+            _embeddings(m, 256, None, at_start)
+            assert m.embedder(256, None).is_open is at_start
+        finally:
+            m.close()
