@@ -426,7 +426,7 @@ def fit_across(
         fits,
         cfg,
         p.plan,
-        sum(budgets) if budgets else None,
+        (budgets[0] if len(budgets) == 1 else sum(budgets)) if budgets else None,  # one budget keeps the unit it was typed in
         ram,
         sum(planner.default_margin(b) for b in budgets),
         reason,
