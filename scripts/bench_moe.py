@@ -74,8 +74,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a smaller model, one short prompt, few tokens, one pair")
     ap.add_argument("--threads", type=int, default=1, help="threads for the local CPU and for the worker (default 1)")
     ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--gen", type=int, default=64)
-    ap.add_argument("--pairs", type=int, default=5, help="localllm and llama-bench runs, alternating (default 5)")
+    ap.add_argument("--gen", type=int, default=256, help="tokens generated a run (default 256: on loopback 64 are too few to measure the round trips)")
+    ap.add_argument("--pairs", type=int, default=9, help="localllm and llama-bench runs, alternating (default 9)")
     a = ap.parse_args()
     import logging
 
