@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from localllm.engine_api import SamplingConfig
 from localllm.errors import InputError
-from localllm.serve import llama_routes, ollama
+from localllm.serve import handoff, llama_routes, ollama
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import DEFAULTS, OPENAI, Dialect, RequestError, Shaper, error_body, parse_json
 from localllm.serve.scheduler import Job, Scheduler
@@ -184,11 +184,10 @@ def build_app(state: ServeState) -> Guard:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
+        post = handoff.outbox(loop).post  # one wake-up of the loop per burst of emits (serve/handoff.py)
+
         def emit(kind: str, payload: object) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
-            except RuntimeError:  # the loop is closed: the server is gone
-                pass
+            post(queue, (kind, payload))
 
         job = Job(tokens=tokens, sampling=sampling, max_tokens=max_tokens, emit=emit, stop=params.stop)
         if not state.scheduler.submit(job):
