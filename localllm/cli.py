@@ -175,6 +175,12 @@ def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fi
                    help="V cache type alone (quantized needs flash attention)")
     g.add_argument("--flash-attn", "-fa", choices=FLASH_ATTN_MODES, default="auto", help="flash attention (default: auto; a quantized V cache needs it)")
     g.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers (more memory; the cache can shift)")
+    moe = g.add_mutually_exclusive_group()
+    moe.add_argument("--cpu-moe", "-cmoe", action="store_const", const=-1, dest="n_cpu_moe", default=None,
+                     help="keep every layer's expert weights (mixture of experts) in RAM; the rest of each layer is offloaded")
+    moe.add_argument("--n-cpu-moe", "-ncmoe", type=_int_at_least(0, "--n-cpu-moe", MAX_INT32), dest="n_cpu_moe", metavar="N",
+                     help="keep the expert weights of the first N layers in RAM (as llama.cpp's --n-cpu-moe; default: none, "
+                     "or as many as a mixture of experts needs to fit --vram)")
     g.add_argument("--batch", "-b", "--batch-size", type=_int_at_least(1, "--batch", MAX_CTX), default=512, metavar="N",
                    help="logical batch for prompt processing (default: 512)")
     g.add_argument("--ubatch", "-ub", "--ubatch-size", type=_int_at_least(1, "--ubatch", MAX_CTX), default=512, metavar="N",
@@ -333,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=_int_at_least(1, "--max-queue"), default=64, metavar="N", help="requests waiting for a slot before 429 (default: 64)")
     p.add_argument("--prefill-chunk", type=_int_at_least(1, "--prefill-chunk"), default=128, metavar="N",
         help="prompt tokens per step while others generate (default: 128)")
+    p.add_argument("--embeddings", action="store_true",
+        help="make /v1/embeddings' context at start, not at the first request (llama-server's flag; embeddings are always served beside chat)")
+    p.add_argument("--pooling", choices=("mean", "last", "cls"), default=None,
+        help="how /v1/embeddings pools a sequence (default: what the model declares, else mean)")
     _add_load_options(p, ctx_default=None)
     _add_sampling(p)  # the defaults of a request's omitted fields, as llama-server's --temp, --seed, -n ...
     _add_template(p)

@@ -58,6 +58,15 @@ def start_worker(threads: int) -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
+def stop_worker(proc: subprocess.Popen) -> None:
+    """Ctrl+C to a worker, then kill it if it has not gone in 10 s."""
+    proc.send_signal(2)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 class CountingRelay:
     """127.0.0.1:<port> -> target, counting bytes each way."""
 
@@ -176,11 +185,7 @@ def main() -> int:
         print(f"decode on one worker costs {per_tok_ms:+.2f} ms per token over local here (loopback: the RPC round trips and copies, not the wire)")
     finally:
         for p, _ in workers:
-            p.send_signal(2)
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            stop_worker(p)
     return 0
 
 

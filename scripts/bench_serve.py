@@ -24,6 +24,7 @@ grammar-constrained reply's decode rate >= 0.85x the same reply unconstrained
 reply is the same tokens with and without it, so only the grammar's cost differs).
 
     python scripts/bench_serve.py [--quick] [--out FILE]
+    python scripts/bench_serve.py --embeddings [--quick]   # /v1/embeddings: scripts/bench_embed.py
 """
 
 from __future__ import annotations
@@ -225,6 +226,10 @@ def fmt(x, spec=".1f") -> str:
 
 
 def main() -> int:
+    if "--embeddings" in sys.argv[1:]:  # /v1/embeddings against llama-server --embeddings (scripts/bench_embed.py)
+        from scripts import bench_embed  # lazy: it imports this module (a cycle at import time), and only this mode needs it
+
+        return bench_embed.main([a for a in sys.argv[1:] if a != "--embeddings"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--clients", default="1,2,4,8")

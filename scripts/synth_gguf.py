@@ -53,6 +53,7 @@ class SynthSpec:
     ssm_conv: int = 4
     layer_kinds: str = ""  # granitehybrid, nemotron_h: one letter a layer (synth_archs.kind)
     n_ff_shexp: int = 0  # a shared expert's feed-forward width (qwen2moe, granitemoe)
+    pooling_type: int | None = None  # <arch>.pooling_type when set (llama.cpp's enum: 1 mean, 2 cls, 3 last)
     split_max_tensors: int = 0  # >0: a split GGUF (gguf-py's shards, NAME-00001-of-0000N.gguf), at most this many tensors a file
 
 
@@ -132,6 +133,8 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     else:
         w.add_head_count_kv(spec.n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
+    if spec.pooling_type is not None:
+        w.add_uint32(f"{a}.pooling_type", spec.pooling_type)
     if a == "deepseek2":
         r, rope = spec.kv_lora_rank, spec.rope_dim
         w.add_rope_dimension_count(rope)

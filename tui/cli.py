@@ -28,6 +28,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         n_batch=getattr(args, "batch", 512),
         n_ubatch=getattr(args, "ubatch", 512),
         policy=getattr(args, "policy", "ctx"),
+        n_cpu_moe=getattr(args, "n_cpu_moe", None),
         temperature=getattr(args, "temp", Settings.temperature),
         top_k=getattr(args, "top_k", Settings.top_k),
         top_p=getattr(args, "top_p", Settings.top_p),

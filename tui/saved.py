@@ -29,7 +29,7 @@ def printable(text: str) -> str:
 SETTING_LABELS = {
     "n_ctx": "context size", "n_threads": "threads", "kv_type": "the K/V cache type", "n_batch": "the batch size",
     "n_ubatch": "the micro-batch size", "flash_attn": "flash attention", "template": "the template",
-    "template_choice": "a chat template", "raw": "a base model's completion mode",
+    "template_choice": "a chat template", "raw": "a base model's completion mode", "n_cpu_moe": "experts in RAM",
 }
 
 

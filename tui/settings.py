@@ -9,7 +9,8 @@ from localllm.engine_api import SamplingConfig
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localllm.plan import fitting
 
-RELOAD_FIELDS = ("n_ctx", "type_k", "type_v", "n_gpu_layers", "threads", "swa_full", "flash_attn", "n_batch", "n_ubatch", "policy")
+RELOAD_FIELDS = ("n_ctx", "type_k", "type_v", "n_gpu_layers", "threads", "swa_full", "flash_attn", "n_batch", "n_ubatch", "policy",
+                 "n_cpu_moe")
 POLICIES = ("ctx", "offload")
 # Text fields whose value must be one of these (a hand-edited session file
 # must not reach llama.cpp with a value it does not know).
@@ -33,6 +34,7 @@ class Settings:
     n_batch: int = 512
     n_ubatch: int = 512
     policy: str = "ctx"  # when it does not fit: shrink the context (ctx) or offload fewer layers (offload)
+    n_cpu_moe: int | None = None  # experts in RAM: of the first N layers, -1 all (--n-cpu-moe / --cpu-moe); None: the fit's choice
     temperature: float = _SAMPLING.temperature
     top_k: int = _SAMPLING.top_k
     top_p: float = _SAMPLING.top_p
@@ -58,8 +60,8 @@ class Settings:
             if f.name in SAMPLING_FIELDS:
                 typed = type(v) is int or (type(v) is float and f.name not in _WHOLE) or (v is None and f.name == "seed")
                 ok = typed and replace(_SAMPLING, **{f.name: v}).problem() is None
-            elif f.name in ("n_keep", "n_gpu_layers", "threads"):
-                ok = v is None or (type(v) is int and v >= 0) or (f.name == "n_gpu_layers" and type(v) is int)
+            elif f.name in ("n_keep", "n_gpu_layers", "threads", "n_cpu_moe"):
+                ok = v is None or (type(v) is int and v >= 0) or (f.name == "n_gpu_layers" and type(v) is int) or (f.name == "n_cpu_moe" and v == -1)
             elif type(want) is float:
                 ok = type(v) in (int, float) and v >= 0
             elif type(want) is int:
@@ -85,7 +87,7 @@ class Settings:
         return fitting.LoadOptions(
             n_ctx=n_ctx or self.n_ctx, threads=self.threads, n_gpu_layers=self.n_gpu_layers, type_k=self.type_k,
             type_v=self.type_v, flash_attn=self.flash_attn, swa_full=self.swa_full, n_batch=self.n_batch,
-            n_ubatch=self.n_ubatch, policy=self.policy,
+            n_ubatch=self.n_ubatch, policy=self.policy, n_cpu_moe=self.n_cpu_moe,
         )
 
     def fit_request(self, n_ctx: int | None = None) -> fitting.Request:

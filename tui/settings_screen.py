@@ -24,7 +24,7 @@ from localllm.tui.settings import Settings
 # Each field's label on the screen, and the tab that holds it (an error names
 # the label and shows the tab).
 LABELS = {
-    "n_ctx": "context tokens", "n_keep": "keep tokens", "n_gpu_layers": "GPU layers", "threads": "threads",
+    "n_ctx": "context tokens", "n_keep": "keep tokens", "n_gpu_layers": "GPU layers", "threads": "threads", "n_cpu_moe": "experts in RAM",
     "temperature": "temperature", "top_k": "top-k", "top_p": "top-p", "min_p": "min-p",
     "repeat_penalty": "repeat penalty", "max_tokens": "max tokens", "seed": "seed",
 }
@@ -109,6 +109,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                         yield box("n_gpu_layers", s.n_gpu_layers, "integer", "fit")
                         yield Label("threads * (blank: auto)")
                         yield box("threads", s.threads, "integer", "physical cores")
+                        yield Label("experts in RAM * (blank: fit)")
+                        yield box("n_cpu_moe", s.n_cpu_moe, "integer", "fit (MoE: first N layers, -1 all)")
                         yield Label("sliding window")
                         yield Checkbox("shift the context when full", value=s.sliding_window, id="sliding_window", compact=True)
                         yield Label("keep tokens (blank: system)")
@@ -145,6 +147,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             n_keep=_whole("n_keep", self._text("n_keep"), blank=True),
             n_gpu_layers=_whole("n_gpu_layers", self._text("n_gpu_layers"), blank=True),
             threads=_whole("threads", self._text("threads"), blank=True),
+            n_cpu_moe=_whole("n_cpu_moe", self._text("n_cpu_moe"), blank=True),
             temperature=_number("temperature", self._text("temperature")),
             top_k=_whole("top_k", self._text("top_k"), blank=False),
             top_p=_number("top_p", self._text("top_p")),
@@ -157,6 +160,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
         for field in ("n_keep", "threads"):
             if (getattr(new, field) or 0) < 0:
                 raise BadValue(field, f"{LABELS[field]} must be 0 or more, or blank")
+        if (new.n_cpu_moe or 0) < -1:
+            raise BadValue("n_cpu_moe", "experts in RAM must be -1 (every layer), 0 or more, or blank")
         problem = new.sampling().problem()
         if problem is not None:
             field = problem.split()[0]

@@ -26,7 +26,7 @@ def load_options(args: argparse.Namespace, n_ctx: int) -> fitting.LoadOptions:
         n_ctx=n_ctx, threads=args.threads, n_gpu_layers=args.ngl, type_k=args.k_type or args.kv_type,
         type_v=args.v_type or args.kv_type, flash_attn=args.flash_attn, swa_full=args.swa_full, n_batch=args.batch,
         n_ubatch=args.ubatch, policy=getattr(args, "policy", "ctx"),
-        rpc_servers=tuple(str(ep) for ep in (getattr(args, "rpc", None) or ())),
+        rpc_servers=tuple(str(ep) for ep in (getattr(args, "rpc", None) or ())), n_cpu_moe=getattr(args, "n_cpu_moe", None),
     )
 
 

@@ -12,7 +12,7 @@ from localllm.engine_api.errors import SettingError
 FLAGS: dict[str, str] = {
     "n_ctx": "--ctx", "n_batch": "--batch", "n_ubatch": "--ubatch", "n_threads": "--threads",
     "flash_attn": "--flash-attn", "kv_type": "--kv-type", "template": "--template", "template_choice": "--template FILE|NAME", "raw": "--raw",
-    "device": "--device",
+    "device": "--device", "n_cpu_moe": "--n-cpu-moe/--cpu-moe",
 }
 
 

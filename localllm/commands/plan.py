@@ -7,8 +7,12 @@ from pathlib import Path
 
 from localllm.commands._common import Fitted, fit_config
 from localllm.errors import EXIT_ERROR
+from localllm.measure.predict import Prediction, predict
+from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import inspect_model
-from localllm.plan.planner import layers_phrase
+from localllm.plan.hardware import gpu_memory_bandwidth, physical_cores
+from localllm.plan.placement import experts_rule
+from localllm.plan.planner import ModelShape, layers_phrase
 from localllm.store import names, resolver
 from localllm.util import fmt
 
@@ -46,6 +50,8 @@ def render(f: Fitted, architecture: str = "") -> str:
         ),
         "",
     ]
+    if p.experts_ram_bytes:
+        lines.append(experts_rule(p.experts_ram_layers, r.n_layers - 1, p.experts_ram_bytes))
     if r.gpu_budget is not None:
         src = {"--vram": "--vram", "nvml": hw.gpu_name, "apple-unified": "unified memory share"}.get(hw.gpu_source, hw.gpu_source)
         left = r.gpu_budget - r.margin - shown.total[0]
@@ -123,9 +129,23 @@ def run(args: argparse.Namespace) -> int:
     return _plan(args, path, None)
 
 
+def _predicted(args: argparse.Namespace, f: Fitted, path: Path) -> Prediction | None:
+    """The decode ceiling of the chosen plan (``measure.predict``); None when it does not fit.
+    GPU memory's bandwidth is NVML's or the Apple chip's, unknown for a --vram
+    budget on a machine without one and for a worker's device."""
+    if not f.fit.fits:
+        return None
+    hw = f.hardware
+    gpu = f.fit.gpu_budget is not None
+    known = f.placement is None and hw.gpu_source in ("nvml", "apple-unified")
+    shape = ModelShape.from_header(read_header(path))
+    return predict(shape, f.fit.plan, gpu=gpu, gpu_bandwidth=gpu_memory_bandwidth() if known else None,
+                   threads=args.threads or physical_cores())
+
+
 def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> int:
     f = fit_config(args, path, args.ctx, cross_check=True)
-
+    predicted = _predicted(args, f, path)
     info = inspect_model(path)
     if args.json:
         d = f.fit.plan.to_dict()
@@ -145,6 +165,7 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
                     "downloaded": False} if remote is not None else None,
         )
         d.update(f.to_dict())
+        d["predicted_decode"] = predicted.to_dict() if predicted is not None else None
         if f.placement is not None:
             d.update(devices=f.placement.to_list(), tensor_split=list(f.placement.split), placement_rules=f.placement.rules)
         fmt.print_json(d)
@@ -153,4 +174,6 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
         print(f"{fmt.safe(remote.label)} ({fmt.size(remote.file.size)}): not downloaded; its header was read from the Hub, nothing stored "
               f"(localllm pull {fmt.safe(remote.name.pull_arg)} gets it)\n")
     print(render_devices(f) if f.placement is not None else render(f, info.architecture))
+    if predicted is not None:
+        print(predicted.line())
     return 0 if f.fit.fits else EXIT_ERROR

@@ -8,10 +8,8 @@ plans a context of that many tokens; each request may use up to ``--ctx``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ipaddress
 import os
-import signal
 import socket
 from dataclasses import replace
 
@@ -56,7 +54,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def run(args: argparse.Namespace) -> int:
     if args.api_key is not None and not args.api_key.strip():
-        raise UsageError("--api-key is empty: give a key, or leave --api-key out to serve without one")
+        # an empty key would silently mean "no authentication": refuse it rather than guess
+        raise UsageError("--api-key is empty: give a key (e.g. \"$(openssl rand -hex 16)\"), or leave --api-key out to serve without one")
     api_key = args.api_key or os.environ.get("LOCALLLM_API_KEY") or None
     hosts = _hosts(args.host)
     for host in hosts:
@@ -82,48 +81,84 @@ def run(args: argparse.Namespace) -> int:
         c = fitted.config
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx} ({n_ctx_seq} per sequence), "
             f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.sentence})")
-    socks = [_bind(hosts[0], args.port)]
-    port = socks[0].getsockname()[1]  # --port 0: the others take the port the first got
-    try:
-        socks += [_bind(h, port) for h in hosts[1:]]
-    except Exception:
-        for sock in socks:
-            sock.close()
-        raise
-    # lazy: loads Starlette (~64 ms here), which serve does not load at import
-    from localllm.commands.serve_facts import model_facts
-    from localllm.engine.batch import BatchModel  # lazy: loads llama.cpp
-    from localllm.serve.app import ServeState, build_app  # lazy: Starlette, as above
-    from localllm.serve.cors import with_cors  # lazy: Starlette, as above
+    # lazy: loads Starlette and uvicorn (~64 ms here), which serve does not load at import
+    from localllm.serve.lifecycle import Switch, exec_fresh, inherited_sockets, recover_lost_workers, serve
 
-    model = BatchModel()
-    try:
+    socks = inherited_sockets() or _bind_all(hosts, args.port)  # inherited: this process replaced one that lost its model
+    port = socks[0].getsockname()[1]
+    urls = " and ".join(f"http://{_shown(s.getsockname()[0])}:{port}/v1" for s in socks)
+    name = args.alias or (path.stem if args.model and resolver.looks_like_path(args.model) else args.model or resolver.DEFAULT_MODEL)
+    say(f"listening on {urls}: loading {name} (requests get 503 'Loading model' until it is loaded)")
+    switch = Switch()
+    running: list[Scheduler] = []
+    models: list = []  # the BatchModel once the loader thread has made it, closed after serving
+
+    def load() -> None:
+        from localllm.commands.serve_facts import model_facts  # lazy: with the engine below, once loading
+        from localllm.engine.batch import BatchModel  # lazy: loads llama.cpp, in the loader thread while the sockets already answer
+        from localllm.serve.app import ServeState, build_app  # lazy: loads Starlette's routing, needed once loaded
+        from localllm.serve.cors import with_cors  # lazy: Starlette's middleware, as above
+
+        model = BatchModel()
+        models.append(model)
         info = model.load(path, replace(fitted.config, n_ctx=n_ctx_seq * parallel), parallel)
+        if switch.stopped:  # stopped by a signal while loading
+            return
         if args.template is not None:
             model.tok.template.use(args.template)
         metrics = ServerMetrics()
         metrics.kv_cells_total = info.n_ctx
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics)
-        name = args.alias or (path.stem if args.model and resolver.looks_like_path(args.model) else args.model or resolver.DEFAULT_MODEL)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
-                           check_grammar=model.check_grammar, tool_format=tools.detect(model.tok.template.source(model.tok.header)),
+                           check_grammar=model.check_grammar, embeddings=_embeddings(model, n_ctx_seq, args.pooling, args.embeddings),
+                           tool_format=tools.detect(model.tok.template.source(model.tok.header)),
                            tokenize=_tokenizer(model), api_key=api_key, json_log=args.json,
                            defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template),
                            metrics_endpoint=args.metrics, slots_endpoint=args.slots)
         scheduler.start()
-        urls = " and ".join(f"http://{_shown(s.getsockname()[0])}:{port}/v1" for s in socks)
+        running.append(scheduler)
+        switch.app = with_cors(build_app(state), tuple(args.cors or ()))
         say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request, "
             f"KV pool {info.n_ctx} cells {info.type_k}/{info.type_v}, prefix reuse {'on' if info.prefix_reuse else 'off'}"
             f"{', API key required' if api_key else ''}); Ctrl+C stops")
-        served = _serve(with_cors(build_app(state), tuple(args.cors or ())), socks)
-        scheduler.stop()
-        say(f"stopped after {served} request(s)")
+
+    def abort(reason: str) -> int:
+        return sum(s.abort(reason) for s in running)
+
+    if args.rpc:
+        recover_lost_workers(switch, socks, abort, args.rpc)
+    try:
+        server = serve(switch, socks, load, abort)
     finally:
-        model.close()
+        if switch.lost is None:  # else the engine thread is held in llama.cpp: it cannot be stopped, nor the model freed
+            for s in running:
+                s.stop()
+            for m in models:
+                m.close()
         for sock in socks:
             sock.close()
+    cut = f" ({server.aborted} ended early by the stop)" if server.aborted else ""
+    if switch.handover_fds and not server.signalled:
+        say(f"the workers answer again: restarting to load the model ({switch.requests} request(s) so far)")
+        exec_fresh(switch.handover_fds)
+    say(f"stopped after {switch.requests} request(s){cut}")
+    if switch.lost is not None:
+        os._exit(1)  # llama.cpp's held threads would keep a normal exit waiting for good
     return 0
+
+
+def _bind_all(hosts: list[str], port: int) -> list[socket.socket]:
+    """One listening socket per --host; with --port 0 the others take the port the first got."""
+    socks = [_bind(hosts[0], port)]
+    port = socks[0].getsockname()[1]
+    try:
+        socks += [_bind(h, port) for h in hosts[1:]]
+    except Exception:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 def _hosts(given: list[str] | None) -> list[str]:
@@ -138,28 +173,15 @@ def _shown(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _serve(app, socks: list[socket.socket]) -> int:
-    """Run uvicorn on our sockets (one per --host); SIGINT/SIGTERM stop accepting, let running
-    requests finish (up to 30 s), then return."""
-    import uvicorn
+def _embeddings(model, n_ctx: int, pooling: str | None, at_start: bool = False):
+    """/v1/embeddings on the served model (its embedding context is made on first use, or now with ``at_start``: --embeddings)."""
+    from localllm.serve.embeddings import Embeddings  # lazy: with Starlette (~64 ms), which serve loads only once it starts
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=30,
-                            limit_concurrency=512, server_header=False, date_header=False)
-    server = uvicorn.Server(config)
-    # uvicorn re-raises the signal it caught once it has drained: make SIGTERM's
-    # an exception too (its default would end the process before we clean up).
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        asyncio.run(server.serve(sockets=socks))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return int(server.server_state.total_requests)
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+    emb = model.embedder(n_ctx, pooling)
+    if at_start:
+        emb.open()
+    return Embeddings(tokenize=lambda text: model.tok.tokenize(text, add_special=True, parse_special=False), embed=emb.embed,
+                      n_ctx=emb.n_ctx, n_vocab=model.tok.n_vocab, n_embd=emb.n_embd, pooling=emb.pooling)
 
 
 def _tokenizer(model):

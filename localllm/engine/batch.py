@@ -29,7 +29,9 @@ import llama_cpp
 
 from localllm.engine import grammar
 from localllm.engine.checked_sampler import CheckedSampler
+from localllm.engine.embed import Embedder
 from localllm.engine.llamalog import ROUTER
+from localllm.engine.logprobs import row_logprobs
 from localllm.engine.model import ModelHandle, llama_params, load_model_and_context
 from localllm.engine.native import install_log_router
 from localllm.engine.sampler import free_sampler, new_sampler, prime, sample
@@ -64,6 +66,8 @@ class BatchModel:
         self._batch = None
         self._cap = 0
         self.info: BatchLoadInfo | None = None
+        self._cparams = None
+        self._embedder: Embedder | None = None
 
     def load(self, path: Path, config: LoadConfig, n_seq: int) -> BatchLoadInfo:
         """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences."""
@@ -80,6 +84,7 @@ class BatchModel:
         cparams.no_perf = True
         model, ctx, load_ms = load_model_and_context(path, config, mparams, cparams)
         self.model, self.ctx = model, ctx
+        self._cparams = cparams
         self.tok = Tokenizer(llama_cpp.llama_model_get_vocab(model), header)
         self.mem = llama_cpp.llama_get_memory(ctx)
         self._cap = int(llama_cpp.llama_n_batch(ctx))
@@ -99,7 +104,20 @@ class BatchModel:
         )
         return self.info
 
+    def embedder(self, n_ctx: int, pooling: str | None) -> Embedder:
+        """Embeddings on this model's weights (a context of its own, made on first use; ``close`` frees it).
+        An input must fit one ubatch (llama.cpp pools a sequence only whole, and
+        computes a row of logits per token: n_ubatch x n_vocab floats of compute
+        buffer), so at most ``n_ctx`` and the physical batch, as llama-server limits it."""
+        if self._embedder is None:
+            assert self._cparams is not None  # loaded
+            self._embedder = Embedder(self.model, self._cparams, min(n_ctx, int(self._cparams.n_ubatch)), pooling)
+        return self._embedder
+
     def close(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
@@ -181,3 +199,8 @@ class BatchModel:
         rc = llama_cpp.llama_decode(self.ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed ({rc}): {ROUTER.last_error() or 'no reason given'}")
+
+    def logprobs(self, i: int, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]:
+        """log p of ``token`` at batch entry ``i``, and the ``n_top`` likeliest
+        tokens': the model's distribution before sampling (``engine.logprobs``)."""
+        return row_logprobs(self.ctx, i, self.tok.n_vocab, token, n_top)

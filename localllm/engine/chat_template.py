@@ -2,15 +2,18 @@
 
 A chat template is code that came with a downloaded file. llama-cpp-python runs
 it in Jinja's immutable sandbox, which keeps it away from ``os`` but not from
-looping or multiplying strings without end. Here it runs in the same sandbox
-with three more limits, so a hostile or broken template costs at most a few
-seconds and a few MiB, and then fails as the model's fault:
+looping, multiplying strings or building lists without end. Here it runs in the
+same sandbox under the limits of ``template_bounds``, so a hostile or broken
+template costs at most a few seconds and some tens of MiB, and then fails as
+the model's fault:
 
-- a time limit, checked on every line the compiled template executes (a trace
-  function on the rendering thread only) and at every call and operator;
-- an output limit, checked as the output is generated and before any string
-  or list is repeated, concatenated or padded past it;
-- powers are bounded, so ``10 ** 10 ** 10`` is refused before it is computed.
+- a time limit, checked on every line the compiled template (and Jinja's
+  filters) execute, through a trace function on the rendering thread only, and
+  at every call and operator;
+- size limits, checked before any string or list is repeated, concatenated
+  (``+`` and ``~``), padded, formatted, replaced or joined past them, and on
+  what each call and filter returns;
+- a memory limit on the process's growth while rendering.
 
 The environment matches llama-cpp-python's ``Jinja2ChatFormatter`` (trim and
 lstrip blocks, loop controls, ``{% generation %}`` ignored, ``tojson`` like
@@ -22,29 +25,24 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import sys
-import time
 from typing import Any
 
+from localllm.engine.template_bounds import MIN_MEMORY_BYTES, Limit, Limits
 from localllm.engine_api.errors import FileSettingError
 
 TIME_LIMIT_S = 3.0
 MIN_OUTPUT_LIMIT = 4 * 1024 * 1024  # characters; more when the messages are longer
-_MAX_INT_BITS = 64
 
 
 class TemplateError(FileSettingError):
     """The template failed to compile or render, or went past a limit."""
 
 
-class _Limit(Exception):
-    """Raised inside the template when it goes past a limit."""
-
-
-def _environment(limits: _Limits):
+def _environment(limits: Limits):
     import jinja2
     import jinja2.ext
+    from jinja2.compiler import CodeGenerator
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class IgnoreGenerationTags(jinja2.ext.Extension):
@@ -61,24 +59,29 @@ def _environment(limits: _Limits):
 
         def call_binop(self, context, operator, left, right):
             limits.tick()
-            if operator == "**" and isinstance(left, int) and isinstance(right, int):
-                if right > 0 and abs(left) > 1 and right * max(abs(left).bit_length(), 1) > _MAX_INT_BITS:
-                    raise _Limit(f"the power {left} ** {right} is too large")
-            if operator == "*":
-                for seq, n in ((left, right), (right, left)):
-                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
-                        limits.size(len(seq) * max(n, 0), "repeating a string or list")
-            if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-                limits.size(len(left) + len(right), "a concatenation")
-            if operator == "%" and isinstance(left, str):
-                for width in re.findall(r"%[-+ #0]*(\d+)", left):
-                    limits.size(int(width), "a format width")
+            limits.binop(operator, left, right)
             return super().call_binop(context, operator, left, right)
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805
             limits.tick()
             limits.ints(args, kwargs)
-            return super().call(__context, __obj, *args, **kwargs)
+            limits.call(__obj, args, kwargs)
+            out = super().call(__context, __obj, *args, **kwargs)
+            limits.result(out, "a call's result")
+            return out
+
+    class LimitedCodeGenerator(CodeGenerator):
+        """Jinja's ``~`` joins its operands in one step: through ``limits.concat``."""
+
+        def visit_Concat(self, node, frame) -> None:
+            self.write("environment.limited_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    LimitedEnvironment.code_generator_class = LimitedCodeGenerator
+    LimitedEnvironment.limited_concat = staticmethod(limits.concat)  # type: ignore[attr-defined]
 
     env = LimitedEnvironment(
         loader=jinja2.BaseLoader(),
@@ -88,7 +91,7 @@ def _environment(limits: _Limits):
     )
     env.filters["tojson"] = _tojson
     for name, f in list(env.filters.items()):
-        env.filters[name] = _bounded(f, limits)
+        env.filters[name] = _bounded(name, f, limits)
     return env
 
 
@@ -96,37 +99,21 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separ
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _bounded(f: Any, limits: _Limits) -> Any:
+def _bounded(name: str, f: Any, limits: Limits) -> Any:
+    # A filter marked pass_context/pass_environment/pass_eval_context takes that first.
+    skip = 1 if getattr(f, "jinja_pass_arg", None) is not None else 0
+
     @functools.wraps(f)  # keeps jinja's pass_context/pass_environment marks
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         limits.tick()
-        limits.ints(args[1:], kwargs)
+        limits.ints(args[skip + 1:], kwargs)
+        if len(args) > skip:
+            limits.filter(name, args[skip], args[skip + 1:], kwargs)
         out = f(*args, **kwargs)
-        if isinstance(out, (str, list)):
-            limits.size(len(out), "a filter's result")
+        limits.result(out, f"the filter {name}")
         return out
 
     return wrapper
-
-
-class _Limits:
-    def __init__(self, seconds: float, max_chars: int) -> None:
-        self.deadline = time.monotonic() + seconds
-        self.seconds = seconds
-        self.max_chars = max_chars
-
-    def tick(self) -> None:
-        if time.monotonic() > self.deadline:
-            raise _Limit(f"it ran for more than {self.seconds:g} s")
-
-    def size(self, n: int, what: str) -> None:
-        if n > self.max_chars:
-            raise _Limit(f"{what} would make {n:,} characters (the limit is {self.max_chars:,})")
-
-    def ints(self, args: Any, kwargs: dict[str, Any]) -> None:
-        for v in (*args, *kwargs.values()):
-            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > self.max_chars:
-                raise _Limit(f"an argument of {v} is past the output limit")
 
 
 class ChatTemplate:
@@ -136,7 +123,7 @@ class ChatTemplate:
     def __init__(self, source: str, origin: str, *, seconds: float = TIME_LIMIT_S) -> None:
         self.origin = origin
         self.seconds = seconds
-        self._limits = _Limits(seconds, MIN_OUTPUT_LIMIT)
+        self._limits = Limits(seconds, MIN_OUTPUT_LIMIT)
         self._env = _environment(self._limits)
         try:
             self._template = self._env.from_string(source)
@@ -148,8 +135,8 @@ class ChatTemplate:
         """``tools``: OpenAI's tool objects, given to the template as Transformers'
         ``apply_chat_template(tools=...)`` gives them (None: no tools)."""
         chars = sum(len(m.get("content") or "") for m in messages) + len(json.dumps(tools or []))
-        self._limits.deadline = time.monotonic() + self.seconds
-        self._limits.max_chars = max(MIN_OUTPUT_LIMIT, 8 * chars)
+        # the messages' own text, a few copies of it in UCS-4, is allowed on top
+        self._limits.start(self.seconds, max(MIN_OUTPUT_LIMIT, 8 * chars), MIN_MEMORY_BYTES + 16 * chars)
         ctx = {
             "messages": messages,
             "bos_token": bos_token,
@@ -170,7 +157,7 @@ class ChatTemplate:
                 self._limits.size(total, "the rendered prompt")
                 self._limits.tick()
                 pieces.append(piece)
-        except _Limit as exc:
+        except Limit as exc:
             raise TemplateError(f"{self.origin} failed: {exc}; use {{raw}} or {{template_choice}}") from None
         except Exception as exc:  # whatever the template raises is the template's fault
             raise TemplateError(f"{self.origin} failed: {_reason(exc)}; use {{raw}} or {{template_choice}}") from None
@@ -179,15 +166,20 @@ class ChatTemplate:
         return "".join(pieces)
 
     def _tracer(self):
+        import jinja2.filters
+
         limits = self._limits
+        filters_file = jinja2.filters.__file__
 
         def local(frame, event, arg):
             limits.tick()
             return local
 
         def trace(frame, event, arg):
-            # Only the template's own compiled code is traced line by line.
-            return local if frame.f_code.co_filename == "<template>" else None
+            # Only the template's own compiled code, and Jinja's filters (generators
+            # a template drains with ``list``), are traced line by line.
+            name = frame.f_code.co_filename
+            return local if name == "<template>" or name == filters_file else None
 
         return trace
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import llama_cpp
 
-from localllm.engine import rpc
+from localllm.engine import moe, rpc
 from localllm.engine.llamalog import ROUTER
 from localllm.engine.native import MAX_CTX, default_threads, gpu_offload_supported, install_log_router, max_threads
 from localllm.engine_api import LoadConfig, LoadInfo
@@ -58,7 +58,7 @@ def llama_params(config: LoadConfig) -> tuple[Any, Any, list[object]]:
     n_threads = config.n_threads or min(default_threads(), max_threads())
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0x7FFFFFFF if config.n_gpu_layers < 0 else min(config.n_gpu_layers, 0x7FFFFFFF)
-    keep = _set_devices(mparams, config)
+    keep = _set_devices(mparams, config) + moe.set_overrides(mparams, config)
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = config.n_ctx
     cparams.n_batch = min(config.n_batch, config.n_ctx)
@@ -144,7 +144,9 @@ class ModelHandle:
         check_config(config)
         header = read_header(path)
         # llama.cpp's cache-type rules, over every layer's head sizes and K row (it refuses or aborts otherwise)
-        planner.check_cache_types(planner.ModelShape.from_header(header), config)
+        shape = planner.ModelShape.from_header(header)
+        planner.check_cache_types(shape, config)
+        planner.check_moe(shape, config)  # experts in RAM need experts (llama.cpp would match nothing, silently)
         return header
 
     @classmethod

@@ -110,6 +110,18 @@ def dev_type(dev: int) -> int:
     return _fn("ggml_backend_dev_type", ctypes.c_int, ctypes.c_void_p)(dev)
 
 
+def cpu_buffer_type() -> int:
+    """The CPU device's buffer type: the pointer llama.cpp's loader compares with
+    ``ggml_backend_cpu_buffer_type()`` to honour a tensor override to the CPU
+    (ggml-cpu.cpp returns that same object for its device)."""
+    _rpc_reg()  # initializes the backend registry
+    dev = _fn("ggml_backend_dev_by_type", ctypes.c_void_p, ctypes.c_int)(DEV_TYPE_CPU)
+    buft = _fn("ggml_backend_dev_buffer_type", ctypes.c_void_p, ctypes.c_void_p)(dev) if dev else None
+    if not buft:
+        raise EngineError("this llama.cpp build has no CPU device")
+    return buft
+
+
 def all_devices() -> list[int]:
     """Every device registered in this process (CPU included), in registry order."""
     _rpc_reg()  # initializes the backend

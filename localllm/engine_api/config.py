@@ -48,6 +48,11 @@ class LoadConfig:
     # then local GPUs; llama_model_params.tensor_split). Empty: llama.cpp's defaults.
     rpc_servers: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
+    # Expert weights kept in RAM while the rest of their layer is offloaded
+    # (llama.cpp's --cpu-moe / --n-cpu-moe, as tensor-buffer overrides to the
+    # CPU: llama_rules.cpu_moe_patterns): the experts of layers 0..n_cpu_moe-1,
+    # -1 for every layer's, 0 for none.
+    n_cpu_moe: int = 0
 
     def __post_init__(self) -> None:
         if self.n_batch >= 1 and self.n_ubatch > self.n_batch:

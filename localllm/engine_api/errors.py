@@ -19,6 +19,7 @@ LIBRARY_NAMES: dict[str, str] = {
     "n_ctx": "n_ctx", "n_batch": "n_batch", "n_ubatch": "n_ubatch", "n_threads": "n_threads",
     "n_outputs_max": "n_outputs_max", "flash_attn": "flash_attn", "kv_type": "type_k/type_v",
     "template": "the template", "template_choice": "use_template(FILE|NAME)", "raw": "chat=False", "device": "device",
+    "n_cpu_moe": "n_cpu_moe",
 }
 
 # Only the settings above are placeholders: other braces (in a file name, say) stay as they are.

@@ -153,3 +153,25 @@ def check_cache_types(type_k: str, type_v: str, head_dim_k: int, head_dim_v: int
                 f"K cache type {type_k} stores blocks of {block} values but a K row of this model (KV heads x head dim) is {row} values, "
                 f"which llama.cpp cannot cut into blocks with flash attention off: use {{kv_type}} f16"
             )
+
+
+# Expert weights in RAM (llama.cpp's --cpu-moe / --n-cpu-moe, common/common.h
+# LLM_FFN_EXPS_REGEX and llm_ffn_block_regex): tensor-buffer overrides to the
+# CPU buffer type, matched with std::regex_search against each tensor's name
+# (src/llama-model-loader.cpp). The regex matches a MoE layer's expert weights
+# with their biases and scales (blk.N.ffn_up_exps.weight, .bias, .scale); not
+# the router (ffn_gate_inp), nor a shared expert (ffn_*_shexp).
+FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+def cpu_moe_patterns(n_cpu_moe: int) -> list[str]:
+    """The override patterns llama.cpp's flags build: ``-1`` (--cpu-moe) every
+    layer's experts, ``N`` (--n-cpu-moe N) those of layers 0..N-1, ``0`` none."""
+    if n_cpu_moe < 0:
+        return [FFN_EXPS_REGEX]
+    return [rf"blk\.{i}{FFN_EXPS_REGEX}" for i in range(n_cpu_moe)]
+
+
+def cpu_moe_layers(n_cpu_moe: int, n_layer: int) -> range:
+    """The layers whose experts ``n_cpu_moe`` keeps in RAM (see ``cpu_moe_patterns``)."""
+    return range(n_layer if n_cpu_moe < 0 else min(n_cpu_moe, n_layer))

@@ -77,11 +77,8 @@ def weights_read_per_token(shape: planner.ModelShape) -> int:
 
 
 def gpu_weights_read_per_token(shape: planner.ModelShape, plan: planner.MemoryPlan, gpu: bool) -> int:
-    """Of the weights one token reads, those in GPU memory: the offloaded layers
-    (their routed experts) and the output matrix when it went too."""
-    layers, output_on_gpu, _ = planner.offload(shape, plan.n_gpu_layers, gpu)
-    read = sum(shape.active_layer_bytes[i] for i in layers)
-    return read + (shape.output_bytes + shape.tied_bytes if output_on_gpu else 0)
+    """The planner's count (``planner.gpu_read_per_token``)."""
+    return planner.gpu_read_per_token(shape, plan, gpu)
 
 
 def examine(

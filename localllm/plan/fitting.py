@@ -40,7 +40,7 @@ class Outcome(Enum):
 
     FITS_AS_ASKED = "fits_as_asked"  # every setting as asked
     FITS_REDUCED = "fits_reduced"  # a cheaper cache type or a smaller context; the layers where asked
-    PARTIAL_OFFLOAD = "partial_offload"  # fewer layers on the GPU (or offload devices) than asked
+    PARTIAL_OFFLOAD = "partial_offload"  # fewer layers on the GPU (or offload devices) than asked, or a MoE's experts moved to RAM
     CPU_ONLY = "cpu_only"  # the GPU budget holds not even one layer: everything on the CPU
     DOES_NOT_FIT = "does_not_fit"  # not even at the smallest settings
 
@@ -70,6 +70,7 @@ class Request:
     kv_fixed: bool = False
     ngl_fixed: bool = False
     policy: str = "ctx"
+    moe_fixed: bool = False  # the experts in RAM (n_cpu_moe) were given: kept; otherwise a MoE's fit may move them
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class LoadOptions:
     n_ubatch: int = 512
     policy: str = "ctx"
     rpc_servers: tuple[str, ...] = ()
+    n_cpu_moe: int | None = None  # experts in RAM: layers 0..N-1, -1 all (LoadConfig.n_cpu_moe); None: none, or the fit's choice
 
     def config(self) -> LoadConfig:
         """The load config asked: a quantized V cache turns flash attention on
@@ -100,13 +102,14 @@ class LoadOptions:
             n_ctx=self.n_ctx, n_threads=self.threads, n_gpu_layers=-1 if self.n_gpu_layers is None else self.n_gpu_layers,
             flash_attn=flash_attn_mode(self.flash_attn, type_v), type_k=self.type_k or "f16", type_v=type_v,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch, swa_full=self.swa_full, rpc_servers=self.rpc_servers,
+            n_cpu_moe=self.n_cpu_moe or 0,
         )
 
     def request(self) -> Request:
         """What the fitting service is asked: the config, with the cache types
         and GPU layers that were given kept as they are."""
         return Request(self.config(), kv_fixed=self.type_k is not None or self.type_v is not None,
-                       ngl_fixed=self.n_gpu_layers is not None, policy=self.policy)
+                       ngl_fixed=self.n_gpu_layers is not None, policy=self.policy, moe_fixed=self.n_cpu_moe is not None)
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,7 @@ def fit(
     layers are placed across them and the fit keeps the placement per device;
     without, the devices are the budget's GPU (if any) and the CPU."""
     want = request.config
+    planner.check_moe(shape, want)  # experts in RAM for a model without experts: refused, as a cache type llama.cpp refuses
     if request.kv_fixed:
         planner.check_cache_types(shape, want)  # cache types llama.cpp refuses for this model: refused here too
     limit = ctx_limit or max(want.n_ctx, trained_ctx or 0)
@@ -189,7 +193,7 @@ def fit(
     assert cpu is not None, "devices go with the cpu device"
     r, placed = placement.fit_across(
         shape, want, devices, cpu, ram=budget.ram, policy=request.policy,
-        kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit, header=header,
+        kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit, header=header, moe_fixed=request.moe_fixed,
     )
     config = replace(r.config, tensor_split=placed.split) if across else r.config
     has_gpu = bool(devices)
@@ -201,8 +205,8 @@ def fit(
         outcome = Outcome.FITS_AS_ASKED
     elif has_gpu and got_on == 0 < asked_on:
         outcome = Outcome.CPU_ONLY
-    elif has_gpu and got_on < asked_on:
-        outcome = Outcome.PARTIAL_OFFLOAD
+    elif has_gpu and (got_on < asked_on or r.config.n_cpu_moe != want.n_cpu_moe):
+        outcome = Outcome.PARTIAL_OFFLOAD  # fewer layers, or experts moved to RAM
     else:
         outcome = Outcome.FITS_REDUCED
     extra = None

@@ -29,14 +29,15 @@ llama.cpp's rules (the vendored llama.cpp of llama-cpp-python 0.3.36):
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localllm.engine_api import DryRun, LoadConfig
-from localllm.engine_api.llama_rules import is_quantized
+from localllm.engine_api.llama_rules import FFN_EXPS_REGEX, is_quantized
 from localllm.modelfile.gguf_file import GGUFHeader
-from localllm.plan import planner
+from localllm.plan import moe, planner
 from localllm.plan.buffer_log import buffer_lines
 from localllm.plan.planner import MemoryPlan, ModelShape
 from localllm.plan.workers import probe_all
@@ -144,10 +145,12 @@ def place(
         return len(devices) if d is None else d
 
     uses = [DeviceUse(d, [], False, 0, 0, 0, 0) for d in slots]
+    in_ram = shape.experts_in_ram(cfg.n_cpu_moe)  # --cpu-moe / --n-cpu-moe: these stay with the CPU wherever their layer goes
     for il in range(shape.n_layer):
         u = uses[slot(il)]
         u.layers.append(il)
-        u.weights_bytes += shape.layer_bytes[il]
+        u.weights_bytes += shape.layer_bytes[il] - in_ram[il]
+        uses[-1].weights_bytes += in_ram[il]
     for kl in plan.kv_layers:
         uses[slot(kl.layer)].kv_bytes += kl.k_bytes + kl.v_bytes
     rs_layer = plan.rs_bytes // len(shape.recurrent_layers) if shape.recurrent_layers else 0
@@ -166,7 +169,8 @@ def place(
         out.weights_bytes += shape.output_bytes + shape.tied_bytes
     cpu_use.output_bytes = plan.output_bytes
     if header is not None:
-        cpu_use.mapped_bytes = cpu_mapped_span(header, set(cpu_use.layers), cpu_use.output_layer)
+        moe = {il for il, b in enumerate(in_ram) if b}
+        cpu_use.mapped_bytes = cpu_mapped_span(header, set(cpu_use.layers), cpu_use.output_layer, moe)
     _compute(shape, cfg, plan, uses)
     rules = []
     if len(devices) > 1:
@@ -179,9 +183,17 @@ def place(
         )
         if out is not cpu_use and out.device.kind == "rpc":
             rules.append("the output layer is offloaded first (as to a GPU): every token's logits come back over the network")
+    if any(in_ram):
+        rules.append(experts_rule(sum(1 for b in in_ram if b), shape.n_layer, sum(in_ram)))
     if pipeline_parallel(len(devices), shape, cfg):
         rules.append("pipeline parallelism (llama-context.cpp: more than one device, all layers offloaded): each device keeps 4 copies of its inputs")
     return Placement(plan, uses, tuple(split), rules)
+
+
+def experts_rule(n_layers: int, n_layer: int, n_bytes: int) -> str:
+    """The sentence for experts kept in RAM (``--cpu-moe``/``--n-cpu-moe``)."""
+    return (f"experts in RAM: those of {n_layers} of {n_layer} layers ({size(n_bytes)}, biases and scales included) stay in RAM and run "
+            "on the CPU; attention, norms, router and shared experts go with their layer (llama.cpp's tensor-buffer overrides)")
 
 
 def _q_live(shape: ModelShape, cfg: LoadConfig, cells: int) -> int:
@@ -203,16 +215,20 @@ def _q_live(shape: ModelShape, cfg: LoadConfig, cells: int) -> int:
     return min(q, max(0, ffn - attn))
 
 
-def cpu_mapped_span(header: GGUFHeader, cpu_layers: set[int], output_on_cpu: bool) -> int:
+def cpu_mapped_span(header: GGUFHeader, cpu_layers: set[int], output_on_cpu: bool, moe_layers: frozenset[int] | set[int] = frozenset()) -> int:
     """What llama.cpp prints as ``CPU_Mapped model buffer size``: with mmap the
     CPU's weights are one mapping of the file from the first to the last byte of
     the tensors it keeps (llama-model-loader.cpp ``get_mapping_range``), so the
     tensors of offloaded layers that lie between count too (files often store
-    blk.0, blk.1, blk.10, ...). Only the pages of the CPU's own tensors are read."""
+    blk.0, blk.1, blk.10, ...). Only the pages of the CPU's own tensors are read.
+    ``moe_layers``: layers whose experts are kept in RAM (``--n-cpu-moe``): their
+    expert tensors are the CPU's too, and usually stretch the mapping over most of the file."""
     spans: dict[int, tuple[int, int]] = {}  # per file of a split model: its own mapping
+    exps = re.compile(FFN_EXPS_REGEX)
     for t in header.tensors:
         if t.name.startswith("blk."):
-            keep = int(t.name.split(".")[1]) in cpu_layers
+            il = int(t.name.split(".")[1])
+            keep = il in cpu_layers or (il in moe_layers and exps.search(t.name) is not None)
         elif t.name.startswith("output"):
             keep = output_on_cpu
         else:
@@ -230,7 +246,8 @@ def pipeline_parallel(n_devices: int, shape: ModelShape, cfg: LoadConfig) -> boo
     of each split's inputs, to overlap the devices' work."""
     n_all = shape.n_layer + 1
     ngl = n_all if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
-    return n_devices > 1 and ngl > shape.n_layer
+    # ... and no tensor override (llama-context.cpp: !model.has_tensor_overrides()): experts in RAM turn it off
+    return n_devices > 1 and ngl > shape.n_layer and cfg.n_cpu_moe == 0
 
 
 SCHED_COPIES = 4  # ggml-backend.cpp GGML_SCHED_MAX_COPIES
@@ -364,6 +381,7 @@ def fit_across(
     ngl_fixed: bool = False,
     ctx_limit: int | None = None,
     header: GGUFHeader | None = None,
+    moe_fixed: bool = False,
 ) -> tuple[planner.FitResult, Placement]:
     """The one fit, over any set of devices: none (the CPU alone), one local
     GPU, or RPC workers' devices (and a local GPU). Cheaper cache types first,
@@ -375,13 +393,14 @@ def fit_across(
     limit = ctx_limit or max(want.n_ctx, planner.MIN_CTX)
     ladder = planner.kv_ladder(shape, want, kv_fixed)
     n_all = shape.n_layer + 1
-    ngl_options = [want.n_gpu_layers] if ngl_fixed or not devices else list(range(n_all, -1, -1))
+    experts, steps = moe.offload_steps(shape.n_layer, shape.layer_expert_bytes is not None, want, gpu=bool(devices), ngl_fixed=ngl_fixed,
+                                       moe_fixed=moe_fixed)
     local = [d.kind for d in devices] == ["gpu"]
 
     def ok(cfg: LoadConfig) -> bool:
         return _fits(place(shape, cfg, devices, cpu), ram)
 
-    chosen = want if ok(want) else planner.search(want, ladder, ngl_options, policy, kv_fixed, ok)
+    chosen = want if ok(want) else planner.search(want, ladder, steps, policy, kv_fixed, ok, experts)
     fits = chosen is not None
     cfg = chosen or want
     p = place(shape, cfg, devices, cpu, header=header)
@@ -407,7 +426,7 @@ def fit_across(
         fits,
         cfg,
         p.plan,
-        sum(budgets) if budgets else None,
+        (budgets[0] if len(budgets) == 1 else sum(budgets)) if budgets else None,  # one budget keeps the unit it was typed in
         ram,
         sum(planner.default_margin(b) for b in budgets),
         reason,

@@ -26,6 +26,7 @@ follows llama.cpp (the version pinned by scripts/install.sh):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -34,11 +35,11 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localllm.engine_api import LoadConfig, llama_rules
 from localllm.engine_api.errors import InvalidSetting
-from localllm.engine_api.llama_rules import hadamard_sides, is_quantized
+from localllm.engine_api.llama_rules import FFN_EXPS_REGEX, cpu_moe_layers, hadamard_sides, is_quantized
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.modelfile.model_info import describe
-from localllm.plan import compute_graph
+from localllm.plan import compute_graph, moe
 
 CTX_PAD = 256
 MiB = 1024 * 1024
@@ -113,6 +114,10 @@ class ModelShape:
     # Mamba-2 mixers (ssm.inner_size, ssm.state_size, ssm.group_count, ssm.time_step_rank): the estimate's mixer phase
     ssm_dims: tuple[int, int, int, int] = (0, 0, 0, 0)
     n_ff_shexp: int = 0  # a MoE's shared expert (expert_shared_feed_forward_length): the estimate holds one more n_embd
+    # Per layer, the bytes of the tensors llama.cpp's --cpu-moe pattern matches
+    # (llama_rules.FFN_EXPS_REGEX: the experts with their biases and scales),
+    # which LoadConfig.n_cpu_moe keeps in RAM; None: no such tensor (a dense model).
+    layer_expert_bytes: list[int] | None = None
 
     @classmethod
     def from_header(cls, header: GGUFHeader) -> ModelShape:
@@ -130,6 +135,8 @@ class ModelShape:
         n_expert, n_used = rule.n_expert, rule.n_expert_used
         layer_bytes = [0] * n_layer
         active = [0] * n_layer
+        experts = [0] * n_layer
+        exps = re.compile(FFN_EXPS_REGEX)
         input_bytes = output_bytes = 0
         token_embd = 0
         has_output = False
@@ -142,6 +149,8 @@ class ModelShape:
                     # (ggml_mul_mat_id over *_exps tensors, llama-graph.cpp build_moe_ffn).
                     expert = "_exps." in t.name and n_expert > 0
                     active[il] += t.n_bytes * n_used // n_expert if expert else t.n_bytes
+                    if exps.search(t.name):
+                        experts[il] += t.n_bytes
             elif t.name.startswith("output"):
                 output_bytes += t.n_bytes
                 has_output = has_output or t.name == "output.weight"
@@ -187,7 +196,17 @@ class ModelShape:
             mla_dims=_mla_dims(header),
             ssm_dims=_ssm_dims(header) if rule.n_embd_s else (0, 0, 0, 0),
             n_ff_shexp=int(header.arch_key("expert_shared_feed_forward_length", 0) or 0) if n_expert else 0,
+            layer_expert_bytes=experts if any(experts) else None,
         )
+
+    def experts_in_ram(self, n_cpu_moe: int) -> list[int]:
+        """Per layer, the expert bytes ``n_cpu_moe`` (LoadConfig's) keeps in RAM
+        wherever the rest of the layer goes (tensor-buffer overrides to the CPU)."""
+        out = [0] * self.n_layer
+        if self.layer_expert_bytes is not None:
+            for il in cpu_moe_layers(n_cpu_moe, self.n_layer):
+                out[il] = self.layer_expert_bytes[il]
+        return out
 
     def has_kv(self, il: int) -> bool:
         """Layer ``il`` has a KV cache of its own (llama-kv-cache.cpp: has_kv and
@@ -260,6 +279,9 @@ class MemoryPlan:
     verified: bool = True  # False: the architecture's cache rule is unknown, planned as dense
     swa_type: str = "none"
     compute_estimated: bool = False  # True: compute_bytes is an estimate (the graph is not replayed: compute_graph.py)
+    n_cpu_moe: int = 0  # the layers whose experts stay in RAM, as asked (LoadConfig.n_cpu_moe: -1 all)
+    experts_ram_bytes: int = 0  # expert weights kept in RAM by n_cpu_moe (counted in weights_cpu_bytes)
+    experts_ram_layers: int = 0  # the layers they belong to
 
     @property
     def total_gpu_bytes(self) -> int:
@@ -340,7 +362,8 @@ def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> Mem
     rs_total = rs_layer * len(shape.recurrent_layers)
     rs_gpu = rs_layer * len(shape.recurrent_layers & gpu_layers)
     compute = _compute(shape, cfg, cells, swa_cells)
-    w_gpu = sum(shape.layer_bytes[i] for i in gpu_layers)
+    in_ram = shape.experts_in_ram(cfg.n_cpu_moe)
+    w_gpu = sum(shape.layer_bytes[i] - in_ram[i] for i in gpu_layers)
     w_cpu = sum(shape.layer_bytes) - w_gpu + shape.input_bytes
     if output_on_gpu:
         w_gpu += shape.output_bytes + shape.tied_bytes
@@ -369,6 +392,9 @@ def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> Mem
         verified=shape.verified,
         swa_type="none" if not (shape.swa_layers and shape.n_swa) else ("chunked" if shape.architecture == "llama4" else "standard"),
         compute_estimated=not compute[1],
+        n_cpu_moe=cfg.n_cpu_moe,
+        experts_ram_bytes=sum(in_ram),
+        experts_ram_layers=sum(1 for b in in_ram if b),
     )
 
 
@@ -418,9 +444,11 @@ def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> 
     T = min(n_ctx, cfg.n_ubatch)
     t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
 
-    if cfg.n_seq <= 1 and shape.architecture in compute_graph.BUILDERS:
+    if cfg.n_seq <= 1 and shape.architecture in compute_graph.BUILDERS and cfg.n_cpu_moe == 0:
         # The worst-case graph replayed through ggml's allocator (compute_graph.py),
         # for the architectures whose graph it rebuilds; the rest below is an estimate.
+        # Experts in RAM split the graph between the CPU and the GPU, each with a
+        # buffer of its own that one replay does not give: llama.cpp's dry run does.
         simulated = compute_graph.replay(shape, T, t_out, cells=cells, swa_cells=swa_cells, type_k=cfg.type_k, type_v=cfg.type_v,
                                          flash_attn=cfg.uses_flash_attn)
         if simulated is not None:
@@ -532,6 +560,25 @@ def check_cache_types(shape: ModelShape, cfg: LoadConfig) -> None:
         llama_rules.check_cache_types(cfg.type_k, cfg.type_v, hk, hv, flash_attn=cfg.uses_flash_attn, k_rows=rows)
 
 
+def check_moe(shape: ModelShape, cfg: LoadConfig) -> None:
+    """Experts in RAM (``n_cpu_moe``) only for a model that has experts, and at
+    most for its layers: llama.cpp would silently match nothing (a dense model)
+    or nothing more (a count past the last layer). Raises ``InvalidSetting``."""
+    if cfg.n_cpu_moe == 0:
+        return
+    if shape.layer_expert_bytes is None:
+        raise InvalidSetting(f"{{n_cpu_moe}}: this model ({shape.architecture}) has no expert tensors to keep in RAM: it is not a mixture of experts")
+    if cfg.n_cpu_moe > shape.n_layer:
+        raise InvalidSetting(f"{{n_cpu_moe}} must be at most the model's {shape.n_layer} layers, got {cfg.n_cpu_moe}")
+    if cfg.n_cpu_moe < -1:
+        raise InvalidSetting(f"{{n_cpu_moe}} must be -1 (every layer) or between 0 and {shape.n_layer}, got {cfg.n_cpu_moe}")
+    if cfg.n_cpu_moe > 0 and not any(shape.layer_expert_bytes[: cfg.n_cpu_moe]):
+        # leading dense layers (DeepSeek's leading_dense_block_count): the patterns would match no tensor
+        first = next(i for i, b in enumerate(shape.layer_expert_bytes) if b)
+        dense = "the first layer of this model has" if first == 1 else f"the first {first} layers of this model have"
+        raise InvalidSetting(f"{{n_cpu_moe}} {cfg.n_cpu_moe} matches no tensor: {dense} no experts; give more than {first}")
+
+
 def cache_types_allowed(shape: ModelShape, cfg: LoadConfig) -> bool:
     """Whether llama.cpp accepts ``cfg``'s cache types for this model (``check_cache_types``)."""
     try:
@@ -556,31 +603,34 @@ def replace_config(cfg: LoadConfig, **kw: Any) -> LoadConfig:
     return replace(cfg, **kw)
 
 
-def search(want: LoadConfig, ladder: list[str], ngl_options: list[int], policy: str, kv_fixed: bool,
-           ok: Callable[[LoadConfig], bool]) -> LoadConfig | None:
+def search(want: LoadConfig, ladder: list[str], steps: list[moe.Step], policy: str, kv_fixed: bool,
+           ok: Callable[[LoadConfig], bool], experts: list[moe.Step] | None = None) -> LoadConfig | None:
     """The one search, for one GPU and for several devices (``placement.fit_across``):
     ``ok`` says whether a config fits the devices' budgets. Cheaper cache types
     first (q8_0 costs little quality); then, by policy, fewer offloaded layers at
     the wanted context (``offload``), or a smaller context (``ctx``) with as many
-    layers offloaded as can be."""
+    layers offloaded as can be. ``steps``: the (GPU layers, experts in RAM)
+    to try, most on the GPU first; a MoE's ``experts`` steps come before them, at
+    the context asked and for each cache type (``moe.offload_steps``)."""
 
-    def with_kv(cfg: LoadConfig, kv: str) -> LoadConfig:
-        return replace_config(cfg, type_k=kv, type_v=want.type_v if kv_fixed else kv)
+    def with_kv(step: moe.Step, kv: str) -> LoadConfig:
+        return replace_config(want, n_gpu_layers=step[0], n_cpu_moe=step[1], type_k=kv, type_v=want.type_v if kv_fixed else kv)
 
     for kv in ladder:
-        cfg = with_kv(replace_config(want, n_gpu_layers=ngl_options[0]), kv)
-        if ok(cfg):
-            return cfg
+        for step in experts or steps[:1]:
+            cfg = with_kv(step, kv)
+            if ok(cfg):
+                return cfg
     if policy == "offload":
-        orders = [(kv, ngl) for kv in ladder for ngl in ngl_options]
-        for kv, ngl in orders:
-            cfg = with_kv(replace_config(want, n_gpu_layers=ngl), kv)
+        orders = [(kv, step) for kv in ladder for step in steps]
+        for kv, step in orders:
+            cfg = with_kv(step, kv)
             if ok(cfg):
                 return cfg
     else:
-        orders = [(kv, ngl) for ngl in ngl_options for kv in ladder]
-    for kv, ngl in orders:
-        cfg = with_kv(replace_config(want, n_gpu_layers=ngl), kv)
+        orders = [(kv, step) for step in steps for kv in ladder]
+    for kv, step in orders:
+        cfg = with_kv(step, kv)
         n = largest_ctx(ok, cfg, want.n_ctx)
         if n >= min(MIN_CTX, want.n_ctx):
             return replace_config(cfg, n_ctx=n)
@@ -608,6 +658,9 @@ def describe_change(want: LoadConfig, got: LoadConfig, n_all: int, where: str = 
         parts.append(f"context {got.n_ctx} instead of {want.n_ctx}")
     if got.n_gpu_layers != want.n_gpu_layers and not (got.n_gpu_layers >= n_all and want.n_gpu_layers < 0):
         parts.append(f"{layers_phrase(got.n_gpu_layers, n_all)} {where}")
+    if got.n_cpu_moe != want.n_cpu_moe and got.n_gpu_layers != 0:
+        parts.append(moe.experts_phrase(got.n_cpu_moe, n_all - 1)
+                     + " (a token reads only the experts it is routed to: they move before whole layers, as in llama.cpp's --fit)")
     return "; ".join(parts) or "fits as asked"
 
 
@@ -631,6 +684,16 @@ def weights_read_per_token(shape: ModelShape) -> int:
     experts it is routed to) and the output matrix; the token embedding is a
     one-row lookup unless it doubles as the output matrix."""
     return sum(shape.active_layer_bytes) + shape.output_bytes + shape.tied_bytes
+
+
+def gpu_read_per_token(shape: ModelShape, plan: MemoryPlan, gpu: bool) -> int:
+    """Of the weights one token reads (``weights_read_per_token``), those in GPU
+    memory: the offloaded layers (their routed experts, less those kept in RAM by
+    ``n_cpu_moe``) and the output matrix when it went too. The rest is read from RAM."""
+    layers, output_on_gpu, _ = offload(shape, plan.n_gpu_layers, gpu)
+    in_ram = shape.experts_in_ram(plan.n_cpu_moe)  # a token reads n_expert_used of n_expert of them (as ModelShape counts)
+    read = sum(shape.active_layer_bytes[i] - (in_ram[i] * shape.n_expert_used // shape.n_expert if shape.n_expert else 0) for i in layers)
+    return read + (shape.output_bytes + shape.tied_bytes if output_on_gpu else 0)
 
 
 def kv_bytes_in_use(plan: MemoryPlan, n_tokens: int) -> int:

@@ -112,6 +112,7 @@ class LoadPlan:
             "dry_run": self.dry.to_dict() if self.dry is not None else None,
             "dry_run_skipped": self.skipped or None,
             "refits": self.refits,
+            "n_cpu_moe": self.config.n_cpu_moe,  # experts in RAM: of layers 0..N-1, -1 all (asked, or chosen by the fit)
         }
 
 

@@ -21,16 +21,18 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from localllm.engine_api import SamplingConfig
-from localllm.errors import InputError
-from localllm.serve import handoff, llama_routes, ollama
+from localllm.errors import EngineError, InputError
+from localllm.serve import embeddings, handoff, llama_routes, ollama
+from localllm.serve.choices import Choices
+from localllm.serve.embeddings import Embeddings
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import DEFAULTS, OPENAI, Dialect, RequestError, Shaper, error_body, parse_json
 from localllm.serve.scheduler import Job, Scheduler
-from localllm.serve.tools import GENERIC, Format, ReplySplitter, parse_reply
+from localllm.serve.tools import GENERIC, Format, ReplySplitter
 
 MAX_BODY = 1024 * 1024
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/completion", "/chat/completions",
-             "/completions", "/models", "/v1/health", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/embeddings", "/v1/models", "/health", "/metrics",
+             "/completion", "/chat/completions", "/completions", "/models", "/v1/health", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
              "/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version")
 
 
@@ -53,6 +55,7 @@ class ServeState:
     metrics_endpoint: bool = True  # serve --metrics (llama-server answers 501 without it)
     slots_endpoint: bool = False  # serve --slots
     tool_format: Format = GENERIC  # how the chat template writes tool calls (serve/tools.py)
+    embeddings: Embeddings | None = None  # /v1/embeddings (serve always sets it)
 
     def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
         """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
@@ -151,7 +154,8 @@ def build_app(state: ServeState) -> Guard:
         try:
             if body is None:
                 body = parse_json(await _read_body(request, state.max_body))
-            params = dialect.parse(body, chat=chat, n_vocab=state.n_vocab, defaults=state.defaults, tool_format=state.tool_format)
+            params = dialect.parse(body, chat=chat, n_vocab=state.n_vocab, defaults=state.defaults, tool_format=state.tool_format,
+                                   max_n=len(state.scheduler.slots))
             try:
                 tokens = await run_in_threadpool(state.tokenize, params)
             except RequestError:
@@ -186,11 +190,13 @@ def build_app(state: ServeState) -> Guard:
 
         post = handoff.outbox(loop).post  # one wake-up of the loop per burst of emits (serve/handoff.py)
 
-        def emit(kind: str, payload: object) -> None:
-            post(queue, (kind, payload))
+        def put(event: tuple[int, str, object]) -> None:
+            post(queue, event)
 
-        job = Job(tokens=tokens, sampling=sampling, max_tokens=max_tokens, emit=emit, stop=params.stop)
-        if not state.scheduler.submit(job):
+        choices = Choices(params, tokens, sampling, max_tokens, put)
+        job = choices.jobs[0]
+        if not all(state.scheduler.submit(j) for j in choices.jobs):
+            _cancel(state, choices)
             request.scope["localllm.logged"] = True
             state.log(method, path, 429, "queue full")
             busy = RequestError(429, "too many requests are waiting: retry later", kind="rate_limit_error", code="queue_full")
@@ -206,37 +212,32 @@ def build_app(state: ServeState) -> Guard:
 
         request.scope["localllm.logged"] = True
         if params.stream:
-            splitter = ReplySplitter(params.tools) if params.tools else None
-            return StreamingResponse(_stream(request, job, queue, shaper, params.include_usage, state, log_done, splitter), media_type=shaper.media_type,
+            return StreamingResponse(_stream(request, choices, queue, shaper, params.include_usage, state, log_done), media_type=shaper.media_type,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **ignored})
-        parts: list[str] = []
         watch = asyncio.create_task(_watch_disconnect(request, queue))
+        done = 0
         try:
-            while True:
-                kind, payload = await queue.get()
-                if kind == "text":
-                    parts.append(payload)
-                elif kind == "gone":
-                    state.scheduler.cancel(job)
+            while done < len(choices.jobs):
+                index, kind, payload = await queue.get()
+                choices.add(index, kind, payload)
+                if kind == "gone":
+                    _cancel(state, choices)
                     log_done("499")
                     return Response(status_code=499)
                 elif kind == "error":
+                    _cancel(state, choices)
                     log_done("500")
                     failed = RequestError(500, f"the engine failed: {payload}", kind="server_error")
                     return JSONResponse(dialect.error(failed), status_code=500)
-                else:
-                    break
+                elif kind == "done":
+                    done += 1
         except asyncio.CancelledError:
-            state.scheduler.cancel(job)
+            _cancel(state, choices)
             raise
         finally:
             watch.cancel()
-        text, calls = "".join(parts), None
-        if params.tools:
-            text, calls = parse_reply(text, params.tools.fmt, {f["name"] for f in params.tools.functions})
-            job.finish_reason = "tool_calls" if calls and job.finish_reason == "stop" else job.finish_reason
         log_done("200")
-        return JSONResponse(shaper.full(text, job, calls), headers=ignored)
+        return JSONResponse(choices.response(shaper), headers=ignored)
 
     async def read_json(request: Request) -> dict:
         return parse_json(await _read_body(request, state.max_body))
@@ -246,6 +247,24 @@ def build_app(state: ServeState) -> Guard:
 
     async def completions(request: Request) -> Response:
         return await generate(request, False, llama_routes.OPENAI_WITH_LLAMA_FIELDS)
+
+    async def embed(request: Request) -> Response:
+        request.scope["localllm.logged"] = True
+        method, path = request.method, request.url.path
+        try:
+            if state.embeddings is None:
+                raise RequestError(404, "this server does not serve embeddings")
+            body = parse_json(await _read_body(request, state.max_body))
+            out, ignored = await embeddings.answer(body, state.embeddings, state.model_name)
+        except RequestError as exc:
+            state.log(method, path, exc.status, exc.message)
+            return JSONResponse(exc.body(), status_code=exc.status)
+        except EngineError as exc:
+            state.log(method, path, 500, str(exc))
+            return _error(500, f"the engine failed: {exc}", kind="server_error")
+        header = ", ".join(f[:40] for f in ignored[:20])
+        state.log(method, path, 200, f"{len(out['data'])} inputs, {out['usage']['prompt_tokens']} tokens" + (f"; ignored fields: {header}" if header else ""))
+        return JSONResponse(out, headers={"X-Ignored-Fields": header} if header else {})
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "localllm"}]})
@@ -270,6 +289,8 @@ def build_app(state: ServeState) -> Guard:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embed, methods=["POST"]),
+        Route("/embeddings", embed, methods=["POST"]),  # llama-server's alias
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -289,27 +310,33 @@ async def _watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            queue.put_nowait(("gone", None))
+            queue.put_nowait((-1, "gone", None))
             return
 
 
-async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shaper, include_usage: bool, state: ServeState, log_done,
-                  splitter: ReplySplitter | None = None):
-    """The shaper's frames (SSE, or Ollama's NDJSON): its head (OpenAI's role chunk), one
-    piece per text, then its tail (the finish chunk with usage and timings, usage if asked, [DONE]).
-    With tools, text that may be a call is held, and the calls go out whole before the finish chunk."""
+async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shaper: Shaper, include_usage: bool, state: ServeState, log_done):
+    """The shaper's frames (SSE, or Ollama's NDJSON): its head (OpenAI's role chunk per
+    choice), one piece per text (with its choice's index and log-probabilities),
+    each choice's finish chunk, and after the last its tail (usage and timings,
+    usage if asked, [DONE]). With tools, text that may be a call is held, and the
+    calls go out whole before the choice's finish chunk."""
     status = "200"
     finished = False
+    done = 0
+    jobs = choices.jobs
+    tools = choices.params.tools
+    splitters = [ReplySplitter(tools) for _ in jobs] if tools else None
     watch = asyncio.create_task(_watch_disconnect(request, queue))
     try:
-        for obj in shaper.head():
+        for obj in shaper.head(len(jobs)):
             yield shaper.frame(obj)
         while True:
-            kind, payload = await queue.get()
+            i, kind, payload = await queue.get()
+            choices.add(i, kind, payload)
             if kind == "text":
-                piece = splitter.feed(payload) if splitter else payload
+                piece = splitters[i].feed(payload) if splitters else payload
                 if piece:
-                    for obj in shaper.piece(piece, job):
+                    for obj in shaper.piece(piece, jobs[i], index=i, logprobs=choices.take_logprobs(i)):
                         yield shaper.frame(obj)
             elif kind == "gone":
                 break
@@ -319,22 +346,35 @@ async def _stream(request: Request, job: Job, queue: asyncio.Queue, shaper: Shap
                 for obj in shaper.failure(f"the engine failed: {payload}"):
                     yield shaper.frame(obj)
                 break
-            else:
-                finished = True
-                if splitter:
-                    rest, calls = splitter.finish()
+            elif kind == "done":
+                job = jobs[i]
+                if splitters:
+                    rest, calls = splitters[i].finish()
                     if rest:
-                        for obj in shaper.piece(rest, job):
+                        for obj in shaper.piece(rest, job, index=i, logprobs=choices.take_logprobs(i)):
                             yield shaper.frame(obj)
                     if calls:
                         job.finish_reason = "tool_calls" if job.finish_reason == "stop" else job.finish_reason
-                        yield shaper.frame(shaper.calls_chunk(calls))
-                for obj in shaper.tail(job, include_usage):
+                        yield shaper.frame(shaper.calls_chunk(calls, index=i))
+                lp = choices.take_logprobs(i) if choices.pending[i] else None
+                done += 1
+                if done < len(jobs):
+                    for obj in shaper.finish(job, index=i, logprobs=lp):
+                        yield shaper.frame(obj)
+                    continue
+                finished = True
+                for obj in shaper.tail(job, include_usage, index=i, logprobs=lp, usage=choices.usage()):
                     yield shaper.frame(obj)
                 break
     finally:
         watch.cancel()
+        if not finished or status == "500":
+            _cancel(state, choices)  # the client went away (or a choice failed): free the sequences at the next step
         if not finished:
-            status = "499"  # the client went away: free its sequence at the next step
-            state.scheduler.cancel(job)
+            status = "499"
         log_done(status)
+
+
+def _cancel(state: ServeState, choices: Choices) -> None:
+    for j in choices.jobs:
+        state.scheduler.cancel(j)

@@ -193,7 +193,8 @@ MOOT = frozenset({"dynatemp_exponent", "mirostat_tau", "mirostat_eta", "xtc_thre
                   "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "id_slot", "n_keep", "return_progress", "top_n_sigma"})
 
 
-def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, native: bool = False, tool_format: Format = GENERIC) -> GenParams:
+def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, native: bool = False, tool_format: Format = GENERIC,
+                max_n: int = 1) -> GenParams:
     """A body with llama-server's fields, which it takes on its OpenAI routes too:
     ``n_predict`` (-1: until the model stops; ``max_tokens`` wins where both are
     given), ``logit_bias`` as ``[[token id, bias], ...]`` (``false``: never), its
@@ -217,7 +218,7 @@ def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, nati
                 raise RequestError(400, "'logit_bias' pairs must be [token id, bias]", param="logit_bias")
             pairs[str(pair[0])] = -100 if pair[1] is False else pair[1]
         body["logit_bias"] = pairs
-    params = parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format)
+    params = parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format, max_n=max_n)
     ignored = tuple(k for k in params.ignored if k not in OFF and k not in MOOT)
     limit = params.max_tokens
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
@@ -228,8 +229,8 @@ def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, nati
     return dataclasses.replace(params, max_tokens=limit, ignored=ignored)
 
 
-def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, tool_format: Format = GENERIC) -> GenParams:
-    """``/completion``'s body (see ``parse_llama``); no tools (it is not a chat)."""
+def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, tool_format: Format = GENERIC, max_n: int = 1) -> GenParams:
+    """``/completion``'s body (see ``parse_llama``); no tools (it is not a chat) and one reply (llama-server's has no ``n``)."""
     return parse_llama(body, chat=False, n_vocab=n_vocab, defaults=defaults, native=True)
 
 
@@ -241,14 +242,17 @@ class CompletionShaper(Shaper):
         super().__init__(chat, model, per_token=params.timings_per_token)
         self.params = params
 
-    def head(self) -> list[dict | str]:
+    def head(self, n: int = 1) -> list[dict | str]:
         return []
 
-    def piece(self, text: str, job: Finished) -> list[dict | str]:
+    def piece(self, text: str, job: Finished, *, index: int = 0, logprobs: dict | None = None) -> list[dict | str]:
         out = {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1, "tokens_predicted": job.n_gen, "tokens_evaluated": len(job.tokens)}
+        if logprobs is not None:  # n_probs: llama-server's completion_probabilities, per token
+            out["completion_probabilities"] = logprobs["content"]
         return [{**out, "timings": job.timings()} if self.per_token else out]
 
-    def full(self, text: str, job: Finished, calls: list[dict] | None = None) -> dict:  # no tools on /completion
+    def full(self, text: str, job: Finished, calls: list[dict] | None = None, *, index: int = 0, logprobs: dict | None = None) -> dict:
+        """The whole reply (no tools on /completion: it is not a chat)."""
         stop_word = job.stop_word
         stop_type = "limit" if job.finish_reason == "length" else "word" if stop_word else "eos"
         prompt = self.params.prompt
@@ -259,10 +263,11 @@ class CompletionShaper(Shaper):
             "prompt": prompt if isinstance(prompt, str) else "", "has_new_line": "\n" in text, "truncated": False,
             "stop_type": stop_type, "stopping_word": stop_word or "", "tokens_cached": len(job.tokens) + job.n_gen,
             "timings": job.timings(),
+            **({"completion_probabilities": logprobs["content"]} if logprobs is not None else {}),
         }
 
-    def tail(self, job: Finished, include_usage: bool) -> list[dict | str]:
-        return [self.full("", job)]
+    def tail(self, job: Finished, include_usage: bool, *, index: int = 0, logprobs: dict | None = None, usage: dict | None = None) -> list[dict | str]:
+        return [self.full("", job, logprobs=logprobs)]
 
     def failure(self, message: str) -> list[dict | str]:
         return [error_body(message, kind="server_error")]

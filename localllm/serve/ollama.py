@@ -88,8 +88,9 @@ def _translate(body: dict, *, chat: bool, n_ctx: int | None) -> tuple[dict, list
     return out, ignored, num_predict
 
 
-def _parse(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, generate: bool, n_ctx: int | None = None, tool_format: object = None) -> GenParams:
-    """Ollama's body as the OpenAI one parse_gen checks. ``tool_format`` is unused: Ollama's ``tools`` are refused (400)."""
+def _parse(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, generate: bool, n_ctx: int | None = None, tool_format: object = None,
+           max_n: int = 1) -> GenParams:
+    """Ollama's body as the OpenAI one parse_gen checks. ``tool_format`` and ``max_n`` are unused: Ollama's ``tools`` are refused (400), and it has no ``n``."""
     if generate:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
@@ -124,13 +125,14 @@ class OllamaShaper(Shaper):
     def _text(self, text: str) -> object:
         return {"role": "assistant", "content": text} if self.key == "message" else text
 
-    def head(self) -> list[dict | str]:
+    def head(self, n: int = 1) -> list[dict | str]:
         return []
 
-    def piece(self, text: str, job: Finished) -> list[dict | str]:
+    def piece(self, text: str, job: Finished, *, index: int = 0, logprobs: dict | None = None) -> list[dict | str]:
         return [{"model": self.model, "created_at": created_at(), self.key: self._text(text), "done": False}]
 
-    def full(self, text: str, job: Finished, calls: list[dict] | None = None) -> dict:  # Ollama's tools are refused
+    def full(self, text: str, job: Finished, calls: list[dict] | None = None, *, index: int = 0, logprobs: dict | None = None) -> dict:
+        """The last object (Ollama's tools are refused; logprobs and n are OpenAI's)."""
         t = job.timings()
         gap = t["predicted_per_token_ms"]
         return {
@@ -144,7 +146,7 @@ class OllamaShaper(Shaper):
             "eval_duration": None if gap is None else int(gap * 1e6 * job.n_gen),
         }
 
-    def tail(self, job: Finished, include_usage: bool) -> list[dict | str]:
+    def tail(self, job: Finished, include_usage: bool, *, index: int = 0, logprobs: dict | None = None, usage: dict | None = None) -> list[dict | str]:
         return [self.full("", job)]
 
     def failure(self, message: str) -> list[dict | str]:

@@ -69,6 +69,10 @@ class GenParams:
     ignored: tuple[str, ...] = ()  # fields no API defines: accepted, named in the log and in X-Ignored-Fields
     timings_per_token: bool = False  # llama-server's: each streamed chunk carries the timings so far
     tools: tool_calls.ToolRequest | None = None  # tools the model may call (serve/tools.py); None: a plain reply
+    n: int = 1  # choices, each its own sequence
+    logprobs: int | None = None  # alternatives per token (chat top_logprobs, completions' logprobs int); None: no logprobs
+    n_probs: int | None = None  # llama-server's n_probs: logprobs.content with token ids; None: off
+    cache_prompt: bool = True  # llama-server's: False reads the whole prompt again
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -116,16 +120,16 @@ def _content(v: object, i: int) -> str:
 
 
 def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig = DEFAULTS,
-              tool_format: tool_calls.Format = tool_calls.GENERIC) -> GenParams:
+              tool_format: tool_calls.Format = tool_calls.GENERIC, max_n: int = 1) -> GenParams:
     """The request's fields; one it omits takes ``defaults`` (serve's --temp, --seed, -n ..., else llama.cpp's).
-    ``tool_format``: how the model's template writes tool calls (serve/tools.py)."""
+    ``tool_format``: how the model's template writes tool calls (serve/tools.py); ``max_n``: the most choices (``n``), the server's sequences."""
     try:
-        return _parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format)
+        return _parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format, max_n=max_n)
     except tool_calls.ToolsError as exc:
         raise _bad(exc.field, exc.why) from None
 
 
-def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig, tool_format: tool_calls.Format) -> GenParams:
+def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig, tool_format: tool_calls.Format, max_n: int) -> GenParams:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     if chat:
@@ -163,9 +167,11 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         max_tokens = defaults.max_tokens  # serve -n N
     elif max_tokens is None and not chat:
         max_tokens = 16  # OpenAI's default for completions
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n != 1):
-        raise _bad("n", "must be 1 (one choice per request)")
+    n = body.get("n", 1)
+    if n is None:
+        n = 1
+    if not _is_int(n) or not 1 <= n <= max_n:
+        raise _bad("n", f"must be a whole number from 1 to {max_n} (the server's --parallel sequences)")
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise _bad("seed", "must be a whole number")
@@ -213,8 +219,15 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
     if tools is not None and grammar is not None:
         raise _bad(next(k for k in ("response_format", "grammar", "json_schema") if body.get(k) is not None),
                    "cannot go with 'tools': a reply is held either to calls or to this")
+    cache_prompt = body.get("cache_prompt", True)
+    if not isinstance(cache_prompt, bool):
+        raise _bad("cache_prompt", "must be true or false")
     return GenParams(
         tools=tools,
+        n=n,
+        logprobs=_logprobs(body, chat),
+        n_probs=_count(body, "n_probs", 100) or None,  # 0 is llama-server's default: off
+        cache_prompt=cache_prompt,
         logit_bias=_logit_bias(body, n_vocab),
         ignored=tuple(sorted(k for k in body if k not in (CHAT_FIELDS if chat else COMPLETION_FIELDS) | NO_EFFECT)),
         grammar=tools.grammar if tools is not None else grammar,
@@ -246,8 +259,8 @@ HONOURED = frozenset({
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
                           "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
-                          "reasoning_effort", "web_search_options", "n_probs"}
-COMPLETION_FIELDS = HONOURED | {"prompt", "n", "logprobs", "echo", "suffix", "best_of", "n_probs"}
+                          "reasoning_effort", "web_search_options", "n_probs", "post_sampling_probs"}
+COMPLETION_FIELDS = HONOURED | {"prompt", "n", "logprobs", "echo", "suffix", "best_of", "n_probs", "post_sampling_probs"}
 NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier"})  # nothing to do for a local server: accepted as they are
 
 
@@ -257,22 +270,45 @@ def _refused(body: dict, chat: bool) -> tuple[str, str] | None:
     checks: list[tuple[str, object, str]] = [
         ("functions", body.get("functions"), "(OpenAI's deprecated form) are not supported: send 'tools'"),
         ("function_call", body.get("function_call") not in (None, "none"), "(OpenAI's deprecated form) is not supported: send 'tool_choice'"),
-        ("logprobs", body.get("logprobs") not in (None, False, 0), "are not supported by this server yet"),
-        ("top_logprobs", body.get("top_logprobs") not in (None, 0), "are not supported by this server yet"),
-        ("n_probs", body.get("n_probs") not in (None, 0), "is not supported by this server yet"),
-        ("n", body.get("n") not in (None, 1), "must be 1 (one choice per request)"),
         ("best_of", body.get("best_of") not in (None, 1), "must be 1"),
         ("echo", body.get("echo") not in (None, False), "is not supported"),
         ("suffix", body.get("suffix") not in (None, ""), "is not supported"),
         ("modalities", body.get("modalities") not in (None, ["text"]), "may only be [\"text\"]"),
         ("audio", body.get("audio") is not None, "is not supported"),
         ("prediction", body.get("prediction") is not None, "is not supported"),
-        ("cache_prompt", body.get("cache_prompt") not in (None, True), "cannot be turned off: the server reuses a shared prefix always"),
+        ("post_sampling_probs", body.get("post_sampling_probs") not in (None, False),
+         "is not supported: probabilities are the model's, before sampling (llama-server's default)"),
     ]
     for field, bad, why in checks:
         if bad:
             return field, why
     return None
+
+
+def _count(body: dict, key: str, hi: int) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not _is_int(v) or not 0 <= v <= hi:
+        raise _bad(key, f"must be a whole number from 0 to {hi}")
+    return int(v)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Alternatives to report per token, or None: chat's ``logprobs: true`` with
+    ``top_logprobs`` (0-20, OpenAI's range; it needs ``logprobs``), or the
+    completions API's ``logprobs`` count (OpenAI allows 0-5; 0-20 here, as chat)."""
+    if not chat:
+        if isinstance(body.get("logprobs"), bool):
+            raise _bad("logprobs", "must be a whole number from 0 to 20 on /v1/completions")
+        return _count(body, "logprobs", 20)
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise _bad("logprobs", "must be true or false")
+    top = _count(body, "top_logprobs", 20)
+    if top and not on:
+        raise _bad("top_logprobs", "needs 'logprobs': true")
+    return (top or 0) if on else None
 
 
 def _logit_bias(body: dict, n_vocab: int) -> tuple[tuple[int, float], ...]:
@@ -354,42 +390,50 @@ class Shaper:
     def frame(self, obj: dict | str) -> bytes:
         return sse(obj)
 
-    def full(self, text: str, job: Finished, calls: list[dict] | None = None) -> dict:
+    def full(self, text: str, job: Finished, calls: list[dict] | None = None, *, index: int = 0, logprobs: dict | None = None) -> dict:
+        """The whole reply of one choice (``index``), with its log-probabilities when asked."""
         finish, usage, timings = job.finish_reason, job.usage(), job.timings()
         if self.chat:
             message: dict = {"role": "assistant", "content": text}
             if calls:  # OpenAI's shape: content null when the reply is only calls
                 message = {"role": "assistant", "content": text.strip() or None, "tool_calls": calls}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
             return {**self._base("chat.completion"), "choices": [choice], "usage": usage, "timings": timings}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         return {**self._base("text_completion"), "choices": [choice], "usage": usage, "timings": timings}
 
-    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False) -> dict:
+    def chunk(self, text: str | None, finish: str | None = None, *, first: bool = False, index: int = 0, logprobs: dict | None = None) -> dict:
         if self.chat:
             # the first chunk names the role with content null, as llama-server and OpenAI send it
             delta: dict = {"role": "assistant", "content": text} if first else {} if text is None else {"content": text}
-            return {**self._base("chat.completion.chunk"), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        return {**self._base("text_completion"), "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+            return {**self._base("chat.completion.chunk"), "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+        return {**self._base("text_completion"), "choices": [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]}
 
-    def head(self) -> list[dict | str]:
-        return [self.chunk(None, first=True)] if self.chat else []
+    def head(self, n: int = 1) -> list[dict | str]:
+        """What a stream opens with: OpenAI's role chunk, one per choice."""
+        return [self.chunk(None, first=True, index=i) for i in range(n)] if self.chat else []
 
-    def piece(self, text: str, job: Finished) -> list[dict | str]:
-        return [{**self.chunk(text), "timings": job.timings()} if self.per_token else self.chunk(text)]
+    def piece(self, text: str, job: Finished, *, index: int = 0, logprobs: dict | None = None) -> list[dict | str]:
+        out = self.chunk(text, index=index, logprobs=logprobs)
+        return [{**out, "timings": job.timings()} if self.per_token else out]
 
-    def calls_chunk(self, calls: list[dict]) -> dict:
+    def calls_chunk(self, calls: list[dict], *, index: int = 0) -> dict:
         """The calls as one delta: each with its index, id, type, name and whole arguments."""
         deltas = [{"index": i, **c} for i, c in enumerate(calls)]
-        return {**self._base("chat.completion.chunk"), "choices": [{"index": 0, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}]}
+        return {**self._base("chat.completion.chunk"), "choices": [{"index": index, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}]}
 
-    def tail(self, job: Finished, include_usage: bool) -> list[dict | str]:
-        """The finish chunk (with usage and timings, as llama-server's last chunk),
-        then OpenAI's usage chunk when asked, then [DONE]."""
-        last = {**self.chunk(None, job.finish_reason), "usage": job.usage(), "timings": job.timings()}
-        usage = [{**self._base("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
-                  "usage": job.usage(), "timings": job.timings()}] if include_usage else []
-        return [last, *usage, "[DONE]"]
+    def finish(self, job: Finished, *, index: int = 0, logprobs: dict | None = None) -> list[dict | str]:
+        """The finish chunk of a choice that is not the last to end (``n`` > 1)."""
+        return [self.chunk(None, job.finish_reason, index=index, logprobs=logprobs)]
+
+    def tail(self, job: Finished, include_usage: bool, *, index: int = 0, logprobs: dict | None = None, usage: dict | None = None) -> list[dict | str]:
+        """The last choice's finish chunk (with the usage of all choices and the
+        timings, as llama-server's last chunk), then OpenAI's usage chunk when asked, then [DONE]."""
+        usage = usage or job.usage()
+        last = {**self.chunk(None, job.finish_reason, index=index, logprobs=logprobs), "usage": usage, "timings": job.timings()}
+        extra = [{**self._base("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
+                  "usage": usage, "timings": job.timings()}] if include_usage else []
+        return [last, *extra, "[DONE]"]
 
     def failure(self, message: str) -> list[dict | str]:
         return [error_body(message, kind="server_error"), "[DONE]"]

@@ -35,7 +35,8 @@ from localllm.serve.prometheus import ServerMetrics
 @dataclass(eq=False)
 class Job:
     """One generation request. ``emit(kind, payload)`` is called from the engine
-    thread: ("text", str), then ("done", finish_reason) or ("error", message)."""
+    thread: ("text", str) (with ("logprob", ...) before a token's text when asked),
+    then ("done", finish_reason) or ("error", message)."""
 
     tokens: list[int]
     sampling: SamplingConfig
@@ -51,6 +52,16 @@ class Job:
     n_cached: int = 0
     n_gen: int = 0
     finish_reason: str | None = None
+    logprobs: int | None = None  # emit ("logprob", (id, bytes, logprob, [(id, bytes, logprob)] * this many)) per token; None: off
+    cache_prompt: bool = True  # False: read the whole prompt, no prefix reuse (llama-server's cache_prompt)
+    # n > 1: a sibling waits until this job has read the shared prompt, then shares its cells (seq_cp)
+    after: Job | None = None
+    ended: bool = False  # released by the scheduler (done, failed or dropped)
+
+    @property
+    def prompt_read(self) -> bool:
+        """Whether the prompt is in the cache (a first token drawn) or never will be (ended)."""
+        return bool(self.token_ns) or self.finish_reason is not None or self.cancelled or self.ended
 
     @property
     def ttft_ms(self) -> float | None:
@@ -110,6 +121,7 @@ class BatchModel(Protocol):
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool: ...
     def seq_cp(self, src: int, dst: int, n: int) -> None: ...
+    def logprobs(self, i: int, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]: ...
     def new_sampler(self, sampling: SamplingConfig, prompt: Sequence[int] = ()) -> Any: ...
     def free_sampler(self, sampler: Any) -> None: ...
     def sample(self, sampler: Any, i: int) -> int: ...
@@ -188,6 +200,18 @@ class Scheduler:
             job.cancelled = True
             self._cv.notify()
 
+    def abort(self, reason: str) -> int:
+        """The server stops now: end every waiting and running request with an
+        error event saying ``reason`` (the engine frees their sequences at its next
+        step); the number ended."""
+        with self._cv:
+            jobs = [j for j in (*self.pending, *(s.job for s in self.slots)) if j is not None and not j.cancelled]
+            for job in jobs:
+                job.cancelled = True
+                job.emit("error", reason)
+            self._cv.notify()
+        return len(jobs)
+
     # -- the engine thread ------------------------------------------------------------
     def _run(self) -> None:
         while True:
@@ -213,10 +237,13 @@ class Scheduler:
         while True:
             with self._cv:
                 free = [s for s in self.slots if s.job is None]
-                if not free or not self.pending:
+                # a sibling of an n > 1 request waits for the shared prompt to be read (prefix reuse copies it then)
+                ready = next((j for j in self.pending if not (self.prefix_reuse and j.after and not j.after.prompt_read)), None)
+                if not free or ready is None:
                     self.metrics.queued = len(self.pending)
                     return
-                job = self.pending.popleft()
+                self.pending.remove(ready)
+                job = ready
                 self.metrics.queued = len(self.pending)
             if not job.cancelled:
                 self._assign(job, free)
@@ -224,7 +251,7 @@ class Scheduler:
     def _assign(self, job: Job, free: list[Slot]) -> None:
         toks = job.tokens
         limit = len(toks) - 1  # the last prompt token is always evaluated: its logits start the reply
-        if self.prefix_reuse:
+        if self.prefix_reuse and job.cache_prompt:
             own = {s.id: common_prefix(s.cache, toks) for s in free}
             target = max(free, key=lambda s: (own[s.id], -s.used_at))
             src = max(self.slots, key=lambda s: common_prefix(s.cache, toks))
@@ -294,7 +321,7 @@ class Scheduler:
                 s.chunk = []
         for s, i in outputs:
             tok = self.model.sample(s.sampler, i)
-            self._on_token(s, tok, time.perf_counter_ns())
+            self._on_token(s, tok, time.perf_counter_ns(), i)
         self.metrics.step(len(active), len(entries), sum(len(s.cache) for s in self.slots))
 
     def _decode(self, entries: list[tuple[int, int, int, bool]], active: list[Slot]) -> None:
@@ -311,12 +338,15 @@ class Scheduler:
                 s.cache = []
             self.model.decode(entries)
 
-    def _on_token(self, s: Slot, tok: int, now: int) -> None:
+    def _on_token(self, s: Slot, tok: int, now: int, i: int) -> None:
         job = s.job
         assert job is not None
         if not job.sampling.ignore_eos and self.model.is_eog(tok):
             self._finish(s, "stop")
             return
+        if job.logprobs is not None:
+            lp, top = self.model.logprobs(i, tok, job.logprobs)
+            job.emit("logprob", (tok, self.model.piece(tok), lp, [(t, self.model.piece(t), v) for t, v in top]))
         prev = job.token_ns[-1] if job.token_ns else None
         job.token_ns.append(now)
         job.n_gen += 1
@@ -380,6 +410,8 @@ class Scheduler:
         self._clock += 1
         s.used_at = self._clock
         self.metrics.running = sum(1 for x in self.slots if x.job)
+        if job is not None:
+            job.ended = True
         if job is None or job.cancelled:
             return
         if error is not None:

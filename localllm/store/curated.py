@@ -62,6 +62,12 @@ class CatalogModel:
     sliding_window: int
     swa_pattern: int
     files: tuple[CatalogFile, ...]
+    # A mixture of experts: experts per layer, those a token uses, an expert's
+    # feed-forward width and a shared expert's (0: none); n_expert 0: dense.
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
 
 
 def load(text: str | None = None) -> list[CatalogModel]:
@@ -77,7 +83,8 @@ def load(text: str | None = None) -> list[CatalogModel]:
                 m["name"], m["repo"], m["architecture"], m["license"], int(m["context"]), int(m["n_layer"]),
                 int(m["n_embd"]), int(m["n_head"]), int(m["n_head_kv"]), int(m["head_dim"]), int(m["n_ff"]),
                 int(m["n_vocab"]), bool(m.get("tied", False)), int(m.get("sliding_window", 0)),
-                int(m.get("swa_pattern", 0)), fs,
+                int(m.get("swa_pattern", 0)), fs, int(m.get("n_expert", 0)), int(m.get("n_expert_used", 0)),
+                int(m.get("n_ff_exp", 0)), int(m.get("n_ff_shexp", 0)),
             )
         )
     return out
@@ -90,7 +97,10 @@ def catalog_text() -> str:
 def shape(m: CatalogModel, size_bytes: int) -> planner.ModelShape:
     q = m.n_head * m.head_dim
     kv = m.n_head_kv * m.head_dim
-    layer = m.n_embd * q + 2 * m.n_embd * kv + q * m.n_embd + 3 * m.n_embd * m.n_ff + 2 * m.n_embd
+    # a MoE layer: the experts' gate/up/down, the router and a shared expert instead of one feed-forward block
+    experts = 3 * m.n_embd * m.n_ff_exp * m.n_expert
+    ffn = experts + m.n_embd * m.n_expert + 3 * m.n_embd * m.n_ff_shexp if m.n_expert else 3 * m.n_embd * m.n_ff
+    layer = m.n_embd * q + 2 * m.n_embd * kv + q * m.n_embd + ffn + 2 * m.n_embd
     embed = m.n_vocab * m.n_embd
     output = 0 if m.tied else m.n_vocab * m.n_embd
     per_param = size_bytes / (m.n_layer * layer + embed + output + m.n_embd)
@@ -112,6 +122,12 @@ def shape(m: CatalogModel, size_bytes: int) -> planner.ModelShape:
         output_bytes=int((output + m.n_embd) * per_param),
         tied_bytes=int(embed * per_param) if m.tied else 0,
         q_norm=m.architecture == "gemma3",
+        n_expert=m.n_expert,
+        n_expert_used=m.n_expert_used,
+        n_ff_exp=m.n_ff_exp,
+        n_ff_shexp=m.n_ff_shexp,
+        layer_expert_bytes=[int(experts * per_param)] * m.n_layer if m.n_expert else None,
+        layer_active_bytes=[int((layer - experts + experts * m.n_expert_used // m.n_expert) * per_param)] * m.n_layer if m.n_expert else None,
     )
 
 

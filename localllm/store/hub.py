@@ -161,19 +161,28 @@ def pull_all(repo_id: str, filename: str, revision: str, *, progress: bool, reas
 
 def pick_by_budget(files: list[RemoteFile], judge_of: Callable[[RemoteFile], Any], gpu_budget: int) -> tuple[RemoteFile, str]:
     """The largest file whose verdict (``judge_of``: a ``verdict.Verdict``) is
-    'every layer on the GPU'. Judged largest first; the search stops at the first fit."""
+    'every layer on the GPU'. Judged largest first; the search stops at the first
+    fit. A mixture of experts whose experts must stay in RAM for that (and whose
+    RAM holds them: the verdict checks) is the choice only when no quant fits
+    the GPU whole: then the largest such one."""
     candidates = sorted((f for f in files if split_part(f.filename) is None and f.quant), key=lambda f: -f.size)
     if not candidates:
         raise InputError("no single-file, quant-named GGUF in this repo to choose from: name one with --file")
     tried: list[str] = []
+    in_ram: tuple[RemoteFile, str] | None = None  # the largest that fits with its experts in RAM
     for f in candidates:
         v = judge_of(f)
-        if v.full_gpu:
+        if v.full_gpu and not v.n_cpu_moe:
             why = f"the largest quant that fits {fmt.size(gpu_budget)} with every layer on the GPU ({v.text})"
             if tried:
                 why += f" (larger: {', '.join(tried)})"
             return f, why
+        if v.full_gpu and in_ram is None:
+            in_ram = f, (f"the largest quant that fits {fmt.size(gpu_budget)} with every layer's attention on the GPU and the experts "
+                         f"in RAM, as none fits the GPU whole ({v.text})")
         tried.append(f"{f.quant} {v.text}")
+    if in_ram is not None:
+        return in_ram
     raise InputError(
         f"no quant of this model fits {fmt.size(gpu_budget)} with every layer on the GPU "
         f"(smallest, {candidates[-1].quant}: {tried[-1].split(' ', 1)[1]}): try a smaller model or a larger --vram"

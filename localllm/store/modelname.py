@@ -19,7 +19,7 @@ _QUANT = re.compile(
     r"IQ[1-4]_(?:XXS|XS|S|M|NL)|IQ[1-4]_[0-9]|"
     r"Q[2-8]_K_(?:XL|L|M|S)|Q[2-8]_K|"
     r"Q4_0_[48]_[48]|Q[4-8]_[01]|TQ[12]_0|"
-    r"BF16|F16|F32|FP16|FP32"
+    r"BF16|F16|F32|FP16|FP32|MXFP4"
     r")(?![A-Za-z0-9])",
     re.IGNORECASE,
 )

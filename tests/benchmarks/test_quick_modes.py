@@ -27,10 +27,19 @@ QUICK = {
         [r"local CPU only\s+[\d.]+ ±n/a\s+[\d.]+", r"one loopback worker \(all layers\)\s+[\d.]+", r"split across two workers\s+[\d.]+",
          r"per decoded token [\d,]+ B sent"],
     ),
+    "bench_moe": (
+        ["--quick"],
+        [r"local only\s+[\d.]+\s+[\d.]+", r"localllm: experts in RAM \(--n-cpu-moe 4\), rest on the worker\s+[\d.]+\s+[\d.]+",
+         r"llama-bench -rpc -ngl 99 -ncmoe 4\s+[\d.]+\s+[\d.]+", r"decode, localllm / llama-bench with the same placement \(target >= 0.95\): [\d.]+"],
+    ),
     "bench_serve": (
         ["--quick"],
         [r"\| localllm serve \| 1 \| \d+ \| 0 \| [\d.]+", r"\| localllm serve \| 4 \| \d+ \| 0 \| [\d.]+", r"4 clients / 1 client \(target >= 2.5\): [\d.]+",
          r"grammar-constrained / unconstrained decode rate .*: [\d.]+ \[pairs: [\d.]+\]"],
+    ),
+    "bench_embed": (
+        ["--quick"],
+        [r"\| localllm serve \| 1 \| 32 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", r"localllm serve / llama-server \(target >= 0.9\): n/a"],
     ),
     "plan_conformance": (
         ["--quick"],
@@ -65,6 +74,10 @@ QUICK = {
     "bench_pull": (
         ["--quick"],
         [r"localllm pull\s+\d+ ms\s+[\d.]+ MB/s", r"hf_hub_download\s+\d+ ms", r"ratio localllm/huggingface_hub: [\d.]+"],
+    ),
+    "hostile_requests": (
+        ["--quick"],
+        [r"PASS slowloris: 511 half-sent", r"PASS SIGTERM then SIGINT mid-stream", r"hostile requests: (\d+)/\1 passed"],
     ),
 }
 

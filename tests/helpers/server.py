@@ -55,3 +55,32 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def openai_client(server: Server):
+    """The official ``openai`` client on ``server``, with its key; no retries."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def http_client(server: Server):
+    """An httpx2 client on ``server``, with its key."""
+    import httpx2
+
+    return httpx2.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+
+
+def smollm2_server(tmp_path_factory, *args: str) -> Server:
+    """``serve smollm2`` with ``args``, the test key, and a data directory of its own."""
+    return Server("smollm2", *args, "--api-key", KEY, env={"LOCALLLM_HOME": str(tmp_path_factory.mktemp("serve-home"))})
+
+
+def serving(tmp_path_factory, *args: str):
+    """A module fixture's body: SmolLM2 on one thread with the test key and its own
+    LOCALLLM_HOME, stopped when the module is done."""
+    s = Server("smollm2", "--threads", "1", "--api-key", KEY, *args, env={"LOCALLLM_HOME": str(tmp_path_factory.mktemp("serve-home"))})
+    try:
+        yield s
+    finally:
+        s.stop()

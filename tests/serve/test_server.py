@@ -218,7 +218,7 @@ def test_limits(server) -> None:
             {"prompt": "x", "max_tokens": -3},
             {"prompt": "x", "max_tokens": "9"},
             {"prompt": "x", "temperature": "hot"},
-            {"prompt": "x", "n": 2},
+            {"prompt": "x", "n": 5},  # over the 4 sequences
             {"prompt": 5},
             {"prompt": [10**9]},
             {"messages": "hi"},
@@ -338,6 +338,9 @@ def _fuzz_cases(rng: random.Random) -> list[tuple[str, str, bytes]]:
         "stream_options",
         "model",
         "logprobs",
+        "top_logprobs",
+        "n_probs",
+        "cache_prompt",
         "tools",
         "echo",
         "suffix",
@@ -553,6 +556,35 @@ def test_scheduler_cancel_and_queue_limit() -> None:
     sched._step()
     assert all(s.job is None for s in sched.slots) and ea == [("text", "d")]
     assert sched.submit(_job([1])[0]) and not sched.submit(_job([1])[0])
+
+
+def test_scheduler_n_siblings_share_the_prompt_read_once() -> None:
+    """Choice 1 waits for choice 0 to read the prompt, then shares its cells (seq_cp): the prompt is decoded once."""
+    from localllm.serve.scheduler import Job
+
+    model = _CountingModel()
+    sched = _scheduler(model)
+    a, _ = _job(range(10), max_tokens=3)
+    b, eb = _job(range(10), max_tokens=3)
+    b = Job(tokens=b.tokens, sampling=b.sampling, max_tokens=3, emit=b.emit, after=a)
+    sched.submit(a)
+    sched.submit(b)
+    _drain(sched)
+    prompt_reads = sum(1 for bt in model.batches for tok, pos, seq, _ in bt if pos < 9)
+    assert prompt_reads == 9 and model.copies == [(0, 1, 9)] and b.n_cached == 9 and eb[-1] == ("done", "length")
+
+
+def test_scheduler_cache_prompt_false_reuses_nothing() -> None:
+    model = _CountingModel()
+    sched = _scheduler(model)
+    a, _ = _job(range(10), max_tokens=1)
+    sched.submit(a)
+    _drain(sched)
+    b, _ = _job(range(10), max_tokens=1)
+    b.cache_prompt = False
+    sched.submit(b)
+    _drain(sched)
+    assert b.n_cached == 0 and not model.copies
 
 
 @pytest.mark.slow

@@ -368,13 +368,17 @@ def test_catalog_verdicts_are_the_planners() -> None:
     assert len(models) >= 10
     for m in models:
         hf_cache.check_repo_id(m.repo)
-        assert m.license and m.context >= 8192 and m.architecture
+        assert m.license and m.context >= (4096 if m.n_expert else 8192) and m.architecture
         for f in m.files:
-            assert quant_of(f.file) == f.quant and 0.1 < f.size_gb < 6.5
+            # a mixture of experts may be larger than the GPU: its experts stay in RAM
+            assert quant_of(f.file) == f.quant and 0.1 < f.size_gb < (40 if m.n_expert else 6.5)
             assert f.fits["4gib"] and f.fits["6gib"]
     rows = curated.rows()
     # the verdicts discriminate: small models fit 4 GiB, some 7-8B quants need 6 GiB
     assert any(r["full_gpu_4gib"] for r in rows) and any(not r["full_gpu_4gib"] and r["full_gpu_6gib"] for r in rows)
+    # MoE models too large for the GPU run with their experts in RAM: the verdict says so, and the RAM it needs
+    moe = [r for r in rows if r["name"] == "qwen3-30b-a3b"]
+    assert moe and all(r["fits_6gib"].startswith("yes, experts in RAM (") and "t/s at 50 GB/s RAM" in r["fits_6gib"] for r in moe)
 
 
 @pytest.mark.slow
@@ -481,3 +485,27 @@ def test_add_of_a_folder_skips_files_that_are_not_gguf(tmp_path: Path, synth_mod
     (only_bad / "x.gguf").write_text("no")
     r = run_cli("add", str(only_bad))
     assert r.returncode == 1 and r.stderr.strip().endswith("holds no GGUF files")
+
+
+def test_catalog_estimate_of_a_moe_matches_its_header(tmp_path: Path) -> None:
+    """A MoE catalog entry's shape (published config + file size) against the
+    header of a synthetic qwen3moe with the same config: the experts' bytes, the
+    bytes a token reads and the GPU plan with every expert in RAM within 2%."""
+    from localllm.engine_api import LoadConfig
+    from localllm.modelfile.gguf_file import read_header
+    from localllm.plan import planner
+    from scripts.synth_gguf import SynthSpec, write_gguf
+
+    spec = SynthSpec(arch="qwen3moe", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_expert=16, n_expert_used=2, n_ff_exp=256,
+                     n_ctx_train=8192, dtype="f16", name="synthetic-qwen3moe")
+    path = write_gguf(tmp_path / "moe.gguf", spec)
+    real = planner.ModelShape.from_header(read_header(path))
+    m = curated.CatalogModel("moe", "someone/moe", "qwen3moe", "Apache-2.0", 8192, 4, 256, 4, 2, 64, 512, real.n_vocab, False, 0, 0, (),
+                             n_expert=16, n_expert_used=2, n_ff_exp=256)
+    est = curated.shape(m, path.stat().st_size)
+    assert est.layer_expert_bytes is not None and real.layer_expert_bytes is not None
+    assert sum(est.layer_expert_bytes) / sum(real.layer_expert_bytes) == pytest.approx(1, abs=0.02)
+    assert planner.weights_read_per_token(est) / planner.weights_read_per_token(real) == pytest.approx(1, abs=0.02)
+    cfg = LoadConfig(n_ctx=4096, n_cpu_moe=-1)
+    a, b = planner.plan_memory(est, cfg, gpu=True), planner.plan_memory(real, cfg, gpu=True)
+    assert a.weights_gpu_bytes / b.weights_gpu_bytes == pytest.approx(1, abs=0.02) and a.kv_cache_bytes == b.kv_cache_bytes

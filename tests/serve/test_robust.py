@@ -1,0 +1,316 @@
+"""``localllm serve`` against hostile or unlucky clients and operators: an empty
+API key, half-sent requests, the model still loading, repeated signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import cli
+from tests.helpers.paths import REPO
+from tests.helpers.server import KEY, Server, serving
+
+
+def test_empty_api_key_is_a_usage_error(tmp_path: Path) -> None:
+    """``--api-key ""`` would otherwise run with no authentication at all."""
+    for key in ("", "  "):
+        proc = cli("serve", str(tmp_path / "missing.gguf"), "--api-key", key)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--api-key is empty" in lines[0] and "leave --api-key out" in lines[0]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    yield from serving(tmp_path_factory, "--parallel", "2", "--ctx", "512")
+
+
+def _half_sent(base: str, n: int) -> list[socket.socket]:
+    """``n`` connections that each send part of a request head and then nothing."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        socks.append(s)
+    return socks
+
+
+@pytest.mark.slow
+def test_511_half_sent_requests_do_not_stop_a_valid_one(server) -> None:
+    """Slowloris: 511 idle half-sent requests used to make every request, /health
+    included, answer 503 for as long as they stayed open."""
+    import httpx2
+
+    socks = _half_sent(server.base, 511)
+    try:
+        t0 = time.monotonic()
+        with httpx2.Client(base_url=server.base, timeout=30) as c:
+            assert c.get("/health").status_code == 200
+            assert c.get("/v1/models").status_code == 401  # without the key: refused, not stalled
+            r = c.post("/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                       json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
+            assert r.status_code == 200, r.text
+        assert time.monotonic() - t0 < 10
+    finally:
+        for s in socks:
+            s.close()
+    assert "Traceback" not in server.log
+
+
+@pytest.mark.slow
+def test_a_half_sent_request_is_closed_after_the_header_limit(server) -> None:
+    from localllm.serve.accept import HEADER_TIMEOUT_S
+
+    (s,) = _half_sent(server.base, 1)
+    with s:
+        s.settimeout(HEADER_TIMEOUT_S + 20)
+        t0 = time.monotonic()
+        answer = s.recv(1000)
+        waited = time.monotonic() - t0
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert HEADER_TIMEOUT_S - 1 < waited < HEADER_TIMEOUT_S + 5
+
+
+# -- the server's life, on a stand-in app (tests/helpers/lifecycle_child.py) -----------
+
+
+class _Child:
+    def __init__(self, tmp_path: Path, grace_s: float = 30) -> None:
+        self.gate = tmp_path / "gate"
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.lifecycle_child", str(self.gate), str(grace_s)],
+                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline()
+        assert first.startswith("port "), first + self.proc.stderr.read()
+        self.base = f"http://127.0.0.1:{first.split()[1]}"
+
+    def finish(self) -> tuple[int, str, str]:
+        try:
+            out, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        return self.proc.returncode, out, err
+
+
+def _wait_status(url: str, status: int, timeout: float = 10) -> int:
+    """Poll until ``url`` answers ``status``; the number of requests it took."""
+    import httpx2
+
+    def get() -> int:
+        try:
+            return httpx2.get(url, timeout=5).status_code
+        except httpx2.TransportError:  # a connection the server closed as it handed its socket over
+            return -1
+
+    deadline, n = time.monotonic() + timeout, 1
+    while get() != status:
+        assert time.monotonic() < deadline, f"{url} never answered {status}"
+        time.sleep(0.05)
+        n += 1
+    return n
+
+
+@pytest.mark.slow
+def test_every_request_gets_503_loading_until_the_model_is_loaded(tmp_path: Path) -> None:
+    """llama-server's body and status while it loads; the socket answers from the start."""
+    import httpx2
+
+    c = _Child(tmp_path)
+    for path in ("/health", "/v1/models", "/v1/chat/completions"):
+        r = httpx2.get(c.base + path, timeout=5)
+        assert r.status_code == 503 and r.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+    c.gate.write_text("ok")
+    polls = _wait_status(c.base + "/health", 200)
+    c.proc.send_signal(signal.SIGINT)
+    rc, out, err = c.finish()
+    assert rc == 0 and "Traceback" not in err, err
+    assert f"stopped: {3 + polls} requests, 0 aborted" in out
+
+
+@pytest.mark.slow
+def test_a_failed_load_stops_the_server_and_says_why(tmp_path: Path) -> None:
+    c = _Child(tmp_path)
+    c.gate.write_text("fail")
+    rc, out, err = c.finish()
+    assert rc == 1 and "load error: the load failed" in out and "Traceback" not in err
+
+
+def _stream_then(c: _Child, *signals: signal.Signals) -> tuple[list[str], float]:
+    """Open a stream, send the signals 0.2 s apart, return its lines and how long it took to end after the first."""
+    import httpx2
+
+    with httpx2.stream("GET", c.base + "/stream", timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(lines) == "data: tick"
+        t0 = time.monotonic()
+        for sig in signals:
+            c.proc.send_signal(sig)
+            time.sleep(0.2)
+        rest = [line for line in lines if line]
+    return rest, time.monotonic() - t0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signals", [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM)])
+def test_a_second_signal_ends_streams_at_once_with_an_error_event(tmp_path: Path, signals) -> None:
+    c = _Child(tmp_path)
+    c.gate.write_text("ok")
+    polls = _wait_status(c.base + "/health", 200)
+    rest, took = _stream_then(c, *signals)
+    assert rest[-2:] == ["data: error: the server is stopping (a second signal)", "data: [DONE]"]
+    assert took < 5  # not the 30 s grace period
+    rc, out, err = c.finish()
+    assert rc == 0 and "Traceback" not in err, err
+    assert f"stopped: {polls + 1} requests, 1 aborted" in out
+
+
+@pytest.mark.slow
+def test_a_drain_past_the_grace_period_ends_streams_with_an_error_event(tmp_path: Path) -> None:
+    c = _Child(tmp_path, grace_s=1.5)
+    c.gate.write_text("ok")
+    polls = _wait_status(c.base + "/health", 200)
+    rest, took = _stream_then(c, signal.SIGTERM)
+    assert rest[-2:] == ["data: error: the server is stopping (the 1.5 s grace period ended)", "data: [DONE]"]
+    assert 1.2 < took < 5
+    rc, out, err = c.finish()
+    assert rc == 0 and "Traceback" not in err, err
+    assert f"stopped: {polls + 1} requests, 1 aborted" in out
+
+
+@pytest.mark.slow
+def test_sigterm_then_sigint_on_the_real_server_ends_the_stream_cleanly(tmp_path: Path) -> None:
+    """SIGTERM then SIGINT used to cut the stream (no error, no [DONE]), log a
+    CancelledError traceback and report 'stopped after 0 request(s)'."""
+    import httpx2
+
+    s = Server("smollm2", "--parallel", "2", "--ctx", "512", "--threads", "1", env={"LOCALLLM_HOME": str(tmp_path)})
+    try:
+        assert httpx2.get(s.base + "/health", timeout=10).json() == {"status": "ok"}
+        with httpx2.stream("POST", s.base + "/v1/completions", timeout=60,
+                           json={"prompt": "Count:", "max_tokens": 400, "ignore_eos": True, "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")
+            s.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            s.proc.send_signal(signal.SIGINT)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][6:])["error"]["message"].endswith("the server is stopping (a second signal)")
+        assert s.proc.wait(30) == 0
+    finally:
+        s.stop()
+    assert "stopped after 2 request(s) (1 ended early by the stop)" in s.log
+    assert "Traceback" not in s.log
+
+
+@pytest.mark.slow
+def test_a_dead_rpc_worker_ends_the_streams_and_the_model_loads_again_when_it_is_back(tmp_path: Path) -> None:
+    """It used to take the whole server down (exit 1) with the open streams cut.
+    llama.cpp holds the aborting thread and the dead connection for good, so the
+    server answers 503 until the worker answers again, then execs a fresh serve
+    on the same socket, which loads the model again."""
+    import httpx2
+
+    from tests.helpers.workers import WorkerProc
+
+    w = WorkerProc()
+    try:
+        s = Server("smollm2", "--rpc", str(w.ep), "--parallel", "2", "--ctx", "512", "--threads", "1", env={"LOCALLLM_HOME": str(tmp_path)})
+        try:
+            pid = s.proc.pid
+            with httpx2.stream("POST", s.base + "/v1/completions", timeout=60,
+                               json={"prompt": "Count:", "max_tokens": 400, "ignore_eos": True, "stream": True}) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: {")
+                w.proc.kill()
+                w.proc.wait()
+                rest = [line for line in lines if line]
+            assert rest[-1] == "data: [DONE]"
+            assert "a worker stopped answering" in json.loads(rest[-2][6:])["error"]["message"]
+            time.sleep(0.5)
+            assert s.proc.poll() is None  # still up
+            for path in ("/health", "/v1/models"):
+                r = httpx2.get(s.base + path, timeout=5)
+                assert r.status_code == 503 and "loads again once the worker is back" in r.json()["error"]["message"]
+            w = WorkerProc(w.port)  # the worker is back
+            _wait_status(s.base + "/health", 200, timeout=120)
+            r = httpx2.post(s.base + "/v1/completions", json={"prompt": "Hello", "max_tokens": 3, "temperature": 0}, timeout=60)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+            assert s.proc.pid == pid and s.proc.poll() is None  # the same process, exec'd
+            s.proc.send_signal(signal.SIGINT)
+            assert s.proc.wait(30) == 0
+        finally:
+            s.stop()
+    finally:
+        w.stop()
+    assert "restarting to load the model" in s.log and "Traceback" not in s.log
+
+
+@pytest.mark.slow
+def test_a_client_whose_connections_are_all_busy_is_refused_by_name(tmp_path: Path) -> None:
+    """Idle connections make room; busy ones are never closed: the next one gets a 503 saying why."""
+    import httpx2
+
+    from localllm.serve.accept import PER_CLIENT
+
+    c = _Child(tmp_path)
+    c.gate.write_text("ok")
+    _wait_status(c.base + "/health", 200)
+    streams = []
+    try:
+        for _ in range(PER_CLIENT):
+            client = httpx2.Client(base_url=c.base, timeout=30)
+            r = client.send(client.build_request("GET", "/stream"), stream=True)
+            assert r.status_code == 200
+            streams.append((client, r))
+        r = httpx2.get(c.base + "/health", timeout=10)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_connections"
+        assert "busy with requests" in r.json()["error"]["message"]
+    finally:
+        for client, r in streams:
+            r.close()
+            client.close()
+    _wait_status(c.base + "/health", 200)
+    c.proc.send_signal(signal.SIGINT)
+    assert c.finish()[0] == 0
+
+
+@pytest.mark.slow
+def test_a_signal_while_loading_stops_once_the_load_ends_without_serving(tmp_path: Path) -> None:
+    """llama.cpp cannot be interrupted mid-load: the stop waits for it, then serves nothing."""
+    c = _Child(tmp_path)
+    _wait_status(c.base + "/health", 503)
+    c.proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert c.proc.poll() is None  # waiting for the load
+    c.gate.write_text("ok")
+    rc, out, err = c.finish()
+    assert rc == 0 and "stopped while loading" in out and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+def test_511_half_sent_requests_on_a_server_without_a_key(tmp_path: Path) -> None:
+    import httpx2
+
+    c = _Child(tmp_path)
+    c.gate.write_text("ok")
+    _wait_status(c.base + "/health", 200)
+    socks = _half_sent(c.base, 511)
+    try:
+        t0 = time.monotonic()
+        assert httpx2.get(c.base + "/health", timeout=10).status_code == 200
+        assert time.monotonic() - t0 < 5
+    finally:
+        for s in socks:
+            s.close()
+    c.proc.send_signal(signal.SIGINT)
+    assert c.finish()[0] == 0
