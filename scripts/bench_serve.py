@@ -100,7 +100,7 @@ def llama_server_cmd(binary: Path, path: str, port: int, np_: int, ctx: int, thr
             "--no-webui"]
 
 
-def measure_level(name: str, base: str, c: int, args, first: bool, extra: dict | None = None) -> dict | str:
+def measure_level(name: str, base: str, c: int, args, first: bool, extra: dict | None = None, seed: int = 0) -> dict | str:
     try:
         _, rows = asyncio.run(
             measure(
@@ -114,6 +114,7 @@ def measure_level(name: str, base: str, c: int, args, first: bool, extra: dict |
                 warmup=first,
                 progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True),
                 extra=extra,
+                seed=seed,
             )
         )
         return rows[0].to_dict()
@@ -197,7 +198,9 @@ def paired(args, path: str, log_dir: Path) -> list[str]:
             for r in range(args.pairs):
                 for c in ratios if with_ls else ():
                     order = ["serve", "llama-server"][:: 1 if r % 2 == 0 else -1]
-                    got = {n: rate_of(measure_level(f"{n} {threads}t", procs[n][1], c, args, first=r == 0), "tokens_per_s") for n in order}
+                    # fresh prompts each pair (the same for both servers): neither answers from a prompt it cached in an earlier pair
+                    got = {n: rate_of(measure_level(f"{n} {threads}t", procs[n][1], c, args, first=r == 0, seed=1_000_000 * (r + 1)), "tokens_per_s")
+                           for n in order}
                     if got["serve"] and got["llama-server"]:
                         ratios[c].append(got["serve"] / got["llama-server"])
                 if threads == args.threads:
@@ -243,6 +246,7 @@ def main() -> int:
     ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER, help="llama.cpp's llama-server binary (default: %(default)s)")
     ap.add_argument("--pairs", type=int, default=3, help="pairs per paired ratio (default: %(default)s)")
     ap.add_argument("--pair-threads", default="1,2", help="thread counts of the paired ratios (default: %(default)s)")
+    ap.add_argument("--paired-only", action="store_true", help="only the paired ratios (the issue's targets), not the table")
     args = ap.parse_args()
     if args.quick:
         args.clients, args.gen_tokens, args.pairs, args.pair_threads = "1,4", 24, 1, str(args.threads)
@@ -254,6 +258,14 @@ def main() -> int:
     np_ = max(args.clients)
     log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_serve_logs"
     log_dir.mkdir(exist_ok=True)
+    if args.paired_only:
+        report = "\n".join([f"bench_serve --paired-only: {Path(path).name}, prompt ~{args.prompt_tokens} tokens, {args.gen_tokens} generated "
+                            f"per request, ctx {args.ctx} per sequence, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+                            *paired(args, path, log_dir)])
+        print(report)
+        if args.out:
+            Path(args.out).write_text(report + "\n")
+        return 0
     servers: dict[str, tuple[list[str], int]] = {}
     port = free_port()
     servers["localllm serve"] = (serve_cmd(path, port, np_, args.ctx, args.threads), port)

@@ -190,9 +190,11 @@ async def _models(client, base: str, headers: dict) -> list[str]:
 
 async def measure(url: str, *, model: str | None, concurrency: Sequence[int], requests: int | None, prompt_tokens: Sequence[int],
                   gen_tokens: int, api_key: str | None, timeout: float = 300.0, warmup: bool = True, progress=None,
-                  extra: dict | None = None) -> tuple[str, list[Row]]:
+                  extra: dict | None = None, seed: int = 0) -> tuple[str, list[Row]]:
     """Rows for each (prompt length, concurrency); returns the model name asked for too.
-    ``extra``: fields added to (or replacing) every request body's (scripts/bench_serve.py's grammar)."""
+    ``extra``: fields added to (or replacing) every request body's (scripts/bench_serve.py's grammar).
+    ``seed``: added to every prompt's seed, so that a repeated measurement sends
+    prompts no server has cached (bench_serve's pairs)."""
     import httpx2
 
     base = api_base(url)
@@ -207,14 +209,14 @@ async def measure(url: str, *, model: str | None, concurrency: Sequence[int], re
         if warmup:
             if progress:
                 progress("warm-up")
-            await _level(client, base, model, 1, 1, min(prompt_tokens), min(gen_tokens, 8), headers, timeout, seed=10_000)
+            await _level(client, base, model, 1, 1, min(prompt_tokens), min(gen_tokens, 8), headers, timeout, seed=seed + 10_000)
         rows = []
         for p in prompt_tokens:
             for c in concurrency:
                 n = requests or max(4, 2 * c)
                 if progress:
                     progress(f"prompt {p}, {c} concurrent, {n} requests")
-                rows.append(await _level(client, base, model, c, n, p, gen_tokens, headers, timeout, seed=1000 * p + 100 * c,
+                rows.append(await _level(client, base, model, c, n, p, gen_tokens, headers, timeout, seed=seed + 1000 * p + 100 * c,
                                          extra=extra))
         return model, rows
 
