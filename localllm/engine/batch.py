@@ -21,6 +21,7 @@ tokenizes and samples exactly as ``run`` does.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +138,23 @@ class BatchModel:
     def seq_cp(self, src: int, dst: int, n: int) -> None:
         """Let ``dst`` share the cells of ``src``'s first ``n`` positions."""
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+
+    def seq_save(self, seq: int) -> bytes:
+        """``seq``'s cells (its KV rows and positions) as llama.cpp's sequence state,
+        for serve's prompt cache in RAM (llama-server's ``--cache-ram``)."""
+        size = int(llama_cpp.llama_state_seq_get_size(self.ctx, seq))
+        buf = (ctypes.c_ubyte * size)()
+        got = int(llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq))
+        return bytes(memoryview(buf)[:got])
+
+    def seq_load(self, seq: int, data: bytes) -> bool:
+        """Put a state ``seq_save`` made into ``seq`` (empty before); False where
+        llama.cpp refuses it (no room in the cache: then ``seq`` is left empty)."""
+        buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+        if int(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq)) == 0:
+            llama_cpp.llama_memory_seq_rm(self.mem, seq, 0, -1)
+            return False
+        return True
 
     # -- sampling ------------------------------------------------------------------
     def new_sampler(self, sampling: SamplingConfig, prompt: Sequence[int] = ()):
