@@ -22,6 +22,8 @@ median of the per-pair ratios is the figure: 1 client >= 0.95x llama-server,
 grammar-constrained reply's decode rate >= 0.85x the same reply unconstrained
 (the prompt counts "1, 2, 3, 4, 5,", the grammar allows only more of that: the
 reply is the same tokens with and without it, so only the grammar's cost differs).
+Last, /v1/embeddings against llama-server ``--embeddings --pooling mean``
+(scripts/bench_embed.py, >= 0.9x), so that one run prints every target.
 
     python scripts/bench_serve.py [--quick] [--out FILE]
     python scripts/bench_serve.py --embeddings [--quick]   # /v1/embeddings: scripts/bench_embed.py
@@ -224,6 +226,23 @@ def paired(args, path: str, log_dir: Path) -> list[str]:
     return lines
 
 
+def embeddings(args) -> list[str]:
+    """The embeddings target's lines (scripts/bench_embed.py against llama-server
+    --embeddings --pooling mean), so that one run prints every target; none in
+    --quick (CI runs bench_embed's own quick mode) or with --no-embeddings."""
+    if args.quick or args.no_embeddings:
+        return []
+    import contextlib
+    import io
+
+    from scripts import bench_embed  # lazy: it imports this module (a cycle at import time)
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        bench_embed.main(["--threads", str(args.threads), "--inputs", "128", "--model", args.model])
+    return ["", *out.getvalue().rstrip().splitlines()]
+
+
 def fmt(x, spec=".1f") -> str:
     return "n/a" if x is None else format(x, spec)
 
@@ -247,6 +266,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3, help="pairs per paired ratio (default: %(default)s)")
     ap.add_argument("--pair-threads", default="1,2", help="thread counts of the paired ratios (default: %(default)s)")
     ap.add_argument("--paired-only", action="store_true", help="only the paired ratios (the issue's targets), not the table")
+    ap.add_argument("--no-embeddings", action="store_true", help="leave out /v1/embeddings against llama-server (scripts/bench_embed.py)")
     args = ap.parse_args()
     if args.quick:
         args.clients, args.gen_tokens, args.pairs, args.pair_threads = "1,4", 24, 1, str(args.threads)
@@ -261,7 +281,7 @@ def main() -> int:
     if args.paired_only:
         report = "\n".join([f"bench_serve --paired-only: {Path(path).name}, prompt ~{args.prompt_tokens} tokens, {args.gen_tokens} generated "
                             f"per request, ctx {args.ctx} per sequence, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-                            *paired(args, path, log_dir)])
+                            *paired(args, path, log_dir), *embeddings(args)])
         print(report)
         if args.out:
             Path(args.out).write_text(report + "\n")
@@ -373,6 +393,7 @@ def main() -> int:
         verdict = "n/a" if value is None else ("met" if value >= target else "NOT met")
         lines.append(f"- {label}: {fmt(value, '.2f')} ({verdict})")
     lines.extend(paired(args, path, log_dir))
+    lines.extend(embeddings(args))
     report = "\n".join(lines)
     print(report)
     if args.out:
