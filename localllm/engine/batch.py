@@ -139,18 +139,19 @@ class BatchModel:
         """Let ``dst`` share the cells of ``src``'s first ``n`` positions."""
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, n)
 
-    def seq_save(self, seq: int) -> bytes:
+    def seq_save(self, seq: int) -> bytearray:
         """``seq``'s cells (its KV rows and positions) as llama.cpp's sequence state,
         for serve's prompt cache in RAM (llama-server's ``--cache-ram``)."""
         size = int(llama_cpp.llama_state_seq_get_size(self.ctx, seq))
-        buf = (ctypes.c_ubyte * size)()
-        got = int(llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq))
-        return bytes(memoryview(buf)[:got])
+        out = bytearray(size)  # written in place by llama.cpp: one copy of a state that may be hundreds of MiB
+        got = int(llama_cpp.llama_state_seq_get_data(self.ctx, (ctypes.c_ubyte * size).from_buffer(out), size, seq))
+        del out[got:]
+        return out
 
-    def seq_load(self, seq: int, data: bytes) -> bool:
+    def seq_load(self, seq: int, data: bytes | bytearray) -> bool:
         """Put a state ``seq_save`` made into ``seq`` (empty before); False where
         llama.cpp refuses it (no room in the cache: then ``seq`` is left empty)."""
-        buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+        buf = (ctypes.c_ubyte * len(data)).from_buffer(data) if isinstance(data, bytearray) else (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
         if int(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq)) == 0:
             llama_cpp.llama_memory_seq_rm(self.mem, seq, 0, -1)
             return False

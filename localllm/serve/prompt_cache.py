@@ -26,7 +26,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Entry:
     tokens: tuple[int, ...]
-    state: bytes
+    state: bytes | bytearray
 
 
 def common_prefix(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
@@ -49,7 +49,7 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, tokens: list[int], state: bytes) -> bool:
+    def put(self, tokens: list[int], state: bytes | bytearray) -> bool:
         """Store ``state`` for ``tokens``; False when it alone is over a limit or an
         entry already holds ``tokens`` as its prefix (it would never be the best)."""
         key = tuple(tokens)
