@@ -185,3 +185,33 @@ def test_a_restored_prompt_gives_the_same_reply_and_idle_cells_leave_the_kv_cach
                 assert llama_cpp.llama_memory_seq_pos_max(m.mem, s) == -1, s
     finally:
         m.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache_ram", ["8192", "0"])
+def test_serve_puts_a_conversation_back_after_others_took_every_slot(cache_ram: str, tmp_path: Path) -> None:
+    """Two slots, three conversations: the first one's next turn reads only its new
+    tokens with the store (--cache-ram, the default), all of them without it."""
+    import httpx2
+
+    from tests.helpers.server import Server
+
+    s = Server("smollm2", "--parallel", "2", "--ctx", "256", "--threads", "1", "--cache-ram", cache_ram,
+               env={"LOCALLLM_HOME": str(tmp_path)})
+    try:
+        assert ("idle prompts to RAM (up to 8192 MiB, 512 tokens)" in s.log) == (cache_ram != "0")
+        with httpx2.Client(base_url=s.base, timeout=120) as c:
+            def ask(prompt: str) -> dict:
+                r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, "temperature": 0})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            first = "The capital of France is Paris. The capital of Italy is"
+            ask(first)
+            ask("Roses are red, violets are blue,")
+            ask("def fibonacci(n):")
+            again = ask(first)["usage"]
+        want = again["prompt_tokens"] - 1 if cache_ram != "0" else 0
+        assert again["prompt_tokens_details"]["cached_tokens"] == want
+    finally:
+        s.stop()
