@@ -339,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=_int_at_least(1, "--max-queue"), default=64, metavar="N", help="requests waiting for a slot before 429 (default: 64)")
     p.add_argument("--prefill-chunk", type=_int_at_least(1, "--prefill-chunk"), default=128, metavar="N",
         help="prompt tokens per step while others generate (default: 128)")
+    p.add_argument("--cache-ram", type=_int_at_least(-1, "--cache-ram", 2**40), default=8192, metavar="MIB",
+        help="idle requests' prompts kept in RAM, out of the KV cache, up to MIB and the KV pool's tokens "
+             "(llama-server's flag; -1: no byte limit, 0: off, idle prompts stay in the KV cache; default: 8192)")
     p.add_argument("--embeddings", action="store_true",
         help="make /v1/embeddings' context at start, not at the first request (llama-server's flag; embeddings are always served beside chat)")
     p.add_argument("--pooling", choices=("mean", "last", "cls"), default=None,

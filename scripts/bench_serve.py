@@ -14,6 +14,17 @@ context per sequence, greedy, ``ignore_eos`` so every request generates the
 same number of tokens. Targets (issue 15): 8 clients >= 2.5x one client on
 the same server, >= 0.9x llama-server; 1 client >= 0.95x ``localllm run``.
 
+Then the paired ratios (issue 25): ``localllm serve`` and llama-server restarted
+at each of ``--pair-threads``, and measured in turns, pair after pair (the order
+flips each pair), so that the load of a shared machine hits both alike; the
+median of the per-pair ratios is the figure: 1 client >= 0.95x llama-server,
+8 clients >= 1.0x at 1 and at 2 threads; and, on ``serve`` alone, a
+grammar-constrained reply's decode rate >= 0.85x the same reply unconstrained
+(the prompt counts "1, 2, 3, 4, 5,", the grammar allows only more of that: the
+reply is the same tokens with and without it, so only the grammar's cost differs).
+Last, /v1/embeddings against llama-server ``--embeddings --pooling mean``
+(scripts/bench_embed.py, >= 0.9x), so that one run prints every target.
+
     python scripts/bench_serve.py [--quick] [--out FILE]
     python scripts/bench_serve.py --embeddings [--quick]   # /v1/embeddings: scripts/bench_embed.py
 """
@@ -25,6 +36,7 @@ import asyncio
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -35,7 +47,12 @@ sys.path.insert(0, str(REPO))
 
 from localllm.measure.loadtest import measure  # noqa: E402
 
-LLAMA_SERVER = Path.home() / ".cache/localllm/llama.cpp-tools/bin/llama-server"
+TOOLS = Path.home() / ".cache/localllm/llama.cpp-tools"
+# scripts/build_llama_tools.sh builds under TOOLS/<version>/build/bin; an older layout put it in TOOLS/bin
+LLAMA_SERVER = next((p for p in (*sorted(TOOLS.glob("*/build/bin/llama-server"), reverse=True), TOOLS / "bin/llama-server") if p.exists()),
+                    TOOLS / "bin/llama-server")
+COUNT_PROMPT = "1, 2, 3, 4, 5,"
+COUNT_GRAMMAR = 'root ::= (" " [1-9] [0-9]* ",")+'  # never complete: every request runs its full length under it
 
 
 def free_port() -> int:
@@ -75,7 +92,17 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def measure_level(name: str, base: str, c: int, args, first: bool) -> dict | str:
+def serve_cmd(path: str, port: int, np_: int, ctx: int, threads: int) -> list[str]:
+    return [sys.executable, "-m", "localllm", "serve", path, "--port", str(port), "--parallel", str(np_), "--ctx", str(ctx), "--threads", str(threads)]
+
+
+def llama_server_cmd(binary: Path, path: str, port: int, np_: int, ctx: int, threads: int) -> list[str]:
+    """The same cache shape as serve's: ``np_`` sequences of ``ctx`` in one unified KV cache."""
+    return [str(binary), "-m", path, "--port", str(port), "-np", str(np_), "-c", str(ctx * np_), "-kvu", "-t", str(threads), "-tb", str(threads),
+            "--no-webui"]
+
+
+def measure_level(name: str, base: str, c: int, args, first: bool, extra: dict | None = None, seed: int = 0) -> dict | str:
     try:
         _, rows = asyncio.run(
             measure(
@@ -88,6 +115,8 @@ def measure_level(name: str, base: str, c: int, args, first: bool) -> dict | str
                 api_key=None,
                 warmup=first,
                 progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True),
+                extra=extra,
+                seed=seed,
             )
         )
         return rows[0].to_dict()
@@ -134,6 +163,86 @@ def run_decode(args, model_path: str) -> tuple[float | None, float | None]:
     return (max(evals) if evals else None, max(seen) if seen else None)
 
 
+def rate_of(row: dict | str, key: str) -> float | None:
+    return row.get(key) if isinstance(row, dict) else None
+
+
+def verdict_line(label: str, ratios: list[float], target: float, missing: str = "not measured") -> str:
+    """``label: median (per-pair ratios) (met / NOT met)``; n/a with the reason when no pair completed."""
+    if not ratios:
+        return f"- {label}: n/a ({missing})"
+    med = statistics.median(ratios)
+    pairs = ", ".join(f"{r:.2f}" for r in ratios)
+    return f"- {label}: {med:.2f} [pairs: {pairs}] ({'met' if med >= target else 'NOT met'})"
+
+
+def paired(args, path: str, log_dir: Path) -> list[str]:
+    """The paired ratios (the module's docstring): serve and llama-server restarted at
+    each thread count, then measured in turns; the report's lines."""
+    top = max(args.clients)
+    with_ls = not args.quick and args.llama_server.exists()
+    missing = "llama-server not run (--quick)" if args.quick else f"llama-server not built ({args.llama_server} missing)"
+    lines = ["", f"Paired ratios, tokens/s of all clients (median of {args.pairs} pair(s), order flipped each pair; "
+             f"the machine's other load hits both servers of a pair alike):"]
+    for threads in args.pair_threads:
+        procs: dict[str, tuple[subprocess.Popen, str]] = {}
+        ratios: dict[int, list[float]] = {1: [], top: []}
+        grammar: list[float] = []
+        try:
+            port = free_port()
+            procs["serve"] = start_server(f"pair_serve_t{threads}", serve_cmd(path, port, top, args.ctx, threads), port, log_dir)
+            if with_ls:
+                port = free_port()
+                procs["llama-server"] = start_server(f"pair_llama_server_t{threads}",
+                                                     llama_server_cmd(args.llama_server, path, port, top, args.ctx, threads), port, log_dir)
+            for proc, base in procs.values():
+                wait_ready(proc, base)
+            for r in range(args.pairs):
+                for c in ratios if with_ls else ():
+                    order = ["serve", "llama-server"][:: 1 if r % 2 == 0 else -1]
+                    # fresh prompts each pair (the same for both servers): neither answers from a prompt it cached in an earlier pair
+                    got = {n: rate_of(measure_level(f"{n} {threads}t", procs[n][1], c, args, first=r == 0, seed=1_000_000 * (r + 1)), "tokens_per_s")
+                           for n in order}
+                    if got["serve"] and got["llama-server"]:
+                        ratios[c].append(got["serve"] / got["llama-server"])
+                if threads == args.threads:
+                    order_g = [False, True][:: 1 if r % 2 == 0 else -1]
+                    rates = {g: rate_of(measure_level(f"serve {threads}t {'grammar' if g else 'plain'}", procs["serve"][1], 1, args, first=False,
+                                                      extra={"prompt": COUNT_PROMPT, **({"grammar": COUNT_GRAMMAR} if g else {})}),
+                                        "stream_tok_per_s_p50") for g in order_g}
+                    if rates[True] and rates[False]:
+                        grammar.append(rates[True] / rates[False])
+        except RuntimeError as exc:
+            lines.append(f"- {threads} threads: a server failed to start: {exc}")
+            continue
+        finally:
+            for proc, _ in procs.values():
+                stop_server(proc)
+        lines.append(verdict_line(f"serve / llama-server, 1 client, {threads} threads (target >= 0.95)", ratios[1], 0.95, missing))
+        lines.append(verdict_line(f"serve / llama-server, {top} clients, {threads} threads (target >= 1.0)", ratios[top], 1.0, missing))
+        if threads == args.threads:
+            lines.append(verdict_line(f"grammar-constrained / unconstrained decode rate (per-stream tok/s), serve, 1 client, {threads} threads "
+                                      "(target >= 0.85)", grammar, 0.85))
+    return lines
+
+
+def embeddings(args) -> list[str]:
+    """The embeddings target's lines (scripts/bench_embed.py against llama-server
+    --embeddings --pooling mean), so that one run prints every target; none in
+    --quick (CI runs bench_embed's own quick mode) or with --no-embeddings."""
+    if args.quick or args.no_embeddings:
+        return []
+    import contextlib
+    import io
+
+    from scripts import bench_embed  # lazy: it imports this module (a cycle at import time)
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        bench_embed.main(["--threads", str(args.threads), "--inputs", "128", "--model", args.model])
+    return ["", *out.getvalue().rstrip().splitlines()]
+
+
 def fmt(x, spec=".1f") -> str:
     return "n/a" if x is None else format(x, spec)
 
@@ -154,22 +263,32 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="also write the report here")
     ap.add_argument("--skip-llama-cpp-python", action="store_true", help="leave llama-cpp-python's server out (it serves one request at a time: slow)")
     ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER, help="llama.cpp's llama-server binary (default: %(default)s)")
+    ap.add_argument("--pairs", type=int, default=3, help="pairs per paired ratio (default: %(default)s)")
+    ap.add_argument("--pair-threads", default="1,2", help="thread counts of the paired ratios (default: %(default)s)")
+    ap.add_argument("--paired-only", action="store_true", help="only the paired ratios (the issue's targets), not the table")
+    ap.add_argument("--no-embeddings", action="store_true", help="leave out /v1/embeddings against llama-server (scripts/bench_embed.py)")
     args = ap.parse_args()
     if args.quick:
-        args.clients, args.gen_tokens = "1,4", 24
+        args.clients, args.gen_tokens, args.pairs, args.pair_threads = "1,4", 24, 1, str(args.threads)
     args.clients = [int(x) for x in args.clients.split(",")]
+    args.pair_threads = [int(x) for x in args.pair_threads.split(",")]
     from localllm.store.resolver import resolve
 
     path = str(resolve(args.model))
     np_ = max(args.clients)
     log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_serve_logs"
     log_dir.mkdir(exist_ok=True)
+    if args.paired_only:
+        report = "\n".join([f"bench_serve --paired-only: {Path(path).name}, prompt ~{args.prompt_tokens} tokens, {args.gen_tokens} generated "
+                            f"per request, ctx {args.ctx} per sequence, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+                            *paired(args, path, log_dir), *embeddings(args)])
+        print(report)
+        if args.out:
+            Path(args.out).write_text(report + "\n")
+        return 0
     servers: dict[str, tuple[list[str], int]] = {}
     port = free_port()
-    servers["localllm serve"] = (
-        [sys.executable, "-m", "localllm", "serve", path, "--port", str(port), "--parallel", str(np_), "--ctx", str(args.ctx), "--threads", str(args.threads)],
-        port,
-    )
+    servers["localllm serve"] = (serve_cmd(path, port, np_, args.ctx, args.threads), port)
     results: dict[str, list[dict] | str] = {}
     if not args.quick:
         try:
@@ -200,26 +319,7 @@ def main() -> int:
             results["llama_cpp.server"] = f"not installed ({exc})"
         if args.llama_server.exists():
             port = free_port()
-            servers["llama-server"] = (
-                [
-                    str(args.llama_server),
-                    "-m",
-                    path,
-                    "--port",
-                    str(port),
-                    "-np",
-                    str(np_),
-                    "-c",
-                    str(args.ctx * np_),
-                    "-kvu",
-                    "-t",
-                    str(args.threads),
-                    "-tb",
-                    str(args.threads),
-                    "--no-webui",
-                ],
-                port,
-            )
+            servers["llama-server"] = (llama_server_cmd(args.llama_server, path, port, np_, args.ctx, args.threads), port)
         else:
             results["llama-server"] = f"not built ({args.llama_server} missing)"
     # All servers up at once (idle ones cost no CPU); each concurrency level runs
@@ -292,6 +392,8 @@ def main() -> int:
     for label, value, target in checks:
         verdict = "n/a" if value is None else ("met" if value >= target else "NOT met")
         lines.append(f"- {label}: {fmt(value, '.2f')} ({verdict})")
+    lines.extend(paired(args, path, log_dir))
+    lines.extend(embeddings(args))
     report = "\n".join(lines)
     print(report)
     if args.out:

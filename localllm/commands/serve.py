@@ -19,6 +19,7 @@ from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting
 from localllm.serve import tools
 from localllm.serve.prometheus import ServerMetrics
+from localllm.serve.prompt_cache import PromptCache
 from localllm.serve.protocol import RequestError
 from localllm.serve.scheduler import Scheduler
 from localllm.store import resolver
@@ -108,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
             model.tok.template.use(args.template)
         metrics = ServerMetrics()
         metrics.kv_cells_total = info.n_ctx
+        cache = (PromptCache(max_bytes=None if args.cache_ram < 0 else args.cache_ram * 2**20, max_tokens=info.n_ctx)
+                 if args.cache_ram and info.prefix_reuse else None)
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
-                              max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics)
+                              max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics, prompt_cache=cache)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
                            check_grammar=model.check_grammar, embeddings=_embeddings(model, n_ctx_seq, args.pooling, args.embeddings),
                            tool_format=tools.detect(model.tok.template.source(model.tok.header)),
@@ -121,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         switch.app = with_cors(build_app(state), tuple(args.cors or ()))
         say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request, "
             f"KV pool {info.n_ctx} cells {info.type_k}/{info.type_v}, prefix reuse {'on' if info.prefix_reuse else 'off'}"
+            f"{_cache_words(cache)}"
             f"{', API key required' if api_key else ''}); Ctrl+C stops")
 
     def abort(reason: str) -> int:
@@ -171,6 +175,13 @@ def _hosts(given: list[str] | None) -> list[str]:
 
 def _shown(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def _cache_words(cache: PromptCache | None) -> str:
+    if cache is None:
+        return ""
+    limit = "no byte limit" if cache.max_bytes is None else f"up to {cache.max_bytes // 2**20} MiB"
+    return f", idle prompts to RAM ({limit}, {cache.max_tokens} tokens)"
 
 
 def _embeddings(model, n_ctx: int, pooling: str | None, at_start: bool = False):

@@ -21,6 +21,7 @@ tokenizes and samples exactly as ``run`` does.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from pathlib import Path
 import llama_cpp
 
 from localllm.engine import grammar
+from localllm.engine.checked_sampler import CheckedSampler
 from localllm.engine.embed import Embedder
 from localllm.engine.llamalog import ROUTER
 from localllm.engine.logprobs import row_logprobs
@@ -137,12 +139,40 @@ class BatchModel:
         """Let ``dst`` share the cells of ``src``'s first ``n`` positions."""
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, n)
 
+    def seq_save(self, seq: int) -> bytearray:
+        """``seq``'s cells (its KV rows and positions) as llama.cpp's sequence state,
+        for serve's prompt cache in RAM (llama-server's ``--cache-ram``)."""
+        size = int(llama_cpp.llama_state_seq_get_size(self.ctx, seq))
+        out = bytearray(size)  # written in place by llama.cpp: one copy of a state that may be hundreds of MiB
+        got = int(llama_cpp.llama_state_seq_get_data(self.ctx, (ctypes.c_ubyte * size).from_buffer(out), size, seq))
+        del out[got:]
+        return out
+
+    def seq_load(self, seq: int, data: bytes | bytearray) -> bool:
+        """Put a state ``seq_save`` made into ``seq`` (empty before); False where
+        llama.cpp refuses it (no room in the cache: then ``seq`` is left empty)."""
+        buf = (ctypes.c_ubyte * len(data)).from_buffer(data) if isinstance(data, bytearray) else (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+        if int(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq)) == 0:
+            llama_cpp.llama_memory_seq_rm(self.mem, seq, 0, -1)
+            return False
+        return True
+
     # -- sampling ------------------------------------------------------------------
     def new_sampler(self, sampling: SamplingConfig, prompt: Sequence[int] = ()):
         """A sampler chain for one request, its penalties primed with the prompt (as llama-server does)."""
-        chain = new_sampler(sampling, self.tok.n_vocab, self.tok.vocab)
-        prime(chain, sampling, prompt)
-        return chain
+        if sampling.grammar is None:
+            chain = new_sampler(sampling, self.tok.n_vocab, self.tok.vocab)
+            prime(chain, sampling, prompt)
+            return chain
+        # sample, then check the pick against the grammar (checked_sampler: 14.6 ms a token for the grammar first)
+        gram = grammar.init(self.tok.vocab, sampling.grammar, sampling.grammar_triggers)
+        try:
+            chain = new_sampler(sampling, self.tok.n_vocab, self.tok.vocab, grammar_in_chain=False)
+        except BaseException:
+            llama_cpp.llama_sampler_free(gram)
+            raise
+        prime(chain, sampling, prompt, grammar_in_chain=False)
+        return CheckedSampler(chain, gram, self.tok.n_vocab)
 
     def check_grammar(self, text: str) -> None:
         """Raise ``InputError`` unless llama.cpp parses the GBNF ``text`` (serve asks before admitting a request)."""
@@ -150,10 +180,15 @@ class BatchModel:
 
     @staticmethod
     def free_sampler(sampler) -> None:
-        free_sampler(sampler)
+        if isinstance(sampler, CheckedSampler):
+            sampler.free()
+        else:
+            free_sampler(sampler)
 
     def sample(self, sampler, i: int) -> int:
         """Sample from the logits of batch entry ``i`` (and accept the token)."""
+        if isinstance(sampler, CheckedSampler):
+            return sampler.sample(self.ctx, i)
         return sample(sampler, self.ctx, i)
 
     def is_eog(self, token: int) -> bool:

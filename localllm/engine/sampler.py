@@ -17,17 +17,18 @@ from localllm.engine_api import SamplingConfig
 from localllm.engine_api.records import PENALTY_LAST_N
 
 
-def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None) -> object:
+def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None, *, grammar_in_chain: bool = True) -> object:
     """A sampler chain the caller frees with ``free_sampler``. Penalties at
     their neutral values (repeat 1.0, presence and frequency 0) add no sampler
     (llama.cpp's default: penalties off). A grammar
     (``s.grammar``, needs the model's ``vocab``) comes first, so every sampler
-    after it sees only the tokens it allows."""
+    after it sees only the tokens it allows; ``grammar_in_chain=False`` leaves
+    it out, for a caller that checks the pick against it (checked_sampler)."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     if s.logit_bias:
         biases = (llama_cpp.llama_logit_bias * len(s.logit_bias))(*(llama_cpp.llama_logit_bias(t, b) for t, b in s.logit_bias))
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(s.logit_bias), biases))
-    if s.grammar is not None:
+    if s.grammar is not None and grammar_in_chain:
         try:
             llama_cpp.llama_sampler_chain_add(chain, grammar.init(vocab, s.grammar, s.grammar_triggers))
         except BaseException:
@@ -49,12 +50,12 @@ def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None) -> ob
     return chain
 
 
-def prime(chain: object, s: SamplingConfig, tokens: Sequence[int]) -> None:
+def prime(chain: object, s: SamplingConfig, tokens: Sequence[int], *, grammar_in_chain: bool = True) -> None:
     """Show the chain the prompt's last tokens, as llama-cli and llama-server do,
     so the repeat penalty also covers what the user wrote; a no-op without one."""
     if s.penalized:
         # the penalty sampler alone: a grammar before it must not take the prompt for the reply
-        penalties = llama_cpp.llama_sampler_chain_get(chain, int(bool(s.logit_bias)) + int(s.grammar is not None))
+        penalties = llama_cpp.llama_sampler_chain_get(chain, int(bool(s.logit_bias)) + int(s.grammar is not None and grammar_in_chain))
         for t in tokens[-PENALTY_LAST_N:]:
             llama_cpp.llama_sampler_accept(penalties, t)
 

@@ -128,7 +128,7 @@ async def _one(client, base: str, body: dict, headers: dict, timeout: float) -> 
 
 
 async def _level(client, base: str, model: str, concurrency: int, n_requests: int, prompt_tokens: int, gen_tokens: int,
-                 headers: dict, timeout: float, seed: int) -> Row:
+                 headers: dict, timeout: float, seed: int, extra: dict | None = None) -> Row:
     todo = list(range(n_requests))
     samples: list[Sample] = []
 
@@ -136,7 +136,7 @@ async def _level(client, base: str, model: str, concurrency: int, n_requests: in
         while todo:
             i = todo.pop()
             body = {"model": model, "prompt": make_prompt(prompt_tokens, seed + i), "max_tokens": gen_tokens, "temperature": 0,
-                    "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+                    "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True, **(extra or {})}
             samples.append(await _one(client, base, body, headers, timeout))
 
     t0 = time.perf_counter()
@@ -189,8 +189,12 @@ async def _models(client, base: str, headers: dict) -> list[str]:
 
 
 async def measure(url: str, *, model: str | None, concurrency: Sequence[int], requests: int | None, prompt_tokens: Sequence[int],
-                  gen_tokens: int, api_key: str | None, timeout: float = 300.0, warmup: bool = True, progress=None) -> tuple[str, list[Row]]:
-    """Rows for each (prompt length, concurrency); returns the model name asked for too."""
+                  gen_tokens: int, api_key: str | None, timeout: float = 300.0, warmup: bool = True, progress=None,
+                  extra: dict | None = None, seed: int = 0) -> tuple[str, list[Row]]:
+    """Rows for each (prompt length, concurrency); returns the model name asked for too.
+    ``extra``: fields added to (or replacing) every request body's (scripts/bench_serve.py's grammar).
+    ``seed``: added to every prompt's seed, so that a repeated measurement sends
+    prompts no server has cached (bench_serve's pairs)."""
     import httpx2
 
     base = api_base(url)
@@ -205,14 +209,15 @@ async def measure(url: str, *, model: str | None, concurrency: Sequence[int], re
         if warmup:
             if progress:
                 progress("warm-up")
-            await _level(client, base, model, 1, 1, min(prompt_tokens), min(gen_tokens, 8), headers, timeout, seed=10_000)
+            await _level(client, base, model, 1, 1, min(prompt_tokens), min(gen_tokens, 8), headers, timeout, seed=seed + 10_000)
         rows = []
         for p in prompt_tokens:
             for c in concurrency:
                 n = requests or max(4, 2 * c)
                 if progress:
                     progress(f"prompt {p}, {c} concurrent, {n} requests")
-                rows.append(await _level(client, base, model, c, n, p, gen_tokens, headers, timeout, seed=1000 * p + 100 * c))
+                rows.append(await _level(client, base, model, c, n, p, gen_tokens, headers, timeout, seed=seed + 1000 * p + 100 * c,
+                                         extra=extra))
         return model, rows
 
 

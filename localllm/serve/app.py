@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from localllm.engine_api import SamplingConfig
 from localllm.errors import EngineError, InputError
-from localllm.serve import embeddings, llama_routes, ollama
+from localllm.serve import embeddings, handoff, llama_routes, ollama
 from localllm.serve.choices import Choices
 from localllm.serve.embeddings import Embeddings
 from localllm.serve.prometheus import ServerMetrics
@@ -188,11 +188,10 @@ def build_app(state: ServeState) -> Guard:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
+        post = handoff.outbox(loop).post  # one wake-up of the loop per burst of emits (serve/handoff.py)
+
         def put(event: tuple[int, str, object]) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-            except RuntimeError:  # the loop is closed: the server is gone
-                pass
+            post(queue, event)
 
         choices = Choices(params, tokens, sampling, max_tokens, put)
         job = choices.jobs[0]

@@ -11,7 +11,11 @@ Prefix reuse, as llama-server's slots do: a finished sequence's tokens stay in
 its slot's cache; a new request takes the free slot whose cache shares the
 longest prefix with its prompt and computes only the rest. When another slot
 (busy or not) holds a longer prefix, its cells are shared with
-``llama_memory_seq_cp`` (no copy in a unified cache) instead.
+``llama_memory_seq_cp`` (no copy in a unified cache) instead. With a prompt
+cache (serve/prompt_cache.py, ``--cache-ram``), the other idle slots' cells
+then move to RAM, so that only running sequences widen each decode's
+attention; a later prompt that shares more with a stored one than with the KV
+cache gets its state put back.
 
 Pure Python: the model is any object with ``batch_engine.BatchModel``'s methods.
 """
@@ -30,6 +34,7 @@ from typing import Any, Protocol
 from localllm.engine_api import SamplingConfig
 from localllm.engine_api.stats import percentile
 from localllm.serve.prometheus import ServerMetrics
+from localllm.serve.prompt_cache import PromptCache, common_prefix
 
 
 @dataclass(eq=False)
@@ -121,6 +126,8 @@ class BatchModel(Protocol):
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool: ...
     def seq_cp(self, src: int, dst: int, n: int) -> None: ...
+    def seq_save(self, seq: int) -> bytes | bytearray: ...
+    def seq_load(self, seq: int, data: bytes | bytearray) -> bool: ...
     def logprobs(self, i: int, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]: ...
     def new_sampler(self, sampling: SamplingConfig, prompt: Sequence[int] = ()) -> Any: ...
     def free_sampler(self, sampler: Any) -> None: ...
@@ -140,18 +147,11 @@ def _submitted(s: Slot) -> int:
     return _job(s).submit_ns
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class Scheduler:
     def __init__(self, model: BatchModel, *, n_seq: int, n_ctx_seq: int, n_batch: int, prefix_reuse: bool,
-                 max_queue: int, prefill_chunk: int, metrics: ServerMetrics) -> None:
+                 max_queue: int, prefill_chunk: int, metrics: ServerMetrics, prompt_cache: PromptCache | None = None) -> None:
         self.model = model
+        self.prompt_cache = prompt_cache if prefix_reuse else None
         self.n_ctx_seq = n_ctx_seq
         self.n_batch = n_batch
         self.prefix_reuse = prefix_reuse
@@ -256,7 +256,20 @@ class Scheduler:
             target = max(free, key=lambda s: (own[s.id], -s.used_at))
             src = max(self.slots, key=lambda s: common_prefix(s.cache, toks))
             best = common_prefix(src.cache, toks)
-            if best > own[target.id] and src is not target:
+            stored, m = self.prompt_cache.best(toks) if self.prompt_cache else (None, 0)
+            if stored is not None and m > max(best, own[target.id]):
+                target = min(free, key=lambda s: (bool(s.cache), s.used_at))  # an empty slot, else the least recently used
+                if target.cache:
+                    self._stash(target)
+                n = 0
+                if self.model.seq_load(target.id, stored.state):
+                    assert self.prompt_cache is not None
+                    self.prompt_cache.take(stored)
+                    n = min(m, limit)
+                    if not self.model.seq_rm(target.id, n, -1):
+                        self.model.seq_rm(target.id)
+                        n = 0
+            elif best > own[target.id] and src is not target:
                 n = min(best, limit)
                 self.model.seq_rm(target.id)
                 self.model.seq_cp(src.id, target.id, n)
@@ -280,6 +293,18 @@ class Scheduler:
         job.slot = target.id
         self.metrics.prompt(len(toks), n)
         self.metrics.running = sum(1 for s in self.slots if s.job)
+        if self.prompt_cache is not None:  # as llama-server: idle slots go to RAM when a task starts
+            for s in self.slots:
+                if s.job is None and s.cache:
+                    self._stash(s)
+
+    def _stash(self, s: Slot) -> None:
+        """Move idle ``s``'s cells to the prompt cache (or drop them where it has
+        no room) and free them in the KV cache."""
+        assert self.prompt_cache is not None
+        self.prompt_cache.put(s.cache, self.model.seq_save(s.id))
+        self.model.seq_rm(s.id)
+        s.cache = []
 
     def _step(self) -> None:
         self._reap()

@@ -34,7 +34,8 @@ QUICK = {
     ),
     "bench_serve": (
         ["--quick"],
-        [r"\| localllm serve \| 1 \| \d+ \| 0 \| [\d.]+", r"\| localllm serve \| 4 \| \d+ \| 0 \| [\d.]+", r"4 clients / 1 client \(target >= 2.5\): [\d.]+"],
+        [r"\| localllm serve \| 1 \| \d+ \| 0 \| [\d.]+", r"\| localllm serve \| 4 \| \d+ \| 0 \| [\d.]+", r"4 clients / 1 client \(target >= 2.5\): [\d.]+",
+         r"grammar-constrained / unconstrained decode rate .*: [\d.]+ \[pairs: [\d.]+\]"],
     ),
     "bench_embed": (
         ["--quick"],

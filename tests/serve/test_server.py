@@ -24,8 +24,13 @@ from tests.helpers.server import KEY, Server
 def server(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("serve-home")
     # One thread: llama.cpp's spinning thread barriers crawl on a busy shared CI machine.
+    # No RAM prompt cache: the tests below compare greedy replies across runs, and a prompt
+    # put back into other cells can part from a fresh read at a near-tie (llama.cpp's CPU
+    # flash attention sums V in f16, in cell order); tests/serve/test_prompt_cache.py has it.
     s = Server(
         "smollm2",
+        "--cache-ram",
+        "0",
         "--parallel",
         "4",
         "--ctx",
