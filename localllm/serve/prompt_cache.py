@@ -50,10 +50,11 @@ class PromptCache:
         return len(self._entries)
 
     def put(self, tokens: list[int], state: bytes | bytearray) -> bool:
-        """Store ``state`` for ``tokens``; False when it alone is over a limit or an
-        entry already holds ``tokens`` as its prefix (it would never be the best)."""
+        """Store ``state`` for ``tokens``; False when it is empty (llama.cpp could not
+        save it), alone over a limit, or an entry already holds ``tokens`` as its
+        prefix (it would never be the best)."""
         key = tuple(tokens)
-        if not key or len(key) > self.max_tokens or (self.max_bytes is not None and len(state) > self.max_bytes):
+        if not key or not state or len(key) > self.max_tokens or (self.max_bytes is not None and len(state) > self.max_bytes):
             return False
         if any(common_prefix(k, key) == len(key) for k in self._entries):
             return False

@@ -37,6 +37,7 @@ def test_limits_evict_the_oldest_first() -> None:
     assert c.best([3, 4])[1] == 0 and c.n_tokens == 5
     assert not c.put(list(range(7)), b"v")  # alone over the token limit
     assert not c.put([1], b"x" * 11)  # alone over the byte limit
+    assert not c.put([9], b"")  # a state llama.cpp could not save
     assert len(c) == 2
 
 
