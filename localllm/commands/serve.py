@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         from localllm.engine.batch import BatchModel  # lazy: loads llama.cpp, in the loader thread while the sockets already answer
         from localllm.serve.app import ServeState, build_app  # lazy: loads Starlette's routing, needed once loaded
         from localllm.serve.cors import with_cors  # lazy: Starlette's middleware, as above
+        from localllm.serve.handoff import ENGINE  # lazy: asyncio, which the app above loads anyway
 
         model = BatchModel()
         models.append(model)
@@ -112,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         cache = (PromptCache(max_bytes=None if args.cache_ram < 0 else args.cache_ram * 2**20, max_tokens=info.n_ctx)
                  if args.cache_ram and info.prefix_reuse else None)
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
-                              max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics, prompt_cache=cache)
+                              max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics, prompt_cache=cache,
+                              handoff=ENGINE)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
                            check_grammar=model.check_grammar, embeddings=_embeddings(model, n_ctx_seq, args.pooling, args.embeddings),
                            tool_format=tools.detect(model.tok.template.source(model.tok.header)),

@@ -17,6 +17,7 @@ import weakref
 
 _OUTBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Outbox] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+_HELD: set[int] = set()  # threads whose posts wait for ``flush`` (the engine thread: ENGINE.engine_thread)
 
 
 class Outbox:
@@ -31,9 +32,20 @@ class Outbox:
     def post(self, queue: asyncio.Queue, item: object) -> None:
         with self._lock:
             self._items.append((queue, item))
-            if self._pending:
+            if self._pending or threading.get_ident() in _HELD:
                 return
             self._pending = True
+        self._wake()
+
+    def flush(self) -> None:
+        """Wake the loop for what was posted and is not yet on its way."""
+        with self._lock:
+            if self._pending or not self._items:
+                return
+            self._pending = True
+        self._wake()
+
+    def _wake(self) -> None:
         loop = self._loop()
         try:
             if loop is not None:
@@ -55,3 +67,24 @@ def outbox(loop: asyncio.AbstractEventLoop) -> Outbox:
         if box is None:
             box = _OUTBOXES[loop] = Outbox(loop)
         return box
+
+
+class _Engine:
+    """The scheduler's ``Handoff``: the engine thread's posts are held, then let go
+    just before each ``llama_decode`` (which runs without the GIL for the whole
+    step) and when the engine idles. Woken at each post, the event loop took the
+    GIL in the engine's gap between decodes instead: py-spy found the engine
+    waiting for it 3.6% of its time at 8 clients on 2 threads."""
+
+    def engine_thread(self, on: bool) -> None:
+        """Hold (``on``) or stop holding the calling thread's posts."""
+        (_HELD.add if on else _HELD.discard)(threading.get_ident())
+
+    def flush(self) -> None:
+        with _LOCK:
+            boxes = list(_OUTBOXES.values())
+        for box in boxes:
+            box.flush()
+
+
+ENGINE = _Engine()

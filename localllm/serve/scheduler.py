@@ -120,6 +120,14 @@ class Slot:
     used_at: int = 0
 
 
+class Handoff(Protocol):
+    """How the engine thread's emits reach the HTTP side (serve/handoff.py): held
+    on the engine thread and let go just before each decode and when it idles."""
+
+    def engine_thread(self, on: bool) -> None: ...
+    def flush(self) -> None: ...
+
+
 class BatchModel(Protocol):
     """The scheduler's seam to llama.cpp (localllm.engine.batch.BatchModel, or
     a fake in tests): sequences in one unified KV cache, one sampler each."""
@@ -149,8 +157,10 @@ def _submitted(s: Slot) -> int:
 
 class Scheduler:
     def __init__(self, model: BatchModel, *, n_seq: int, n_ctx_seq: int, n_batch: int, prefix_reuse: bool,
-                 max_queue: int, prefill_chunk: int, metrics: ServerMetrics, prompt_cache: PromptCache | None = None) -> None:
+                 max_queue: int, prefill_chunk: int, metrics: ServerMetrics, prompt_cache: PromptCache | None = None,
+                 handoff: Handoff | None = None) -> None:
         self.model = model
+        self.handoff = handoff
         self.prompt_cache = prompt_cache if prefix_reuse else None
         self.n_ctx_seq = n_ctx_seq
         self.n_batch = n_batch
@@ -214,8 +224,20 @@ class Scheduler:
 
     # -- the engine thread ------------------------------------------------------------
     def _run(self) -> None:
+        if self.handoff is not None:
+            self.handoff.engine_thread(True)
+        try:
+            self._loop()
+        finally:
+            if self.handoff is not None:
+                self.handoff.engine_thread(False)
+                self.handoff.flush()
+
+    def _loop(self) -> None:
         while True:
             with self._cv:
+                if self.handoff is not None and not self._stop and not self.pending and not any(s.job for s in self.slots):
+                    self.handoff.flush()  # going idle: what the last step emitted goes out now
                 while not self._stop and not self.pending and not any(s.job for s in self.slots):
                     self._cv.wait()
                 if self._stop and not any(s.job for s in self.slots):
@@ -350,6 +372,8 @@ class Scheduler:
         self.metrics.step(len(active), len(entries), sum(len(s.cache) for s in self.slots))
 
     def _decode(self, entries: list[tuple[int, int, int, bool]], active: list[Slot]) -> None:
+        if self.handoff is not None:
+            self.handoff.flush()  # the event loop takes the GIL while llama_decode runs without it, not in the gap before
         try:
             self.model.decode(entries)
         except Exception:

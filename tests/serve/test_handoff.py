@@ -50,3 +50,72 @@ def test_an_emit_after_the_loop_closed_is_dropped() -> None:
     box = handoff.outbox(loop)
     loop.close()
     box.post(asyncio.Queue(), ("text", "late"))  # the server is gone: no exception in the engine thread
+
+
+def test_the_engine_threads_posts_wait_for_flush_and_other_threads_do_not() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        wakeups = []
+        real = loop.call_soon_threadsafe
+
+        def counting(callback, *args, **kw):
+            wakeups.append(callback)
+            return real(callback, *args, **kw)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign, assignment]
+        box = handoff.outbox(loop)
+
+        async def scenario() -> None:
+            q: asyncio.Queue = asyncio.Queue()
+
+            def engine() -> None:
+                handoff.ENGINE.engine_thread(True)
+                try:
+                    box.post(q, ("text", "a"))
+                    box.post(q, ("text", "b"))
+                    assert wakeups == []  # held: the loop is not woken in the engine's gap
+                    handoff.ENGINE.flush()  # as before llama_decode
+                    assert len(wakeups) == 1
+                finally:
+                    handoff.ENGINE.engine_thread(False)
+
+            t = threading.Thread(target=engine)
+            t.start()
+            t.join()
+            assert [await q.get(), await q.get()] == [("text", "a"), ("text", "b")]
+            box.post(q, ("error", "stopping"))  # another thread (abort from the loop's side): at once
+            assert await q.get() == ("error", "stopping") and len(wakeups) == 2
+
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
+def test_the_scheduler_lets_the_emits_go_before_each_decode_and_when_idle() -> None:
+    from tests.serve.test_server import _CountingModel, _job, _scheduler
+
+    calls: list[str] = []
+
+    class Recorder:
+        def engine_thread(self, on: bool) -> None:
+            calls.append(f"thread {on}")
+
+        def flush(self) -> None:
+            calls.append("flush")
+
+    model = _CountingModel()
+    real = model.decode
+    model.decode = lambda entries: (calls.append("decode"), real(entries))  # type: ignore[method-assign]
+    sched = _scheduler(model, handoff=Recorder())
+    job, events = _job([0, 1, 2], max_tokens=3)
+    done = threading.Event()
+    job.emit = lambda kind, payload: (events.append((kind, payload)), done.set() if kind == "done" else None)  # type: ignore[func-returns-value]
+    sched.start()
+    sched.submit(job)
+    assert done.wait(10)
+    sched.stop()
+    decodes = [i for i, c in enumerate(calls) if c == "decode"]
+    assert decodes and all(calls[i - 1] == "flush" for i in decodes)  # every decode right after a flush
+    assert calls[0] == "thread True" and calls[-2:] == ["thread False", "flush"]
+    last = decodes[-1]
+    assert "flush" in calls[last + 1:-2]  # the last step's emits ("done") went out when the engine idled
