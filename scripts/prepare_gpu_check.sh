@@ -61,7 +61,7 @@ done
 
 # 2. The wheels: localllm's dependencies (but llama-cpp-python, built there) for the device's Python
 deps=("gguf>=0.17" "textual>=8.2.8,<8.3" "huggingface-hub>=2.0,<3" "httpx2>=2,<3" "filelock>=3.10" "rich>=13" "platformdirs>=3"
-      "psutil>=5.9" "nvidia-ml-py>=12" "starlette>=0.40" "uvicorn>=0.30" "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0")
+      "psutil>=5.9" "nvidia-ml-py>=12" "starlette>=0.40" "uvicorn>=0.30" "uvloop>=0.19" "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0")
 # numpy too (16 MB): the device's own numpy 2.x is used where it satisfies (gpu_check.sh's venv sees it)
 "$py" -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \

@@ -35,7 +35,7 @@ from localllm.engine.llamalog import ROUTER
 from localllm.engine.logprobs import row_logprobs
 from localllm.engine.model import ModelHandle, llama_params, load_model_and_context
 from localllm.engine.native import install_log_router
-from localllm.engine.sampler import free_sampler, new_sampler, prime, sample
+from localllm.engine.sampler import Greedy, free_sampler, new_sampler, plain_greedy, prime, sample
 from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.errors import EngineError
@@ -160,6 +160,8 @@ class BatchModel:
     # -- sampling ------------------------------------------------------------------
     def new_sampler(self, sampling: SamplingConfig, prompt: Sequence[int] = ()):
         """A sampler chain for one request, its penalties primed with the prompt (as llama-server does)."""
+        if plain_greedy(sampling):
+            return Greedy(self.tok.n_vocab)  # the same picks, without llama_sampler_sample's candidate array (sampler.Greedy)
         if sampling.grammar is None:
             chain = new_sampler(sampling, self.tok.n_vocab, self.tok.vocab)
             prime(chain, sampling, prompt)
@@ -180,14 +182,14 @@ class BatchModel:
 
     @staticmethod
     def free_sampler(sampler) -> None:
-        if isinstance(sampler, CheckedSampler):
+        if isinstance(sampler, (CheckedSampler, Greedy)):
             sampler.free()
         else:
             free_sampler(sampler)
 
     def sample(self, sampler, i: int) -> int:
         """Sample from the logits of batch entry ``i`` (and accept the token)."""
-        if isinstance(sampler, CheckedSampler):
+        if isinstance(sampler, (CheckedSampler, Greedy)):
             return sampler.sample(self.ctx, i)
         return sample(sampler, self.ctx, i)
 

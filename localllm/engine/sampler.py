@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import llama_cpp
+import numpy as np
 
 from localllm.engine import grammar
 from localllm.engine_api import SamplingConfig
 from localllm.engine_api.records import PENALTY_LAST_N
+from localllm.errors import EngineError
 
 
 def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None, *, grammar_in_chain: bool = True) -> object:
@@ -67,3 +69,47 @@ def free_sampler(chain: object) -> None:
 def sample(chain: object, ctx: object, i: int = -1) -> int:
     """Sample (and accept) a token from row ``i`` of the last decode's logits."""
     return int(llama_cpp.llama_sampler_sample(chain, ctx, i))
+
+
+def plain_greedy(s: SamplingConfig) -> bool:
+    """Whether ``new_sampler(s)`` would be llama.cpp's greedy sampler alone: no
+    logit bias, grammar or penalties before it."""
+    return s.temperature <= 0 and not s.logit_bias and s.grammar is None and not s.penalized
+
+
+def first_max(logits: np.ndarray) -> int | None:
+    """llama.cpp's greedy pick over a row of logits in id order: the first
+    maximum (``llama_sampler_greedy_apply`` in src/llama-sampler.cpp keeps a
+    candidate only when it is strictly greater). None when the row holds a
+    NaN, which that loop's comparisons treat in their own way."""
+    tok = int(logits.argmax())  # numpy's argmax: the first maximum, or the first NaN
+    return None if logits[tok] != logits[tok] else tok
+
+
+class Greedy:
+    """Greedy decoding with nothing else in the chain, as numpy's argmax of the
+    logits row: the token llama.cpp's greedy sampler picks (``first_max``),
+    without copying the row into a 49,152-entry candidate array first
+    (``llama_sampler_sample``): 26 against 57 us a row for SmolLM2 here, on the
+    engine thread's serial path between two decodes. A row with a NaN goes to
+    llama.cpp's own greedy sampler."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+        self._chain: object = None  # llama.cpp's greedy sampler, made for a row with a NaN
+
+    def sample(self, ctx: object, i: int) -> int:
+        row = llama_cpp.llama_get_logits_ith(ctx, i)
+        if not row:
+            raise EngineError(f"no logits for batch entry {i}")
+        tok = first_max(np.ctypeslib.as_array(row, shape=(self.n_vocab,)))
+        if tok is not None:
+            return tok
+        if self._chain is None:
+            self._chain = llama_cpp.llama_sampler_init_greedy()
+        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, i))
+
+    def free(self) -> None:
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None

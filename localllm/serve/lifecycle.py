@@ -108,6 +108,20 @@ class Server(uvicorn.Server):
         self.force_exit = True
 
 
+def _run(main) -> None:
+    """Run the server's coroutine on uvloop where it is installed (not on Windows),
+    else on asyncio's own loop. The event loop shares the cores with llama.cpp's
+    decode threads, and every streamed token is one socket write on it: with
+    uvloop it took 0.075 against 0.124 ms of CPU a token at 8 clients on 2
+    threads here, and serve's throughput rose 1.8% (scripts/bench_serve.py)."""
+    try:
+        import uvloop  # lazy: only serve runs an event loop of its own; uvloop is not on Windows
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
+
 def serve(switch: Switch, socks: list[socket.socket], load: Callable[[], None], abort: Callable[[str], int]) -> Server:
     """Serve ``switch`` on ``socks`` (one per --host) while ``load()`` runs in a thread (it sets
     ``switch.app``); return once stopped: by a signal, or by ``load`` failing
@@ -135,7 +149,7 @@ def serve(switch: Switch, socks: list[socket.socket], load: Callable[[], None], 
     try:
         thread = threading.Thread(target=loader, name="localllm-load", daemon=True)
         thread.start()
-        asyncio.run(server.serve(sockets=socks))
+        _run(server.serve(sockets=socks))
         switch.stopped = True
         while thread.is_alive() and switch.lost is None:  # a signal during the load: llama.cpp cannot be interrupted mid-load
             thread.join(0.1)

@@ -383,6 +383,7 @@ class Shaper:
         self.chat, self.model, self.per_token = chat, model, per_token
         self.id = new_id(chat)
         self.created = int(time.time())
+        self._head: str | None = None  # _plain_piece's fixed part
 
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": FINGERPRINT}
@@ -414,8 +415,22 @@ class Shaper:
         return [self.chunk(None, first=True, index=i) for i in range(n)] if self.chat else []
 
     def piece(self, text: str, job: Finished, *, index: int = 0, logprobs: dict | None = None) -> list[dict | str]:
+        if logprobs is None and not self.per_token:
+            return [self._plain_piece(text, index)]
         out = self.chunk(text, index=index, logprobs=logprobs)
         return [{**out, "timings": job.timings()} if self.per_token else out]
+
+    def _plain_piece(self, text: str, index: int) -> str:
+        """``chunk(text, index=index)`` as its JSON text (what ``frame`` would write),
+        the fields before the choice serialized once per reply: one of these goes
+        out for every token streamed, on the event loop that shares the cores
+        with llama.cpp's decode threads."""
+        if self._head is None:
+            base = json.dumps(self._base("chat.completion.chunk" if self.chat else "text_completion"), separators=(",", ":"), ensure_ascii=False)
+            self._head = base[:-1] + ',"choices":[{"index":'
+        value = json.dumps(text, ensure_ascii=False)
+        body = f'"delta":{{"content":{value}}}' if self.chat else f'"text":{value}'
+        return f'{self._head}{index},{body},"logprobs":null,"finish_reason":null}}]}}'
 
     def calls_chunk(self, calls: list[dict], *, index: int = 0) -> dict:
         """The calls as one delta: each with its index, id, type, name and whole arguments."""

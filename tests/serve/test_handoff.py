@@ -89,33 +89,3 @@ def test_the_engine_threads_posts_wait_for_flush_and_other_threads_do_not() -> N
         loop.run_until_complete(scenario())
     finally:
         loop.close()
-
-
-def test_the_scheduler_lets_the_emits_go_before_each_decode_and_when_idle() -> None:
-    from tests.serve.test_server import _CountingModel, _job, _scheduler
-
-    calls: list[str] = []
-
-    class Recorder:
-        def engine_thread(self, on: bool) -> None:
-            calls.append(f"thread {on}")
-
-        def flush(self) -> None:
-            calls.append("flush")
-
-    model = _CountingModel()
-    real = model.decode
-    model.decode = lambda entries: (calls.append("decode"), real(entries))  # type: ignore[method-assign]
-    sched = _scheduler(model, handoff=Recorder())
-    job, events = _job([0, 1, 2], max_tokens=3)
-    done = threading.Event()
-    job.emit = lambda kind, payload: (events.append((kind, payload)), done.set() if kind == "done" else None)  # type: ignore[func-returns-value]
-    sched.start()
-    sched.submit(job)
-    assert done.wait(10)
-    sched.stop()
-    decodes = [i for i, c in enumerate(calls) if c == "decode"]
-    assert decodes and all(calls[i - 1] == "flush" for i in decodes)  # every decode right after a flush
-    assert calls[0] == "thread True" and calls[-2:] == ["thread False", "flush"]
-    last = decodes[-1]
-    assert "flush" in calls[last + 1:-2]  # the last step's emits ("done") went out when the engine idled
