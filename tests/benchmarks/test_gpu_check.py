@@ -40,6 +40,19 @@ def _wheel(name: str, version: str, requires: Sequence[str] = ()) -> tuple[str, 
     return f"{norm}-{version}-py3-none-any.whl", buf.getvalue()
 
 
+def _on_device(marker: str | None) -> bool:
+    """Whether a requirement's environment marker holds on the device (CPython 3.12
+    on Linux): the markers pyproject.toml uses, one comparison each."""
+    if not marker:
+        return True
+    m = re.fullmatch(r";\s*(python_version|sys_platform)\s*(<|>=|==|!=)\s*['\"]([^'\"]+)['\"]\s*", marker)
+    assert m, f"a marker this test cannot read: {marker}"
+    key, op, want = m.groups()
+    have: tuple | str = (3, 12) if key == "python_version" else "linux"
+    value: tuple | str = tuple(int(x) for x in want.split(".")) if key == "python_version" else want
+    return {"<": lambda: have < value, ">=": lambda: have >= value, "==": lambda: have == value, "!=": lambda: have != value}[op]()
+
+
 def _tarball(path: Path, *, cuda: bool = True, drop: str = "") -> Path:
     """A tarball of gpu_check.sh's layout: stand-in source files, SmolLM2's real
     header (the device rebuilds the file from it), a localllm wheel with this
@@ -65,7 +78,7 @@ def _tarball(path: Path, *, cuda: bool = True, drop: str = "") -> Path:
     for req in [*deps, "diskcache", "jinja2", "typing-extensions"]:
         m = re.match(r"([A-Za-z0-9_.-]+)([^;]*)(;.*)?$", req)
         assert m, req
-        if m.group(1) in ("llama-cpp-python", drop) or m.group(3):  # built there; left out; a marker (tomli: < 3.11)
+        if m.group(1) in ("llama-cpp-python", drop) or not _on_device(m.group(3)):  # built there; left out; not for CPython 3.12 on Linux
             continue
         low = re.search(r">=\s*([\d.]+)", m.group(2))
         name, data = _wheel(m.group(1), low.group(1) if low else "1.0")
