@@ -637,7 +637,12 @@ def test_the_scheduler_lets_the_emits_go_before_each_decode_and_when_idle() -> N
 
     model = _CountingModel()
     real = model.decode
-    model.decode = lambda entries: (calls.append("decode"), real(entries))  # type: ignore[method-assign]
+
+    def decode(entries):
+        calls.append("decode")
+        return real(entries)
+
+    model.decode = decode  # type: ignore[method-assign]
     sched = _scheduler(model, handoff=Recorder())
     job, events = _job([0, 1, 2], max_tokens=3)
     done = threading.Event()
