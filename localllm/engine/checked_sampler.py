@@ -23,6 +23,7 @@ import math
 import llama_cpp
 import numpy as np
 
+from localllm.engine.logprobs import logits_row
 from localllm.errors import EngineError
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
@@ -41,11 +42,8 @@ class CheckedSampler:
         self._one_arr = llama_cpp.llama_token_data_array(ctypes.pointer(self._one), 1, -1, False)
 
     def _candidates(self, ctx: object, i: int) -> llama_cpp.llama_token_data_array:
-        row = llama_cpp.llama_get_logits_ith(ctx, i)
-        if not row:
-            raise EngineError(f"no logits for batch entry {i}")
         self._cur["id"] = self._ids
-        self._cur["logit"] = np.ctypeslib.as_array(row, shape=(self.n_vocab,))
+        self._cur["logit"] = logits_row(ctx, i, self.n_vocab)
         self._cur["p"] = 0.0
         return llama_cpp.llama_token_data_array(self._data, self.n_vocab, -1, False)
 

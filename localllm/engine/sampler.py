@@ -14,9 +14,9 @@ import llama_cpp
 import numpy as np
 
 from localllm.engine import grammar
+from localllm.engine.logprobs import logits_row
 from localllm.engine_api import SamplingConfig
 from localllm.engine_api.records import PENALTY_LAST_N
-from localllm.errors import EngineError
 
 
 def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None, *, grammar_in_chain: bool = True) -> object:
@@ -99,10 +99,7 @@ class Greedy:
         self._chain: object = None  # llama.cpp's greedy sampler, made for a row with a NaN
 
     def sample(self, ctx: object, i: int) -> int:
-        row = llama_cpp.llama_get_logits_ith(ctx, i)
-        if not row:
-            raise EngineError(f"no logits for batch entry {i}")
-        tok = first_max(np.ctypeslib.as_array(row, shape=(self.n_vocab,)))
+        tok = first_max(logits_row(ctx, i, self.n_vocab))
         if tok is not None:
             return tok
         if self._chain is None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import llama_cpp
 
 from localllm.engine.kvcache import KVCache
+from localllm.engine.logprobs import logits_row
 from localllm.engine.model import ModelHandle
 from localllm.engine_api import Verification
 from localllm.engine_api.errors import InvalidSetting
@@ -40,8 +41,6 @@ def verify(handle: ModelHandle, cache: KVCache, tokens: Sequence[int]) -> Verifi
     """Evaluate ``tokens`` after the cache in one batch and return, for each
     position, the most likely next token (greedy). Speculative decoding
     checks a draft with this; needs ``n_outputs_max >= len(tokens)``."""
-    import numpy as np
-
     handle.require()
     n = len(tokens)
     if n > handle.n_outputs_max:
@@ -54,8 +53,7 @@ def verify(handle: ModelHandle, cache: KVCache, tokens: Sequence[int]) -> Verifi
     cache.record(tokens)
     out = []
     for i in range(n):
-        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(handle.ctx, i), shape=(n_vocab,))
-        out.append(int(row.argmax()))
+        out.append(int(logits_row(handle.ctx, i, n_vocab).argmax()))
     return Verification(out, ns)
 
 

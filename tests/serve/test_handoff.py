@@ -8,17 +8,23 @@ import threading
 from localllm.serve import handoff
 
 
+def _count_wakeups(loop: asyncio.AbstractEventLoop) -> list:
+    """The callbacks handed to ``loop.call_soon_threadsafe`` (each one wakes the loop), as they come."""
+    wakeups: list = []
+    real = loop.call_soon_threadsafe
+
+    def counting(callback, *args, **kw):
+        wakeups.append(callback)
+        return real(callback, *args, **kw)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign, assignment]
+    return wakeups
+
+
 def test_a_burst_of_emits_wakes_the_loop_once_and_arrives_in_order() -> None:
     loop = asyncio.new_event_loop()
     try:
-        wakeups = []
-        real = loop.call_soon_threadsafe
-
-        def counting(callback, *args, **kw):
-            wakeups.append(callback)
-            return real(callback, *args, **kw)
-
-        loop.call_soon_threadsafe = counting  # type: ignore[method-assign, assignment]
+        wakeups = _count_wakeups(loop)
         box = handoff.outbox(loop)
         assert handoff.outbox(loop) is box
 
@@ -55,14 +61,7 @@ def test_an_emit_after_the_loop_closed_is_dropped() -> None:
 def test_the_engine_threads_posts_wait_for_flush_and_other_threads_do_not() -> None:
     loop = asyncio.new_event_loop()
     try:
-        wakeups = []
-        real = loop.call_soon_threadsafe
-
-        def counting(callback, *args, **kw):
-            wakeups.append(callback)
-            return real(callback, *args, **kw)
-
-        loop.call_soon_threadsafe = counting  # type: ignore[method-assign, assignment]
+        wakeups = _count_wakeups(loop)
         box = handoff.outbox(loop)
 
         async def scenario() -> None:
