@@ -35,7 +35,7 @@ from localllm.engine.llamalog import ROUTER
 from localllm.engine.logprobs import row_logprobs
 from localllm.engine.model import ModelHandle, llama_params, load_model_and_context
 from localllm.engine.native import install_log_router
-from localllm.engine.sampler import Greedy, free_sampler, new_sampler, plain_greedy, prime, sample
+from localllm.engine.sampler import Greedy, first_max_rows, free_sampler, new_sampler, plain_greedy, prime, sample
 from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.errors import EngineError
@@ -69,6 +69,8 @@ class BatchModel:
         self.info: BatchLoadInfo | None = None
         self._cparams = None
         self._embedder: Embedder | None = None
+        self._pieces: dict[int, bytes] = {}  # token id -> its bytes (piece), for this model
+        self._eog: dict[int, bool] = {}
 
     def load(self, path: Path, config: LoadConfig, n_seq: int) -> BatchLoadInfo:
         """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences."""
@@ -127,6 +129,7 @@ class BatchModel:
         if self.model:
             llama_cpp.llama_model_free(self.model)
         self.tok = Tokenizer(None, None)
+        self._pieces, self._eog = {}, {}
         self.model = self.ctx = self.mem = None
 
     # -- the KV cache, per sequence ---------------------------------------------
@@ -193,11 +196,31 @@ class BatchModel:
             return sampler.sample(self.ctx, i)
         return sample(sampler, self.ctx, i)
 
+    def sample_all(self, picks: Sequence[tuple[object, int]]) -> list[int]:
+        """``sample(sampler, i)`` for each pair of one step, in order; the greedy
+        ones' rows are read with one argmax (``sampler.first_max_rows``), a row
+        with a NaN by llama.cpp's greedy sampler (``Greedy.sample``)."""
+        greedy = [i for sampler, i in picks if isinstance(sampler, Greedy)]
+        fast = iter(first_max_rows(self.ctx, greedy, self.tok.n_vocab)) if len(greedy) > 1 else None
+        out = []
+        for sampler, i in picks:
+            tok = next(fast) if fast is not None and isinstance(sampler, Greedy) else None
+            out.append(self.sample(sampler, i) if tok is None else tok)
+        return out
+
     def is_eog(self, token: int) -> bool:
-        return self.tok.is_eog(token)
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = self.tok.is_eog(token)
+        return eog
 
     def piece(self, token: int) -> bytes:
-        return self.tok.token_bytes(token)
+        """A token's bytes, looked up once per token id (at most the vocabulary's
+        size): serve asks for every token it streams, between two decodes."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self.tok.token_bytes(token)
+        return piece
 
     # -- one step ------------------------------------------------------------------
     def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:

@@ -8,6 +8,7 @@ else top-k, top-p, min-p, temperature, then a seeded draw.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 
 import llama_cpp
@@ -17,6 +18,7 @@ from localllm.engine import grammar
 from localllm.engine.logprobs import logits_row
 from localllm.engine_api import SamplingConfig
 from localllm.engine_api.records import PENALTY_LAST_N
+from localllm.errors import EngineError
 
 
 def new_sampler(s: SamplingConfig, n_vocab: int = 0, vocab: object = None, *, grammar_in_chain: bool = True) -> object:
@@ -84,6 +86,36 @@ def first_max(logits: np.ndarray) -> int | None:
     NaN, which that loop's comparisons treat in their own way."""
     tok = int(logits.argmax())  # numpy's argmax: the first maximum, or the first NaN
     return None if logits[tok] != logits[tok] else tok
+
+
+def first_max_rows(ctx: object, entries: Sequence[int], n_vocab: int) -> list[int | None]:
+    """``first_max`` of the logits row of each batch entry in ``entries``, from one
+    numpy argmax over the block of rows that holds them: llama.cpp keeps a step's
+    rows in one buffer, ``n_vocab`` floats apart (``llama_context::get_logits_ith``
+    in src/llama-context.cpp returns ``logits.data + j*n_vocab``). serve samples a
+    greedy step this way: one call instead of a view and an argmax per row, on the
+    engine thread's serial path between two decodes, where Python runs about 3x
+    slower than warm (the decode has evicted its caches: 300 against 96 us a step
+    of 8 rows here). None for a row with a NaN, as ``first_max``."""
+    addrs = []
+    for i in entries:
+        ptr = llama_cpp.llama_get_logits_ith(ctx, i)
+        if not ptr:
+            raise EngineError(f"no logits for batch entry {i}")
+        addrs.append(ctypes.addressof(ptr.contents))
+    stride = 4 * n_vocab
+    lo = min(addrs)
+    if any((a - lo) % stride for a in addrs):  # not rows of one buffer: never from llama.cpp, but then row by row
+        return [first_max(logits_row(ctx, i, n_vocab)) for i in entries]
+    rows = [(a - lo) // stride for a in addrs]
+    block = np.ctypeslib.as_array(ctypes.cast(lo, ctypes.POINTER(ctypes.c_float)), shape=(max(rows) + 1, n_vocab))
+    best = block.argmax(axis=1)  # per row: the first maximum, or the first NaN
+    picks: list[int | None] = []
+    for r in rows:
+        tok = int(best[r])
+        value = block[r, tok]
+        picks.append(None if value != value else tok)
+    return picks
 
 
 class Greedy:

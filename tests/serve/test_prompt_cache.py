@@ -92,6 +92,9 @@ class _StateModel:
     def sample(self, sampler, i):
         return self.rows[i] + 1
 
+    def sample_all(self, picks):
+        return [self.sample(sampler, i) for sampler, i in picks]
+
     def is_eog(self, tok):
         return False
 

@@ -466,6 +466,9 @@ class _CountingModel:
     def sample(self, sampler, i):
         return self.rows[i] + 1
 
+    def sample_all(self, picks):
+        return [self.sample(sampler, i) for sampler, i in picks]
+
     def is_eog(self, tok):
         return tok == 99
 
