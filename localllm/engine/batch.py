@@ -69,8 +69,6 @@ class BatchModel:
         self.info: BatchLoadInfo | None = None
         self._cparams = None
         self._embedder: Embedder | None = None
-        self._pieces: dict[int, bytes] = {}  # token id -> its bytes (piece), for this model
-        self._eog: dict[int, bool] = {}
 
     def load(self, path: Path, config: LoadConfig, n_seq: int) -> BatchLoadInfo:
         """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences."""
@@ -129,7 +127,6 @@ class BatchModel:
         if self.model:
             llama_cpp.llama_model_free(self.model)
         self.tok = Tokenizer(None, None)
-        self._pieces, self._eog = {}, {}
         self.model = self.ctx = self.mem = None
 
     # -- the KV cache, per sequence ---------------------------------------------
@@ -200,8 +197,8 @@ class BatchModel:
         """``sample(sampler, i)`` for each pair of one step, in order; the greedy
         ones' rows are read with one argmax (``sampler.first_max_rows``), a row
         with a NaN by llama.cpp's greedy sampler (``Greedy.sample``)."""
-        greedy = [i for sampler, i in picks if isinstance(sampler, Greedy)]
-        fast = iter(first_max_rows(self.ctx, greedy, self.tok.n_vocab)) if len(greedy) > 1 else None
+        greedy = [(sampler, i) for sampler, i in picks if isinstance(sampler, Greedy)]
+        fast = iter(first_max_rows(self.ctx, [i for _, i in greedy], greedy[0][0].n_vocab)) if len(greedy) > 1 else None
         out = []
         for sampler, i in picks:
             tok = next(fast) if fast is not None and isinstance(sampler, Greedy) else None
@@ -209,18 +206,10 @@ class BatchModel:
         return out
 
     def is_eog(self, token: int) -> bool:
-        eog = self._eog.get(token)
-        if eog is None:
-            eog = self._eog[token] = self.tok.is_eog(token)
-        return eog
+        return self.tok.is_eog(token)
 
     def piece(self, token: int) -> bytes:
-        """A token's bytes, looked up once per token id (at most the vocabulary's
-        size): serve asks for every token it streams, between two decodes."""
-        piece = self._pieces.get(token)
-        if piece is None:
-            piece = self._pieces[token] = self.tok.token_bytes(token)
-        return piece
+        return self.tok.token_bytes(token)
 
     # -- one step ------------------------------------------------------------------
     def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:

@@ -27,6 +27,11 @@ class Tokenizer:
         self.vocab = vocab
         self.header = header
         self.template = template or TemplateChoice()
+        # A token's bytes and its end-of-generation flag, looked up once per id (at
+        # most the vocabulary's size): the engines ask for every token they stream,
+        # serve's on its engine thread's serial path between two decodes.
+        self._pieces: dict[tuple[int, bool], bytes] = {}
+        self._eog: dict[int, bool] = {}
 
     def _require(self) -> None:
         if not self.vocab:
@@ -45,6 +50,12 @@ class Tokenizer:
         return list(buf[:n])
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        piece = self._pieces.get((token, special))
+        if piece is None:
+            piece = self._pieces[(token, special)] = self._token_bytes(token, special)
+        return piece
+
+    def _token_bytes(self, token: int, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
@@ -56,7 +67,10 @@ class Tokenizer:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return eog
 
     @property
     def n_vocab(self) -> int:
