@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl+C reaches the commands the tests start. A runner started in the background
+    (``nohup``, ``&`` in a script) has SIGINT ignored, and an ignored signal stays
+    ignored across exec: Python then installs no KeyboardInterrupt handler, and the
+    tests of Ctrl+C (quantize, pull, worker) would measure the runner, not localllm.
+    A handler here is reset to the default in each child, so each child's Python
+    installs its own."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
