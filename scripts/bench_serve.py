@@ -270,7 +270,7 @@ def embeddings(args) -> list[str]:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        bench_embed.main(["--threads", str(args.threads), "--inputs", "128", "--model", args.model])
+        bench_embed.main(["--threads", str(args.threads), "--inputs", "64", "--rounds", "6", "--model", args.model])
     return ["", *out.getvalue().rstrip().splitlines()]
 
 

@@ -13,6 +13,21 @@ Pooling: what the GGUF declares (``<arch>.pooling_type``), else mean pooling
 (a chat model declares none); ``pooling`` overrides both, as llama-server's
 ``--pooling`` does. Vectors are L2-normalized, as llama-server's default
 (``embd_normalize`` 2).
+
+The lm_head is skipped. In embedding mode llama.cpp still runs the vocabulary
+projection for every token of a decoder model (every architecture but
+``llama-embed``: ``if constexpr (!embed)`` in src/models/llama.cpp) and throws
+the logits away (llama.cpp issue #24713). The context therefore pools nothing
+itself (pooling NONE: each token's final hidden state is an output, named
+``result_embd_pooled`` by ``build_pooling`` in src/llama-graph.cpp, just
+before the lm_head's ``result_output``), an eval callback ends the graph once
+that node is computed, and the pooling is done here (mean, first or last
+row: what llama.cpp's MEAN, CLS and LAST compute). SmolLM2's lm_head is
+49,152 x 576 against a body of about 106M weights; Gemma 3 270M's is
+262,144 x 640. When the context opens, a probe of two short inputs is run
+both ways, and the whole graph is kept unless the vectors agree (a model whose
+graph does other work after that node, such as sentence-transformers' dense
+layers, would not).
 """
 
 from __future__ import annotations
@@ -26,10 +41,13 @@ import llama_cpp
 import numpy as np
 
 from localllm.engine.llamalog import ROUTER
+from localllm.engine.native import tensor_name_fn
 from localllm.errors import EngineError
 
 POOLING = {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN, "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS, "last": llama_cpp.LLAMA_POOLING_TYPE_LAST}
 MAX_SEQ = 16  # inputs per llama_decode at most
+STOP_AT = b"result_embd_pooled"  # the final hidden states, with pooling NONE (src/llama-graph.cpp, build_pooling)
+PROBE_AGREE = 1e-4  # largest difference, per component of the normalized vectors, between the two ways
 
 
 def _meta(model: object, key: str) -> str | None:
@@ -55,11 +73,24 @@ class Embedder:
         self.model = model
         self.pooling = pooling or declared_pooling(model) or "mean"
         self.n_ctx = n_ctx  # the longest input, in tokens
-        self.n_embd = int(llama_cpp.llama_model_n_embd(model))
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(model))  # a vector's length (llama.cpp's n_embd_out)
+        self.lm_head_skipped = False  # the probe agreed when the context opened: decodes end before the lm_head
+        self.graphs_ended = 0  # decodes the eval callback ended at STOP_AT
         self._cparams = cparams  # the chat context's (threads, cache types, flash attention), copied
         self._ctx: object = None
         self._batch: Any = None
         self._lock = threading.Lock()
+        self._name = tensor_name_fn()
+        self._skip = False  # the eval callback ends the graph at STOP_AT
+        self._callback = llama_cpp.ggml_backend_sched_eval_callback(self._eval)  # kept: llama.cpp holds only the pointer
+
+    def _eval(self, tensor: int, ask: bool, _user: object) -> bool:
+        """llama.cpp's eval callback, once per graph node (ask) and after a node
+        it asked for is computed: False then ends the rest of the graph's split."""
+        if ask:
+            return self._skip and self._name is not None and self._name(tensor) == STOP_AT
+        self.graphs_ended += 1
+        return False
 
     def _open(self) -> None:
         p = type(self._cparams).from_buffer_copy(self._cparams)
@@ -67,13 +98,42 @@ class Embedder:
         p.n_ctx = p.n_batch = p.n_ubatch = self.n_ctx
         p.n_seq_max, p.kv_unified = MAX_SEQ, True
         p.n_outputs_max = p.n_outputs_max_per_seq = 0  # as many rows as tokens: llama.cpp's defaults
-        p.embeddings, p.pooling_type = True, POOLING[self.pooling]
+        p.embeddings, p.pooling_type = True, llama_cpp.LLAMA_POOLING_TYPE_NONE  # every token's row; pooled here
+        if self._name is not None:
+            p.cb_eval = self._callback
+            self._init(p)
+            self.lm_head_skipped = self._skip = self._probe()
+            if self.lm_head_skipped:
+                return
+            self.close_context()  # the probe disagreed: a context without the callback (it would run for every node)
+            p.cb_eval = llama_cpp.ggml_backend_sched_eval_callback(0)
+        self._init(p)
+
+    def _init(self, p: Any) -> None:
         mark = ROUTER.mark()
         ctx = llama_cpp.llama_init_from_model(self.model, p)
         if not ctx:
             raise EngineError(f"llama.cpp could not create the embedding context: {ROUTER.first_error_since(mark) or 'unknown reason'}")
         self._ctx = ctx
         self._batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
+
+    def _probe(self) -> bool:
+        """The same two inputs (one batch: the rows' order counts too) with the
+        graph ended at STOP_AT and then whole: True when the graph did end there
+        and the vectors agree. The ended decode goes first, on a context that
+        has computed nothing: a node it skipped cannot hold the whole graph's
+        values from a decode before it (llama.cpp reuses the compute buffer)."""
+        n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model)))
+        group = [[(7 * i + 3) % n_vocab for i in range(6)], [(11 * i + 5) % n_vocab for i in range(3)]]
+        if self.n_ctx < sum(map(len, group)):
+            return False
+        self._skip, before = True, self.graphs_ended
+        try:
+            ended = np.array(self._decode(group))
+        finally:
+            self._skip = False
+        whole = np.array(self._decode(group))
+        return self.graphs_ended > before and bool(np.isfinite(ended).all() and np.abs(whole - ended).max() <= PROBE_AGREE)
 
     @property
     def is_open(self) -> bool:
@@ -102,7 +162,7 @@ class Embedder:
                 out += self._decode(group)
         return out
 
-    def _decode(self, group: list[Sequence[int]]) -> list[list[float]]:
+    def _decode(self, group: Sequence[Sequence[int]]) -> list[list[float]]:
         b = self._batch
         i = 0
         for s, toks in enumerate(group):
@@ -116,19 +176,27 @@ class Embedder:
         rc = llama_cpp.llama_decode(self._ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed for embeddings ({rc}): {ROUTER.last_error() or 'no reason given'}")
+        rows = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings(self._ctx), shape=(i, self.n_embd))  # batch order
         vecs = []
-        for s in range(len(group)):
-            v = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(self._ctx, s), shape=(self.n_embd,)).astype(np.float64)
+        k = 0
+        for toks in group:
+            seq = rows[k:k + len(toks)]
+            k += len(toks)
+            v = seq.mean(axis=0, dtype=np.float64) if self.pooling == "mean" else seq[0 if self.pooling == "cls" else -1].astype(np.float64)
             norm = float(np.linalg.norm(v))
             vecs.append((v / norm if norm > 0 else v).tolist())
         llama_cpp.llama_memory_clear(mem, True)
         return vecs
 
+    def close_context(self) -> None:
+        """Free the context and its batch (the caller holds the lock, or is the only user)."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
     def close(self) -> None:
         with self._lock:
-            if self._batch is not None:
-                llama_cpp.llama_batch_free(self._batch)
-                self._batch = None
-            if self._ctx:
-                llama_cpp.llama_free(self._ctx)
-                self._ctx = None
+            self.close_context()

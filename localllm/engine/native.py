@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import llama_cpp
@@ -28,6 +29,7 @@ _FIELDS_SET = {
     "llama_context_params": (
         "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "type_k", "type_v",
         "flash_attn_type", "swa_full", "n_seq_max", "kv_unified", "n_outputs_max", "no_perf",
+        "n_outputs_max_per_seq", "embeddings", "pooling_type", "cb_eval",
     ),
     "llama_model_quantize_params": ("nthread", "ftype", "allow_requantize", "dry_run", "imatrix"),
 }
@@ -108,6 +110,17 @@ def _ggml_lib() -> ctypes.CDLL | None:
         if (libdir / name).exists():
             return ctypes.CDLL(str(libdir / name))
     return None
+
+
+def tensor_name_fn() -> Callable[[int], bytes] | None:
+    """ggml's ``ggml_get_name`` (a tensor's name, for an eval callback), or None
+    where llama-cpp-python ships no libggml we can find."""
+    lib = _ggml_lib()
+    if lib is None:
+        return None
+    fn = lib.ggml_get_name
+    fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    return fn
 
 
 def system_info() -> str:

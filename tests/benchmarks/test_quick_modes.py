@@ -39,7 +39,8 @@ QUICK = {
     ),
     "bench_embed": (
         ["--quick"],
-        [r"\| localllm serve \| 1 \| 32 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", r"localllm serve / llama-server \(target >= 0.9\): n/a"],
+        [r"\| localllm serve \| 1 \| 32 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|",
+         r"localllm serve / llama-server at 1 client\(s\) \(target >= 0.9\): n/a \(llama-server not run \(--quick\)\)"],
     ),
     "plan_conformance": (
         ["--quick"],

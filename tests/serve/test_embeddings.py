@@ -172,6 +172,7 @@ def test_batched_inputs_share_one_decode(smollm2: Path, monkeypatch: pytest.Monk
             return real(ctx, batch)
 
         toks = [m.tok.tokenize(t) for t in TEXTS]
+        emb.open()  # its probe's two decodes are not counted
         monkeypatch.setattr(embed_module.llama_cpp, "llama_decode", counting)
         emb.embed(toks)
         emb.embed(toks * 20)  # 80 inputs: 16 sequences a decode at most
@@ -180,6 +181,51 @@ def test_batched_inputs_share_one_decode(smollm2: Path, monkeypatch: pytest.Monk
         m.close()
     n = sum(map(len, toks))
     assert calls[0] == n and len(calls) == 1 + 5 and sum(calls[1:]) == 20 * n
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_the_lm_head_is_skipped_and_the_vectors_stay_llama_cpps(which: str, request: pytest.FixtureRequest) -> None:
+    """Every decode ends before the vocabulary projection (SmolLM2's is 49,152 rows,
+    Gemma 3's 262,144), and the vectors are still those of llama.cpp's own mean pooling."""
+    import llama_cpp
+
+    from localllm.engine.batch import BatchModel
+
+    path = request.getfixturevalue(which)
+    m = BatchModel()
+    try:
+        m.load(path, LoadConfig(n_ctx=256, n_threads=1), 1)
+        emb = m.embedder(256, None)
+        got = emb.embed([m.tok.tokenize(t, add_special=True) for t in TEXTS[:2]])
+        got += emb.embed([m.tok.tokenize(TEXTS[3], add_special=True)])
+    finally:
+        m.close()
+    assert emb.lm_head_skipped and emb.graphs_ended == 1 + 2  # the probe's ended decode, then each of ours
+    ref = _reference(path, [*TEXTS[:2], TEXTS[3]], llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+    assert all(_cos(a, b) >= 0.999 for a, b in zip(got, ref))
+
+
+@pytest.mark.slow
+def test_a_probe_that_disagrees_keeps_the_whole_graph(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ended at a node of the first layer, the probe's vectors differ from the whole
+    graph's: the context is made again without the callback, and the vectors are right."""
+    import llama_cpp
+
+    from localllm.engine import embed as embed_module
+    from localllm.engine.batch import BatchModel
+
+    monkeypatch.setattr(embed_module, "STOP_AT", b"attn_norm-0")
+    m = BatchModel()
+    try:
+        m.load(smollm2, LoadConfig(n_ctx=256, n_threads=1), 1)
+        emb = m.embedder(256, None)
+        got = emb.embed([m.tok.tokenize(t, add_special=True) for t in TEXTS[:2]])
+    finally:
+        m.close()
+    assert not emb.lm_head_skipped and emb.graphs_ended == 1  # the probe's only
+    ref = _reference(smollm2, TEXTS[:2], llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+    assert all(_cos(a, b) >= 0.999 for a, b in zip(got, ref))
 
 
 @pytest.mark.slow
