@@ -270,8 +270,8 @@ def embeddings(args) -> list[str]:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        bench_embed.main(["--threads", str(args.threads), "--inputs", "64", "--rounds", "6", "--model", args.model])
-    return ["", *out.getvalue().rstrip().splitlines()]
+        rc = bench_embed.main(["--threads", str(args.threads), "--inputs", "64", "--rounds", "6", "--model", args.model])
+    return ["", *out.getvalue().rstrip().splitlines(), *([f"- bench_embed failed (exit {rc}): see its lines above"] if rc else [])]
 
 
 def fmt(x, spec=".1f") -> str:

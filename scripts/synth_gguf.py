@@ -61,6 +61,7 @@ class SynthSpec:
 # load_arch_tensors in llama.cpp's src/models/<arch>.cpp.
 ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granite", "exaone4", "lfm2", "qwen3moe", "deepseek2", "deci",
          "mistral3", "smollm3", "ernie4_5",
+         "llama-embed",  # llama's tensors; its graph has no lm_head (src/models/llama.cpp, graph<true>)
          *synth_archs.ARCHS)
 
 

@@ -34,7 +34,7 @@ from localllm.engine.embed import Embedder
 from localllm.engine.llamalog import ROUTER
 from localllm.engine.logprobs import row_logprobs
 from localllm.engine.model import ModelHandle, llama_params, load_model_and_context
-from localllm.engine.native import install_log_router
+from localllm.engine.native import gpu_offload_supported, install_log_router
 from localllm.engine.sampler import Greedy, first_max_rows, free_sampler, new_sampler, plain_greedy, prime, sample
 from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import LoadConfig, SamplingConfig
@@ -69,6 +69,7 @@ class BatchModel:
         self.info: BatchLoadInfo | None = None
         self._cparams = None
         self._embedder: Embedder | None = None
+        self._on_cpu = True
 
     def load(self, path: Path, config: LoadConfig, n_seq: int) -> BatchLoadInfo:
         """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences."""
@@ -86,6 +87,8 @@ class BatchModel:
         model, ctx, load_ms = load_model_and_context(path, config, mparams, cparams)
         self.model, self.ctx = model, ctx
         self._cparams = cparams
+        # every layer on this machine's CPU: the embedder's eval callback pays there (engine/embed.py)
+        self._on_cpu = not config.rpc_servers and (config.n_gpu_layers == 0 or not gpu_offload_supported())
         self.tok = Tokenizer(llama_cpp.llama_model_get_vocab(model), header)
         self.mem = llama_cpp.llama_get_memory(ctx)
         self._cap = int(llama_cpp.llama_n_batch(ctx))
@@ -112,7 +115,7 @@ class BatchModel:
         buffer), so at most ``n_ctx`` and the physical batch, as llama-server limits it."""
         if self._embedder is None:
             assert self._cparams is not None  # loaded
-            self._embedder = Embedder(self.model, self._cparams, min(n_ctx, int(self._cparams.n_ubatch)), pooling)
+            self._embedder = Embedder(self.model, self._cparams, min(n_ctx, int(self._cparams.n_ubatch)), pooling, on_cpu=self._on_cpu)
         return self._embedder
 
     def close(self) -> None:

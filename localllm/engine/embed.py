@@ -14,20 +14,29 @@ Pooling: what the GGUF declares (``<arch>.pooling_type``), else mean pooling
 ``--pooling`` does. Vectors are L2-normalized, as llama-server's default
 (``embd_normalize`` 2).
 
-The lm_head is skipped. In embedding mode llama.cpp still runs the vocabulary
-projection for every token of a decoder model (every architecture but
-``llama-embed``: ``if constexpr (!embed)`` in src/models/llama.cpp) and throws
-the logits away (llama.cpp issue #24713). The context therefore pools nothing
-itself (pooling NONE: each token's final hidden state is an output, named
-``result_embd_pooled`` by ``build_pooling`` in src/llama-graph.cpp, just
-before the lm_head's ``result_output``), an eval callback ends the graph once
-that node is computed, and the pooling is done here (mean, first or last
-row: what llama.cpp's MEAN, CLS and LAST compute). SmolLM2's lm_head is
-49,152 x 576 against a body of about 106M weights; Gemma 3 270M's is
-262,144 x 640. When the context opens, a probe of two short inputs is run
-both ways, and the whole graph is kept unless the vectors agree (a model whose
-graph does other work after that node, such as sentence-transformers' dense
-layers, would not).
+The lm_head is skipped where the model runs on the CPU. In embedding mode
+llama.cpp still runs the vocabulary projection for every token of a decoder
+model (every architecture but ``llama-embed``: ``if constexpr (!embed)`` in
+src/models/llama.cpp) and throws the logits away (llama.cpp issue #24713).
+The context therefore pools nothing itself (pooling NONE: each token's final
+hidden state is an output, named ``result_embd_pooled`` by ``build_pooling``
+in src/llama-graph.cpp, just before the lm_head's ``result_output``), an eval
+callback ends the graph's split once that node is computed
+(``ggml_backend_sched_compute_splits``), and the pooling is done here (mean,
+first or last row: what llama.cpp's MEAN, CLS and LAST compute). SmolLM2's
+lm_head is 49,152 x 576 against a body of about 106M weights; Gemma 3 270M's
+is 262,144 x 640. When the context opens, a probe of two short inputs is run
+both ways, and the whole graph is kept unless the graph did end there, some
+nodes did follow it, and the vectors agree (a model whose graph does other
+work after that node, such as sentence-transformers' dense layers, would not).
+
+Only on the CPU: the callback is Python, called once per graph node (about
+1,100 for SmolLM2), so it costs a few microseconds a node against a CPU
+decode of seconds, but would outweigh a GPU's whole batch; and with layers on
+other devices the lm_head can sit in a later split, which the callback cannot
+end. Measured here (2 cores, 470 tokens): SmolLM2 3.3 s -> 3.1 s a decode,
+also with a chat engine decoding in another thread of the process; Gemma 3
+3.0 s -> 1.3 s.
 """
 
 from __future__ import annotations
@@ -67,7 +76,7 @@ def declared_pooling(model: object) -> str | None:
 class Embedder:
     """Pooled, normalized embeddings of token lists, from ``model`` (a loaded llama_model the caller frees after ``close``)."""
 
-    def __init__(self, model: object, cparams: Any, n_ctx: int, pooling: str | None) -> None:
+    def __init__(self, model: object, cparams: Any, n_ctx: int, pooling: str | None, *, on_cpu: bool = True) -> None:
         if pooling is not None and pooling not in POOLING:
             raise EngineError(f"pooling must be one of {', '.join(POOLING)}, got {pooling!r}")
         self.model = model
@@ -76,19 +85,28 @@ class Embedder:
         self.n_embd = int(llama_cpp.llama_model_n_embd_out(model))  # a vector's length (llama.cpp's n_embd_out)
         self.lm_head_skipped = False  # the probe agreed when the context opened: decodes end before the lm_head
         self.graphs_ended = 0  # decodes the eval callback ended at STOP_AT
+        self.nodes_asked = 0  # graph nodes the eval callback was called for
         self._cparams = cparams  # the chat context's (threads, cache types, flash attention), copied
         self._ctx: object = None
         self._batch: Any = None
         self._lock = threading.Lock()
-        self._name = tensor_name_fn()
+        self._name = tensor_name_fn() if on_cpu else None  # None: no callback, the whole graph (the module's docstring)
         self._skip = False  # the eval callback ends the graph at STOP_AT
+        self._after = -1  # while the probe reads the whole graph: nodes asked after STOP_AT (-1: not reached)
         self._callback = llama_cpp.ggml_backend_sched_eval_callback(self._eval)  # kept: llama.cpp holds only the pointer
 
     def _eval(self, tensor: int, ask: bool, _user: object) -> bool:
         """llama.cpp's eval callback, once per graph node (ask) and after a node
         it asked for is computed: False then ends the rest of the graph's split."""
         if ask:
-            return self._skip and self._name is not None and self._name(tensor) == STOP_AT
+            self.nodes_asked += 1
+            if self._after >= 0:
+                self._after += 1
+            elif self._name is not None and self._name(tensor) == STOP_AT:
+                if not self._skip:
+                    self._after = 0  # the probe's whole decode: count what follows
+                return self._skip
+            return False
         self.graphs_ended += 1
         return False
 
@@ -102,10 +120,14 @@ class Embedder:
         if self._name is not None:
             p.cb_eval = self._callback
             self._init(p)
-            self.lm_head_skipped = self._skip = self._probe()
+            try:
+                self.lm_head_skipped = self._skip = self._probe()
+            except BaseException:
+                self.close_context()  # not left open unprobed
+                raise
             if self.lm_head_skipped:
                 return
-            self.close_context()  # the probe disagreed: a context without the callback (it would run for every node)
+            self.close_context()  # no gain, or the probe disagreed: a context without the callback (it would run for every node)
             p.cb_eval = llama_cpp.ggml_backend_sched_eval_callback(0)
         self._init(p)
 
@@ -132,8 +154,13 @@ class Embedder:
             ended = np.array(self._decode(group))
         finally:
             self._skip = False
-        whole = np.array(self._decode(group))
-        return self.graphs_ended > before and bool(np.isfinite(ended).all() and np.abs(whole - ended).max() <= PROBE_AGREE)
+        try:
+            whole = np.array(self._decode(group))
+            after = self._after
+        finally:
+            self._after = -1
+        ok = bool(np.isfinite(ended).all() and np.abs(whole - ended).max() <= PROBE_AGREE)
+        return self.graphs_ended > before and after > 0 and ok  # it ended there, something was left out, and agrees
 
     @property
     def is_open(self) -> bool:

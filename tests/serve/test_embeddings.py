@@ -220,12 +220,42 @@ def test_a_probe_that_disagrees_keeps_the_whole_graph(smollm2: Path, monkeypatch
     try:
         m.load(smollm2, LoadConfig(n_ctx=256, n_threads=1), 1)
         emb = m.embedder(256, None)
+        emb.open()
+        asked = emb.nodes_asked
         got = emb.embed([m.tok.tokenize(t, add_special=True) for t in TEXTS[:2]])
     finally:
         m.close()
     assert not emb.lm_head_skipped and emb.graphs_ended == 1  # the probe's only
+    assert emb.nodes_asked == asked  # the context made again has no callback
     ref = _reference(smollm2, TEXTS[:2], llama_cpp.LLAMA_POOLING_TYPE_MEAN)
     assert all(_cos(a, b) >= 0.999 for a, b in zip(got, ref))
+
+
+@pytest.mark.slow
+def test_no_callback_where_nothing_follows_the_hidden_states_or_off_the_cpu(tmp_path: Path) -> None:
+    """llama-embed's graph ends at the hidden states (no lm_head to skip), and a model
+    on other devices would pay the callback per node against a fast batch: both
+    compute the whole graph with no callback, and still give llama.cpp's vectors."""
+    import llama_cpp
+
+    from localllm.engine.batch import BatchModel
+
+    embed_arch = write_llama_gguf(tmp_path / "embed.gguf", SynthSpec(arch="llama-embed"))
+    plain = write_llama_gguf(tmp_path / "plain.gguf", SynthSpec())
+    for path, on_cpu in ((embed_arch, True), (plain, False)):
+        m = BatchModel()
+        try:
+            m.load(path, LoadConfig(n_ctx=256, n_threads=1), 1)
+            m._on_cpu = on_cpu  # what a load with layers on a GPU or an RPC worker sets
+            emb = m.embedder(256, None)
+            emb.open()
+            asked = emb.nodes_asked
+            got = emb.embed([m.tok.tokenize(t, add_special=True) for t in TEXTS[:2]])
+        finally:
+            m.close()
+        assert not emb.lm_head_skipped and emb.nodes_asked == asked, path.name
+        ref = _reference(path, TEXTS[:2], llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+        assert all(_cos(a, b) >= 0.999 for a, b in zip(got, ref)), path.name
 
 
 @pytest.mark.slow
