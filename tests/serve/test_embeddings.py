@@ -206,28 +206,36 @@ def test_the_lm_head_is_skipped_and_the_vectors_stay_llama_cpps(which: str, requ
     assert all(_cos(a, b) >= 0.999 for a, b in zip(got, ref))
 
 
-@pytest.mark.slow
-def test_a_probe_that_disagrees_keeps_the_whole_graph(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ended at a node of the first layer, the probe's vectors differ from the whole
-    graph's: the context is made again without the callback, and the vectors are right."""
+def _opened_then_embedded(path: Path, on_cpu: bool = True):
+    """(embedder, nodes its callback was asked for once it had opened, the vectors of
+    TEXTS[:2], llama-cpp-python's mean-pooled vectors of the same texts)."""
     import llama_cpp
 
-    from localllm.engine import embed as embed_module
     from localllm.engine.batch import BatchModel
 
-    monkeypatch.setattr(embed_module, "STOP_AT", b"attn_norm-0")
     m = BatchModel()
     try:
-        m.load(smollm2, LoadConfig(n_ctx=256, n_threads=1), 1)
+        m.load(path, LoadConfig(n_ctx=256, n_threads=1), 1)
+        m._on_cpu = on_cpu  # False: what a load with layers on a GPU or an RPC worker sets
         emb = m.embedder(256, None)
         emb.open()
         asked = emb.nodes_asked
         got = emb.embed([m.tok.tokenize(t, add_special=True) for t in TEXTS[:2]])
     finally:
         m.close()
+    return emb, asked, got, _reference(path, TEXTS[:2], llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+
+
+@pytest.mark.slow
+def test_a_probe_that_disagrees_keeps_the_whole_graph(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ended at a node of the first layer, the probe's vectors differ from the whole
+    graph's: the context is made again without the callback, and the vectors are right."""
+    from localllm.engine import embed as embed_module
+
+    monkeypatch.setattr(embed_module, "STOP_AT", b"attn_norm-0")
+    emb, asked, got, ref = _opened_then_embedded(smollm2)
     assert not emb.lm_head_skipped and emb.graphs_ended == 1  # the probe's only
     assert emb.nodes_asked == asked  # the context made again has no callback
-    ref = _reference(smollm2, TEXTS[:2], llama_cpp.LLAMA_POOLING_TYPE_MEAN)
     assert all(_cos(a, b) >= 0.999 for a, b in zip(got, ref))
 
 
@@ -236,25 +244,11 @@ def test_no_callback_where_nothing_follows_the_hidden_states_or_off_the_cpu(tmp_
     """llama-embed's graph ends at the hidden states (no lm_head to skip), and a model
     on other devices would pay the callback per node against a fast batch: both
     compute the whole graph with no callback, and still give llama.cpp's vectors."""
-    import llama_cpp
-
-    from localllm.engine.batch import BatchModel
-
     embed_arch = write_llama_gguf(tmp_path / "embed.gguf", SynthSpec(arch="llama-embed"))
     plain = write_llama_gguf(tmp_path / "plain.gguf", SynthSpec())
     for path, on_cpu in ((embed_arch, True), (plain, False)):
-        m = BatchModel()
-        try:
-            m.load(path, LoadConfig(n_ctx=256, n_threads=1), 1)
-            m._on_cpu = on_cpu  # what a load with layers on a GPU or an RPC worker sets
-            emb = m.embedder(256, None)
-            emb.open()
-            asked = emb.nodes_asked
-            got = emb.embed([m.tok.tokenize(t, add_special=True) for t in TEXTS[:2]])
-        finally:
-            m.close()
+        emb, asked, got, ref = _opened_then_embedded(path, on_cpu)
         assert not emb.lm_head_skipped and emb.nodes_asked == asked, path.name
-        ref = _reference(path, TEXTS[:2], llama_cpp.LLAMA_POOLING_TYPE_MEAN)
         assert all(_cos(a, b) >= 0.999 for a, b in zip(got, ref)), path.name
 
 
