@@ -20,6 +20,7 @@ match. Target (issue 25): localllm serve >= 0.9x llama-server. Also run as
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -36,9 +37,15 @@ LLAMA_SERVERS = (Path.home() / ".cache/localllm/llama.cpp-tools/bin/llama-server
                  Path.home() / ".cache/localllm/llama.cpp-tools/0.3.36/build/bin/llama-server")
 
 
-def sentences(n: int, offset: int = 0) -> list[str]:
+@functools.cache
+def _sentences() -> tuple[str, ...]:
+    """The prose file's sentences, read once for all rounds."""
     text = (REPO / "models/data/prose.txt").read_text()
-    parts = [s.strip() for s in text.replace("\n", " ").split(". ") if len(s.strip()) > 20]
+    return tuple(s.strip() for s in text.replace("\n", " ").split(". ") if len(s.strip()) > 20)
+
+
+def sentences(n: int, offset: int = 0) -> list[str]:
+    parts = _sentences()
     return [parts[(i + offset) % len(parts)] for i in range(n)]
 
 
@@ -116,10 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             order = list(procs)[:: 1 if r % 2 == 0 else -1]
             for c in levels:
                 got = {name: run_level(procs[name][1], inputs, args.per_request, c) for name in order}
-                for name, row in got.items():
-                    first.setdefault(name, [])
-                    if r == 0:
-                        first[name].append(row)
+                for name, row in got.items() if r == 0 else ():
+                    first.setdefault(name, []).append(row)
                 if THEIRS in got:
                     ratios[c].append(got[OURS]["tokens_per_s"] / got[THEIRS]["tokens_per_s"])
     except Exception as exc:
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         lines.append(f"| {failed} | | | | | | |")
     lines.append("")
-    if len(first.get(OURS, [])) and len(first.get(THEIRS, [])):
+    if first.get(OURS) and first.get(THEIRS):
         cos = [cosine(a, b) for a, b in zip(first[OURS][0]["vectors"], first[THEIRS][0]["vectors"])]
         lines.append(f"- vectors, localllm serve vs llama-server: cosine min {min(cos):.5f}, mean {sum(cos) / len(cos):.5f}")
     for c in levels:  # a run that failed part way has pairs of one order more than the other: no verdict from it

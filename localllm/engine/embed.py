@@ -76,7 +76,7 @@ def declared_pooling(model: object) -> str | None:
 class Embedder:
     """Pooled, normalized embeddings of token lists, from ``model`` (a loaded llama_model the caller frees after ``close``)."""
 
-    def __init__(self, model: object, cparams: Any, n_ctx: int, pooling: str | None, *, on_cpu: bool = True) -> None:
+    def __init__(self, model: object, cparams: Any, n_ctx: int, pooling: str | None, *, on_cpu: bool) -> None:
         if pooling is not None and pooling not in POOLING:
             raise EngineError(f"pooling must be one of {', '.join(POOLING)}, got {pooling!r}")
         self.model = model
