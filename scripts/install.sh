@@ -13,7 +13,7 @@
 #
 # Why our own wheel directory: pip's wheel cache ignores CFLAGS, so a wheel built
 # once with other flags would be silently reused. We build with --no-cache-dir into
-# a directory keyed by version + flags + platform, and install from there.
+# a directory keyed by version + flags + platform + CPU, and install from there.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,8 +48,18 @@ case "$CMAKE_ARGS" in
   *) CMAKE_ARGS="${CMAKE_ARGS:+$CMAKE_ARGS }-DGGML_RPC=ON" ;;
 esac
 
-key="$(printf '%s|%s|%s|%s|%s|%s|%s' "$LLAMA_CPP_PYTHON_VERSION" "${CFLAGS:-}" "${CXXFLAGS:-}" \
-  "$CMAKE_ARGS" "$os" "$arch" "$("$py" -c 'import sys; print(sys.version_info[:2])')" \
+# The CPU's instruction sets are in the key too: a default build is -march=native,
+# so a wheel built on one CPU may not run on another that shares this cache (a
+# home folder moved or mounted on another machine; this project's machines have
+# differed: one with AMX, an AMD EPYC without it).
+cpu=""
+if [ -r /proc/cpuinfo ]; then
+  cpu="$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo || true)"
+elif [ "$os" = "Darwin" ]; then
+  cpu="$(sysctl -n machdep.cpu.brand_string 2>/dev/null || true)"
+fi
+key="$(printf '%s|%s|%s|%s|%s|%s|%s|%s' "$LLAMA_CPP_PYTHON_VERSION" "${CFLAGS:-}" "${CXXFLAGS:-}" \
+  "$CMAKE_ARGS" "$os" "$arch" "$("$py" -c 'import sys; print(sys.version_info[:2])')" "$cpu" \
   | sha256sum | cut -c1-16)"
 wheels="${XDG_CACHE_HOME:-$HOME/.cache}/localllm/wheels/$key"
 mkdir -p "$wheels"
