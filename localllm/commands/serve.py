@@ -115,14 +115,15 @@ def run(args: argparse.Namespace) -> int:
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics, prompt_cache=cache,
                               handoff=ENGINE)
+        scheduler.start()  # before the embeddings: --embeddings opens their context on the engine thread
+        running.append(scheduler)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
-                           check_grammar=model.check_grammar, embeddings=_embeddings(model, n_ctx_seq, args.pooling, args.embeddings),
+                           check_grammar=model.check_grammar,
+                           embeddings=_embeddings(model, n_ctx_seq, args.pooling, scheduler.run, at_start=args.embeddings),
                            tool_format=tools.detect(model.tok.template.source(model.tok.header)),
                            tokenize=_tokenizer(model), api_key=api_key, json_log=args.json,
                            defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template),
                            metrics_endpoint=args.metrics, slots_endpoint=args.slots)
-        scheduler.start()
-        running.append(scheduler)
         switch.app = with_cors(build_app(state), tuple(args.cors or ()))
         say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request, "
             f"KV pool {info.n_ctx} cells {info.type_k}/{info.type_v}, prefix reuse {'on' if info.prefix_reuse else 'off'}"
@@ -186,14 +187,16 @@ def _cache_words(cache: PromptCache | None) -> str:
     return f", idle prompts to RAM ({limit}, {cache.max_tokens} tokens)"
 
 
-def _embeddings(model, n_ctx: int, pooling: str | None, at_start: bool = False):
-    """/v1/embeddings on the served model (its embedding context is made on first use, or now with ``at_start``: --embeddings)."""
+def _embeddings(model, n_ctx: int, pooling: str | None, run, *, at_start: bool):
+    """/v1/embeddings on the served model (its embedding context is made on first use, or now with ``at_start``: --embeddings).
+    ``run`` makes the embedder's llama.cpp calls: the scheduler's engine thread (``Scheduler.run``, in serve/scheduler.py's docstring why)."""
     from localllm.serve.embeddings import Embeddings  # lazy: with Starlette (~64 ms), which serve loads only once it starts
 
     emb = model.embedder(n_ctx, pooling)
     if at_start:
-        emb.open()
-    return Embeddings(tokenize=lambda text: model.tok.tokenize(text, add_special=True, parse_special=False), embed=emb.embed,
+        emb.open(run)
+    return Embeddings(tokenize=lambda text: model.tok.tokenize(text, add_special=True, parse_special=False),
+                      embed=lambda inputs: emb.embed(inputs, run),
                       n_ctx=emb.n_ctx, n_vocab=model.tok.n_vocab, n_embd=emb.n_embd, pooling=emb.pooling)
 
 

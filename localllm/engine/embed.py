@@ -42,8 +42,9 @@ also with a chat engine decoding in another thread of the process; Gemma 3
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import llama_cpp
@@ -57,6 +58,12 @@ POOLING = {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN, "cls": llama_cpp.LLAMA_POO
 MAX_SEQ = 16  # inputs per llama_decode at most
 STOP_AT = b"result_embd_pooled"  # the final hidden states, with pooling NONE (src/llama-graph.cpp, build_pooling)
 PROBE_AGREE = 1e-4  # largest difference, per component of the normalized vectors, between the two ways
+
+Run = Callable[[Callable[[], Any]], Any]  # makes a call that runs llama.cpp, and returns its result (serve: on its engine thread)
+
+
+def _here(fn: Callable[[], Any]) -> Any:
+    return fn()
 
 
 def _meta(model: object, key: str) -> str | None:
@@ -166,27 +173,31 @@ class Embedder:
     def is_open(self) -> bool:
         return self._ctx is not None
 
-    def open(self) -> None:
+    def open(self, run: Run = _here) -> None:
         """Make the embedding context now rather than at the first request (serve
-        --embeddings): its memory is taken, and a failure shown, at start."""
+        --embeddings): its memory is taken, and a failure shown, at start.
+        ``run``: as for ``embed``."""
         with self._lock:
             if self._ctx is None:
-                self._open()
+                run(self._open)
 
-    def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
-        """One normalized vector per input (each at most ``n_ctx`` tokens, none empty: the caller checked)."""
+    def embed(self, inputs: Sequence[Sequence[int]], run: Run = _here) -> list[list[float]]:
+        """One normalized vector per input (each at most ``n_ctx`` tokens, none empty: the caller checked).
+        ``run`` makes each llama.cpp call (opening the context, each batch's decode):
+        serve passes its engine thread's (``Scheduler.run``), so that one thread
+        runs all of the process's decodes and chat steps go on between batches."""
         out: list[list[float]] = []
         with self._lock:
             if self._ctx is None:
-                self._open()
+                run(self._open)
             group: list[Sequence[int]] = []
             for toks in inputs:
                 if group and (len(group) == MAX_SEQ or sum(map(len, group)) + len(toks) > self.n_ctx):
-                    out += self._decode(group)
+                    out += run(functools.partial(self._decode, group))
                     group = []
                 group.append(toks)
             if group:
-                out += self._decode(group)
+                out += run(functools.partial(self._decode, group))
         return out
 
     def _decode(self, group: Sequence[Sequence[int]]) -> list[list[float]]:

@@ -31,7 +31,7 @@ FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user", "
 @dataclass(frozen=True)
 class Embeddings:
     tokenize: Callable[[str], list[int]]  # text -> token ids (specials as text), run in a worker thread
-    embed: Callable[[Sequence[Sequence[int]]], list[list[float]]]  # normalized vectors, run in a worker thread
+    embed: Callable[[Sequence[Sequence[int]]], list[list[float]]]  # normalized vectors; run in a worker thread, it waits for each decode on the engine thread
     n_ctx: int  # the longest input, in tokens (--ctx and --ubatch)
     n_vocab: int
     n_embd: int

@@ -17,6 +17,16 @@ then move to RAM, so that only running sequences widen each decode's
 attention; a later prompt that shares more with a stored one than with the KV
 cache gets its state put back.
 
+Other llama.cpp work of the process (the embedding context's decodes) runs on
+the engine thread too, between two steps (``Scheduler.run``): libgomp gives
+each thread that starts a parallel region a team of its own, and once the
+process has more OpenMP threads than CPUs, every team spins only 100 times at
+a barrier before sleeping (``GOMP_SPINCOUNT`` in libgomp's manual). With
+``--threads`` at the machine's cores, one embeddings request from a worker
+thread made chat decode sleep at every op's barrier for as long as that thread
+lived: 20 voluntary context switches a token on each decode thread against
+0.02, and 8 clients on 2 threads fell from 144 to 99 tokens/s.
+
 Pure Python: the model is any object with ``batch_engine.BatchModel``'s methods.
 """
 
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import codecs
 import collections
+import concurrent.futures
 import sys
 import threading
 import time
@@ -33,6 +44,7 @@ from typing import Any, Protocol
 
 from localllm.engine_api import SamplingConfig
 from localllm.engine_api.stats import percentile
+from localllm.errors import EngineError
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.prompt_cache import PromptCache, common_prefix
 
@@ -171,6 +183,7 @@ class Scheduler:
         self.metrics = metrics
         self.slots = [Slot(i) for i in range(n_seq)]
         self.pending: collections.deque[Job] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
         self._cv = threading.Condition()
         self._stop = False
         self._clock = 0
@@ -194,6 +207,21 @@ class Scheduler:
             self._cv.notify()
         if self._thread.is_alive():
             self._thread.join()
+        with self._cv:
+            while self._calls:
+                self._calls.popleft()[1].set_exception(EngineError("the server is stopping"))
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the engine thread, between two steps, and its result (or its
+        exception) here: the process's other llama.cpp calls (the module's docstring).
+        Blocks the calling thread; never call it from the engine thread."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            if self._stop:
+                raise EngineError("the server is stopping")
+            self._calls.append((fn, fut))
+            self._cv.notify()
+        return fut.result()
 
     def submit(self, job: Job) -> bool:
         """Queue ``job``; False when the queue is full (the caller answers 429)."""
@@ -239,10 +267,17 @@ class Scheduler:
             with self._cv:
                 if self.handoff is not None and not self._stop and not self.pending and not any(s.job for s in self.slots):
                     self.handoff.flush()  # going idle: what the last step emitted goes out now
-                while not self._stop and not self.pending and not any(s.job for s in self.slots):
+                while not self._stop and not self.pending and not self._calls and not any(s.job for s in self.slots):
                     self._cv.wait()
                 if self._stop and not any(s.job for s in self.slots):
                     break
+                calls = list(self._calls)
+                self._calls.clear()
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # the caller's to handle, in its own thread
+                    fut.set_exception(exc)
             try:
                 self._step()
             except Exception as exc:  # an engine failure ends the running requests, not the server

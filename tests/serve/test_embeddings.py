@@ -6,7 +6,9 @@ vectors checked against llama-cpp-python's own ``Llama.embed``."""
 from __future__ import annotations
 
 import base64
+import os
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -263,7 +265,55 @@ def test_embeddings_flag_makes_the_context_at_start(smollm2: Path) -> None:
         m = BatchModel()
         try:
             m.load(smollm2, LoadConfig(n_ctx=256, n_threads=1), 1)
-            _embeddings(m, 256, None, at_start)
+            _embeddings(m, 256, None, lambda fn: fn(), at_start=at_start)
             assert m.embedder(256, None).is_open is at_start
         finally:
             m.close()
+
+
+def _voluntary_switches(pid: int) -> int:
+    """Times the threads of ``pid`` have gone to sleep (``voluntary_ctxt_switches`` in /proc)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                total += int(f.read().split("voluntary_ctxt_switches:")[1].split()[0])
+        except FileNotFoundError:  # a thread that has just ended
+            pass
+    return total
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the threads' context switches from /proc")
+def test_embeddings_leave_chat_decode_spinning(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every decode of serve runs on its engine thread (serve/scheduler.py's docstring).
+    With --threads at the CPUs the process may use, embeddings decoded in a worker
+    thread gave libgomp a second team, and then chat decode slept at every op's
+    barrier while that thread lived (an agent's embed-then-chat kept it alive).
+    Here, one client: 565-730 voluntary context switches a generated token after an
+    embeddings request, against 1.3-3.4 (8 clients on 2 threads, an embeddings
+    request before each level: 40-56 against 0.3-0.5, at 0.76x the rate)."""
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < 2:
+        pytest.skip("one CPU: llama.cpp starts no OpenMP team")
+    s = smollm2_server(tmp_path_factory, "--parallel", "1", "--ctx", "256", "--threads", str(cpus))
+    try:
+        with open(f"/proc/{s.proc.pid}/maps") as f:
+            if "libgomp" not in f.read():
+                pytest.skip("this llama.cpp build does not use OpenMP")
+        with http_client(s) as c:
+            def per_token(seed: int) -> float:
+                before = _voluntary_switches(s.proc.pid)
+                r = c.post("/v1/completions", json={"prompt": f"Story {seed}: once upon a time", "max_tokens": 48, "temperature": 0,
+                                                    "ignore_eos": True})
+                r.raise_for_status()
+                return (_voluntary_switches(s.proc.pid) - before) / r.json()["usage"]["completion_tokens"]
+
+            quiet = [per_token(i) for i in range(2)]
+            after = []
+            for i in range(2):
+                c.post("/v1/embeddings", json={"input": ["hello world", "bonjour"]}).raise_for_status()
+                after.append(per_token(10 + i))
+        assert max(quiet) < 20 and max(after) < 20, (quiet, after)  # a token's few wake-ups, not one per op
+    finally:
+        s.stop()
