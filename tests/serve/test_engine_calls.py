@@ -45,3 +45,35 @@ def test_no_call_is_taken_once_stopped() -> None:
     sched.stop()
     with pytest.raises(EngineError, match="stopping"):
         sched.run(lambda: 1)
+
+
+def test_an_abort_ends_the_calls_still_waiting_with_its_reason() -> None:
+    sched = _scheduler()
+    sched.start()
+    busy, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        busy.set()
+        release.wait(10)
+
+    first = threading.Thread(target=lambda: sched.run(hold))
+    first.start()
+    assert busy.wait(10)  # the engine thread is inside the first call
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            sched.run(lambda: 2)
+        except EngineError as exc:
+            errors.append(exc)
+
+    waiting = threading.Thread(target=second)
+    waiting.start()
+    while not sched._calls:  # queued behind the first
+        threading.Event().wait(0.001)
+    sched.abort("the RPC worker is gone")
+    waiting.join(10)
+    release.set()
+    first.join(10)
+    sched.stop()
+    assert [str(e) for e in errors] == ["the RPC worker is gone"]
