@@ -209,8 +209,12 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join()
         with self._cv:
-            while self._calls:
-                self._calls.popleft()[1].set_exception(EngineError("the server is stopping"))
+            self._fail_calls("the server is stopping")
+
+    def _fail_calls(self, reason: str) -> None:
+        """End the calls not begun with ``reason`` (the caller holds the lock)."""
+        while self._calls:
+            self._calls.popleft()[1].set_exception(EngineError(reason))
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` on the engine thread, between two steps, and its result (or its
@@ -249,8 +253,7 @@ class Scheduler:
             for job in jobs:
                 job.cancelled = True
                 job.emit("error", reason)
-            while self._calls:  # not begun: their callers get the reason too
-                self._calls.popleft()[1].set_exception(EngineError(reason))
+            self._fail_calls(reason)  # not begun: their callers get the reason too
             self._cv.notify()
         return len(jobs)
 
@@ -274,7 +277,7 @@ class Scheduler:
                     self._cv.wait()
                 if self._stop and not any(s.job for s in self.slots):
                     break
-                calls = list(self._calls)
+                calls = list(self._calls) if self._calls else ()  # nothing made on the steps' path when none came
                 self._calls.clear()
             for fn, fut in calls:
                 try:

@@ -6,6 +6,7 @@ tests/serve/test_embeddings.py)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -69,8 +70,9 @@ def test_an_abort_ends_the_calls_still_waiting_with_its_reason() -> None:
 
     waiting = threading.Thread(target=second)
     waiting.start()
-    while not sched._calls:  # queued behind the first
-        threading.Event().wait(0.001)
+    deadline = time.monotonic() + 10
+    while not sched._calls and time.monotonic() < deadline:  # queued behind the first
+        time.sleep(0.001)
     sched.abort("the RPC worker is gone")
     waiting.join(10)
     release.set()
