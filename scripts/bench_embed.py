@@ -30,11 +30,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from localllm.plan.hardware import physical_cores  # noqa: E402
 from scripts.bench_serve import free_port, start_server, stop_server, verdict_line, wait_ready  # noqa: E402
+from scripts.llama_tools import tool  # noqa: E402
 
 OURS, THEIRS = "localllm serve", "llama-server"
-LLAMA_SERVERS = (Path.home() / ".cache/localllm/llama.cpp-tools/bin/llama-server",
-                 Path.home() / ".cache/localllm/llama.cpp-tools/0.3.36/build/bin/llama-server")
 
 
 @functools.cache
@@ -85,11 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-request", type=int, default=16)
     ap.add_argument("--clients", default="1,4")
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--threads", type=int, default=physical_cores(), help="default: the physical cores this process may use")
     ap.add_argument("--rounds", type=int, default=6, help="paired rounds, order flipped each round (rounded up to an even count)")
     ap.add_argument("--quick", action="store_true", help="CI: 32 inputs, 1 client, one round, localllm serve only")
-    ap.add_argument("--llama-server", type=Path, default=next((p for p in LLAMA_SERVERS if p.exists()), LLAMA_SERVERS[0]))
+    ap.add_argument("--llama-server", type=Path, default=None, help="llama.cpp's llama-server (default: the one scripts/build_llama_tools.sh built)")
     args = ap.parse_args(argv)
+    if args.llama_server is None:
+        args.llama_server = tool("llama-server")
     if args.quick:
         args.inputs, args.clients = 32, "1"
     rounds = 1 if args.quick else max(2, args.rounds + args.rounds % 2)  # both orders equally often

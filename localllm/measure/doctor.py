@@ -9,7 +9,6 @@ actions by their expected effect.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,7 +19,7 @@ from localllm.measure.roofline import Roofline, roofline
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.modelfile.model_info import describe
 from localllm.plan import planner
-from localllm.plan.hardware import Hardware
+from localllm.plan.hardware import Hardware, physical_cores
 from localllm.util.units import format_size as fmt_bytes
 
 Q4_K_M_BPW = 4.89  # bits per weight llama.cpp's Q4_K_M lands on for dense models
@@ -201,9 +200,7 @@ def _concurrency(placement, ram: int | None) -> int:
 
 
 def _physical_cores() -> int:
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return physical_cores()
 
 
 def _actions(r: DoctorReport, shape: planner.ModelShape, plan: planner.MemoryPlan, rf: Roofline, kv_now: int, kl: float | None) -> list[Action]:

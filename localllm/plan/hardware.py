@@ -72,12 +72,20 @@ def detect(vram: int | None = None) -> Hardware:
 
 
 def physical_cores() -> int:
-    """Physical cores: llama.cpp's default thread count, and the roofline's."""
+    """Physical cores, no more than the CPUs this process may run on (``taskset``, a
+    container's cpuset, where the OS says: Linux): llama.cpp's default thread count
+    here, and the roofline's. llama.cpp decode does not gain from hyper-threads, and
+    a thread with no CPU of its own makes every op's barrier wait for it."""
     import os
 
     import psutil
 
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows: no affinity mask to read
+        return cores
+    return max(1, min(cores, allowed))
 
 
 def gpu_memory_bandwidth() -> float | None:

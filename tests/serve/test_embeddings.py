@@ -284,6 +284,7 @@ def _voluntary_switches(pid: int) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.all_cpus
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the threads' context switches from /proc")
 def test_embeddings_leave_chat_decode_spinning(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every decode of serve runs on its engine thread (serve/scheduler.py's docstring).

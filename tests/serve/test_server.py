@@ -20,32 +20,18 @@ from tests.helpers.cli import cli
 from tests.helpers.server import KEY, Server
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    home = tmp_path_factory.mktemp("serve-home")
+def _start(home: Path) -> Server:
     # One thread: llama.cpp's spinning thread barriers crawl on a busy shared CI machine.
     # No RAM prompt cache: the tests below compare greedy replies across runs, and a prompt
     # put back into other cells can part from a fresh read at a near-tie (llama.cpp's CPU
     # flash attention sums V in f16, in cell order); tests/serve/test_prompt_cache.py has it.
-    s = Server(
-        "smollm2",
-        "--cache-ram",
-        "0",
-        "--parallel",
-        "4",
-        "--ctx",
-        "512",
-        "--max-queue",
-        "4",
-        "--prefill-chunk",
-        "16",
-        "--threads",
-        "1",
-        "--api-key",
-        KEY,
-        "--metrics",
-        env={"LOCALLLM_HOME": str(home)},
-    )
+    return Server("smollm2", "--cache-ram", "0", "--parallel", "4", "--ctx", "512", "--max-queue", "4", "--prefill-chunk", "16",
+                  "--threads", "1", "--api-key", KEY, "--metrics", env={"LOCALLLM_HOME": str(home)})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    s = _start(tmp_path_factory.mktemp("serve-home"))
     yield s
     s.stop()
 
@@ -119,7 +105,18 @@ def test_openai_completions_max_tokens_and_stop(server) -> None:
 
 
 @pytest.mark.slow
-def test_four_concurrent_streams_match_sequential_greedy(server) -> None:
+def test_four_concurrent_streams_match_sequential_greedy(tmp_path: Path) -> None:
+    """A server of its own: the cells a reply's prompt lands in follow what earlier
+    requests left in the cache, and llama.cpp's CPU flash attention sums V in cell
+    order, so a near-tie could part the two runs after other tests in another order."""
+    server = _start(tmp_path / "serve-home")
+    try:
+        _concurrent_matches_sequential(server)
+    finally:
+        server.stop()
+
+
+def _concurrent_matches_sequential(server: Server) -> None:
     client = _openai(server)
 
     def ask(prompt: str) -> str:
@@ -163,7 +160,8 @@ def test_shared_prefix_and_chunked_prefill_match_single_sequence_runs(server) ->
     prompt ("...Storm") flipped a near-tied token when the machine was busy."""
     import httpx2
 
-    other = "Once upon a time in a small village by the sea, " * 8
+    # a start no other test's prompt has: in any order, nothing of it is in the cache
+    other = "Quartz lanterns glowed in a small village by the sea, " * 8
     with httpx2.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as c:
         with c.stream("POST", "/v1/completions", json={"prompt": LONG + "Lamp", "max_tokens": 150, "ignore_eos": True, "stream": True}) as a:
             lines = a.iter_lines()
@@ -293,6 +291,8 @@ def test_queue_limit_and_disconnect_frees_sequences(server) -> None:
 @pytest.mark.slow
 def test_metrics(server) -> None:
     with _client(server) as c:
+        for _ in range(2):  # its own traffic, whatever ran before: the second read finds the first's prompt cached
+            c.post("/v1/completions", json={"prompt": "Metrics: one, two, three, four,", "max_tokens": 2, "temperature": 0}).raise_for_status()
         text = c.get("/metrics").text
     for name in (
         "localllm_requests_total",
@@ -410,24 +410,29 @@ def test_fuzz_leaves_server_answering(server) -> None:
 
 
 @pytest.mark.slow
-def test_sigint_drains_then_exits(server) -> None:
-    """Last test of the module: it stops the server."""
+def test_sigint_drains_then_exits(tmp_path: Path) -> None:
+    """A server of its own, since this test stops it: the module's server answers the
+    other tests in any order."""
     import httpx2
 
-    with httpx2.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as c:
-        with c.stream(
-            "POST",
-            "/v1/completions",
-            json={"prompt": "Count:", "max_tokens": 10, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
-        ) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")
-            server.proc.send_signal(signal.SIGINT)
-            rest = [line for line in lines if line]
-    assert rest[-1] == "data: [DONE]"
-    assert json.loads(rest[-2][6:])["usage"]["completion_tokens"] == 10  # the running request finished
-    assert server.proc.wait(60) == 0
-    assert "stopped after" in server.log
+    server = _start(tmp_path / "serve-home")
+    try:
+        with httpx2.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as c:
+            with c.stream(
+                "POST",
+                "/v1/completions",
+                json={"prompt": "Count:", "max_tokens": 10, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
+            ) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: ")
+                server.proc.send_signal(signal.SIGINT)
+                rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][6:])["usage"]["completion_tokens"] == 10  # the running request finished
+        assert server.proc.wait(60) == 0
+        assert "stopped after" in server.log
+    finally:
+        server.stop()
 
 
 def test_non_loopback_host_warns_without_key(tmp_path: Path) -> None:

@@ -161,10 +161,9 @@ def test_worker_dies_in_a_real_terminal_then_quit(_isolated_home: Path) -> None:
     at once with status 0 (the process leaves although llama.cpp holds a thread)."""
     import shlex
 
-    from scripts.tmuxdrive import Tmux, available
+    from scripts.tmuxdrive import Tmux, require
 
-    if not available():
-        pytest.skip("tmux is not installed (apt-get install tmux)")
+    require()
     w = WorkerProc()
     cmd = " ".join(
         shlex.quote(c)

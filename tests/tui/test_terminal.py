@@ -7,10 +7,16 @@ import sys
 
 import pytest
 
-from scripts.tmuxdrive import Tmux, available
+from scripts.tmuxdrive import Tmux, require
 from tests.helpers.paths import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not available(), reason="tmux is not installed (apt-get install tmux)")]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _require_tmux() -> None:
+    require()  # fails, never skips, without tmux (scripts/install.sh --test installs it)
+
 
 
 def _env(home) -> dict[str, str]:
