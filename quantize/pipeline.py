@@ -22,6 +22,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -115,8 +116,24 @@ class Job:
             raise UsageError(f"{self.dst} is {kind}, not a regular file: name a new file, or a regular file to replace with --force")
         if self.dst.exists() and not self.force:
             raise UsageError(f"{self.dst} exists: pass --force to replace it")
-        if not self.dst.parent.is_dir():
-            raise UsageError(f"the output directory {self.dst.parent} does not exist")
+        parent = self.dst.parent
+        if not parent.is_dir():
+            raise UsageError(f"the output directory {parent} {'is not a directory' if parent.exists() else 'does not exist'}")
+        _check_writable(parent)
+
+
+def _check_writable(folder: Path) -> None:
+    """Create and delete a file in ``folder``, as llama.cpp's writer will: refused
+    (a read-only folder or file system), it is one line naming the folder and the
+    OS's reason, not llama.cpp's "basic_ios::clear: iostream error" after the
+    source is read. A probe, not os.access: that says yes to root on a read-only
+    mount."""
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".localllm-write-check-")
+    except OSError as exc:
+        raise InputError(f"cannot write to {folder}: {exc.strerror or exc}: name an output file in a folder you can write to") from None
+    os.close(fd)
+    os.unlink(name)
 
 
 def _not_a_regular_file(path: Path) -> str:
@@ -125,7 +142,7 @@ def _not_a_regular_file(path: Path) -> str:
     or a new path. A link is not followed: replacing it would not write its target."""
     try:
         mode = path.lstat().st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a new path (or one under a file: the folder check names it)
         return ""
     for test, kind in ((stat.S_ISREG, ""), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISCHR, "a device"),
                        (stat.S_ISBLK, "a device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):

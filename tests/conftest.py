@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +45,10 @@ def _pin_xdist_worker() -> None:
         return
     _ALL_CPUS = set(cpus)
     os.sched_setaffinity(0, set(cpus[int(worker[2:]) % count::count]))
+    # A tmux server of its own: the one server all tmux clients share by default
+    # runs where the first worker to start it was pinned, and the other worker's
+    # cockpits would run on that worker's CPU (a render check read 8 s, not 0.1).
+    os.environ["TMUX_TMPDIR"] = tempfile.mkdtemp(prefix=f"localllm-tmux-{worker}-")
 
 
 @pytest.fixture(autouse=True)

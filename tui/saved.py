@@ -67,12 +67,11 @@ def check(data: Any, name: str) -> sessions.SavedSession:
     created = data.get("created")
     updated = data.get("updated")
     called = data.get("name")
-    number = (int, float)
     return sessions.SavedSession(
         id=Path(name).stem,
         model=model,
-        created=float(created) if isinstance(created, number) and not isinstance(created, bool) else 0.0,
-        updated=float(updated) if isinstance(updated, number) and not isinstance(updated, bool) else 0.0,
+        created=sessions.stamp(created),
+        updated=sessions.stamp(updated),
         system_prompt=system if isinstance(system, str) else None,
         messages=[{"role": m["role"], "content": m["content"]} for m in messages],
         settings=settings if isinstance(settings, dict) else {},
@@ -80,11 +79,18 @@ def check(data: Any, name: str) -> sessions.SavedSession:
     )
 
 
+MAX_SESSION_BYTES = 256 * 1024 * 1024  # a chat of a million-token context is a few MB
+
+
 def read(path: Path) -> sessions.SavedSession:
     try:
+        if path.stat().st_size > MAX_SESSION_BYTES:
+            raise SessionError(f"{path.name}: larger than {MAX_SESSION_BYTES // (1024 * 1024)} MiB: not a saved session")
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise SessionError(f"{path.name}: unreadable ({exc.__class__.__name__})") from None
+    except RecursionError:
+        raise SessionError(f"{path.name}: nested too deep to be a saved session") from None
     except ValueError as exc:
         raise SessionError(f"{path.name}: not valid JSON ({exc})") from None
     return check(data, path.name)
@@ -101,4 +107,6 @@ def scan() -> tuple[list[sessions.SavedSession], list[str]]:
                 good.append(read(p))
             except SessionError as exc:
                 skipped.append(printable(str(exc)))
+            except Exception as exc:  # noqa: BLE001 - one bad file must never hide the others (the worker would die)
+                skipped.append(printable(f"{p.name}: cannot be read ({type(exc).__name__})"))
     return sorted(good, key=lambda s: -s.updated), skipped

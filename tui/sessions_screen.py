@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -29,10 +30,24 @@ from localllm.errors import InputError
 from localllm.tui.saved import printable, reason, scan
 
 
-def row(s: sessions.SavedSession) -> str:
-    """Two lines: the title, then date · model · turns (wrapped by the list, never cut)."""
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated)) if s.updated else "date unknown"
-    return printable(s.title) + "\n" + printable(f"  {when} · {Path(s.model).name} · {_turns(s)}")
+def row(s: sessions.SavedSession) -> Text:
+    """Two lines: the title, then date · model · turns (wrapped by the list, never cut).
+    Plain text, never Rich markup: a title is what the user typed ("what does [/b]
+    close?"), and as markup it raised MarkupError or became a link."""
+    return plain(printable(s.title) + "\n" + printable(f"  {when(s.updated)} · {Path(s.model).name} · {_turns(s)}"))
+
+
+def plain(text: str) -> Text:
+    """``text`` as it is: a Label, a Static or an option given a str reads it as markup."""
+    return Text(text)
+
+
+def when(t: float) -> str:
+    """A saved time for the list; "date unknown" where the clock cannot show it."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(sessions.stamp(t))) if sessions.stamp(t) else "date unknown"
+    except (OverflowError, OSError, ValueError):
+        return "date unknown"
 
 
 def _turns(s: sessions.SavedSession) -> str:
@@ -55,7 +70,7 @@ class AskScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.question)
+            yield Label(plain(self.question))  # a title inside it is text, not markup
             yield Input(self.value, id="answer")
             yield Label("Enter: done · Esc: cancel")
 
@@ -85,7 +100,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.question)
+            yield Label(plain(self.question))  # a title inside it is text, not markup
             with Horizontal():
                 yield Button("Delete (y)", variant="error", id="yes", compact=True)
                 yield Button("Keep (n)", id="no", compact=True)
@@ -181,7 +196,7 @@ class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
         if msg.skipped:
             n = len(msg.skipped)
             skipped = self.query_one("#skipped", Static)
-            skipped.update(f"skipped {n} damaged session file{'s' if n > 1 else ''}: " + "; ".join(msg.skipped))
+            skipped.update(plain(f"skipped {n} damaged session file{'s' if n > 1 else ''}: " + "; ".join(msg.skipped)))
             skipped.display = True
 
     def _fill(self, keep: str | None = None) -> None:
@@ -243,7 +258,7 @@ class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
     def _renamed(self, msg: Renamed) -> None:
         self._saved[msg.session.id] = msg.session
         self._fill(keep=msg.session.id)
-        self.query_one("#status", Static).update(printable(f"renamed: {msg.session.title}"))
+        self.query_one("#status", Static).update(plain(printable(f"renamed: {msg.session.title}")))
 
     def action_delete(self) -> None:
         s = self._chosen()
@@ -269,7 +284,7 @@ class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
     def _deleted(self, msg: Deleted) -> None:
         gone = self._saved.pop(msg.session_id, None)
         self._fill()
-        self.query_one("#status", Static).update(printable(f"deleted: {gone.title if gone else msg.session_id}"))
+        self.query_one("#status", Static).update(plain(printable(f"deleted: {gone.title if gone else msg.session_id}")))
 
     def action_export(self) -> None:
         s = self._chosen()
@@ -297,7 +312,7 @@ class SessionsScreen(ModalScreen[sessions.SavedSession | None]):
 
     @on(Said)
     def _said(self, msg: Said) -> None:
-        self.query_one("#status", Static).update(printable(msg.text))
+        self.query_one("#status", Static).update(plain(printable(msg.text)))
 
     def action_cancel(self) -> None:
         self.dismiss(None)

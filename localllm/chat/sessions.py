@@ -9,6 +9,7 @@ at most the reply in flight is lost.
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -100,8 +101,8 @@ def from_dict(data: Any, source: Path) -> SavedSession:
     return SavedSession(
         id=data["id"],
         model=data["model"],
-        created=float(created) if isinstance(created, (int, float)) and not isinstance(created, bool) else mtime,
-        updated=float(updated) if isinstance(updated, (int, float)) and not isinstance(updated, bool) else mtime,
+        created=stamp(created) or mtime,
+        updated=stamp(updated) or mtime,
         system_prompt=system if isinstance(system, str) else None,
         messages=clean,
         settings=settings if isinstance(settings, dict) else {},
@@ -109,9 +110,24 @@ def from_dict(data: Any, source: Path) -> SavedSession:
     )
 
 
+def stamp(value: Any) -> float:
+    """A saved time as seconds since 1970, or 0.0 for anything a clock cannot show
+    (a session file is outside data): not a number, NaN, infinite, a 400-digit
+    integer (float() overflows), before 1970 or after the year 5000."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return 0.0
+    try:
+        t = float(value)
+    except OverflowError:
+        return 0.0
+    return t if math.isfinite(t) and 0 <= t < 95_617_584_000 else 0.0
+
+
 def _read(path: Path) -> SavedSession:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise InputError(f"{path}: cannot read the saved session (nested too deep)") from None
     except (OSError, ValueError) as exc:  # ValueError covers bad JSON and bad UTF-8
         raise InputError(f"{path}: cannot read the saved session ({exc})") from None
     return from_dict(data, path)

@@ -19,12 +19,15 @@ from localllm.store import curated, registry
 
 def model_names() -> list[str]:
     """Names a model argument takes: the registry's (built-in, pulled, found,
-    added) and the catalog's, each quant too; no header is read."""
+    added) and the catalog's, each quant too; no header is read. A name comes from
+    a file on disk, so it is untrusted: one with a control character (a newline
+    would split it into two names, an escape would draw on the terminal) is left
+    out; the scripts quote every other one."""
     names = {e.name for e in registry.discover()}
     for m in curated.load():
         names.add(m.name)
         names.update(f"{m.name}:{f.quant.lower()}" for f in m.files)
-    return sorted(names)
+    return sorted(n for n in names if n and not any(ord(c) < 32 or ord(c) == 127 for c in n))
 
 
 def _flags(sub: argparse.ArgumentParser) -> list[str]:
@@ -44,9 +47,20 @@ _localllm() {{
   esac
   if [[ "$cur" == -* ]]; then
     COMPREPLY=($(compgen -W "$opts" -- "$cur"))
-  else
-    COMPREPLY=($(compgen -W "$(localllm completion --names 2>/dev/null)" -- "$cur") $(compgen -f -- "$cur"))
+    return
   fi
+  # Model and file names come from disk: never through compgen -W, which expands
+  # each word again ($(...), backticks, $((...)) would run), nor through an
+  # unquoted $(...), which splits and globs. Each is matched as plain text and
+  # inserted escaped (printf %q), so it completes as itself.
+  COMPREPLY=()
+  local name
+  while IFS= read -r name; do
+    [[ "$name" == "$cur"* ]] && COMPREPLY+=("$(printf '%q' "$name")")
+  done < <(localllm completion --names 2>/dev/null)
+  while IFS= read -r name; do
+    COMPREPLY+=("$(printf '%q' "$name")")
+  done < <(compgen -f -- "$cur")
 }}
 complete -F _localllm localllm
 """

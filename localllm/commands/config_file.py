@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,19 +42,38 @@ def config_file() -> Path:
     return Path(platformdirs.user_config_dir("localllm", appauthor=False)) / "config.toml"
 
 
+MAX_CONFIG_BYTES = 1024 * 1024  # a config of every option for every command is a few KB
+
+
 def load(path: Path | None = None) -> dict[str, Any]:
-    """The file's table ({} when there is none)."""
+    """The file's table ({} when there is none). Only a regular file is read, and
+    at most MAX_CONFIG_BYTES of it: a FIFO at the path would block every command,
+    a link to /dev/zero would read until memory runs out. A failure of any kind is
+    one line naming the file (a TOML array 1,000 deep made tomllib recurse past
+    Python's limit)."""
     path = path or config_file()
     try:
-        text = path.read_text(encoding="utf-8")
+        st = path.stat()  # follows a link: what would be read
     except FileNotFoundError:
         return {}
+    except OSError as exc:
+        raise UsageError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{path}: not a regular file (a config file is a TOML text file): remove it or point LOCALLLM_CONFIG elsewhere")
+    try:
+        with open(path, "rb") as f:  # a bounded read
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise UsageError(f"{path}: larger than {MAX_CONFIG_BYTES // 1024} KiB: not a localllm config file")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: unreadable ({exc})") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: not valid TOML (nested too deep)") from None
 
 
 def _options(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:

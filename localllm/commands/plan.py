@@ -148,7 +148,7 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
     predicted = _predicted(args, f, path)
     info = inspect_model(path)
     if args.json:
-        d = f.fit.plan.to_dict()
+        d = f.plan.to_dict()  # the refereed plan: llama.cpp's compute where its dry run gave it, as the table shows
         d.update(
             outcome=f.fit.outcome.value,
             fits=f.fit.fits,

@@ -144,6 +144,10 @@ class ChatTemplate:
             "add_generation_prompt": add_generation_prompt,
             "raise_exception": _raise_exception,
             "strftime_now": _strftime_now,
+            # what llama.cpp adds to every template's context (common/chat.cpp,
+            # common_chat_extra_context): Llama 3.1/3.3 templates read date_string
+            # and fall back to "26 Jul 2024" without it
+            **_extra_context(),
             "tools": tools,
             "functions": None,
         }
@@ -186,6 +190,13 @@ class ChatTemplate:
 
 def _raise_exception(message: str) -> None:
     raise ValueError(message)
+
+
+def _extra_context() -> dict[str, str]:
+    from datetime import datetime
+
+    now = datetime.now()
+    return {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
 
 
 def _strftime_now(f: str) -> str:

@@ -21,13 +21,86 @@ from llama_cpp import llama_grammar
 
 from localllm.errors import InputError
 
+# Bounds on what a request may ask the grammar machinery to build (issue 45). A
+# schema becomes GBNF through llama-cpp-python's Python converter, then llama.cpp
+# parses the GBNF (a recursive descent: 20,000 nested parentheses overflowed its
+# stack and killed serve) and runs it at every sampled token (an enum of 90,000
+# strings cost 13-18 s a token on the engine thread, stalling every client).
+MAX_SCHEMA_BYTES = 256 * 1024  # the schema as JSON
+MAX_GRAMMAR_BYTES = 128 * 1024  # the GBNF text, given or converted (a tool schema's is a few KB)
+MAX_GRAMMAR_DEPTH = 128  # nested groups in the GBNF text
+MAX_REPEAT = 65_536  # minLength/maxItems/... and GBNF {m,n}: no reply is that long in characters or items
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains")
+
 
 def from_json_schema(schema: dict[str, Any]) -> str:
-    """The GBNF of a JSON schema; an ``InputError`` naming what the converter refused."""
+    """The GBNF of a JSON schema; an ``InputError`` naming what the converter
+    refused, or the bound a schema passes (before the converter runs)."""
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise InputError(f"the JSON schema is {len(text) // 1024} KiB; at most {MAX_SCHEMA_BYTES // 1024} KiB is compiled into a grammar")
+    _check_schema_counts(schema)
     try:
-        return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+        gbnf = llama_grammar.json_schema_to_gbnf(text)
     except (ValueError, KeyError, TypeError, RecursionError, NotImplementedError, AssertionError) as exc:
         raise InputError(f"the JSON schema cannot be turned into a grammar: {type(exc).__name__}: {exc}"[:300]) from None
+    if len(gbnf.encode("utf-8")) > MAX_GRAMMAR_BYTES:
+        raise InputError(f"the JSON schema compiles to {len(gbnf.encode('utf-8')) // 1024} KiB of grammar; at most "
+                         f"{MAX_GRAMMAR_BYTES // 1024} KiB is run at every token (a long enum or a large repetition count is the usual cause)")
+    return gbnf
+
+
+def _check_schema_counts(schema: Any) -> None:
+    """Every repetition bound in ``schema`` (any depth, walked without recursion) at most MAX_REPEAT."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in _COUNTS:
+                v = node.get(key)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT:
+                    raise InputError(f"the JSON schema's {key} is {v}; at most {MAX_REPEAT} (no reply in a context is that long)")
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def check_bounds(text: str) -> None:
+    """``InputError`` unless the GBNF ``text`` is within the bounds above: its
+    size, how deep its groups nest and its repetition counts, read here before
+    llama.cpp's parser sees it (strings, character classes and comments skipped)."""
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InputError(f"the grammar holds {text[exc.start]!r} at character {exc.start}, a lone surrogate: not UTF-8 text") from None
+    if size > MAX_GRAMMAR_BYTES:
+        raise InputError(f"the grammar is {size // 1024} KiB; at most {MAX_GRAMMAR_BYTES // 1024} KiB is run at every token")
+    depth = deepest = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"[":  # a literal or a character class: to its unescaped end
+            end = "\"" if c == "\"" else "]"
+            i += 1
+            while i < n and text[i] != end:
+                i += 2 if text[i] == "\\" else 1
+        elif c == "#":
+            while i < n and text[i] != "\n":
+                i += 1
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_GRAMMAR_DEPTH:
+                raise InputError(f"the grammar nests groups more than {MAX_GRAMMAR_DEPTH} deep (llama.cpp's parser recurses per group)")
+        elif c == ")":
+            depth = max(0, depth - 1)
+        elif c == "{":
+            j = text.find("}", i)
+            for part in (text[i + 1:j] if j > i else "").split(","):
+                part = part.strip()
+                if part.isdigit() and int(part) > MAX_REPEAT:
+                    raise InputError(f"the grammar repeats {int(part)} times; at most {MAX_REPEAT} (no reply is that long)")
+        i += 1
 
 
 def json_object() -> str:
@@ -43,6 +116,7 @@ def init(vocab: object, text: str, triggers: Sequence[str] = ()) -> object:
     a pattern written ``^...$`` must match all the text so far, so that what
     llama.cpp replays into the grammar is exactly the capture (a token running
     past it could hold text the grammar refuses, and llama.cpp aborts then)."""
+    check_bounds(text)
     if triggers:
         patterns = [p.encode("utf-8") for p in triggers]
         arr = (ctypes.c_char_p * len(patterns))(*patterns)
@@ -55,5 +129,6 @@ def init(vocab: object, text: str, triggers: Sequence[str] = ()) -> object:
 
 
 def check(vocab: object, text: str) -> None:
-    """Raise ``InputError`` unless llama.cpp parses ``text``."""
+    """Raise ``InputError`` unless ``text`` is within the bounds and llama.cpp parses it."""
+    check_bounds(text)
     llama_cpp.llama_sampler_free(init(vocab, text))

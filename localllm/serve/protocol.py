@@ -101,7 +101,40 @@ def parse_json(raw: bytes) -> dict:
         raise RequestError(400, "the body is not valid JSON") from None
     if not isinstance(body, dict):
         raise RequestError(400, "the body must be a JSON object")
+    where = lone_surrogate(body)
+    if where is not None:
+        raise RequestError(400, f"'{where}' holds a lone surrogate (a \\ud800-\\udfff escape with no pair): not text", param=where)
     return body
+
+
+def lone_surrogate(value: object) -> str | None:
+    """The path (``messages[0].content``) of the first string in ``value`` that
+    holds a lone UTF-16 surrogate, or None. JSON lets ``"\\udcff"`` through, and
+    such a str cannot become UTF-8: it reached the tokenizer, the template or
+    llama.cpp's grammar and came back as a 500. Walked without recursion (the
+    body is parsed already, so its depth is bounded by the JSON parser)."""
+    stack: list[tuple[str, object]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            if _bad_text(v):
+                return path or "body"
+        elif isinstance(v, dict):
+            for k, item in reversed(list(v.items())):
+                if isinstance(k, str) and _bad_text(k):
+                    return f"{path}.<key>" if path else "<key>"
+                stack.append((f"{path}.{k}" if path else str(k), item))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(v))))
+    return None
+
+
+def _bad_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _content(v: object, i: int) -> str:

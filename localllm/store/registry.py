@@ -239,11 +239,18 @@ def add_path(path: Path) -> Path:
 
 
 def forget_added(path: Path) -> bool:
-    """Forget an added file or folder (and what was hidden under it)."""
+    """Forget an added file or folder, and what was hidden under it that no other
+    added folder still lists (``add /tmp/x; rm base; add /; rm /`` keeps ``base``
+    hidden: /tmp/x still lists it)."""
+
+    def under(h: Path, root: Path) -> bool:
+        return h == root or root in h.parents
+
     with updating() as rec:
         before = len(rec.added)
         rec.added = [p for p in rec.added if Path(p) != path]
-        rec.hidden = [h for h in rec.hidden if not (Path(h) == path or path in Path(h).parents)]
+        others = [Path(p) for p in rec.added]
+        rec.hidden = [h for h in rec.hidden if not under(Path(h), path) or any(under(Path(h), o) for o in others)]
     return len(rec.added) != before
 
 

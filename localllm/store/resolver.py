@@ -19,13 +19,43 @@ from localllm.store.builtin import CATALOG, DEFAULT_MODEL, CatalogEntry, embedde
 __all__ = ["CATALOG", "DEFAULT_MODEL", "CatalogEntry", "embedded_path", "find_entry", "looks_like_path", "resolve"]
 
 
+# Linux's PATH_MAX and NAME_MAX (limits.h); macOS allows less (1024, 255). A name past
+# them names no file: stat() raises ENAMETOOLONG instead of answering "no".
+_MAX_PATH, _MAX_PART = 4096, 255
+
+
+def shown(name: str) -> str:
+    """``name`` for a message: whole when short, else its start and its length (a
+    10 KB name echoed back is a screen of noise)."""
+    return name if len(name) <= 80 else f"{name[:60]}… ({len(name)} characters)"
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; False where the OS refuses to look (a name too long,
+    a loop of links, a NUL byte) rather than an OSError."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def check_name(name: str) -> None:
+    """An InputError naming the problem for a model argument no file can have."""
+    if "\0" in name:
+        raise InputError(f"model name '{shown(name.replace(chr(0), '?'))}' holds a NUL byte: no file or model has one")
+    if len(name.encode("utf-8", "surrogateescape")) > _MAX_PATH or any(
+            len(part.encode("utf-8", "surrogateescape")) > _MAX_PART for part in Path(name).parts):
+        raise InputError(f"model name too long: '{shown(name)}' (a path may have {_MAX_PATH} bytes and each of its parts "
+                         f"{_MAX_PART}; see localllm list for the names)")
+
+
 def looks_like_path(name: str) -> bool:
     return (
         name.endswith(".gguf")
         or os.sep in name
         or "/" in name
         or name.startswith(".")
-        or Path(name).exists()
+        or _exists(Path(name))
     )
 
 
@@ -61,8 +91,9 @@ def resolve(name: str | None) -> Path:
     like a path is passed on, for the loader to report as missing."""
     if name is None:
         name = DEFAULT_MODEL
+    check_name(name)
     path = Path(name).expanduser()
-    if path.exists():
+    if _exists(path):
         return path
     entry = find_entry(name)
     if entry is not None:
@@ -79,6 +110,6 @@ def resolve(name: str | None) -> Path:
         return path
     builtin = ", ".join(e.name for e in CATALOG)
     raise InputError(
-        f"unknown model '{name}': not a file and not a known name (built in: {builtin}; see localllm list; "
+        f"unknown model '{shown(name)}': not a file and not a known name (built in: {builtin}; see localllm list; "
         "localllm pull OWNER/REPO downloads one, localllm add PATH names your own)"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from localllm.cli import build_parser, cockpit_by_default
-from tests.helpers.cli import cli
+from tests.helpers.cli import cli, one_line
 
 
 def test_llama_cpp_spellings_are_aliases() -> None:
@@ -107,3 +107,28 @@ def test_zsh_and_fish_scripts_name_every_command() -> None:
         text = cli("completion", shell).stdout
         assert all(name in text for name in ("plan", "run", "quantize", "completion")) and "completion --names" in text
     assert cli("completion").returncode == 2
+
+
+@pytest.mark.parametrize("kind", ["deep", "fifo", "dev-zero", "directory", "huge"])
+def test_the_config_file_is_read_like_any_untrusted_file(config: Path, kind: str) -> None:
+    """Issue 45 item 4: a TOML array 1,000 deep gave a 3,000-line RecursionError on
+    every command, a FIFO hung every command, a link to /dev/zero read until
+    MemoryError. Each is one line naming the file, exit 2, at once."""
+    import time
+
+    if kind == "deep":
+        config.write_text("x = " + "[" * 1000 + "]" * 1000)
+    elif kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "dev-zero":
+        config.symlink_to("/dev/zero")
+    elif kind == "directory":
+        config.mkdir()
+    else:
+        config.write_text("# " + "x" * (2 * 1024 * 1024) + "\n")
+    t0 = time.monotonic()
+    r = cli("list")
+    assert time.monotonic() - t0 < 10
+    line = one_line(r, 2, str(config))
+    assert {"deep": "nested too deep", "fifo": "not a regular file", "dev-zero": "not a regular file", "directory": "not a regular file",
+            "huge": "larger than 1024 KiB"}[kind] in line

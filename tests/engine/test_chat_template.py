@@ -66,3 +66,18 @@ def test_template_option(synth_model: Path, tmp_path: Path) -> None:
     one_line(cli("run", str(synth_model), "-p", "hi", "--template", str(bad)), 1, "bad.jinja failed", "use --raw or --template")
     one_line(cli("run", str(synth_model), "-p", "hi", "--template", "no-such-template"), 2, "not a built-in template", "chatml")
     one_line(cli("run", str(synth_model), "-p", "hi", "--raw", "--template", "chatml"), 2, "--raw uses no chat template")
+
+
+@pytest.mark.parametrize("name", ["meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja"])
+def test_llama_3_templates_get_todays_date_as_llama_cpp_gives_it(name: str) -> None:
+    """Issue 45 item 8: Llama 3.1/3.3 templates read ``date_string`` (llama.cpp sets it
+    and ``datetime`` in common/chat.cpp's common_chat_extra_context), 3.2 calls
+    ``strftime_now``; without them a template wrote its fallback, 26 Jul 2024, as today."""
+    from localllm.engine.chat_template import ChatTemplate
+
+    source = (Path(__file__).parents[1] / "serve" / "templates" / name).read_text(encoding="utf-8")
+    before = time.strftime("%d %b %Y")
+    text = ChatTemplate(source, name).render([{"role": "user", "content": "hi"}], bos_token="<s>", eos_token="</s>", add_generation_prompt=True)
+    after = time.strftime("%d %b %Y")
+    assert f"Today Date: {before}\n" in text or f"Today Date: {after}\n" in text, text[:200]
+    assert "26 Jul 2024" not in text

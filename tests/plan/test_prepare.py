@@ -171,3 +171,26 @@ def test_a_simulated_gpu_budget_keeps_llama_cpps_compute_in_the_gpu_column(deci:
     lp = prepare.prepare_load(deci, fitting.Request(LoadConfig(n_ctx=1024)), hw, n_ctx=1024, dry_run=dry)
     assert lp.fit.plan.compute_on_gpu and lp.compute == (7 * MiB, 0)
     assert lp.total[0] == lp.fit.plan.weights_gpu_bytes + lp.fit.plan.kv_gpu_bytes + 7 * MiB
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["qwen2moe", "mamba2", "gpt-oss", "llama"])
+def test_plan_json_reports_the_compute_its_table_shows(case: str, tmp_path: Path) -> None:
+    """Issue 45 item 7: ``plan --json`` took the unrefereed plan (the estimate, with
+    ``compute_estimated: true``) while ``sources.compute`` said "llama.cpp's dry run"
+    and the table showed the dry run's figure. Now the JSON's compute_bytes is the
+    table's, and ``compute_estimated`` is true only when nothing measured it."""
+    import re
+
+    from scripts.plan_conformance import CASES
+
+    path = write_gguf(tmp_path / f"{case}.gguf", CASES[case])
+    d = json.loads(cli("plan", str(path), "--json").stdout)
+    text = cli("plan", str(path)).stdout
+    shown = re.search(r"^compute \(([^)]+)\)\s+\S+ \S+\s+([\d.]+) (KiB|MiB|GiB)$", text, re.M)
+    assert shown, text
+    assert shown.group(1) == d["sources"]["compute"]
+    scale = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[shown.group(3)]
+    assert abs(d["compute_bytes"] / scale - float(shown.group(2))) < 0.006, (d["compute_bytes"], shown.group(0))
+    assert d["compute_cpu_bytes"] == d["compute_bytes"]  # no GPU here: the CPU column is the whole figure
+    assert d["compute_estimated"] is (d["sources"]["compute"] == "estimate")

@@ -41,7 +41,8 @@ def test_where_it_does_not_the_figure_is_llama_cpps_own(tmp_path: Path) -> None:
 
     path = write_gguf(tmp_path / "deci.gguf", SynthSpec(arch="deci", name="synthetic-deci", n_embd=128, n_head=4, kv_heads_per_layer=(4, 1)))
     d = _plan(str(path), "--ctx", "1024")
-    assert d["compute_estimated"] and d["sources"]["compute"] == "llama.cpp's dry run"
+    # llama.cpp's figure, so not an estimate: the JSON says what the table says (issue 45 item 7)
+    assert d["compute_estimated"] is False and d["sources"]["compute"] == "llama.cpp's dry run"
     with LlamaCppBackend() as b:
         b.load(path, LoadConfig(n_ctx=1024))
         real = sum(b.logged_buffers["CPU"]["compute"])

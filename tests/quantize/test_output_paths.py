@@ -15,7 +15,7 @@ import pytest
 from localllm.errors import InputError
 from localllm.quantize import pipeline
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
-from tests.helpers.cli import cli
+from tests.helpers.cli import cli, one_line
 
 
 @pytest.fixture
@@ -92,3 +92,23 @@ def test_quantize_takes_a_name_and_writes_into_localllms_own_folder(f16: Path) -
     assert "tiny-Q8_0" in cli("list").stdout
     # a path still writes beside it, as before
     assert json.loads(cli("quantize", str(f16), "--type", "Q8_0", "--dry-run", "--json").stdout)["output"] == str(f16.parent / "tiny-Q8_0.gguf")
+
+
+def test_a_folder_that_cannot_be_written_is_one_line_naming_it(f16: Path, tmp_path: Path) -> None:
+    """Issue 45 item 9: llama.cpp said "basic_ios::clear: iostream error" after reading
+    the whole source. A folder this user cannot write to (root writes through
+    permission bits, so as root /proc: no file can be made there)."""
+    if os.geteuid() == 0:
+        folder = Path("/proc")
+    else:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        line = one_line(cli("quantize", str(f16), str(folder / "out-Q8_0.gguf"), "--type", "Q8_0"), 1, f"cannot write to {folder}: ",
+                        "name an output file in a folder you can write to")
+        assert "basic_ios" not in line
+    finally:
+        if folder != Path("/proc"):
+            folder.chmod(stat.S_IRWXU)
+    one_line(cli("quantize", str(f16), str(f16 / "out-Q8_0.gguf"), "--type", "Q8_0"), 2, f"the output directory {f16} is not a directory")

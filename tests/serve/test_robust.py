@@ -314,3 +314,67 @@ def test_511_half_sent_requests_on_a_server_without_a_key(tmp_path: Path) -> Non
             s.close()
     c.proc.send_signal(signal.SIGINT)
     assert c.finish()[0] == 0
+
+
+HOSTILE_BODIES = {  # issue 45 item 2: each killed serve, froze it, or took 640 MB, before the bounds
+    "nested-grammar": ("/completion", {"prompt": "x", "n_predict": 2, "grammar": "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000},
+                       "nests groups more than"),
+    "nested-grammar-chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                                     "grammar": "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000}, "nests groups more than"),
+    "min-length": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+                                                "type": "string", "minLength": 30_000_000}}}}, "minLength is 30000000"),
+    "min-items": ("/completion", {"prompt": "x", "n_predict": 2, "json_schema": {"type": "array", "minItems": 30_000_000}}, "minItems"),
+    "ollama-format": ("/api/generate", {"model": "smollm2", "prompt": "x", "stream": False, "options": {"num_predict": 2},
+                                        "format": {"type": "string", "minLength": 30_000_000}}, "minLength"),
+    "huge-enum": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                           "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+                                               "enum": [f"value-{i}" for i in range(12_000)]}}}}, "KiB of grammar"),  # 90,000 is past the body limit (413)
+    "surrogate-grammar": ("/completion", {"prompt": "x", "n_predict": 2, "grammar": 'root ::= "\udcff"'}, "lone surrogate"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(HOSTILE_BODIES))
+def test_a_grammar_or_schema_past_the_bounds_is_a_400_and_serve_answers_on(server, case: str) -> None:
+    path, body, says = HOSTILE_BODIES[case]
+    t0 = time.monotonic()
+    r = _post_raw(server, path, body)
+    assert r.status_code == 400, (r.status_code, r.text[:500])
+    assert says in r.text, r.text[:500]
+    assert time.monotonic() - t0 < 10
+    ok = _post_raw(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2, "temperature": 0})
+    assert ok.status_code == 200, ok.text
+    assert server.proc.poll() is None and "Traceback" not in server.log
+
+
+def _post_raw(server, path: str, body: dict):
+    """POST ``body`` as json.dumps writes it (a lone surrogate as the escape \\udcff, as a client sends it)."""
+    import json
+
+    import httpx2
+
+    with httpx2.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+                       timeout=60) as c:
+        return c.post(path, content=json.dumps(body).encode())
+
+
+SURROGATE = "\udcff"
+SURROGATE_BODIES = {  # issue 45 item 2: each was a 500 with a uvicorn traceback (a streamed /completion broke off mid-body)
+    "tokenize": ("/tokenize", {"content": f"a{SURROGATE}"}, "content"),
+    "apply-template": ("/apply-template", {"messages": [{"role": "user", "content": SURROGATE}]}, "messages[0].content"),
+    "embeddings": ("/v1/embeddings", {"input": ["ok", SURROGATE]}, "input[1]"),
+    "completion-stop": ("/completion", {"prompt": "x", "n_predict": 2, "stop": ["ok", SURROGATE]}, "stop[1]"),
+    "completion-stream": ("/completion", {"prompt": f"x{SURROGATE}", "n_predict": 2, "stream": True}, "prompt"),
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": SURROGATE}], "max_tokens": 2}, "messages[0].content"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(SURROGATE_BODIES))
+def test_a_lone_surrogate_is_a_400_naming_its_field(server, case: str) -> None:
+    path, body, field = SURROGATE_BODIES[case]
+    r = _post_raw(server, path, body)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert f"'{field}' holds a lone surrogate" in r.text and "template" not in r.text, r.text[:300]
+    assert "Traceback" not in server.log

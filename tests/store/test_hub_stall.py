@@ -47,7 +47,7 @@ def test_a_stalled_hub_is_one_line_within_the_timeout() -> None:
         t0 = time.monotonic()
         # a child process: huggingface_hub reads its endpoint and time-out when first imported
         r = run_cli("pull", "acme/Silent-GGUF", "--quant", "Q4_K_M", timeout=60,
-                    env={"HF_ENDPOINT": f"http://127.0.0.1:{hub.port}", "HF_HUB_DOWNLOAD_TIMEOUT": "2", "HF_HUB_ETAG_TIMEOUT": "2"})
+                    env={"HF_ENDPOINT": f"http://127.0.0.1:{hub.port}", "HF_HUB_DOWNLOAD_TIMEOUT": "1", "HF_HUB_ETAG_TIMEOUT": "1"})
         took = time.monotonic() - t0
     finally:
         hub.close()
@@ -69,7 +69,7 @@ def test_a_hub_that_stops_mid_answer_is_one_line_within_the_timeout(tmp_path, st
 
     hub = FakeHub(stall_after=stall_after).start()
     hub.add("acme/Stall-GGUF", "Stall-F32.gguf", write_gguf(tmp_path / "Stall-F32.gguf", SynthSpec(n_layer=8, n_embd=512, n_ff=1024, dtype="f32")))
-    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_DOWNLOAD_TIMEOUT": "2", "HF_HUB_ETAG_TIMEOUT": "2"}
+    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_DOWNLOAD_TIMEOUT": "1", "HF_HUB_ETAG_TIMEOUT": "1"}
     try:
         runs = [("pull", "acme/Stall-GGUF", "--quant", "F32")] + ([("plan", "acme/Stall-GGUF:F32")] if stall_after == 0 else [])
         for args in runs:

@@ -10,6 +10,7 @@ import pytest
 
 from localllm.errors import InputError
 from localllm.store import resolver
+from tests.helpers.cli import cli, one_line
 
 
 def test_default_is_smollm2_file() -> None:
@@ -41,3 +42,14 @@ def test_gemma_assembled_into_data_dir(_isolated_home: Path) -> None:
     assert path.parent == _isolated_home / "models" and path.stat().st_size == 253_113_024
     assert not list(path.parent.glob("*.part"))
     assert resolver.resolve("gemma3") == path  # second call reuses the file
+
+
+@pytest.mark.parametrize("command", ["inspect", "plan", "run", "chat"])
+def test_a_name_too_long_for_any_file_is_one_line_shortened(command: str) -> None:
+    """Issue 45 item 5: a 10 KB name ended in "internal error: OSError: [Errno 36]
+    File name too long", echoing the whole name."""
+    name = "a" * 10_000
+    line = one_line(cli(command, name, *(["-p", "hi"] if command == "run" else [])), 1, "model name too long", "(10000 characters)")
+    assert len(line) < 300, line
+    part = f"/tmp/{'b' * 300}/x.gguf"  # one part past NAME_MAX: stat() would raise ENAMETOOLONG
+    one_line(cli(command, part, *(["-p", "hi"] if command == "run" else [])), 1, "model name too long")

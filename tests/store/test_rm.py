@@ -73,3 +73,16 @@ def test_a_hidden_list_of_the_wrong_shape_is_ignored_with_a_notice() -> None:
     assert rec.hidden == [] and "hidden" not in rec.to_dict()
     rec = registry.parse_record({"version": 1, "added": ["/a"], "pulled": [], "hidden": ["/a/x.gguf", 3]}, "test.json")
     assert rec.hidden == ["/a/x.gguf"] and rec.to_dict()["hidden"] == ["/a/x.gguf"]
+
+
+def test_forgetting_a_folder_keeps_what_another_added_folder_hid(folder: Path) -> None:
+    """Issue 45 item 6: ``add /tmp/x; rm base --yes; add /; rm / --yes`` emptied the
+    hidden list, so ``base``, removed from the still-added /tmp/x, was listed again."""
+    assert cli("add", str(folder)).returncode == 0
+    assert cli("rm", "beta-q8_0", "--yes").returncode == 0
+    parent = folder.parent
+    assert cli("add", str(parent)).returncode == 0
+    assert cli("rm", str(parent), "--yes").returncode == 0
+    assert _names() == {"alpha-q8_0", "gamma-q8_0"}  # the folder still added still hides beta
+    assert cli("rm", str(folder), "--yes").returncode == 0
+    assert registry.load_record().hidden == []  # forgetting the last folder that listed it forgets it
