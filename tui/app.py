@@ -50,7 +50,7 @@ from localllm.tui.devices import fit_over_workers
 from localllm.tui.help import HelpScreen, app_keys
 from localllm.tui.prompt import PromptBox
 from localllm.tui.saved import printable, reason
-from localllm.tui.screens import ModelsScreen
+from localllm.tui.screens import ModelsScreen, ensure_built_in
 from localllm.tui.sessions_screen import SessionsScreen
 from localllm.tui.settings import Settings
 from localllm.tui.settings_screen import SettingsScreen
@@ -353,6 +353,7 @@ class LocalLLMApp(ConversationControls, App):
         at once may not fit); if the new one fails, the previous one is loaded
         again as it was, so a bad file or an absurd setting costs nothing."""
         try:
+            ensure_built_in(req.path)  # gemma3-270m chosen on F2 before its first use: assembled here, off the UI thread
             cfg, note, fp = self._choose_config(req.path, req.settings)
         except Exception as exc:  # noqa: BLE001 - a bad file must not end the app
             return ModelLoaded(req, error=reason(exc), kept=req.previous is not None)

