@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from rich.cells import cell_len, get_character_cell_size
+from rich.cells import get_character_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -361,7 +361,10 @@ class ChatView(ScrollView, can_focus=True):
             looks = self._looks[index]
             if span is None:  # plain text in one style is one segment, no rich Text to lay out
                 segments = [Segment(row, style)] if looks is None else list(Segment.apply_style(looks, style))
-                strip = Strip(segments, cell_len(row))
+                # the segments' own length: a rendered row's segments run past its text (Rich pads a
+                # list item to the width), and a strip told the text's length is never cropped to the
+                # view, so it painted over the figures panel beside it (issue 45 item 3)
+                strip = Strip(segments, Segment.get_line_length(segments))
                 self._strips[index] = strip
             else:
                 text = Text(row, no_wrap=True, style=style)
@@ -371,7 +374,8 @@ class ChatView(ScrollView, can_focus=True):
                         text.append(segment.text, segment.style)
                 begin, end = span
                 text.stylize(self.screen.get_component_rich_style("screen--selection"), begin, len(text) if end == -1 else end)
-                strip = Strip(text.render(self.app.console), cell_len(row))
+                rendered = list(text.render(self.app.console))
+                strip = Strip(rendered, Segment.get_line_length(rendered))
         return strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, index)
 
     def _line_style(self) -> Style:

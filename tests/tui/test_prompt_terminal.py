@@ -114,3 +114,42 @@ def test_keys_typed_while_a_model_loads_leave_no_stray_character(_isolated_home:
     assert start < typed < end  # the keys came while the reader stalled
     assert "hello^" not in screen
     assert [m["content"] for chat in result["chats"] for m in chat if m["role"] == "user"] == ["hello\nworld"]
+
+
+LIST_REPLY = ["# Fruits\n\n", "- Banana\n", "- Apple\n", "- Grapefruit\n", "- Rosemary\n", "- Sage\n\n", "```python\n", "x = 1\n", "```\n",
+              "\nDone."]
+
+
+def test_a_finished_reply_stays_in_its_column_at_120x40(_isolated_home: Path, synth_model: Path, tmp_path: Path) -> None:
+    """Issue 45 item 3: at 120×40 a finished reply's Markdown list was painted over
+    the figures panel beside it (Rich pads a list item to the width, and the
+    strip was told the text's shorter length, so it was never cropped), and it
+    stayed behind the F1 help. Every row of the figures panel holds only its own
+    text after the reply is drawn as Markdown."""
+    reply = tmp_path / "reply.json"
+    reply.write_text(json.dumps(LIST_REPLY))
+    env = {"LOCALLLM_HOME": str(_isolated_home), "PYTHONPATH": str(REPO), "TERM": "xterm-256color"}
+    cmd = [sys.executable, "-m", "tests.helpers.scripted_cockpit", str(synth_model), str(tmp_path / "chats.json"), str(reply)]
+    with Tmux(cmd, env=env, width=120, height=40) as t:
+        t.wait_for(r"context 1024", timeout=60)
+        t.send("fruits please", literal=True)
+        t.send("Enter")
+        t.wait_for(r"•\s+Sage", timeout=30)  # drawn as Markdown (a bullet), which follows the last token
+        screen = t.screen().splitlines()
+        tops = [i for i, line in enumerate(screen) if "╭" in line]
+        assert tops, "\n".join(screen)
+        left = screen[tops[0]].index("╭")  # the figures panels' left edge
+        inside = False
+        for i, line in enumerate(screen):  # every row of a panel keeps its left border: nothing painted over it
+            if i in tops:
+                inside = True
+            if inside:
+                assert len(line) > left and line[left] in "│╭╰", f"row {i} lost the panel's border:\n" + "\n".join(screen)
+            if "╰" in line:
+                inside = False
+        panel = [line[left:] for line in screen if len(line) > left]
+        for word in ("Banana", "Grapefruit", "Rosemary", "Sage", "x = 1"):
+            assert not any(word in row for row in panel), "\n".join(screen)
+        assert "Latency" in "\n".join(panel) and "Memory" in "\n".join(panel)
+        assert any("Banana" in line[:left] for line in screen), "\n".join(screen)  # drawn, in its own column
+        t.send("C-q")
