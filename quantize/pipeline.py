@@ -98,8 +98,10 @@ class Job:
     force: bool = False
     imatrix: Path | None = None
 
-    def check(self) -> None:
-        """Refuse before any work: bad type, bad input, unsafe output."""
+    def check(self, *, probe_write: bool = True) -> None:
+        """Refuse before any work: bad type, bad input, unsafe output. ``probe_write``
+        makes (and deletes) a file in the output folder: not for a dry run, which
+        writes nothing."""
         if self.qtype not in TYPES:
             raise UsageError(f"unknown quantization type '{self.qtype}': choose one of {', '.join(TYPES)}")
         info = describe(read_header(self.src))
@@ -119,7 +121,8 @@ class Job:
         parent = self.dst.parent
         if not parent.is_dir():
             raise UsageError(f"the output directory {parent} {'is not a directory' if parent.exists() else 'does not exist'}")
-        _check_writable(parent)
+        if probe_write:
+            _check_writable(parent)
 
 
 def _check_writable(folder: Path) -> None:
@@ -311,7 +314,7 @@ def report(src: Path, dst: Path, qtype: str, seconds: float) -> Report:
 
 
 def dry_report(job: Job) -> Report:
-    job.check()
+    job.check(probe_write=False)
     t0 = time.perf_counter()
     size, data = predicted_sizes(job)
     n_params = describe(read_header(job.src)).n_params  # bits per weight: of the tensor data, as llama.cpp counts it

@@ -86,11 +86,12 @@ fi
 "$py" -m pip install --quiet -e "$here$extras"
 
 # What the tests need from outside Python: the terminal tests drive tmux, the
-# server tests speak curl (SSE framing), the benchmarks' and tests' anchors are
+# server tests speak curl (SSE framing), the completion tests run zsh and fish
+# as well as bash (a model's file name must never run), the benchmarks' and tests' anchors are
 # llama.cpp's own tools built from the same vendored source (cached and keyed
 # like the wheel, under $XDG_CACHE_HOME: scripts/build_llama_tools.sh).
 if [ "$test" = 1 ]; then
-  for need in tmux curl; do
+  for need in tmux curl zsh fish; do
     command -v "$need" >/dev/null 2>&1 && continue
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       echo "installing $need (the tests need it)" >&2
