@@ -4,6 +4,7 @@ disconnects, a bounded fuzz, and SIGINT draining. One server per module."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,17 @@ def _start(home: Path) -> Server:
     # flash attention sums V in f16, in cell order); tests/serve/test_prompt_cache.py has it.
     return Server("smollm2", "--cache-ram", "0", "--parallel", "4", "--ctx", "512", "--max-queue", "4", "--prefill-chunk", "16",
                   "--threads", "1", "--api-key", KEY, "--metrics", env={"LOCALLLM_HOME": str(home)})
+
+
+@contextlib.contextmanager
+def _own_server(tmp_path: Path) -> Iterator[Server]:
+    """A server for one test: one that stops it, or compares greedy replies with a
+    fresh read (which the cells earlier requests left can part at a near-tie)."""
+    server = _start(tmp_path / "serve-home")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +75,15 @@ PROMPTS = ["What is the capital of France?", "Name three colours.", "Write a hai
 
 
 @pytest.mark.slow
-def test_openai_client_chat_and_stream(server) -> None:
+def test_openai_client_chat_and_stream(tmp_path: Path) -> None:
+    """A server of its own, as the greedy comparison below needs (see
+    test_four_concurrent_streams_match_sequential_greedy): after other tests, in
+    another order, its reply parted from localllm run's at a near-tie."""
+    with _own_server(tmp_path) as server:
+        _chat_and_stream(server)
+
+
+def _chat_and_stream(server: Server) -> None:
     client = _openai(server)
     models = client.models.list()
     assert [m.id for m in models.data] == ["smollm2"]
@@ -109,11 +130,8 @@ def test_four_concurrent_streams_match_sequential_greedy(tmp_path: Path) -> None
     """A server of its own: the cells a reply's prompt lands in follow what earlier
     requests left in the cache, and llama.cpp's CPU flash attention sums V in cell
     order, so a near-tie could part the two runs after other tests in another order."""
-    server = _start(tmp_path / "serve-home")
-    try:
+    with _own_server(tmp_path) as server:
         _concurrent_matches_sequential(server)
-    finally:
-        server.stop()
 
 
 def _concurrent_matches_sequential(server: Server) -> None:
