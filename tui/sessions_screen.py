@@ -44,10 +44,8 @@ def plain(text: str) -> Text:
 
 def when(t: float) -> str:
     """A saved time for the list; "date unknown" where the clock cannot show it."""
-    try:
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(sessions.stamp(t))) if sessions.stamp(t) else "date unknown"
-    except (OverflowError, OSError, ValueError):
-        return "date unknown"
+    t = sessions.stamp(t)  # 0.0 for anything a clock cannot show, so localtime cannot fail
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "date unknown"
 
 
 def _turns(s: sessions.SavedSession) -> str:

@@ -129,6 +129,5 @@ def init(vocab: object, text: str, triggers: Sequence[str] = ()) -> object:
 
 
 def check(vocab: object, text: str) -> None:
-    """Raise ``InputError`` unless ``text`` is within the bounds and llama.cpp parses it."""
-    check_bounds(text)
+    """Raise ``InputError`` unless ``text`` is within the bounds and llama.cpp parses it (``init`` checks both)."""
     llama_cpp.llama_sampler_free(init(vocab, text))
