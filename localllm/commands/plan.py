@@ -148,32 +148,44 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
     predicted = _predicted(args, f, path)
     info = inspect_model(path)
     if args.json:
-        d = f.plan.to_dict()  # the refereed plan: llama.cpp's compute where its dry run gave it, as the table shows
-        d.update(
-            outcome=f.fit.outcome.value,
-            fits=f.fit.fits,
-            reason=f.fit.sentence,
-            budget_gpu_bytes=f.fit.gpu_budget,
-            ram_available_bytes=f.fit.ram,
-            margin_bytes=f.fit.margin,
-            max_ctx_by_kv_type=f.fit.max_ctx_by_kv_type,
-            shiftable_cache_extra_bytes=f.shift_extra_bytes,
-            hardware=f.hardware.to_dict(),
-            architecture=info.architecture,
-            cache_rule_source=info.cache_rule_source if info.cache_rule_verified else None,
-            remote={"repo": remote.name.repo_id, "filename": remote.file.filename, "size_bytes": remote.file.size,
-                    "downloaded": False} if remote is not None else None,
-        )
-        d.update(f.to_dict())
-        d["predicted_decode"] = predicted.to_dict() if predicted is not None else None
-        if f.placement is not None:
-            d.update(devices=f.placement.to_list(), tensor_split=list(f.placement.split), placement_rules=f.placement.rules)
-        fmt.print_json(d)
-        return 0 if f.fit.fits else EXIT_ERROR
-    if remote is not None:
-        print(f"{fmt.safe(remote.label)} ({fmt.size(remote.file.size)}): not downloaded; its header was read from the Hub, nothing stored "
-              f"(localllm pull {fmt.safe(remote.name.pull_arg)} gets it)\n")
-    print(render_devices(f) if f.placement is not None else render(f, info.architecture))
-    if predicted is not None:
-        print(predicted.line())
+        fmt.print_json(as_dict(f, info, predicted, remote))
+    else:
+        print(as_text(f, info, predicted, remote))
     return 0 if f.fit.fits else EXIT_ERROR
+
+
+def as_dict(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None) -> dict:
+    """``plan --json``: the figures ``as_text`` shows, from the same refereed plan (issue 45 item 7)."""
+    d = f.plan.to_dict()  # the refereed plan: llama.cpp's compute where its dry run gave it, as the table shows
+    d.update(
+        outcome=f.fit.outcome.value,
+        fits=f.fit.fits,
+        reason=f.fit.sentence,
+        budget_gpu_bytes=f.fit.gpu_budget,
+        ram_available_bytes=f.fit.ram,
+        margin_bytes=f.fit.margin,
+        max_ctx_by_kv_type=f.fit.max_ctx_by_kv_type,
+        shiftable_cache_extra_bytes=f.shift_extra_bytes,
+        hardware=f.hardware.to_dict(),
+        architecture=info.architecture,
+        cache_rule_source=info.cache_rule_source if info.cache_rule_verified else None,
+        remote={"repo": remote.name.repo_id, "filename": remote.file.filename, "size_bytes": remote.file.size,
+                "downloaded": False} if remote is not None else None,
+    )
+    d.update(f.to_dict())
+    d["predicted_decode"] = predicted.to_dict() if predicted is not None else None
+    if f.placement is not None:
+        d.update(devices=f.placement.to_list(), tensor_split=list(f.placement.split), placement_rules=f.placement.rules)
+    return d
+
+
+def as_text(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None) -> str:
+    """``plan``'s table and lines."""
+    out = []
+    if remote is not None:
+        out.append(f"{fmt.safe(remote.label)} ({fmt.size(remote.file.size)}): not downloaded; its header was read from the Hub, nothing stored "
+                   f"(localllm pull {fmt.safe(remote.name.pull_arg)} gets it)\n")
+    out.append(render_devices(f) if f.placement is not None else render(f, info.architecture))
+    if predicted is not None:
+        out.append(predicted.line())
+    return "\n".join(out)

@@ -29,7 +29,7 @@ from pathlib import Path
 import llama_cpp
 
 from localllm.engine import grammar
-from localllm.engine.checked_sampler import CheckedSampler
+from localllm.engine.checked_sampler import CheckedSampler, GrammarTooSlow
 from localllm.engine.embed import Embedder
 from localllm.engine.llamalog import ROUTER
 from localllm.engine.logprobs import row_logprobs
@@ -180,8 +180,10 @@ class BatchModel:
         return CheckedSampler(chain, gram, self.tok.n_vocab)
 
     def check_grammar(self, text: str) -> None:
-        """Raise ``InputError`` unless llama.cpp parses the GBNF ``text`` (serve asks before admitting a request)."""
-        grammar.check(self.tok.vocab, text)
+        """Raise ``InputError`` unless llama.cpp parses the GBNF ``text`` and it
+        filters this vocabulary in time (serve asks before admitting a request,
+        off the engine thread)."""
+        grammar.check(self.tok.vocab, text, self.tok.n_vocab)
 
     @staticmethod
     def free_sampler(sampler) -> None:
@@ -205,7 +207,12 @@ class BatchModel:
         out = []
         for sampler, i in picks:
             tok = next(fast) if fast is not None and isinstance(sampler, Greedy) else None
-            out.append(self.sample(sampler, i) if tok is None else tok)
+            if tok is None:
+                try:
+                    tok = self.sample(sampler, i)
+                except GrammarTooSlow:  # this request's fault: -1 ends it alone (the scheduler reads the sampler's .failed)
+                    tok = -1
+            out.append(tok)
         return out
 
     def is_eog(self, token: int) -> bool:

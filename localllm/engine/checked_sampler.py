@@ -19,24 +19,31 @@ from __future__ import annotations
 
 import ctypes
 import math
+import time
 
 import llama_cpp
 import numpy as np
 
+from localllm.engine import grammar as _grammar
 from localllm.engine.logprobs import logits_row
-from localllm.errors import EngineError
+from localllm.errors import EngineError, InputError
 
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+TOKEN_DATA = _grammar.TOKEN_DATA
+
+
+class GrammarTooSlow(InputError):
+    """A grammar's filter of the vocabulary took longer than ``grammar.MAX_STEP_SECONDS``."""
 
 
 class CheckedSampler:
     """A sampler chain without the grammar, and the grammar checking its pick."""
 
     def __init__(self, chain: object, grammar: object, n_vocab: int) -> None:
-        assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
+        assert TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
         self.chain, self.grammar, self.n_vocab = chain, grammar, n_vocab
+        self.failed = ""  # why the request ended here (GrammarTooSlow's message), read by serve's scheduler
         self._ids = np.arange(n_vocab, dtype=np.int32)
-        self._cur = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self._cur = np.zeros(n_vocab, dtype=TOKEN_DATA)
         self._data = self._cur.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
         self._one = llama_cpp.llama_token_data(0, 1.0, 0.0)
         self._one_arr = llama_cpp.llama_token_data_array(ctypes.pointer(self._one), 1, -1, False)
@@ -50,7 +57,12 @@ class CheckedSampler:
     def _pick(self, ctx: object, i: int, *, grammar_first: bool) -> int:
         cur = self._candidates(ctx, i)
         if grammar_first:
+            t0 = time.perf_counter()
             llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(cur))
+            took = time.perf_counter() - t0
+            if took > _grammar.MAX_STEP_SECONDS:  # ends this request (serve: this slot only), not the next token's wait
+                self.failed = _grammar.too_slow(took)
+                raise GrammarTooSlow(self.failed)
         llama_cpp.llama_sampler_apply(self.chain, ctypes.byref(cur))
         if not 0 <= cur.selected < cur.size:
             raise EngineError("the sampler chain selected no token")

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import llama_cpp
+import numpy as np
 from llama_cpp import llama_grammar
 
 from localllm.errors import InputError
@@ -30,6 +32,18 @@ MAX_SCHEMA_BYTES = 256 * 1024  # the schema as JSON
 MAX_GRAMMAR_BYTES = 128 * 1024  # the GBNF text, given or converted (a tool schema's is a few KB)
 MAX_GRAMMAR_DEPTH = 128  # nested groups in the GBNF text
 MAX_REPEAT = 65_536  # minLength/maxItems/... and GBNF {m,n}: no reply is that long in characters or items
+# The size bound is not a time bound: the grammar's cost a token grows with its
+# live alternatives times the vocabulary (measured here, SmolLM2's 49,152 tokens,
+# one filter of the whole vocabulary: {"type": "object"} 15 ms, an enum of 100
+# strings 35 ms, of 1,000 336 ms, of 5,000 1.3 s; Gemma 3's 262,144 tokens cost
+# about 5x). A grammar whose filter takes longer than this on the engine thread
+# is refused when it is checked (timed once, off the engine thread), and a
+# request whose grammar passes that check but takes longer at a later token
+# (a prefix before a long alternation) is ended at that token
+# (checked_sampler.CheckedSampler): one slow step, never a stall of every token.
+MAX_STEP_SECONDS = 0.25
+# llama.cpp's llama_token_data, as a numpy record: a candidates array filled without a Python loop
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains")
 
 
@@ -128,6 +142,30 @@ def init(vocab: object, text: str, triggers: Sequence[str] = ()) -> object:
     return sampler
 
 
-def check(vocab: object, text: str) -> None:
-    """Raise ``InputError`` unless ``text`` is within the bounds and llama.cpp parses it (``init`` checks both)."""
-    llama_cpp.llama_sampler_free(init(vocab, text))
+def check(vocab: object, text: str, n_vocab: int | None = None) -> None:
+    """Raise ``InputError`` unless ``text`` is within the bounds and llama.cpp
+    parses it (``init`` checks both); with ``n_vocab``, also unless filtering
+    the whole vocabulary at its first token takes at most ``MAX_STEP_SECONDS``."""
+    sampler = init(vocab, text)
+    try:
+        if n_vocab is not None:
+            took = filter_seconds(sampler, n_vocab)
+            if took > MAX_STEP_SECONDS:
+                raise InputError(too_slow(took))
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+
+
+def too_slow(seconds: float) -> str:
+    return (f"the grammar took {1000 * seconds:.0f} ms to filter the vocabulary for one token; at most "
+            f"{1000 * MAX_STEP_SECONDS:.0f} ms (every other request waits for it: a long enum or alternation is the usual cause)")
+
+
+def filter_seconds(sampler: object, n_vocab: int) -> float:
+    """How long ``sampler`` (a grammar, in its current state) takes to filter every token of the vocabulary once."""
+    cur = np.zeros(n_vocab, dtype=TOKEN_DATA)
+    cur["id"] = np.arange(n_vocab, dtype=np.int32)
+    arr = llama_cpp.llama_token_data_array(cur.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), n_vocab, -1, False)
+    t0 = time.perf_counter()
+    llama_cpp.llama_sampler_apply(sampler, ctypes.byref(arr))
+    return time.perf_counter() - t0

@@ -282,6 +282,10 @@ class MemoryPlan:
     n_cpu_moe: int = 0  # the layers whose experts stay in RAM, as asked (LoadConfig.n_cpu_moe: -1 all)
     experts_ram_bytes: int = 0  # expert weights kept in RAM by n_cpu_moe (counted in weights_cpu_bytes)
     experts_ram_layers: int = 0  # the layers they belong to
+    # llama.cpp's output buffer at load, where it is smaller than output_bytes: it makes
+    # one row of logits and grows at the first batch with more (llama-context.cpp
+    # output_reserve); output_bytes is what the fit budgets. None: the same.
+    output_at_load_bytes: int | None = None
 
     @property
     def total_gpu_bytes(self) -> int:
@@ -310,6 +314,8 @@ class MemoryPlan:
             d.pop("kv_layers")
         d["total_gpu_bytes"] = self.total_gpu_bytes
         d["total_cpu_bytes"] = self.total_cpu_bytes
+        d["kv_cpu_bytes"] = self.kv_cache_bytes - self.kv_gpu_bytes  # the table's CPU column, not left to the reader
+        d["rs_cpu_bytes"] = self.rs_bytes - self.rs_gpu_bytes
         return d
 
 

@@ -78,9 +78,10 @@ class LoadPlan:
         if self.compute_source != DRY_RUN:
             return p
         logged = self.dry.total("output") if self.dry is not None else None
+        shown = sum(self.output)  # the table's and the fit's (the size it grows to, where llama.cpp starts smaller)
         # llama.cpp's own figure: no longer an estimate (plan --json says so from here)
-        return replace(p, compute_bytes=max(self.compute), output_bytes=logged if logged is not None else p.output_bytes,
-                       compute_estimated=False)
+        return replace(p, compute_bytes=max(self.compute), output_bytes=shown,
+                       output_at_load_bytes=logged if logged is not None and logged != shown else None, compute_estimated=False)
 
     def check_line(self) -> str:
         """The dry run's word on the figures: where they come from it, where it

@@ -27,7 +27,7 @@ from localllm.serve.choices import Choices
 from localllm.serve.embeddings import Embeddings
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import DEFAULTS, OPENAI, Dialect, RequestError, Shaper, error_body, parse_json
-from localllm.serve.scheduler import Job, Scheduler
+from localllm.serve.scheduler import Job, Refused, Scheduler
 from localllm.serve.tools import GENERIC, Format, ReplySplitter
 
 MAX_BODY = 1024 * 1024
@@ -226,9 +226,9 @@ def build_app(state: ServeState) -> Guard:
                     return Response(status_code=499)
                 elif kind == "error":
                     _cancel(state, choices)
-                    log_done("500")
-                    failed = RequestError(500, f"the engine failed: {payload}", kind="server_error")
-                    return JSONResponse(dialect.error(failed), status_code=500)
+                    failed = _failure(payload)
+                    log_done(str(failed.status))
+                    return JSONResponse(dialect.error(failed), status_code=failed.status)
                 elif kind == "done":
                     done += 1
         except asyncio.CancelledError:
@@ -341,9 +341,9 @@ async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shap
             elif kind == "gone":
                 break
             elif kind == "error":
-                status = "500"
+                status = str(_failure(payload).status)
                 finished = True
-                for obj in shaper.failure(f"the engine failed: {payload}"):
+                for obj in shaper.failure(_failure(payload).message):
                     yield shaper.frame(obj)
                 break
             elif kind == "done":
@@ -373,6 +373,13 @@ async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shap
         if not finished:
             status = "499"
         log_done(status)
+
+
+def _failure(payload: str) -> RequestError:
+    """An ("error", message) from the scheduler: the request's own fault (``Refused``: 400) or the engine's (500)."""
+    if isinstance(payload, Refused):
+        return RequestError(400, str(payload))
+    return RequestError(500, f"the engine failed: {payload}", kind="server_error")
 
 
 def _cancel(state: ServeState, choices: Choices) -> None:

@@ -50,6 +50,10 @@ from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.prompt_cache import PromptCache, common_prefix
 
 
+class Refused(str):
+    """An ("error", message) payload that is the request's own fault (a 400, not the engine's 500)."""
+
+
 @dataclass(eq=False)
 class Job:
     """One generation request. ``emit(kind, payload)`` is called from the engine
@@ -153,7 +157,8 @@ class BatchModel(Protocol):
     def new_sampler(self, sampling: SamplingConfig, prompt: Sequence[int] = ()) -> Any: ...
     def free_sampler(self, sampler: Any) -> None: ...
     def sample(self, sampler: Any, i: int) -> int: ...
-    def sample_all(self, picks: Sequence[tuple[Any, int]]) -> list[int]: ...
+    def sample_all(self, picks: Sequence[tuple[Any, int]]) -> list[int]:
+        """One token a pick; -1 where that request's sampler failed (its ``.failed`` says why: the request's fault, a 400)."""
     def is_eog(self, token: int) -> bool: ...
     def piece(self, token: int) -> bytes: ...
     def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None: ...
@@ -434,6 +439,9 @@ class Scheduler:
     def _on_token(self, s: Slot, tok: int, now: int, i: int) -> None:
         job = s.job
         assert job is not None
+        if tok < 0:  # its grammar took too long at this token: this request ends, the others go on
+            self._release(s, error=Refused(getattr(s.sampler, "failed", "") or "the sampler picked no token"))
+            return
         if not job.sampling.ignore_eos and self.model.is_eog(tok):
             self._finish(s, "stop")
             return

@@ -90,6 +90,11 @@ def test_doctor_json(tmp_path: Path) -> None:
     spec_actions = [a for a in d["actions"] if "--speculate" in a["action"]]
     # recommended only on a measured gain, and said to be measured
     assert all(a["basis"] == "measured" and d["speculative_gain"] > 1.0 for a in spec_actions)
+    # issue 45 item 7: the memory check (what doctor's text prints) compares the figures its "plan" reports
+    check, plan = d["memory_check"], d["plan"]
+    assert check["ok"], check
+    planned = {b["buffer"]: b["planned_bytes"] for b in check["buffers"]}
+    assert planned["compute"] == plan["compute_cpu_bytes"] + plan["compute_gpu_bytes"] and planned["output"] == plan["output_cpu_bytes"]
 
 
 @pytest.mark.slow

@@ -331,7 +331,17 @@ HOSTILE_BODIES = {  # issue 45 item 2: each killed serve, froze it, or took 640 
                                            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
                                                "enum": [f"value-{i}" for i in range(12_000)]}}}}, "KiB of grammar"),  # 90,000 is past the body limit (413)
     "surrogate-grammar": ("/completion", {"prompt": "x", "n_predict": 2, "grammar": 'root ::= "\udcff"'}, "lone surrogate"),
+    # within the size bound (about 30 KiB of grammar), but a second or so a token to filter SmolLM2's
+    # vocabulary: timed when checked, off the engine thread (grammar.MAX_STEP_SECONDS)
+    "slow-enum": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                           "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+                                               "enum": [f"value-{i}" for i in range(2_000)]}}}}, "ms to filter the vocabulary"),
 }
+
+# Cheap at its first token (one alternative), then 6,000 live alternatives at the
+# start of every item: the check at admission passes; the token after "x" is
+# where it costs, and without the bound every few tokens after it.
+SLOW_LATER = "root ::= \"x\" item+\nitem ::= (" + " | ".join(f'"qz{i:05d}q"' for i in range(6_000)) + ")"
 
 
 @pytest.mark.slow
@@ -345,6 +355,27 @@ def test_a_grammar_or_schema_past_the_bounds_is_a_400_and_serve_answers_on(serve
     assert time.monotonic() - t0 < 10
     ok = _post_raw(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2, "temperature": 0})
     assert ok.status_code == 200, ok.text
+    assert server.proc.poll() is None and "Traceback" not in server.log
+
+
+@pytest.mark.slow
+def test_a_grammar_slow_at_a_later_token_ends_its_own_request_and_no_other(server) -> None:
+    """Issue 45 item 2: one client must never stall the others. A grammar that
+    passes the check but takes over MAX_STEP_SECONDS at a later token ends its
+    request there with a 400 naming the cost; a plain request sent beside it is
+    answered without waiting a second a token."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(_post_raw, server, "/completion", {"prompt": "Say something:", "n_predict": 24, "temperature": 0, "grammar": SLOW_LATER})
+        t0 = time.monotonic()
+        plain = pool.submit(_post_raw, server, "/v1/completions", {"prompt": "Hello", "max_tokens": 16, "temperature": 0}).result()
+        plain_s = time.monotonic() - t0
+        r = slow.result()
+    assert r.status_code == 400 and "ms to filter the vocabulary" in r.text, (r.status_code, r.text[:500])
+    assert plain.status_code == 200 and plain.json()["usage"]["completion_tokens"] > 0, plain.text
+    # the slow request may hold the engine for its one over-long step (about 1.5 s here), never for each token
+    assert plain_s < 6, plain_s
     assert server.proc.poll() is None and "Traceback" not in server.log
 
 
