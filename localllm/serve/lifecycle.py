@@ -151,6 +151,8 @@ def serve(switch: Switch, socks: list[socket.socket], load: Callable[[], None], 
         thread.start()
         _run(server.serve(sockets=socks))
         switch.stopped = True
+        if thread.is_alive() and switch.lost is None and server.signalled:  # else a stop could look like a hang
+            print("localllm: stopping once the model has loaded (llama.cpp cannot be interrupted mid-load)", file=sys.stderr, flush=True)
         while thread.is_alive() and switch.lost is None:  # a signal during the load: llama.cpp cannot be interrupted mid-load
             thread.join(0.1)
     finally:

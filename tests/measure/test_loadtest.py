@@ -110,7 +110,9 @@ def test_bench_url_against_localllm_serve(tmp_path) -> None:
         assert len(gens) >= 4 and all(e["ttft_ms"] > 0 and e["itl_p50_ms"] > 0 for e in gens)
         server.proc.send_signal(signal.SIGTERM)  # like SIGINT: drain, clean up, exit 0
         assert server.proc.wait(60) == 0
-        time.sleep(0.2)
+        deadline = time.monotonic() + 10  # the reader thread takes the last lines after the exit
+        while "stopped after" not in server.log and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert "stopped after" in server.log
     finally:
         server.stop()
