@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -82,6 +82,40 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("LOCALLLM_LMSTUDIO_DIR", str(tmp_path / "lmstudio-models"))
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama-models"))
     return home
+
+
+@pytest.fixture
+def hf_hub_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
+    """huggingface_hub as a ``localllm`` process started now would find it, for
+    in-process ``cli()`` calls that reach the Hub: its settings read from this
+    test's environment (the unreachable loopback endpoint ``_isolated_home`` sets,
+    never the real Hub), no connection left open by an earlier test, and its
+    logger at the level the CLI gives it (errors only, unless HF_HUB_VERBOSITY).
+
+    It returns a function to call again after changing the environment, as a
+    fake hub's fixture does once it has set HF_ENDPOINT: a per-call ``env=`` of
+    ``cli()`` does not reach what huggingface_hub read at import (HF_TOKEN does:
+    it is read at each request). Everything is put back when the test ends."""
+    import logging
+
+    from huggingface_hub import close_session
+    from huggingface_hub.utils.logging import log_levels
+
+    from tests.helpers.fake_hub import hf_hub_from_env
+
+    def reread() -> None:
+        hf_hub_from_env(monkeypatch)
+
+    reread()
+    close_session()  # an earlier test's client, and its connections to that test's hub
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(log_levels.get(os.environ.get("HF_HUB_VERBOSITY", "error"), logging.ERROR))
+    try:
+        yield reread
+    finally:
+        close_session()  # this test's connections end with it
+        logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")

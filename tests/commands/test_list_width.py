@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from localllm.commands.list_models import Row, render
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import cli
 
 
 def _row(path: str) -> Row:
@@ -34,10 +34,10 @@ def test_the_cli_fits_eighty_columns_and_json_keeps_the_path(tmp_path: Path, syn
     deep = tmp_path / ("a-rather-long-folder-name-" * 4) / "model.gguf"
     deep.parent.mkdir(parents=True)
     deep.write_bytes(synth_model.read_bytes())
-    assert run_cli("add", str(deep)).returncode == 0
-    text = run_cli("list", env={"COLUMNS": "80"}).stdout
+    assert cli("add", str(deep)).returncode == 0
+    text = cli("list", env={"COLUMNS": "80"}).stdout
     assert all(len(line) <= 80 for line in text.splitlines()), text
-    assert str(deep) in [e["path"] for e in json.loads(run_cli("list", "--json").stdout)]
+    assert str(deep) in [e["path"] for e in json.loads(cli("list", "--json").stdout)]
 
 
 def test_plan_names_the_output_layer() -> None:
@@ -45,15 +45,15 @@ def test_plan_names_the_output_layer() -> None:
 
     assert [layers_phrase(n, 31) for n in (31, 99, 12, 1, 0)] == [
         "all 30 layers + output", "all 30 layers + output", "11 of 30 layers + output", "the output layer only", "no layer"]
-    text = run_cli("plan", "--vram", "4GiB", "--ngl", "12", "--no-dry-run").stdout
+    text = cli("plan", "--vram", "4GiB", "--ngl", "12", "--no-dry-run").stdout
     assert "11 of 30 layers + output on the GPU" in text.splitlines()[0]
 
 
 def test_plan_says_fits_once_and_head_room_means_the_margin() -> None:
-    text = run_cli("plan", "--vram", "4GiB", "--no-dry-run").stdout
+    text = cli("plan", "--vram", "4GiB", "--no-dry-run").stdout
     assert "fits as asked" in text.splitlines() and "fits: fits" not in text
     line = next(x for x in text.splitlines() if x.startswith("GPU budget"))
     assert "kept free as head-room" in line and line.endswith("left over")
-    reduced = run_cli("plan", "--vram", "200MiB", "--no-dry-run").stdout
+    reduced = cli("plan", "--vram", "200MiB", "--no-dry-run").stdout
     assert any(x.startswith("fits: KV cache q4_0/q4_0") and x.endswith("11 of 30 layers + output on the GPU")
                for x in reduced.splitlines()), reduced

@@ -18,19 +18,28 @@ cache: ``commit`` can be any string (a traversal), ``extra_tree`` adds raw entri
 to the listing (traversal or escape-sequence names), ``size_delta`` announces a
 size other than what is served, ``redirect_loop`` makes the CDN (``"cdn"``) or the
 resolve endpoint (``"resolve"``, a relative redirect) point at itself forever.
+
+``hf_hub_from_env`` points huggingface_hub, imported once in the test process,
+at the endpoint in the environment, for in-process ``cli()`` calls.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import re
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
+
+if TYPE_CHECKING:
+    import pytest
 
 
 @dataclass
@@ -193,7 +202,7 @@ class FakeHub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -204,3 +213,33 @@ class FakeHub:
 
     def ranges(self) -> list[str]:
         return [r for m, p, r in self.requests if p.startswith("/cdn/") and r]
+
+
+def hf_hub_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub's settings read again from ``os.environ`` as it is now, as a
+    ``localllm`` process started now would read them.
+
+    huggingface_hub reads HF_ENDPOINT (and the URL template and trusted hosts made
+    from it), HF_HOME (the token file), HF_HUB_OFFLINE and its time-outs once, into
+    ``huggingface_hub.constants``, when it is first imported: in the test process,
+    by whichever test came first. This runs that module's code again against the
+    environment and sets each value that differs; ``monkeypatch`` puts them back
+    when the test ends. ``localllm.store.hub`` reads them from the module at each
+    call (``constants.ENDPOINT``, ``constants.HF_HUB_DOWNLOAD_TIMEOUT``), as does
+    huggingface_hub (``hf_hub_url``, ``is_offline_mode``, the token path).
+
+    Not reached: what was copied out of the module at import, such as
+    ``get_hf_file_metadata``'s default ``timeout=HF_HUB_ETAG_TIMEOUT``: a test of
+    such a setting runs ``localllm`` in a child process (``run_cli``)."""
+    from huggingface_hub import constants
+
+    spec = importlib.util.find_spec("huggingface_hub.constants")
+    assert spec is not None and spec.loader is not None
+    fresh = importlib.util.module_from_spec(spec)  # not put in sys.modules: only its values are used
+    spec.loader.exec_module(fresh)
+    missing = object()
+    for name, value in vars(fresh).items():
+        if name.startswith("__") or callable(value) or isinstance(value, types.ModuleType):
+            continue  # the module's functions read its (patched) globals
+        if getattr(constants, name, missing) != value:
+            monkeypatch.setattr(constants, name, value, raising=False)

@@ -1,5 +1,12 @@
 """A hub that accepts the connection and then says nothing: every request has
-a time-out, so ``pull`` ends with one line within it instead of hanging."""
+a time-out, so ``pull`` ends with one line within it instead of hanging.
+
+These run ``localllm`` in a child process (``run_cli``), for two things only a
+process shows: HF_HUB_ETAG_TIMEOUT reaches huggingface_hub's file-metadata
+request only at import (it is that function's default argument, bound then),
+and a command that lost its time-out would hang: a child is killed by
+``run_cli``'s ``timeout`` and the test fails, where an in-process call would
+hang the test worker for good."""
 
 from __future__ import annotations
 
@@ -45,7 +52,7 @@ def test_a_stalled_hub_is_one_line_within_the_timeout() -> None:
     hub = SilentHub()
     try:
         t0 = time.monotonic()
-        # a child process: huggingface_hub reads its endpoint and time-out when first imported
+        # a child process: the time-outs are read at import, and a hang must end in a failed test (see the docstring)
         r = run_cli("pull", "acme/Silent-GGUF", "--quant", "Q4_K_M", timeout=60,
                     env={"HF_ENDPOINT": f"http://127.0.0.1:{hub.port}", "HF_HUB_DOWNLOAD_TIMEOUT": "1", "HF_HUB_ETAG_TIMEOUT": "1"})
         took = time.monotonic() - t0
@@ -74,7 +81,7 @@ def test_a_hub_that_stops_mid_answer_is_one_line_within_the_timeout(tmp_path, st
         runs = [("pull", "acme/Stall-GGUF", "--quant", "F32")] + ([("plan", "acme/Stall-GGUF:F32")] if stall_after == 0 else [])
         for args in runs:
             t0 = time.monotonic()
-            r = run_cli(*args, timeout=60, env=env)
+            r = run_cli(*args, timeout=60, env=env)  # a child process: as above
             took = time.monotonic() - t0
             lines = [line for line in r.stderr.splitlines() if line.strip() and "%" not in line and "pulling" not in line]
             assert r.returncode == 1 and len(lines) == 1 and "Traceback" not in r.stderr, (args, r.stderr)

