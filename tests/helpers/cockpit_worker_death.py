@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 
 async def main(port: int, worker_pid: int) -> dict:
@@ -37,6 +38,13 @@ async def main(port: int, worker_pid: int) -> dict:
             await asyncio.sleep(0.02)
         return True
 
+    async def must(cond, what: str, timeout: float = 30.0) -> None:
+        """Let Textual handle what is pending, then wait for ``cond``; past the
+        deadline, a TimeoutError naming what never happened (on stderr: the test shows it)."""
+        await pilot.pause()
+        if not await until(cond, timeout):
+            raise TimeoutError(f"waited {timeout:g} s: the cockpit never {what} (notes: {notes()})")
+
     async with app.run_test(size=(140, 45)) as pilot:
         out["loaded"] = await until(lambda: not app.busy and app.chat is not None, 120)
         app.query_one("#prompt").value = "Write a very long story about a lighthouse keeper, with many chapters."
@@ -48,21 +56,21 @@ async def main(port: int, worker_pid: int) -> dict:
         t0 = time.monotonic()
         out["ended"] = await until(lambda: not app.busy, 60)
         out["end_s"] = time.monotonic() - t0
-        await pilot.pause(0.1)
+        await must(lambda: any(n.startswith("error:") for n in notes()), "said the model was lost")
         out["reply"] = reply.text
         out["notes"] = notes()
         # still responsive: Enter is handled, and a screen opens and closes
         app.query_one("#prompt").value = "are you there?"
         await pilot.press("enter")
-        await pilot.pause(0.2)
+        await must(lambda: len(notes()) > len(out["notes"]), "answered Enter with no model loaded")
         app.reload_model()  # over the same worker: refused at once (llama.cpp holds the lost connection), never a hang
         out["reload"] = await until(lambda: not app.busy, 30)
         out["after"] = notes()[len(out["notes"]):]
         await pilot.press("f3")
-        await pilot.pause(0.3)
+        await must(lambda: type(app.screen).__name__ == "SettingsScreen", "opened the settings screen")
         out["settings_screen"] = type(app.screen).__name__
         await pilot.press("escape")
-        await pilot.pause(0.2)
+        await must(lambda: type(app.screen).__name__ != "SettingsScreen", "closed the settings screen on Esc")
         out["back"] = type(app.screen).__name__
         t0 = time.monotonic()
         await pilot.press("ctrl+q")
@@ -75,7 +83,12 @@ async def main(port: int, worker_pid: int) -> dict:
 
 
 if __name__ == "__main__":
-    result = asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+    try:
+        result = asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+    except BaseException:  # noqa: BLE001 - said on stderr; the process cannot exit normally (see above)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     os._exit(0)

@@ -83,7 +83,7 @@ def test_q8_loses_less_than_q4(gemma_f16: Path, quantized: dict[str, dict]) -> N
     assert q8["verdict"]["qtype"] == "Q8_0" and q4["verdict"]["qtype"] == "Q4_K_M"
     bands = ["near-lossless", "small loss", "moderate loss", "large loss", "severe loss"]
     assert bands.index(q8["verdict"]["band"]) <= bands.index(q4["verdict"]["band"])
-    text = cli("quantize", "--compare", str(gemma_f16), quantized["Q4_K_M"]["output"], "--eval-tokens", "512")
+    text = cli("quantize", "--compare", str(gemma_f16), quantized["Q4_K_M"]["output"], "--eval-tokens", "256")
     assert text.returncode == 0, text.stderr
     assert "Q4_K_M: " in text.stdout and "bands: llama.cpp tools/perplexity/README.md" in text.stdout
     # piped, the progress is plain lines on stderr: where it starts and where it ends

@@ -14,7 +14,18 @@ from localllm.chat import sessions
 from localllm.tui.app import create_app
 from localllm.tui.settings import Settings
 from localllm.tui.widgets import MemoryPanel
-from tests.helpers.tui import chat_text, models_screen, panel_text, scripted_app, send, sessions_screen, wait_idle
+from tests.helpers.tui import (
+    chat_text,
+    laid_out,
+    models_screen,
+    panel_text,
+    scripted_app,
+    send,
+    sessions_screen,
+    settings_screen,
+    until,
+    wait_idle,
+)
 
 GiB = 1024**3
 
@@ -67,7 +78,8 @@ async def test_escape_stops_and_input_stays_responsive(synth_model: Path) -> Non
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_idle(app, pilot)
         await send(app, pilot, "a long one")
-        await pilot.pause(0.4)
+        await until(pilot, lambda: chat_text(app)[-1][0] == "assistant" and chat_text(app)[-1][1], "streamed the first tokens of the reply",
+                    timeout=30, detail=lambda: chat_text(app)[-2:])
         assert app.busy
         await pilot.press(*"next question")  # typing while the reply streams
         assert app.query_one("#prompt").value == "next question"
@@ -111,16 +123,14 @@ async def test_settings_change_reloads(synth_model: Path) -> None:
     async with app.run_test(size=(140, 50)) as pilot:
         await wait_idle(app, pilot)
         assert backend.loads == 1 and backend.config.n_ctx == 1024
-        await pilot.press("f3")
-        await pilot.pause(0.2)
+        await settings_screen(app, pilot)
         app.screen.query_one("#n_ctx").value = "2048"
         await pilot.click("#apply")
         await wait_idle(app, pilot)
         assert backend.loads == 2 and backend.config.n_ctx == 2048
         assert any("reloading" in t for _, t in chat_text(app))
         assert "context 0 of 2048" in panel_text(app)
-        await pilot.press("f3")
-        await pilot.pause(0.2)
+        await settings_screen(app, pilot)
         app.screen.query_one("#temperature").value = "0.1"
         await pilot.click("#apply")
         await wait_idle(app, pilot)
@@ -191,15 +201,16 @@ async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
         screen = await models_screen(app, pilot)
         assert isinstance(screen, ModelsScreen)
 
+        def details() -> str:
+            return str(screen.query_one("#details").render())
+
         async def ask(qtype: str) -> QuantizeConfirm:
             screen.query_one("#qtype").value = qtype
             await pilot.press("q")
-            for _ in range(300):
-                await pilot.pause(0.05)
-                if isinstance(app.screen, QuantizeConfirm):
-                    await pilot.pause()  # laid out before it is clicked
-                    return app.screen
-            raise AssertionError("no question asked")
+            # laid out before it is clicked
+            await until(pilot, lambda: isinstance(app.screen, QuantizeConfirm) and laid_out(app.screen, "#q-go"), f"asked before quantizing to {qtype}",
+                        timeout=30, detail=details)
+            return app.screen
 
         dialog = await ask("Q8_0")
         text = " ".join(str(w.render()) for w in dialog.query("Label"))
@@ -208,12 +219,12 @@ async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
         assert not dialog.query("#q-requantize") and not dialog.query_one("#q-go").disabled
         await pilot.click("#q-go")
         table = screen.query_one("#models")
-        names: list[str] = []
-        for _ in range(300):
-            await pilot.pause(0.1)
-            names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
-            if "tiny-q8_0" in names:
-                break
+
+        def listed() -> list[str]:
+            return [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+
+        await until(pilot, lambda: "tiny-q8_0" in listed(), "listed the quantized model tiny-q8_0", timeout=60, detail=details)
+        names = listed()
         assert out.exists() and "tiny-q8_0" in names and not (tmp_path / "tiny-Q8_0.gguf").exists(), str(screen.query_one("#details").render())
         assert out in [e.path for e in registry.discover()]  # what localllm list shows
         bar = screen.query_one("#qprogress")
@@ -230,7 +241,7 @@ async def test_models_screen_quantizes_and_switches(tmp_path: Path) -> None:
         await pilot.click("#q-requantize")
         assert not dialog.query_one("#q-go").disabled
         await pilot.click("#q-cancel")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: "cancelled" in details(), "said the quantize was cancelled", timeout=30, detail=details)
         assert not (own / "tiny-Q4_0.gguf").exists() and "cancelled" in str(screen.query_one("#details").render())
 
         table.move_cursor(row=row)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from localllm.chat import sessions
-from tests.helpers.tui import chat_text, panel_text, scripted_app, send, sessions_screen, wait_idle
+from tests.helpers.tui import chat_text, panel_text, scripted_app, send, sessions_screen, until, wait_idle
 
 
 async def _one_reply(app, pilot) -> None:
@@ -74,21 +74,26 @@ async def test_starved_decode_is_told_once_with_the_fix(synth_model: Path, monke
     monkeypatch.setattr(app_module, "busiest_process", lambda: starved.Busy("stress", 4242, 150.0))
     app, _ = scripted_app(synth_model, ttft_ms=20, itl_ms=10, tokens=6)
     app.settings = dataclasses.replace(app.settings, threads=4)
+    asked: list[float] = []  # the rates the app looked up the busiest program for (the advice's worker), as each reply ended
+    advise = app._advise_starved
+
+    def spy(rate, reference, threads):
+        asked.append(rate)
+        return advise(rate, reference, threads)
+
+    monkeypatch.setattr(app, "_advise_starved", spy)
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_idle(app, pilot)
         await _reply(app, pilot, 10)  # 100 t/s: what this model does here
         await _reply(app, pilot, 25)  # 40 t/s: slower, not starved
-        await pilot.pause(0.3)
+        assert asked == []  # the reply has ended (its check too): no advice was sought, so none can arrive later
         assert _advice(app) == []
         await _reply(app, pilot, 40)  # 25 t/s: under a third of 100
-        for _ in range(40):
-            if _advice(app):
-                break
-            await pilot.pause(0.05)
+        await until(pilot, lambda: _advice(app), "advised on the starved decode", timeout=30, detail=lambda: chat_text(app)[-3:])
         assert _advice(app) == ["decode ran at 25.0 t/s, under a third of the 100.0 t/s this model reached earlier here: "
                                 "stress (pid 4242) is using 150% CPU; start with --threads 2 (F3: threads 2) or close it"]
         await _reply(app, pilot, 80)  # starved again: said once
-        await pilot.pause(0.3)
+        assert len(asked) == 1  # the reply has ended: no second advice was sought
         assert len(_advice(app)) == 1
 
 
@@ -105,7 +110,7 @@ async def test_status_line_drops_whole_figures_rather_than_cut_one(synth_model: 
         latency.ttft_ms, latency.gaps_ms, latency.decode_tps = 12345.0, [123.4] * 3, 123.4
         memory.n_ctx, memory.context_used, memory.kv_now_bytes, memory.shifts = 131072, 32768, 1023 * 2**20, 12
         status.show(latency, memory)
-        await pilot.pause(0.05)
+        await pilot.pause()
         line = str(status.lines[0])
         assert line == "TTFT 12345 ms · ITL p50 123.4 ms · decode 123.4 t/s · ctx 32768/131072"
         assert len(status._rows(status.size.width)) == 1

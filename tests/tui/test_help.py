@@ -7,16 +7,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from textual.command import CommandInput, CommandList
 from textual.widgets import Footer, Static
 
 from localllm.tui.help import FIGURES, HelpScreen
-from tests.helpers.tui import scripted_app, wait_idle
+from tests.helpers.tui import laid_out, scripted_app, until, wait_idle
 
 TOPICS = ("TTFT and prefill", "ITL and decode", "roofline", "KV cache", "VRAM budget", "PPL, KL and top-1")
 
 
 def help_text(app) -> str:
     return "\n".join(str(w.render()) for w in app.screen.query(Static))
+
+
+def highlighted(app) -> str:
+    """The command the palette's list highlights (Enter runs it), or ""."""
+    found = app.screen.query(CommandList)
+    if not found or found.first().highlighted is None:
+        return ""
+    listed = found.first()
+    return str(listed.get_option_at_index(listed.highlighted).prompt)
 
 
 @pytest.mark.slow
@@ -43,10 +53,15 @@ async def test_help_explains_every_figure_and_lists_the_keys(synth_model: Path, 
     app, _ = scripted_app(synth_model)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_idle(app, pilot)
-        for key in keys:  # the palette searches as it is typed: a pause for each key
+        for key in keys:  # each key once the app is ready for it
+            if key == "enter":  # the palette searches as it is typed: Enter runs what its search found
+                await until(pilot, lambda: highlighted(app).startswith("Keys"), "highlighted the Keys command in the palette",
+                            timeout=30, detail=lambda: highlighted(app))
             await pilot.press(key)
-            await pilot.pause(0.15)
-        assert isinstance(app.screen, HelpScreen)
+            if key == "ctrl+p":  # the search box has the keys typed next
+                await until(pilot, lambda: isinstance(app.focused, CommandInput), "focused the command palette's search box",
+                            timeout=30, detail=lambda: app.focused)
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), "opened the help screen", timeout=30, detail=lambda: app.screen)
         text = help_text(app)
         for topic in TOPICS:
             assert topic in text, topic
@@ -54,7 +69,7 @@ async def test_help_explains_every_figure_and_lists_the_keys(synth_model: Path, 
                           ("f1 ?", "what each figure means"), ("^p", "command palette"), ("esc", "Stop the reply")):
             assert any(line.lstrip().startswith(key) and what in line for line in text.splitlines()), (key, text)
         await pilot.press("escape")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: not isinstance(app.screen, HelpScreen), "closed the help screen on Esc", timeout=30)
         assert not isinstance(app.screen, HelpScreen) and app.busy is False  # Esc closed the help, it stopped nothing
 
 
@@ -77,10 +92,10 @@ async def test_question_mark_types_into_the_focused_prompt_and_opens_help_elsewh
         assert prompt.value == "?" and not isinstance(app.screen, HelpScreen)  # focused: a message may start with ?
         app.set_focus(None)
         await pilot.press("question_mark")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), "opened the help screen on ?", timeout=30)
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("question_mark")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: not isinstance(app.screen, HelpScreen), "closed the help screen on ?", timeout=30)
         assert not isinstance(app.screen, HelpScreen) and prompt.value == "?"
 
 
@@ -93,6 +108,8 @@ def test_help_screen_snapshot(snap_compare, synth_model: Path, size: tuple[int, 
         await wait_idle(pilot.app, pilot)
         pilot.app.query_one("#prompt").cursor_blink = False
         await pilot.press("f1")
-        await pilot.pause(0.3)
+        await until(pilot, lambda: isinstance(pilot.app.screen, HelpScreen) and laid_out(pilot.app.screen, "#help-close"), "drew the help screen",
+                    timeout=30)
+        await pilot.pause()
 
     assert snap_compare(scripted_app(synth_model)[0], terminal_size=size, run_before=run_before)

@@ -13,7 +13,7 @@ from textual.widgets import OptionList
 
 from localllm.chat import sessions
 from localllm.tui.sessions_screen import SessionsScreen
-from tests.helpers.tui import scripted_app, sessions_screen, wait_idle
+from tests.helpers.tui import scripted_app, sessions_screen, until, wait_idle
 
 TITLES = ["In BBCode, what does [/b] close?", "[link=https://example.invalid]click me[/link]", "\x1b[31mred\x1b[0m pasted", "[bold]not bold"]
 
@@ -62,5 +62,5 @@ async def test_markup_in_titles_is_text_and_bad_files_are_skipped(synth_model: P
             skipped = str(app.screen.query_one("#skipped").render())
             assert "skipped 1 damaged session file" in skipped and "deep.json" in skipped, skipped
             await pilot.press("escape")
-            await pilot.pause(0.05)
+            await until(pilot, lambda: not isinstance(app.screen, SessionsScreen), "closed the sessions screen on Esc", timeout=30)
         assert app.is_running

@@ -12,7 +12,7 @@ from localllm.modelfile.gguf_file import read_header
 from localllm.tui.saved import reason
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.helpers.cli import cli
-from tests.helpers.tui import models_screen, scripted_app, wait_idle
+from tests.helpers.tui import models_screen, scripted_app, until, wait_idle
 
 
 @pytest.mark.slow
@@ -42,7 +42,9 @@ async def test_models_screen_fits_80x24_and_shows_the_whole_cause(tmp_path: Path
         row = [str(table.get_row_at(i)[0]) for i in range(table.row_count)].index(broken.stem)
         assert str(table.get_row_at(row)[4]) == "unreadable"
         table.move_cursor(row=row)
-        await pilot.pause(0.2)
+        await until(pilot, lambda: "unreadable" in str(screen.query_one("#details").render()), "showed the unreadable file's details", timeout=30,
+                    detail=lambda: str(screen.query_one("#details").render()))
+        await pilot.pause()  # laid out again with the longer details
         details = str(screen.query_one("#details").render())
         assert f"unreadable: {cause}" in details and str(broken) in details.replace("\n", "")
         assert screen.query_one("#details").region.bottom <= 24

@@ -15,7 +15,7 @@ from localllm.tui.settings import Settings
 from localllm.tui.settings_screen import SettingsScreen
 from scripts.plan_conformance import CASES
 from scripts.synth_gguf import write_gguf
-from tests.helpers.tui import chat_text, scripted_app, wait_idle
+from tests.helpers.tui import chat_text, scripted_app, settings_screen, wait_idle
 
 
 def test_the_setting_is_a_load_option_and_reloads() -> None:
@@ -28,9 +28,7 @@ def test_the_setting_is_a_load_option_and_reloads() -> None:
 
 
 async def _apply(app, pilot, value: str) -> SettingsScreen:
-    await pilot.press("f3")
-    await pilot.pause(0.2)
-    screen = app.screen
+    screen = await settings_screen(app, pilot)
     assert isinstance(screen, SettingsScreen)
     screen.query_one(TabbedContent).active = "model-tab"
     screen.query_one("#n_cpu_moe", Input).value = value

@@ -5,7 +5,6 @@ engine records it; the fitting service decides it, as for ``run``)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from localllm.engine_api import LoadConfig
 from localllm.testing import ScriptedEngine
 from localllm.tui.cli import app_from_args
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
-from tests.helpers.tui import chat_text, models_screen, panel_text, wait_idle
+from tests.helpers.tui import chat_text, models_screen, panel_text, settings_screen, until, wait_idle
 
 GiB = 1024**3
 
@@ -37,8 +36,7 @@ async def test_every_load_option_reaches_the_engine(synth_model: Path) -> None:
         assert backend.config == want and app.load_config == want
         assert app.hardware.gpu_budget == 4 * GiB and "GPU budget (--vram)" in panel_text(app)
         # The settings screen changes what it shows and keeps the options it does not show.
-        await pilot.press("f3")
-        await pilot.pause(0.2)
+        await settings_screen(app, pilot)
         app.screen.query_one("#n_ctx").value = "2048"
         await pilot.click("#apply")
         await wait_idle(app, pilot)
@@ -81,11 +79,8 @@ async def test_what_does_not_fit_is_not_loaded(smollm2: Path) -> None:
     cockpit says why and asks the engine for nothing."""
     app, backend = _app(str(smollm2), "--ngl", "31", "--vram", "50MiB")
     async with app.run_test(size=(140, 40)) as pilot:
-        for _ in range(200):
-            await asyncio.sleep(0.05)
-            if not app.busy:
-                break
-        await pilot.pause(0.1)
+        await until(pilot, lambda: not app.busy, "finished the load", timeout=30, detail=lambda: chat_text(app)[-1:])
+        await pilot.pause()
         notes = [t for r, t in chat_text(app) if r == "note"]
         assert any(t.startswith(f"could not load {smollm2.name}: does not fit:") for t in notes), notes
         assert backend.loads == 0 and app.backend is None
@@ -105,6 +100,8 @@ async def test_models_screen_reads_headers_off_the_ui_thread(synth_model: Path, 
         screen = await models_screen(app, pilot)
         first = [str(c) for c in screen.query_one("#models").get_row_at(0)]
         assert first[0] == f"{synth_model.name} (loaded)" and first[4] == "yes"
+        details = screen.query_one("#details")
+        first_row = str(details.render())
         await pilot.press("down")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: str(details.render()) != first_row, "showed the next row's details", timeout=30)
         assert on_ui and not any(on_ui)  # moving through the rows reads nothing either

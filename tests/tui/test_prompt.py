@@ -12,7 +12,7 @@ import pytest
 from textual import events
 
 from localllm.tui.chatview import ChatView
-from tests.helpers.tui import ask, chat_text, scripted_app, send, wait_idle
+from tests.helpers.tui import ask, chat_text, scripted_app, send, until, wait_idle
 
 CODE = "def add(a, b):\n    return a + b\n"
 REPLY = ["Two", " blocks:\n\n", "```sh\nls\n```\n\n", "```python\n", *CODE.splitlines(keepends=True), "```\n"]
@@ -42,7 +42,7 @@ async def test_ctrl_j_shift_enter_and_a_paste_keep_every_line(synth_model: Path)
         assert box.value == ""
         pasted = "Summarize this list in one line:\n- apples\n- pears\n- plums"
         app.post_message(events.Paste(pasted))  # as the terminal driver does: to the app, which hands it to the focused box
-        await pilot.pause(0.1)
+        await until(pilot, lambda: box.value == pasted, "put the paste in the box", detail=lambda: box.value)
         assert box.value == pasted
         await pilot.press("enter")
         await wait_idle(app, pilot)
@@ -78,9 +78,10 @@ async def test_enter_during_a_reply_is_refused_with_the_reason_and_esc_says_so_a
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
         await wait_idle(app, pilot)
         await send(app, pilot, "a long one")
-        await pilot.pause(0.3)
+        await until(pilot, lambda: chat_text(app)[-1][0] == "assistant" and chat_text(app)[-1][1], "showed the reply's first token",
+                    timeout=30, detail=lambda: chat_text(app)[-2:])
         await pilot.press(*"next", "enter")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: "not sent" in toasts(app), "said why the message was not sent", detail=lambda: toasts(app))
         assert "not sent: a reply is streaming: Esc stops it" in toasts(app)
         assert app.query_one("#prompt").value == "next" and len(backend.chats) == 1
         await pilot.press("escape")
@@ -100,15 +101,15 @@ async def test_copy_the_last_reply_and_the_last_code_block(synth_model: Path) ->
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
         await wait_idle(app, pilot)
         await pilot.press("ctrl+o")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: "no reply to copy yet" in toasts(app), "said there was no reply to copy", detail=lambda: toasts(app))
         assert "no reply to copy yet" in toasts(app) and app.clipboard == ""
         await ask(app, pilot, "code please")
         await pilot.press("ctrl+n")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: "copied the last code block" in toasts(app), "said the code block was copied", detail=lambda: toasts(app))
         assert app.clipboard == CODE
         assert "copied the last code block (python, 2 lines)" in toasts(app)
         await pilot.press("ctrl+o")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: "copied the last reply" in toasts(app), "said the reply was copied", detail=lambda: toasts(app))
         assert app.clipboard == "".join(REPLY).strip()
         assert "copied the last reply (10 lines, 72 characters)" in toasts(app)
 
@@ -160,6 +161,6 @@ async def test_a_typed_caret_is_kept(synth_model: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_idle(app, pilot)
         await pilot.press(*"2^3", "ctrl+j", "^")
-        await pilot.pause(0.05)
+        await pilot.pause(0.05)  # typing speed between "^" and the next key: part of the scenario, not a wait
         await pilot.press("x")
         assert app.query_one("#prompt").value == "2^3\n^x"

@@ -36,8 +36,10 @@ def _cockpit(home: Path, model: Path, out: Path, *args: str) -> Tmux:
 def _written(path: Path, timeout: float = 30.0) -> dict:
     """The helper's JSON, once it has written it (after the cockpit ended)."""
     deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().endswith("}")) and time.monotonic() < deadline:  # whole
-        time.sleep(0.02)
+    while not (path.exists() and path.read_text().endswith("}")):  # whole
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:g} s: the cockpit never wrote {path} whole")
+        time.sleep(0.02)  # polled, the deadline above: a wait on the file, not a fixed sleep
     return json.loads(path.read_text())
 
 
@@ -152,4 +154,19 @@ def test_a_finished_reply_stays_in_its_column_at_120x40(_isolated_home: Path, sy
             assert not any(word in row for row in panel), "\n".join(screen)
         assert "Latency" in "\n".join(panel) and "Memory" in "\n".join(panel)
         assert any("Banana" in line[:left] for line in screen), "\n".join(screen)  # drawn, in its own column
+        # F1's help is a centred box: beside it the panels show through, each row still
+        # ending in its right border and holding none of the reply (it stayed there before)
+        right = max(len(line) for line in screen) - 1
+        t.send("F1")
+        t.wait_for(r"Esc, F1 or q closes", timeout=30)
+        helped = t.screen().splitlines()
+        box = next(line for line in helped if "Help: keys" in line).index("╮")  # the help box's right edge
+        assert box < right, "\n".join(helped)
+        beside = [line[box + 1:] for line in helped[tops[0]:] if len(line) > box + 1]
+        for word in ("Banana", "Grapefruit", "Rosemary", "Sage", "x = 1"):
+            assert not any(word in row for row in beside), "\n".join(helped)
+        ends = [line[right] for line in helped[tops[0]:] if len(line) > right and line[right].strip()]
+        assert ends and all(ch in "│╮╯" for ch in ends), "\n".join(helped)
+        t.send("Escape")
+        t.wait_for_absent(r"Esc, F1 or q closes", timeout=30)
         t.send("C-q")

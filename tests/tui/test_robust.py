@@ -17,21 +17,24 @@ from localllm.chat import sessions
 from localllm.testing import ScriptedEngine
 from localllm.tui.app import LocalLLMApp, create_app
 from localllm.tui.settings import Settings
-from tests.helpers.tui import chat_text, panel_text, send, sessions_screen, spy_on_ui_thread
+from tests.helpers.tui import chat_text, panel_text, send, sessions_screen, settings_screen, spy_on_ui_thread, until
 
 GiB = 1024**3
 
 
 async def settle(app: LocalLLMApp, pilot, timeout: float = 120.0) -> None:
     """Wait until nothing is loading or streaming (a model may or may not be loaded)."""
-    await pilot.pause(0.05)
-    waited = 0.0
-    while app.busy:
-        await asyncio.sleep(0.05)
-        waited += 0.05
-        if waited > timeout:
-            raise TimeoutError("the app stayed busy")
-    await pilot.pause(0.1)
+    await until(pilot, lambda: not app.busy, "finished loading or replying", timeout, detail=lambda: chat_text(app)[-1:])
+    await pilot.pause()
+
+
+async def saves_done(app: LocalLLMApp, pilot, timeout: float = 30.0) -> None:
+    """Wait until the saves queued so far have run on the disk thread, then
+    let Textual handle what they posted (a save that failed, or works again)."""
+    done = asyncio.ensure_future(asyncio.to_thread(app.wait_for_saves))
+    await until(pilot, done.done, "ran the saves it had queued", timeout)
+    done.result()
+    await pilot.pause()
 
 
 def scripted(model: Path, **kw) -> tuple[LocalLLMApp, ScriptedEngine]:
@@ -157,8 +160,7 @@ async def test_load_refused_for_memory_keeps_the_model(smollm2: Path) -> None:
         await settle(app, pilot)
         await send(app, pilot, "What is the capital of France?")
         await settle(app, pilot)
-        await pilot.press("f3")
-        await pilot.pause(0.2)
+        await settings_screen(app, pilot)
         app.screen.query_one("#n_ctx").value = "16000000"
         await pilot.click("#apply")
         await settle(app, pilot)
@@ -177,7 +179,8 @@ async def test_quit_mid_reply_stops_within_one_token(synth_model: Path) -> None:
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
         await send(app, pilot, "a long one")
-        await pilot.pause(0.5)
+        await until(pilot, lambda: chat_text(app)[-1][0] == "assistant" and chat_text(app)[-1][1], "streamed the first tokens of the reply",
+                    timeout=30, detail=lambda: chat_text(app)[-2:])
         assert app.busy
         await pilot.press("ctrl+q")
     assert app.stop_ns is not None
@@ -272,13 +275,13 @@ async def test_sessions_are_saved_off_the_ui_thread_and_a_failed_save_is_one_lin
         full.set()
         await send(app, pilot, "second")
         await settle(app, pilot)
-        await pilot.pause(0.3)
+        await saves_done(app, pilot)
         failed = [n for n in notes(app) if n.startswith("the session could not be saved")]
         assert len(failed) == 1 and "No space left on device" in failed[0], notes(app)  # two saves failed: one line
         full.clear()
         await send(app, pilot, "third")
         await settle(app, pilot)
-        await pilot.pause(0.3)
+        await saves_done(app, pilot)
         assert notes(app)[-1] == "the session is saved again"
         assert [r for r, _ in chat_text(app) if r == "assistant"] == ["assistant"] * 3
     assert threads and all(name.startswith("save") for name in threads), threads
@@ -315,7 +318,7 @@ async def test_sessions_screen_lists_the_chat_as_last_saved(synth_model: Path, m
     that would then overwrite it."""
     import time as _time
 
-    _wrap_save(monkeypatch, lambda _session: _time.sleep(0.4))
+    _wrap_save(monkeypatch, lambda _session: _time.sleep(0.4))  # a slow disk: part of the scenario, not a wait
     app, _ = scripted(synth_model, ttft_ms=10, itl_ms=5, tokens=3)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)

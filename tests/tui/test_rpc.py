@@ -22,7 +22,7 @@ from localllm.tui.settings import Settings
 from localllm.util.fmt import size
 from tests.helpers.cli import run_cli
 from tests.helpers.paths import REPO
-from tests.helpers.tui import panel_text, send, wait_idle
+from tests.helpers.tui import panel_text, send, until, wait_idle
 from tests.helpers.workers import WorkerProc, free_port
 
 
@@ -81,9 +81,10 @@ async def test_one_bar_per_device_with_llama_cpp_figures(worker, smollm2: Path) 
 
         await send(app, pilot, "Hi")
         await wait_idle(app, pilot)
-        await pilot.pause(0.6)
-        used = app.chat.context_used
         per_token = pl.plan.kv_bytes_per_token
+        await until(pilot, lambda: f"KV {size(app.chat.context_used * per_token)} of" in bar_rows(app)[3], "showed the chat's KV cache on the worker's bar",
+                    timeout=30, detail=lambda: bar_rows(app)[3])
+        used = app.chat.context_used
         assert used > 0 and f"KV {size(used * per_token)} of" in bar_rows(app)[3]  # 22.50 KiB a token on SmolLM2, f16
 
 
@@ -178,7 +179,7 @@ def test_worker_dies_in_a_real_terminal_then_quit(_isolated_home: Path) -> None:
             t.send("Write a very long story about a lighthouse keeper, with many chapters.", literal=True)
             t.send("Enter")
             t.wait_for(r"TTFT [\d.]+ ms", timeout=60)  # the reply has started
-            time.sleep(1.0)
+            t.wait_for(r"ITL p50 [\d.]+ ms", timeout=60)  # and streams: two tokens or more
             w.proc.kill()
             t.wait_for(r"error: a worker stopped answering", timeout=30)
             screen = t.screen()

@@ -4,7 +4,6 @@ a Markdown file that never replaces one."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from textual.widgets import Input, Label, OptionList
 
 from localllm.chat import sessions
 from localllm.tui.sessions_screen import AskScreen, ConfirmScreen, SessionsScreen
-from tests.helpers.tui import scripted_app, send, sessions_screen, wait_idle
+from tests.helpers.tui import scripted_app, send, sessions_screen, until, wait_idle
 
 DAY = 86400.0
 CHATS = [  # title (first message), reply, days ago
@@ -43,12 +42,19 @@ def _rows(app) -> list[str]:
 
 
 async def _status(app, pilot, needle: str) -> str:
-    for _ in range(100):
-        text = str(app.screen.query_one("#status").render())
-        if needle in text:
-            return text
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"status never said {needle!r}: {text!r}")
+    def text() -> str:
+        status = app.screen.query("#status")
+        return str(status.first().render()) if status else ""
+
+    await until(pilot, lambda: needle in text(), f"said {needle!r} on the status line", timeout=30, detail=text)
+    return text()
+
+
+async def _asked(app, pilot) -> AskScreen:
+    """The AskScreen the key just pressed opens, once its answer box has the focus (Enter gives it)."""
+    await until(pilot, lambda: isinstance(app.screen, AskScreen) and getattr(app.focused, "id", None) == "answer",
+                "asked (an AskScreen with its answer box focused)", timeout=30, detail=lambda: (app.screen, app.focused))
+    return app.screen
 
 
 async def _answer(app, pilot, text: str) -> None:
@@ -56,7 +62,7 @@ async def _answer(app, pilot, text: str) -> None:
     assert isinstance(app.screen, AskScreen)
     app.screen.query_one("#answer", Input).value = text
     await pilot.press("enter")
-    await pilot.pause(0.1)
+    await until(pilot, lambda: not isinstance(app.screen, AskScreen), "closed the question once answered", timeout=30)
 
 
 @pytest.mark.slow
@@ -87,7 +93,8 @@ async def test_search_finds_text_in_any_message(synth_model: Path) -> None:
         await wait_idle(app, pilot)
         await sessions_screen(app, pilot)
         await pilot.press("slash", *"PEARS")  # a word of a reply, another case
-        await pilot.pause(0.1)
+        await until(pilot, lambda: "1 of 3 match" in str(app.screen.query_one("#title").render()), "counted 1 of 3 matching PEARS", timeout=30,
+                    detail=lambda: str(app.screen.query_one("#title").render()))
         assert [r.split("\n")[0] for r in _rows(app)] == ["Fruit list"]
         assert "1 of 3 match" in str(app.screen.query_one("#title").render())
         await pilot.press("enter", "enter")  # to the list, then open the match
@@ -103,7 +110,7 @@ async def test_rename_keeps_the_order_and_the_open_chat_keeps_the_name(synth_mod
         await wait_idle(app, pilot)
         await sessions_screen(app, pilot)
         await pilot.press("down", "r")
-        await pilot.pause(0.1)
+        await _asked(app, pilot)
         await _answer(app, pilot, "Groceries")
         await _status(app, pilot, "renamed: Groceries")
         assert [r.split("\n")[0] for r in _rows(app)] == ["Plan a trip to Lisbon", "Groceries", "Explain KV caches"]
@@ -112,7 +119,7 @@ async def test_rename_keeps_the_order_and_the_open_chat_keeps_the_name(synth_mod
         await wait_idle(app, pilot)
         await sessions_screen(app, pilot)
         await pilot.press("down", "r")  # opening it saved nothing: it is still second
-        await pilot.pause(0.1)
+        await _asked(app, pilot)
         await _answer(app, pilot, "Weekly groceries")
         await _status(app, pilot, "renamed")
         await pilot.press("escape")
@@ -132,10 +139,11 @@ async def test_delete_asks_first(synth_model: Path, _isolated_home: Path) -> Non
         await wait_idle(app, pilot)
         await sessions_screen(app, pilot)
         await pilot.press("d")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and getattr(app.focused, "id", None) == "no",
+                    "asked to confirm (Keep focused)", timeout=30, detail=lambda: (app.screen, app.focused))
         assert isinstance(app.screen, ConfirmScreen) and "Plan a trip to Lisbon" in str(app.screen.query_one(Label).render())
         await pilot.press("enter")  # the default is No
-        await pilot.pause(0.2)
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "closed the confirmation", timeout=30)
         assert isinstance(app.screen, SessionsScreen) and len(list(files.glob("*.json"))) == 3
         await pilot.press("d", "y")
         await _status(app, pilot, "deleted: Plan a trip to Lisbon")
@@ -161,8 +169,7 @@ async def test_export_writes_markdown_and_never_replaces_a_file(synth_model: Pat
         await wait_idle(app, pilot)
         await sessions_screen(app, pilot)
         await pilot.press("e")
-        await pilot.pause(0.1)
-        default = Path(app.screen.query_one("#answer", Input).value)
+        default = Path((await _asked(app, pilot)).query_one("#answer", Input).value)
         assert default.parent == _isolated_home / "exports" and default.name.startswith("plan-a-trip-to-lisbon-")
         await pilot.press("enter")
         await _status(app, pilot, f"exported to {default}")
@@ -175,11 +182,11 @@ async def test_export_writes_markdown_and_never_replaces_a_file(synth_model: Pat
         assert f"{default} exists (nothing replaced)" in str(app.screen.query_one("#status").render())
         assert default.read_text(encoding="utf-8") == "my notes"
         await pilot.press("e")
-        await pilot.pause(0.1)
+        await _asked(app, pilot)
         await _answer(app, pilot, str(tmp_path / "no-such-folder" / "chat.md"))
         await _status(app, pilot, f"not exported: no folder {tmp_path / 'no-such-folder'}")
         await pilot.press("e")
-        await pilot.pause(0.1)
+        await _asked(app, pilot)
         await _answer(app, pilot, str(tmp_path / "lisbon.md"))
         await _status(app, pilot, "exported to")
         assert (tmp_path / "lisbon.md").read_text(encoding="utf-8") == text

@@ -13,7 +13,7 @@ from textual.widgets import Input, Label, TabbedContent, TextArea
 from localllm.chat import sessions
 from localllm.engine_api import SamplingConfig
 from localllm.tui.settings_screen import SettingsScreen
-from tests.helpers.tui import chat_text, scripted_app, send, sessions_screen, wait_idle
+from tests.helpers.tui import chat_text, laid_out, scripted_app, send, sessions_screen, settings_screen, until, wait_idle
 
 ASKED = {"temperature": "0.3", "top_k": "7", "top_p": "0.5", "min_p": "0.2", "repeat_penalty": "1.3", "max_tokens": "4", "seed": "42"}
 WANT = SamplingConfig(temperature=0.3, top_k=7, top_p=0.5, min_p=0.2, repeat_penalty=1.3, max_tokens=4, seed=42)
@@ -24,14 +24,17 @@ async def _ask(app, pilot, text: str) -> None:
     await wait_idle(app, pilot)
 
 
+async def _show(pilot, screen: SettingsScreen, tab: str) -> None:
+    """Show ``tab`` and wait until it is laid out."""
+    screen.query_one(TabbedContent).active = tab
+    await until(pilot, lambda: laid_out(screen, f"#{tab}"), f"showed the {tab}", timeout=30)
+
+
 async def _open(app, pilot, tab: str | None = None) -> SettingsScreen:
-    await pilot.press("f3")
-    await pilot.pause(0.2)
-    screen = app.screen
+    screen = await settings_screen(app, pilot)
     assert isinstance(screen, SettingsScreen)
     if tab is not None:
-        screen.query_one(TabbedContent).active = tab
-        await pilot.pause(0.1)
+        await _show(pilot, screen, tab)
     return screen
 
 
@@ -79,7 +82,8 @@ async def test_a_bad_value_is_one_line_and_shows_its_tab(synth_model: Path, fiel
         screen = await _open(app, pilot, other)
         screen.query_one(f"#{field}", Input).value = value
         await pilot.click("#apply")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: app.focused is screen.query_one(f"#{field}"), f"focused the field with the bad value ({field})", timeout=30,
+                    detail=lambda: (str(screen.query_one("#error").render()), app.focused))
         assert app.screen is screen and app.settings == before  # nothing applied, the screen stays
         assert str(screen.query_one("#error").render()) == f"not applied: {said}"
         assert screen.query_one(TabbedContent).active == tab and app.focused is screen.query_one(f"#{field}")
@@ -109,8 +113,7 @@ async def test_every_tab_fits_80x24(synth_model: Path) -> None:
         screen = await _open(app, pilot)
         frame = screen.query_one(Vertical)
         for tab in ("model-tab", "sampling-tab", "system-tab"):
-            screen.query_one(TabbedContent).active = tab
-            await pilot.pause(0.1)
+            await _show(pilot, screen, tab)
             assert frame.max_scroll_y == 0, tab  # nothing to scroll to
             shown = [w for w in screen.query_one(f"#{tab}").query("*") if w.display] + list(screen.query("Button"))
             assert len(shown) > 3

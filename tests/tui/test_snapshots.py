@@ -13,7 +13,7 @@ from localllm.testing import ScriptedEngine
 from localllm.tui.app import create_app
 from localllm.tui.settings import Settings
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
-from tests.helpers.tui import send, wait_idle
+from tests.helpers.tui import laid_out, send, settings_screen, until, wait_idle
 
 GiB = 1024**3
 SIZE = (140, 40)
@@ -70,12 +70,12 @@ def test_main_screen_fits_the_terminal(snap_compare, fixed_model: Path, size: tu
 def test_settings_screen(snap_compare, fixed_model: Path, size: tuple[int, int], tab: str) -> None:
     async def run_before(pilot) -> None:
         await _settle(pilot.app, pilot)
-        await pilot.press("f3")
-        await pilot.pause(0.3)
-        pilot.app.screen.query_one("#tabs").active = tab
-        for box in pilot.app.screen.query("Input"):  # a blinking cursor would make the picture depend on timing
+        screen = await settings_screen(pilot.app, pilot)
+        screen.query_one("#tabs").active = tab
+        for box in screen.query("Input"):  # a blinking cursor would make the picture depend on timing
             box.cursor_blink = False
-        await pilot.pause(0.2)
+        await until(pilot, lambda: laid_out(screen, f"#{tab}"), f"drew the {tab}", timeout=30)
+        await pilot.pause()
 
     assert snap_compare(make_app(fixed_model), terminal_size=size, run_before=run_before)
 
