@@ -133,10 +133,10 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _add_model(p: argparse.ArgumentParser, *, long_flag: bool = True) -> None:
+def _add_model(p: argparse.ArgumentParser, *, long_flag: bool = True, default: str = "smollm2") -> None:
     p.add_argument("model", nargs="?", default=None,
         help="a name from localllm list (smollm2, gemma3-270m, llama-3.2-1b-instruct:q4_k_m, ...) or a path to a "
-        ".gguf file; default: smollm2")
+        f".gguf file; default: {default}")
     p.add_argument(*(("-m", "--model") if long_flag else ("-m",)), dest="model_flag", default=None, metavar="MODEL",
                    help="the model, as llama.cpp's -m")
 
@@ -326,8 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH", help="a .gguf file or a folder")
     p.add_argument("--json", action="store_true", help="a JSON list of the models it names")
 
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (loopback by default)")
-    _add_model(p)
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (loopback by default)",
+                       description="serve MODEL serves one model; with no MODEL, every model of localllm list by name, each loaded "
+                       "on demand in a process of its own and unloaded when idle (as Ollama and llama-server's router do).")
+    _add_model(p, default="every model of localllm list, by name, loaded on demand")
     _add_pull_options(p)
     p.add_argument("--host", action="append", default=None, metavar="HOST[,HOST]",
         help="address(es) to listen on, repeatable or comma-separated (default: 127.0.0.1; another one warns without --api-key)")
@@ -351,6 +353,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_template(p)
     serve_flags.add(p)
     p.add_argument("--json", action="store_true", help="the request log as one JSON object per line (stderr)")
+    r = p.add_argument_group("router (serve with no MODEL)")
+    r.add_argument("--models", default=None, metavar="all|NAME[,NAME]",
+        help="serve these models of localllm list by name, each loaded on demand (default with no MODEL: all)")
+    r.add_argument("--models-max", type=_int_at_least(0, "--models-max"), default=4, metavar="N",
+        help="models loaded at once; the least recently used idle one is unloaded to load another (llama-server's flag; 0: no cap; default: 4)")
+    idle = r.add_mutually_exclusive_group()
+    idle.add_argument("--keep-alive", default=None, metavar="DURATION",
+        help="how long an idle model stays loaded: 30s, 5m, 1h, seconds; -1 for ever, 0 unload after each request "
+             "(Ollama's; a request's keep_alive wins; also OLLAMA_KEEP_ALIVE; default: 5m)")
+    idle.add_argument("--sleep-idle-seconds", type=_int_at_least(-1, "--sleep-idle-seconds"), default=None, metavar="N",
+        help="llama-server's name for --keep-alive, in seconds (-1: for ever)")
 
     p = sub.add_parser("bench", help="prefill and decode throughput (llama-bench style); --url measures an OpenAI-compatible server")
     _add_model(p, long_flag=False)  # --model names the served model with --url
@@ -483,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"localllm: error: {safe(exc)}", file=sys.stderr)
             return EXIT_USAGE
 
-    if args.command in ("config", "completion"):
+    if args.command in ("config", "completion", "serve"):  # serve: its router passes its options on to each model's process
         args.subparsers = subparsers(parser)
     try:
         _model_flag(args)

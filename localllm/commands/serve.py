@@ -3,6 +3,10 @@
 The KV cache is one pool of ``--ctx`` x ``--parallel`` cells (llama.cpp's
 unified cache, ``n_seq_max`` = ``--parallel``), planned and fitted as ``run``
 plans a context of that many tokens; each request may use up to ``--ctx``.
+
+With no MODEL (or ``--models``), serve is a router (``localllm.router``): every
+model of ``localllm list`` by name, each loaded on demand in a ``serve MODEL``
+process of its own, which gets the per-model options given here.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.prompt_cache import PromptCache
 from localllm.serve.protocol import RequestError
 from localllm.serve.scheduler import Scheduler
-from localllm.store import resolver
+from localllm.store import registry, resolver
 from localllm.util import fmt
+from localllm.util.units import Size
 
 
 def _is_loopback(host: str) -> bool:
@@ -62,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     for host in hosts:
         if not _is_loopback(host) and not api_key:
             say(f"warning: listening on {host} without --api-key: anyone who can reach this address can use the model")
+    if args.model is None or getattr(args, "models", None) is not None:
+        return _route(args, api_key, hosts)
     path = model_path(args)
     parallel = args.parallel
     if parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h)
@@ -153,6 +160,102 @@ def run(args: argparse.Namespace) -> int:
     if switch.lost is not None:
         os._exit(1)  # llama.cpp's held threads would keep a normal exit waiting for good
     return 0
+
+
+def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> int:
+    """Router mode: serve the models of ``localllm list`` by name (``localllm.router``)."""
+    # lazy: the router's catalog and durations, for router mode only (its server below loads Starlette, uvicorn and httpx2)
+    from localllm.router import catalog, durations
+
+    if args.model is not None:
+        raise UsageError(f"--models serves models by name: give --models or a MODEL ({args.model}), not both")
+    if args.alias is not None:
+        raise UsageError("--alias names the one model of serve MODEL: with no MODEL each model is served by its name in localllm list")
+    if args.parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h); checked here too, so a bad value is found now, not per model
+        raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")
+    if args.batch < args.parallel:
+        raise UsageError(f"--batch {args.batch} cannot hold one token of each of --parallel {args.parallel} sequences: raise --batch")
+    keep_alive = _keep_alive(args, durations)
+    only = None
+    wanted = [n.strip() for n in (args.models or "all").split(",")]
+    if not all(wanted):
+        raise UsageError("--models has an empty name: give all, or names from localllm list separated by commas")
+    if "all" not in (n.lower() for n in wanted):
+        only = tuple(catalog.served_names(wanted, registry.discover()))
+    from localllm.router.server import Settings  # lazy: Starlette, uvicorn and httpx2 (~0.1 s), for router mode only
+    from localllm.router.server import run as route  # lazy: as above
+
+    settings = Settings(only=only, models_max=args.models_max, keep_alive=keep_alive, max_waiting=args.max_queue, api_key=api_key,
+                        cors=tuple(args.cors or ()), json_log=args.json,
+                        top=(("-v",) if args.verbose else ()) + (("--debug",) if args.debug else ()),
+                        options=tuple(child_options(args)))
+    socks = _bind_all(hosts, args.port)
+    try:
+        return route(socks, settings, say)
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _keep_alive(args: argparse.Namespace, durations) -> float | None:
+    """How long an idle model stays loaded: --keep-alive (Ollama's), --sleep-idle-seconds
+    (llama-server's), OLLAMA_KEEP_ALIVE, else Ollama's 5 minutes; None: for ever."""
+    typed, idle = getattr(args, "keep_alive", None), getattr(args, "sleep_idle_seconds", None)
+    if typed is not None and idle is not None:
+        raise UsageError("--keep-alive and --sleep-idle-seconds set the same thing: give one")
+    if idle is not None:
+        return None if idle < 0 else float(idle)
+    text, where = (typed, "--keep-alive") if typed is not None else (os.environ.get("OLLAMA_KEEP_ALIVE") or "5m", "OLLAMA_KEEP_ALIVE")
+    try:
+        return durations.parse(text)
+    except durations.BadDuration as exc:
+        raise UsageError(f"{where}: {exc}") from None
+
+
+# serve's options that are the router's alone: each child listens on loopback with the internal key, under its name
+ROUTER_ONLY = frozenset({"model", "model_flag", "yes", "no_pull", "host", "port", "api_key", "alias", "models", "models_max", "keep_alive",
+                         "sleep_idle_seconds", "cors", "help"})
+
+
+def child_options(args: argparse.Namespace) -> list[str]:
+    """The serve options given (typed or from the config file) that apply to each
+    model, as a child's command line: each option that differs from its default,
+    as ``--flag=value`` (a negative value cannot pass for a flag)."""
+    parser = (getattr(args, "subparsers", None) or {}).get("serve")
+    if parser is None:
+        raise UsageError("serve with no MODEL runs from the command line (localllm serve), which knows its options")
+    out: list[str] = []
+    by_dest: dict[str, list[argparse.Action]] = {}
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public list of a parser's options
+        if action.option_strings and action.help != argparse.SUPPRESS and action.dest not in ROUTER_ONLY:
+            by_dest.setdefault(action.dest, []).append(action)
+    for dest, actions in by_dest.items():
+        value = getattr(args, dest, None)
+        if value == parser.get_default(dest) or (value is None):
+            continue
+        flagged = [a for a in actions if a.nargs == 0 and a.const == value]
+        if flagged:
+            out.append(_long(flagged[0]))
+            continue
+        valued = next((a for a in actions if a.nargs != 0), None)
+        if valued is None:
+            continue
+        repeated = isinstance(value, list) and all(isinstance(v, str) for v in value)  # an option given several times
+        out += [f"{_long(valued)}={_text(item)}" for item in (value if repeated else [value])]
+    return out
+
+
+def _long(action: argparse.Action) -> str:
+    return next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
+
+
+def _text(value: object) -> str:
+    """A parsed option value as text its option parses back to the same value."""
+    if isinstance(value, Size):
+        return f"{int(value)}B"  # bytes, exactly (a bare number would be GiB)
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))  # --rpc's endpoints
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _bind_all(hosts: list[str], port: int) -> list[socket.socket]:

@@ -36,6 +36,8 @@ UNSUPPORTED = {
     ("-sp", "--special", "--no-warmup", "--spm-infill", "--rerank", "--reranking", "--system-prompt-file"): "not supported in serve",
     ("--log-file", "--log-format", "--log-disable", "--log-colors", "--log-verbosity", "-lv"): "serve logs one line per request to stderr (--json for JSON)",
     ("--n-probs", "--defrag-thold", "-dt", "-cd", "--ctx-size-draft", "-np-draft"): "not supported in serve",
+    ("--models-dir", "--models-preset"): "serve with no MODEL serves the models of localllm list (localllm add DIR names a folder of "
+                                         "GGUFs); per-model presets are not supported yet",
 }
 
 

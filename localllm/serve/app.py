@@ -106,7 +106,8 @@ class Guard:
 
         try:
             if self._key is not None and path not in ("/health", "/v1/health") and not self._authorized(scope):
-                resp = _error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", kind="authentication_error", code="invalid_api_key")
+                resp = _error(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')",
+                              kind="authentication_error", code="invalid_api_key")
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 await resp(scope, receive, send_wrapper)
                 self.state.log(scope.get("method", "?"), endpoint, 401)
@@ -118,12 +119,20 @@ class Guard:
             self.state.metrics.request_done(endpoint, status_box[0])
 
     def _authorized(self, scope) -> bool:
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    return hmac.compare_digest(token.strip(), self._key)
-        return False
+        return authorized(scope, self._key)
+
+
+def authorized(scope, key: bytes) -> bool:
+    """``key`` as a bearer token (OpenAI's clients) or in ``x-api-key`` (Anthropic's),
+    compared in constant time: serve's check, and the router's."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key):
+                return True
+        elif name == b"x-api-key" and hmac.compare_digest(value.strip(), key):
+            return True
+    return False
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -31,7 +31,7 @@ RANKS = {
     "engine": 5, "store": 5, "chat": 5,
     "measure": 6, "testing": 6,
     "quantize": 7, "serve": 7,
-    "api": 8,
+    "api": 8, "router": 8,
     "tui": 9, "commands": 9,
     "cli": 10, "__init__": 10, "__main__": 11,
 }
@@ -152,7 +152,7 @@ def test_the_core_never_imports_client_frameworks() -> None:
     assert bad == []
 
 
-@pytest.mark.parametrize("client", ["localllm.tui", "localllm.serve"])
+@pytest.mark.parametrize("client", ["localllm.tui", "localllm.serve", "localllm.router"])
 def test_the_cockpit_and_the_server_never_import_the_cli(client: str) -> None:
     bad = [f"{i.source}:{i.line} -> {i.target}" for i in OURS
            if i.source.startswith(client) and i.target.startswith(("localllm.commands", "localllm.cli"))]

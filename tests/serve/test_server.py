@@ -220,11 +220,12 @@ def test_auth(server) -> None:
     with httpx2.Client(base_url=server.base, timeout=30) as c:
         assert c.get("/health").status_code == 200  # no key needed
         for method, path in (("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions")):
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY}):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY}, {"x-api-key": "wrong"}):
                 r = c.request(method, path, headers=headers, json={"prompt": "hi"})
                 assert r.status_code == 401, (method, path, headers)
                 assert r.json()["error"]["type"] == "authentication_error"
         assert c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert c.get("/v1/models", headers={"x-api-key": KEY}).status_code == 200  # Anthropic's clients send it so
 
 
 @pytest.mark.slow

@@ -1,0 +1,86 @@
+"""The router's own answers about its models: OpenAI's and llama-server router's
+``/v1/models``, Ollama's ``/api/tags`` and ``/api/ps``.
+
+They list what ``localllm list`` lists (the catalog), loaded or not, and are
+answered without loading anything: the sizes come from the files, the family,
+parameter count and quantization from each file's header, read once per file
+version (``Catalog.facts``); a built-in model not assembled yet is listed by
+its name alone.
+"""
+
+from __future__ import annotations
+
+import time
+
+from localllm.router.catalog import Catalog, Facts
+from localllm.router.pool import Pool
+from localllm.store.registry import ModelEntry
+
+OWNER = "localllm"
+
+
+def status(pool: Pool, name: str) -> str:
+    """llama-server router's ``status.value``: loaded, loading or unloaded."""
+    child = pool.children.get(name)
+    if child is None or child.state in ("stopping", "stopped"):
+        return "unloaded"
+    return "loaded" if child.state == "loaded" else "loading"
+
+
+async def openai_models(catalog: Catalog, pool: Pool) -> dict:
+    data = []
+    for e in await catalog.entries():
+        data.append({"id": e.name, "object": "model", "created": int(_mtime(e) or 0), "owned_by": OWNER,
+                     "status": {"value": status(pool, e.name)}, "aliases": list(e.aliases), "source": e.source})
+    return {"object": "list", "data": data}
+
+
+def _mtime(entry: ModelEntry) -> float | None:
+    try:
+        return entry.path.stat().st_mtime
+    except OSError:
+        return None  # a built-in model not assembled yet
+
+
+def ollama_name(name: str) -> str:
+    """Ollama lists a model without a tag as ``NAME:latest`` (the router accepts both)."""
+    return name if ":" in name else f"{name}:latest"
+
+
+def _details(facts: Facts, entry: ModelEntry) -> dict:
+    n = facts.n_params
+    size = None if n is None else f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    family = facts.architecture
+    return {"parent_model": "", "format": "gguf", "family": family, "families": [family] if family else None,
+            "parameter_size": size, "quantization_level": facts.file_type or entry.quant}
+
+
+def _rfc3339(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+async def ollama_tags(catalog: Catalog) -> dict:
+    models = []
+    for e in await catalog.entries():
+        facts = await catalog.facts(e)
+        # no digest: hashing a multi-GB file per listing is not worth it (as serve's own /api/tags)
+        models.append({"name": ollama_name(e.name), "model": ollama_name(e.name), "modified_at": _rfc3339(facts.modified),
+                       "size": facts.size, "digest": None, "details": _details(facts, e)})
+    return {"models": models}
+
+
+async def ollama_ps(catalog: Catalog, pool: Pool) -> dict:
+    """The loaded models, with when each unloads (``expires_at``: null for never)."""
+    models = []
+    by_name = {e.name: e for e in await catalog.entries()}
+    for name, child in list(pool.children.items()):
+        entry = by_name.get(name)
+        if child.state != "loaded" or entry is None:
+            continue
+        facts = await catalog.facts(entry)
+        models.append({"name": ollama_name(name), "model": ollama_name(name), "size": facts.size, "digest": None,
+                       "details": _details(facts, entry), "expires_at": _rfc3339(child.expires_wall),
+                       "size_vram": None})
+    return {"models": models}

@@ -1,0 +1,265 @@
+"""The router's HTTP face: its own answers, and every other request proxied to
+the child serving the model the request names.
+
+Per request: the API key is checked first (before anything can load), the
+body read (bounded as serve bounds it, ``serve.app.MAX_BODY``), the model taken
+from its ``model`` field (``?model=`` on a GET; a request that names none goes
+to the only loaded model, else it is a 400), the child acquired from the pool
+(loading it if need be) and the request sent to it with ``httpx2``: method,
+path, query, body and the client's headers, but with the router's internal key
+in place of the client's. The answer comes back as it is made
+(``aiter_raw``: server-sent events and NDJSON token by token, nothing
+buffered), and a client that goes away closes the connection to the child,
+which then cancels the generation as it does for any client.
+
+Errors the router makes itself have the shape of the route's API: OpenAI's
+``{"error": {"message", "type", "param", "code"}}``, Ollama's
+``{"error": "..."}`` on ``/api/*``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import httpx2
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from localllm import __version__
+from localllm.router import durations, listing
+from localllm.router.catalog import BadName, Catalog, Unknown
+from localllm.router.children import Child
+from localllm.router.pool import DEFAULT, Busy, LoadFailed, Pool
+from localllm.serve.app import ENDPOINTS, MAX_BODY, authorized
+from localllm.serve.protocol import RequestError, error_body, parse_json
+from localllm.store.registry import ModelEntry
+from localllm.util.fmt import safe
+
+PUBLIC = ("/health", "/v1/health")
+OWN = {"/v1/models": "GET", "/models": "GET", "/api/tags": "GET", "/api/ps": "GET", "/api/version": "GET", "/health": "GET",
+       "/v1/health": "GET", "/models/load": "POST", "/models/unload": "POST"}
+PROXIED = frozenset(ENDPOINTS) - set(OWN)
+KEEP_ALIVE = ("/api/generate", "/api/chat", "/api/embed", "/api/embeddings")  # Ollama's routes that take keep_alive
+# not passed on: the connection's own, the client's key (the child gets the internal one), and what httpx2 sets itself
+DROP_REQUEST = frozenset({b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-authorization",
+                          b"proxy-connection", b"authorization", b"x-api-key", b"content-length", b"trailer", b"expect"})
+DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server", b"trailer", b"upgrade"})
+RETRY_AFTER_S = 5
+
+
+class Refusal(RequestError):
+    """A ``RequestError`` with headers for the answer (``Retry-After``)."""
+
+    def __init__(self, status: int, message: str, *, headers: dict[str, str], **kw) -> None:
+        super().__init__(status, message, **kw)
+        self.headers = headers
+
+
+class Router:
+    """The ASGI app: ``catalog`` (what is served), ``pool`` (what is loaded), ``key``
+    (the user's API key, or None), ``internal_key`` (the children's)."""
+
+    def __init__(self, catalog: Catalog, pool: Pool, *, key: str | None, internal_key: str, json_log: bool = False) -> None:
+        self.catalog, self.pool = catalog, pool
+        self.key = key.encode() if key else None
+        self.internal = f"Bearer {internal_key}".encode()
+        self.json_log = json_log
+        self.requests = 0
+        self._client: httpx2.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx2.AsyncClient:
+        if self._client is None:  # made on the running loop; no proxy from the environment: the children are on loopback
+            self._client = httpx2.AsyncClient(timeout=httpx2.Timeout(10.0, read=None), trust_env=False,
+                                              limits=httpx2.Limits(max_connections=None, max_keepalive_connections=64))
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        self.requests += 1
+        method, path = scope["method"], scope["path"]
+        resp: Response
+        if self.key is not None and path not in PUBLIC and not self._authorized(scope):
+            resp = self._error(path, 401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')", kind="authentication_error",
+                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            self.log(method, path, 401)
+            await resp(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            if path in OWN:
+                if method != OWN[path]:
+                    raise RequestError(405, f"method not allowed here: {method} {path}"[:300])
+                resp = await self._own(request, path)
+            elif path in PROXIED:
+                await self._proxy(request, scope, receive, send)
+                return
+            else:
+                raise RequestError(404, f"no such endpoint: {method} {path}"[:300])
+        except ClientDisconnect:
+            return  # gone before its body came: nobody to answer
+        except RequestError as exc:
+            self.log(method, path, exc.status, exc.message)
+            resp = self._error(path, exc.status, exc.message, kind=exc.kind, code=exc.code, param=exc.param,
+                               headers=getattr(exc, "headers", None))
+        await resp(scope, receive, send)
+
+    def _authorized(self, scope) -> bool:
+        assert self.key is not None
+        return authorized(scope, self.key)  # serve's own check (serve.app.authorized)
+
+    # -- the router's own answers -------------------------------------------------
+
+    async def _own(self, request: Request, path: str) -> Response:
+        if path in PUBLIC:
+            return JSONResponse({"status": "ok"})
+        if path in ("/v1/models", "/models"):
+            return JSONResponse(await listing.openai_models(self.catalog, self.pool))
+        if path == "/api/tags":
+            return JSONResponse(await listing.ollama_tags(self.catalog))
+        if path == "/api/ps":
+            return JSONResponse(await listing.ollama_ps(self.catalog, self.pool))
+        if path == "/api/version":
+            return JSONResponse({"version": __version__})
+        body = parse_json(await _read_body(request))
+        entry = await self._entry(body.get("model"), required=True)
+        if path == "/models/load":
+            await self._guarded(self.pool.load(entry))
+            self.log(request.method, path, 200, f"loaded {entry.name}")
+        else:
+            await self.pool.unload(entry.name)
+            self.log(request.method, path, 200, f"unloaded {entry.name}")
+        return JSONResponse({"success": True})
+
+    # -- the proxy ------------------------------------------------------------------
+
+    async def _proxy(self, request: Request, scope, receive, send) -> None:
+        path = scope["path"]
+        body = await _read_body(request)
+        fields = parse_json(body) if body.strip() else {}
+        name = fields.get("model", request.query_params.get("model"))
+        keep_alive: object = DEFAULT
+        if path in KEEP_ALIVE and fields.get("keep_alive") is not None:
+            try:
+                keep_alive = durations.parse(fields["keep_alive"])
+            except durations.BadDuration as exc:
+                raise RequestError(400, f"'keep_alive': {exc}", param="keep_alive") from None
+        entry = await self._entry(name, required=False)
+        child = await self._guarded(self.pool.acquire(entry))
+        try:
+            await self._forward(child, scope, receive, send, body)
+        finally:
+            self.pool.release(child, keep_alive)
+
+    async def _guarded(self, coro):
+        """``coro``, its pool errors turned into the client's: 502 for a model that
+        failed to load, 503 with Retry-After when no room is left."""
+        try:
+            return await coro
+        except LoadFailed as exc:
+            raise RequestError(502, str(exc), kind="server_error", code="model_load_failed") from None
+        except Busy as exc:
+            raise Refusal(503, str(exc), kind="server_error", code="models_busy", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+
+    async def _entry(self, name: object, *, required: bool) -> ModelEntry:
+        """The served entry ``name`` means; without a name, the one loaded model (or the one served)."""
+        try:
+            if name is None or name == "":
+                if not required:
+                    loaded = [c.name for c in self.pool.children.values() if c.state == "loaded"]
+                    served = await self.catalog.entries()
+                    only = loaded if len(loaded) == 1 else [e.name for e in served] if len(served) == 1 else []
+                    if only:
+                        return await self.catalog.find(only[0])
+                raise RequestError(400, "name a model in the body's 'model' field: this server serves several (GET /v1/models "
+                                   "lists them)", param="model")
+            return await self.catalog.find(name)
+        except BadName as exc:
+            raise RequestError(400, str(exc), param="model") from None
+        except Unknown as exc:
+            raise RequestError(404, str(exc), param="model", code="model_not_found") from None
+
+    async def _forward(self, child: Child, scope, receive, send, body: bytes) -> None:
+        """Send the request to ``child`` and its answer back as it comes."""
+        url = f"{child.url}{scope['path']}"
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
+        headers = [(k, v) for k, v in scope.get("headers", ()) if k not in DROP_REQUEST] + [(b"authorization", self.internal)]
+        try:
+            upstream = await self.client.send(self.client.build_request(scope["method"], url, headers=headers, content=body), stream=True)
+        except httpx2.HTTPError as exc:
+            message = f"{child.name} did not answer ({type(exc).__name__}): {child.last_error}"
+            self.log(scope["method"], scope["path"], 502, message)
+            await self._error(scope["path"], 502, message, kind="server_error", code="model_unavailable")(scope, receive, send)
+            return
+        try:
+            await send({"type": "http.response.start", "status": upstream.status_code,
+                        "headers": [(k, v) for k, v in upstream.headers.raw if k.lower() not in DROP_RESPONSE]})
+            await _pump(upstream, receive, send, lambda exc: self.log(scope["method"], scope["path"], upstream.status_code,
+                                                                      f"{child.name} stopped mid-answer ({type(exc).__name__}): {child.last_error}"))
+        finally:
+            await upstream.aclose()
+
+    # -- errors and the log ---------------------------------------------------------
+
+    def _error(self, path: str, status: int, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
+               param: str | None = None, headers: dict | None = None) -> JSONResponse:
+        body = {"error": message} if path.startswith("/api/") else error_body(message, kind=kind, param=param, code=code)
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    def log(self, method: str, path: str, status: int, note: str | None = None) -> None:
+        """One line for what the router answered itself (the children log the requests they answer)."""
+        if self.json_log:
+            fields: dict = {"method": method, "path": path[:200], "status": status}
+            if note:
+                fields["note"] = note[:300]
+            print(json.dumps(fields), file=sys.stderr, flush=True)
+            return
+        print(f"localllm: {safe(method)} {safe(path[:200])} {status}{' ' + safe(note[:300]) if note else ''}", file=sys.stderr, flush=True)
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, at most ``MAX_BODY`` bytes (413 past it), as serve reads it."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+        raise RequestError(413 if length.isdigit() else 400, f"the body is over {MAX_BODY} bytes" if length.isdigit() else "bad Content-Length")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise RequestError(413, f"the body is over {MAX_BODY} bytes", code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _pump(upstream: httpx2.Response, receive, send, broke) -> None:
+    """Copy ``upstream``'s body to ``send`` as it arrives, until it ends or the client
+    goes (``http.disconnect``); ``broke(exc)`` when the child's answer breaks off."""
+    async def copy() -> None:
+        try:
+            async for chunk in upstream.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx2.HTTPError as exc:
+            broke(exc)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    tasks = [asyncio.ensure_future(copy()), asyncio.ensure_future(gone())]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            t.result()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

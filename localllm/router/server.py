@@ -1,0 +1,136 @@
+"""The router's life: listen, proxy, stop the children on the way out.
+
+It runs on uvicorn with serve's bounded HTTP protocol (``serve.accept``) and
+stops as serve does (``serve.lifecycle.Server``): the first SIGINT or SIGTERM
+stops accepting and lets the running requests finish, for up to the grace
+period; a second one (or the grace period's end) sends every child its own
+second SIGINT, which ends their requests with an error event. Then every
+child is stopped and waited for, so no model outlives the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import uvicorn
+
+from localllm.router import durations
+from localllm.router.catalog import Catalog
+from localllm.router.children import Spawn
+from localllm.router.pool import Pool
+from localllm.router.proxy import Router
+from localllm.serve.accept import MAX_HEAD_BYTES, BoundedH11Protocol
+from localllm.serve.cors import with_cors
+from localllm.serve.lifecycle import Server
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``localllm serve`` in router mode was asked for."""
+
+    only: tuple[str, ...] | None  # --models NAME,NAME (canonical names); None: every model of localllm list
+    models_max: int  # --models-max (0: no cap)
+    keep_alive: float | None  # seconds an idle model stays loaded; None: for ever
+    max_waiting: int  # requests that may wait for room at once (--max-queue)
+    api_key: str | None
+    cors: tuple[str, ...] = ()
+    json_log: bool = False
+    top: tuple[str, ...] = ()  # localllm's own flags for each child (-v, --debug)
+    options: tuple[str, ...] = ()  # serve's per-model options for each child
+
+
+def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], None]) -> int:
+    """Serve on ``socks`` until a signal stops the router; returns the exit code."""
+    key = secrets.token_urlsafe(32)  # the children's: neither the user's key nor on any command line
+    private = tempfile.mkdtemp(prefix="localllm-router-")
+    spawn = Spawn(head=(sys.executable, "-m", "localllm", *settings.top, "serve"), options=settings.options, key=key,
+                  config=os.path.join(private, "no-config.toml"))
+    catalog = Catalog(settings.only)
+    port = socks[0].getsockname()[1]
+    urls = " and ".join(f"http://{_shown(s.getsockname()[0])}:{port}/v1" for s in socks)
+    state: dict = {}
+
+    async def main() -> None:
+        pool = Pool(spawn, models_max=settings.models_max, keep_alive=settings.keep_alive, max_waiting=settings.max_waiting, say=say,
+                    json_log=settings.json_log)
+        router = Router(catalog, pool, key=settings.api_key, internal_key=key, json_log=settings.json_log)
+        state.update(pool=pool, router=router)
+        config = uvicorn.Config(with_cors(router, settings.cors), log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=None, http=BoundedH11Protocol, limit_concurrency=None,
+                                h11_max_incomplete_event_size=MAX_HEAD_BYTES, server_header=False, date_header=False)
+        server = _RouterServer(config, pool)
+        state["server"] = server
+        served = [e.name for e in await catalog.entries()]
+        cap = f"at most {settings.models_max} at once" if settings.models_max else "no cap on how many"
+        say(f"serving {len(served)} model(s) on {urls} (loaded on demand, {cap}, unloaded after {durations.shown(settings.keep_alive)} "
+            f"idle: {', '.join(served) or 'none yet: localllm pull or localllm add one'}{'; API key required' if settings.api_key else ''})"
+            "; Ctrl+C stops")
+        reaper = asyncio.create_task(pool.reap())
+        try:
+            await server.serve(sockets=socks)
+        finally:
+            pool.closing = True
+            reaper.cancel()
+            await pool.close()
+            await router.aclose()
+
+    previous = {sig: signal.signal(sig, lambda s, f: _early_stop(state, s, f)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _run_loop(main())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        try:
+            os.rmdir(private)
+        except OSError:
+            pass
+    router = state.get("router")
+    server = state.get("server")
+    cut = f" ({server.aborted} ended early by the stop)" if server is not None and server.aborted else ""
+    say(f"stopped after {router.requests if router else 0} request(s){cut}")
+    return 0
+
+
+class _RouterServer(Server):
+    """serve's stopping rules; the abort is the children's, and the pool knows the
+    router is closing (children that end now are not reported as failures)."""
+
+    def __init__(self, config: uvicorn.Config, pool: Pool) -> None:
+        super().__init__(config, lambda reason: pool.abort())
+        self.pool = pool
+
+    def handle_exit(self, sig, frame) -> None:
+        self.pool.closing = True
+        super().handle_exit(sig, frame)
+
+
+def _early_stop(state: dict, sig, frame) -> None:
+    """A signal before uvicorn installs its handlers (or after): stop as it would."""
+    server = state.get("server")
+    if server is not None:
+        server.handle_exit(sig, frame)
+    else:
+        raise KeyboardInterrupt
+
+
+def _run_loop(main) -> None:
+    """On uvloop where it is installed, as serve runs (``serve.lifecycle``: the event loop
+    shares the cores with the models, and every proxied token is two socket writes on it)."""
+    try:
+        import uvloop  # lazy: not on Windows
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
+
+def _shown(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
