@@ -365,6 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
     idle.add_argument("--sleep-idle-seconds", type=_int_at_least(-1, "--sleep-idle-seconds"), default=None, metavar="N",
         help="llama-server's name for --keep-alive, in seconds (-1: for ever)")
 
+    p = sub.add_parser("ps", help="the models a running server (localllm serve, Ollama) has loaded: memory, CPU/GPU split, until when")
+    p.add_argument("--url", default="http://127.0.0.1:8080", metavar="URL", help="the server (default: http://127.0.0.1:8080, serve's)")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="the server's key, sent as 'Authorization: Bearer KEY' (also: LOCALLLM_API_KEY)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
     p = sub.add_parser("bench", help="prefill and decode throughput (llama-bench style); --url measures an OpenAI-compatible server")
     _add_model(p, long_flag=False)  # --model names the served model with --url
     p.add_argument("--prompt-tokens", type=_int_list, default=None, metavar="N,N", help="prompt lengths (default: 128,512,2048; 128 with --url)")

@@ -1,5 +1,9 @@
 """``localllm pull REPO[:QUANT]``: one GGUF from the Hub into the Hugging Face cache.
 
+The names, the default choice and the transfer are ``store.pulling``'s and
+``store.hub``'s (the router's ``/api/pull`` calls the same); this adds the
+flags, the GPU-budget pick and what is printed.
+
 Which file: ``--file`` names it; ``--quant`` (or ``REPO:QUANT``) picks by quant;
 ``--vram`` (or a detected GPU) picks the largest quant the planner fits with every
 layer on the GPU; otherwise Q4_K_M, the common default (Ollama's too), or the
@@ -18,27 +22,12 @@ from localllm.errors import InputError, UsageError
 from localllm.modelfile.stub import header_stub
 from localllm.plan import fitting, hardware, verdict
 from localllm.plan.prepare import DRY_RUN
-from localllm.store import hf_cache, hub, names
-from localllm.store.modelname import split_part
+from localllm.store import hf_cache, hub, pulling
 from localllm.util import fmt
 
 
-def parse_repo(text: str) -> tuple[str, str | None]:
-    """``owner/name``, ``owner/name:Q4_K_M``, ``hf.co/owner/name``, or a Hub URL."""
-    for prefix in ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf.co/"):
-        if text.startswith(prefix):
-            text = text[len(prefix) :]
-    text = text.rstrip("/")
-    repo, _, tag = text.partition(":")
-    return hf_cache.check_repo_id(repo), (tag or None)
-
-
 def run(args: argparse.Namespace) -> int:
-    named = names.parse(args.repo)
-    if named is not None and named.filename is not None:  # a catalog name: its repo and quant
-        repo_id, tag = named.repo_id, (named.quant if ":" in args.repo else None)
-    else:
-        repo_id, tag = parse_repo(args.repo)
+    repo_id, tag = pulling.target(args.repo)
     if tag and (args.quant or args.file):
         raise UsageError("give the quant once: REPO:QUANT, or --quant, or --file")
     quant = args.quant or tag
@@ -48,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     off = hub.offline(args.offline)
     filename, reason = _choose(args, repo_id, revision, quant, off)
     if args.file:
-        _single(hub.RemoteFile(args.file, 0, None), repo_id)
+        pulling.single(hub.RemoteFile(args.file, 0, None), repo_id)
     result = hub.pull_all(repo_id, filename, revision, progress=not args.json, reason=reason, offline_mode=off)
     if args.json:
         fmt.print_json(result.to_dict())
@@ -72,8 +61,7 @@ def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | 
         where = "cached (offline)" if off else "in the repo"
         raise InputError(f"no GGUF files of {repo_id} {where}" + ("; run without --offline to look on the Hub" if off else ""))
     if quant:
-        f = hub.pick_by_quant(files, quant, repo_id, offline_mode=off)
-        return _single(f, repo_id), f"{f.quant}, as asked"
+        return pulling.by_quant(files, quant, repo_id, offline_mode=off)
     budget = args.vram
     if budget is None:
 
@@ -84,23 +72,8 @@ def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | 
 
         hw = hardware.Hardware("GPU", budget, None, "--vram", psutil.virtual_memory().total, psutil.virtual_memory().available)
         f, why = hub.pick_by_budget(files, lambda rf: _judge(repo_id, revision, rf, off, hw, not args.no_dry_run), budget)
-        return _single(f, repo_id), why
-    q4 = [f for f in files if f.quant == "Q4_K_M"]
-    if q4:
-        return _single(q4[0], repo_id), "Q4_K_M, the default (no GPU budget to fit; --quant or --vram to choose)"
-    if len(files) == 1:
-        return _single(files[0], repo_id), "the repo's only GGUF"
-    quants = ", ".join(sorted({f.quant or f.filename for f in files}))
-    raise InputError(f"{repo_id} has {len(files)} GGUFs and no Q4_K_M: choose with --quant ({quants}) or --vram SIZE")
-
-
-def _single(f: hub.RemoteFile, repo_id: str) -> str:
-    """The file to name: a single one, or the first part of a split model (all its parts are pulled)."""
-    part = split_part(f.filename)
-    if part is not None and part[0] != 1:
-        raise InputError(f"{f.filename} is part {part[0]} of {part[1]}: name the first part (…-00001-of-{part[1]:05d}.gguf); "
-                         "every part is pulled")
-    return f.filename
+        return pulling.single(f, repo_id), why
+    return pulling.by_default(files, repo_id)
 
 
 def _judge(repo_id: str, revision: str, f: hub.RemoteFile, off: bool, hw: hardware.Hardware, dry_run: bool):

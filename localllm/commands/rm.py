@@ -5,6 +5,8 @@ when nothing else links to it, the blob), GGUFs in its own models folder, and th
 paths ``add`` remembered (only the memory goes, never the file). Files of the Hugging
 Face cache that other tools downloaded, LM Studio's, Ollama's and the pip-shipped
 default model are not touched: the error names the tool's own way to remove them.
+What may be deleted and how is ``store.removal``'s (the router's ``/api/delete``
+asks the same); this adds the question, ``rm FOLDER`` and what is printed.
 """
 
 from __future__ import annotations
@@ -13,18 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from localllm import paths
 from localllm.commands._common import say
 from localllm.errors import InputError
-from localllm.store import hf_cache, registry, resolver
+from localllm.store import registry, removal
 from localllm.util import fmt
-
-_NOT_OURS = {
-    "embedded": "ships in a pip package; remove it with pip uninstall {pkg}",
-    "hf-cache": "is in the Hugging Face cache but localllm did not download it; remove it with: hf cache rm model/{repo}",
-    "lmstudio": "belongs to LM Studio; delete it in LM Studio's My Models",
-    "ollama": "belongs to Ollama; remove it with: ollama rm {name}",
-}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,31 +28,16 @@ def run(args: argparse.Namespace) -> int:
     entry = registry.find(args.name)
     if entry is None:
         raise InputError(f"no model named '{args.name}' (see localllm list)")
-    if entry.source in _NOT_OURS and not _assembled(entry):
-        builtin = resolver.find_entry(entry.name)
-        pkg = builtin.package if builtin else entry.name
-        msg = _NOT_OURS[entry.source].format(pkg=pkg, repo=entry.repo, name=entry.name)
-        raise InputError(f"{entry.name} {msg}; localllm deletes only what it stored")
-    action = "forget" if entry.source == "added" else "delete"
+    refused = removal.refusal(entry)
+    if refused is not None:
+        raise InputError(refused)
+    action = removal.action(entry)
     size = entry.path.stat().st_size if entry.path.exists() else 0
     what = f"{action} {entry.name} ({fmt.size(size)}, {entry.path})"
     if not args.yes and not _confirm(what):
         say("nothing deleted (answer y, or pass --yes)")
         return 1
-    deleted: list[str] = []
-    if entry.source == "pulled":
-        cached = hf_cache.lookup(paths.hf_hub_cache(), entry.repo or "", entry.filename or "", entry.commit or "main")
-        if cached is not None:
-            deleted = [str(p) for p in hf_cache.remove(paths.hf_hub_cache(), cached)]
-        registry.forget_pull(entry.repo or "", entry.filename or "")
-    elif entry.source == "added":
-        if str(entry.path) in registry.load_record().added:
-            registry.forget_added(entry.path)  # added as a file: forget it
-        else:
-            registry.hide_added(entry.path)  # one file of an added folder: its siblings stay
-    else:  # localllm's own folder, or the assembled gemma3-270m
-        entry.path.unlink()
-        deleted = [str(entry.path)]
+    deleted = removal.remove(entry).deleted
     if args.json:
         fmt.print_json({"name": entry.name, "source": entry.source, "action": action, "deleted": deleted, "path": str(entry.path)})
     elif entry.source == "added":
@@ -66,11 +45,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         say(f"deleted {entry.name}: " + ", ".join(deleted))
     return 0
-
-
-def _assembled(entry: registry.ModelEntry) -> bool:
-    """gemma3-270m is assembled by localllm into its own folder: that copy is ours."""
-    return entry.source == "embedded" and entry.path.parent == paths.models_dir() and entry.path.exists()
 
 
 def _added_folder(name: str) -> Path | None:

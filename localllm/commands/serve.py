@@ -12,15 +12,15 @@ process of its own, which gets the per-model options given here.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import socket
 from dataclasses import replace
 
-from localllm.commands._common import fit_config, model_path, sampling_config, say
+from localllm import api
+from localllm.commands._common import fit_config, fit_request, model_path, sampling_config, say
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import inspect_model
-from localllm.plan import fitting
+from localllm.plan import fitting, hardware, planner
 from localllm.serve import tools
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.prompt_cache import PromptCache
@@ -28,16 +28,8 @@ from localllm.serve.protocol import RequestError
 from localllm.serve.scheduler import Scheduler
 from localllm.store import registry, resolver
 from localllm.util import fmt
+from localllm.util.net import is_loopback
 from localllm.util.units import Size
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -65,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("LOCALLLM_API_KEY") or None
     hosts = _hosts(args.host)
     for host in hosts:
-        if not _is_loopback(host) and not api_key:
+        if not is_loopback(host) and not api_key:
             say(f"warning: listening on {host} without --api-key: anyone who can reach this address can use the model")
     if args.model is None or getattr(args, "models", None) is not None:
         return _route(args, api_key, hosts)
@@ -164,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> int:
     """Router mode: serve the models of ``localllm list`` by name (``localllm.router``)."""
-    # lazy: the router's catalog and durations, for router mode only (its server below loads Starlette, uvicorn and httpx2)
-    from localllm.router import catalog, durations
+    # lazy: the router's catalog, durations and memory plan, for router mode only (its server below loads Starlette, uvicorn and httpx2)
+    from localllm.router import catalog, durations, residency
 
     if args.model is not None:
         raise UsageError(f"--models serves models by name: give --models or a MODEL ({args.model}), not both")
@@ -185,16 +177,49 @@ def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> i
     from localllm.router.server import Settings  # lazy: Starlette, uvicorn and httpx2 (~0.1 s), for router mode only
     from localllm.router.server import run as route  # lazy: as above
 
+    options = child_options(args)
+    memory = _memory(args, residency)
+    if memory is not None and memory.budget.gpu is not None and args.vram is None:
+        options.append(f"--vram={memory.budget.gpu}B")  # each child fits to the budget the router planned it with, not to what its siblings leave
     settings = Settings(only=only, models_max=args.models_max, keep_alive=keep_alive, max_waiting=args.max_queue, api_key=api_key,
                         cors=tuple(args.cors or ()), json_log=args.json,
                         top=(("-v",) if args.verbose else ()) + (("--debug",) if args.debug else ()),
-                        options=tuple(child_options(args)))
+                        options=tuple(options), memory=memory)
     socks = _bind_all(hosts, args.port)
     try:
         return route(socks, settings, say)
     finally:
         for sock in socks:
             sock.close()
+
+
+def _memory(args: argparse.Namespace, residency):
+    """The router's memory plan (``residency.Memory``): each model fitted as
+    ``serve MODEL`` fits it (``run``'s rules: the same options, ``--ctx`` per
+    sequence, the trained context up to 4096 by default, ``--parallel``
+    sequences), alone, against this machine as it was when the router started:
+    the GPU budget (``--vram``, or the device's free memory then, passed on to
+    each child as ``--vram``) and the RAM available then, before any model. With
+    ``--rpc`` None: the workers' devices are theirs to budget, and each child
+    fits to them on its own, as before (``--models-max`` alone decides)."""
+    if getattr(args, "rpc", None):
+        return None
+    import psutil  # lazy: router mode only (hardware.detect loads it too)
+
+    hw = hardware.detect(args.vram)
+    gpu = hw.gpu_budget
+    budget = residency.Budget(gpu=gpu, margin=planner.default_margin(gpu) if gpu is not None else 0, ram=hw.ram_available_bytes)
+    parallel = args.parallel
+
+    def plan(path):
+        ctx_seq = args.ctx or min(inspect_model(path).context_length or 4096, 4096)  # as serve MODEL (run above)
+        request = fit_request(args, ctx_seq * parallel)
+        lp = api.prepare(path, request, hw=hw, n_ctx=ctx_seq * parallel, n_seq=parallel, dry_run=not args.no_dry_run)
+        if lp.refits:
+            say(f"{path.name}: llama.cpp's dry run needs a larger compute buffer than estimated: refitted ({lp.fit.sentence})")
+        return lp
+
+    return residency.Memory(budget=budget, plan=plan, ram_now=lambda: psutil.virtual_memory().available)
 
 
 def _keep_alive(args: argparse.Namespace, durations) -> float | None:

@@ -8,6 +8,10 @@ loaded on demand in a process of its own, as Ollama and llama-server's router do
 - ``proxy``: the ASGI app: the key check, the router's own answers, the rest
   proxied to the model's child and streamed back;
 - ``listing``: ``/v1/models``, ``/api/tags`` and ``/api/ps`` without loading anything;
+- ``residency``: whether a model fits beside the loaded ones, by the memory plan,
+  and which idle ones to unload for it;
+- ``manage``: Ollama's ``/api/pull`` and ``/api/delete``, through localllm's own
+  pull and rm (``store.pulling``, ``store.removal``);
 - ``durations``: Ollama's ``keep_alive`` values;
 - ``server``: uvicorn, signals, and stopping the children on the way out.
 

@@ -81,6 +81,10 @@ class Catalog:
     def served(self, entries: list[ModelEntry]) -> list[ModelEntry]:
         return [e for e in entries if self.only is None or e.name.lower() in self.only]
 
+    def invalidate(self) -> None:
+        """Read the registry again at the next use (a model pulled or deleted through the router)."""
+        self._read_at = float("-inf")
+
     async def entries(self, *, fresh: bool = False) -> list[ModelEntry]:
         """The served entries, read again when older than ``TTL_S`` (``fresh``: ``MISS_S``)."""
         async with self._lock:

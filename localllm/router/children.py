@@ -33,8 +33,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from localllm.util.fmt import safe
+
+if TYPE_CHECKING:
+    from localllm.router.residency import Need
 
 READY = re.compile(r"serving (.+?) on (http://\S+?)/v1 \(")
 STOP_S = 35.0  # serve drains for up to 30 s (serve.lifecycle.GRACE_S) before it ends what is left
@@ -77,6 +81,8 @@ class Child:
         self.url: str | None = None
         self.pid: int | None = None
         self.path: Path | None = None
+        self.plan: Any = None  # the prepare.LoadPlan its load was fitted with (the router's memory plan), or None
+        self.need: Need | None = None  # that plan's bytes (GPU, CPU), counted against the budget while it is resident
         self.in_flight = 0  # requests using it (or waiting for its load)
         self.last_used = time.monotonic()
         self.expires_at: float | None = None  # monotonic; None: never

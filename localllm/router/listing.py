@@ -6,13 +6,23 @@ answered without loading anything: the sizes come from the files, the family,
 parameter count and quantization from each file's header, read once per file
 version (``Catalog.facts``); a built-in model not assembled yet is listed by
 its name alone.
+
+A loaded model also shows what its load was planned to hold (the router's
+memory plan: ``residency``), as Ollama's ``/api/ps`` does: ``size`` (bytes in
+all), ``size_vram`` (of them on the GPU), ``context_length`` (tokens a request
+may use), and a ``localllm`` object with the bytes per device (weights, KV
+cache, compute and output buffers, each where it comes from), the context,
+the GPU layers and when it will be unloaded. Without a memory plan (``--rpc``)
+``size`` is the file's and ``size_vram`` null, as before.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from localllm.router.catalog import Catalog, Facts
+from localllm.router.children import Child
 from localllm.router.pool import Pool
 from localllm.store.registry import ModelEntry
 
@@ -30,9 +40,40 @@ def status(pool: Pool, name: str) -> str:
 async def openai_models(catalog: Catalog, pool: Pool) -> dict:
     data = []
     for e in await catalog.entries():
-        data.append({"id": e.name, "object": "model", "created": int(_mtime(e) or 0), "owned_by": OWNER,
-                     "status": {"value": status(pool, e.name)}, "aliases": list(e.aliases), "source": e.source})
+        value = status(pool, e.name)
+        row = {"id": e.name, "object": "model", "created": int(_mtime(e) or 0), "owned_by": OWNER,
+               "status": {"value": value}, "aliases": list(e.aliases), "source": e.source}
+        child = pool.children.get(e.name)
+        if value == "loaded" and child is not None and child.plan is not None:
+            row.update(planned(child))
+        data.append(row)
     return {"object": "list", "data": data}
+
+
+def planned(child: Child) -> dict[str, Any]:
+    """What a loaded child's load was planned to hold: Ollama's ``size``, ``size_vram``
+    and ``context_length``, and localllm's bytes per device (``LoadPlan``'s figures)."""
+    lp = child.plan
+    p = lp.fit.plan
+    config = lp.config
+    gpu, cpu = lp.total
+    parallel = max(config.n_seq, 1)
+    bytes_ = {
+        "gpu": {"weights": p.weights_gpu_bytes, "kv": p.kv_gpu_bytes + p.rs_gpu_bytes, "compute": lp.compute[0], "output": lp.output[0],
+                "total": gpu},
+        "cpu": {"weights": p.weights_cpu_bytes, "kv": p.kv_cache_bytes - p.kv_gpu_bytes + p.rs_bytes - p.rs_gpu_bytes,
+                "compute": lp.compute[1], "output": lp.output[1], "total": cpu},
+    }
+    d = lp.to_dict()
+    return {
+        "size": gpu + cpu, "size_vram": gpu, "context_length": config.n_ctx // parallel,
+        "localllm": {
+            "bytes": bytes_, "sources": d["sources"], "n_ctx": config.n_ctx, "n_ctx_per_request": config.n_ctx // parallel,
+            "parallel": parallel, "type_k": config.type_k, "type_v": config.type_v, "gpu_layers": lp.fit.gpu_layers,
+            "n_layers": lp.fit.n_layers, "fit": lp.fit.sentence, "gpu_budget_bytes": lp.fit.gpu_budget, "pid": child.pid,
+            "expires_at": _rfc3339(child.expires_wall),
+        },
+    }
 
 
 def _mtime(entry: ModelEntry) -> float | None:
@@ -80,7 +121,9 @@ async def ollama_ps(catalog: Catalog, pool: Pool) -> dict:
         if child.state != "loaded" or entry is None:
             continue
         facts = await catalog.facts(entry)
-        models.append({"name": ollama_name(name), "model": ollama_name(name), "size": facts.size, "digest": None,
-                       "details": _details(facts, entry), "expires_at": _rfc3339(child.expires_wall),
-                       "size_vram": None})
+        row = {"name": ollama_name(name), "model": ollama_name(name), "size": facts.size, "digest": None,
+               "details": _details(facts, entry), "expires_at": _rfc3339(child.expires_wall), "size_vram": None}
+        if child.plan is not None:
+            row.update(planned(child))
+        models.append(row)
     return {"models": models}

@@ -17,6 +17,13 @@ put in ``children`` and wait for its load; there are never two.
   ``None`` never. ``reap`` stops the children past their expiry.
 - A child that fails to load fails the requests waiting for it (``LoadFailed``,
   with its last error line) and leaves the pool: the next request tries again.
+- With a memory plan (``residency.Memory``), each model is fitted before its
+  first load (in a thread: llama.cpp's dry run runs in a child process; kept
+  until its file changes) and loads only where its planned bytes fit beside
+  the resident models': else the least recently used idle ones are stopped
+  first, or the request waits for a busy one as above. A model that does not
+  fit even alone is refused at once (``DoesNotFit``), and nothing is stopped
+  for it. ``residency`` decides; this module acts.
 """
 
 from __future__ import annotations
@@ -25,11 +32,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from localllm.router import durations
+from localllm.router import durations, residency
 from localllm.router.catalog import path_of
 from localllm.router.children import Child, ChildFailed, Spawn
 from localllm.store.registry import ModelEntry
+from localllm.util import fmt
 
 WAIT_S = 60.0  # a request waits this long for a busy child to become idle
 LOAD_S = 600.0  # a model that has not said it is serving by then is stopped
@@ -41,13 +52,28 @@ class LoadFailed(Exception):
     """The model could not be loaded (a 502, with the child's last error line)."""
 
 
+class DoesNotFit(LoadFailed):
+    """The model does not fit this machine even with no other model loaded: the
+    message is the plan's reason (the proxy answers 507)."""
+
+
 class Busy(Exception):
     """No room for the model now (a 503 with Retry-After)."""
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A model file's fit, or why it has none; kept while the file is unchanged."""
+
+    key: tuple[str, int, int]  # path, size, mtime_ns
+    path: Path
+    plan: Any = None  # prepare.LoadPlan
+    error: LoadFailed | None = None
+
+
 class Pool:
     def __init__(self, spawn: Spawn, *, models_max: int, keep_alive: float | None, max_waiting: int, say: Callable[[str], None],
-                 json_log: bool = False, wait_s: float = WAIT_S) -> None:
+                 json_log: bool = False, wait_s: float = WAIT_S, memory: residency.Memory | None = None) -> None:
         self.spawn = spawn
         self.models_max = models_max  # 0: no cap
         self.keep_alive = keep_alive
@@ -55,7 +81,10 @@ class Pool:
         self.say = say
         self.json_log = json_log
         self.wait_s = wait_s
+        self.memory = memory  # None: only --models-max decides (no plan: --rpc, or the pool's own tests)
         self.children: dict[str, Child] = {}
+        self._plans: dict[str, Planned] = {}
+        self._planning: dict[str, asyncio.Future[Planned]] = {}
         self.loads = 0  # children started, for the log and the tests
         self.closing = False  # the router is stopping: children that end now are not failures
         self._changed = asyncio.Event()
@@ -97,17 +126,31 @@ class Pool:
                     continue
                 child.last_used = time.monotonic()
                 return child
-            if self._room():
-                self._start(entry)
+            planned = None
+            if self.memory is not None:
+                planned = self._planned(entry)
+                if planned is None:
+                    planned = await self._plan(entry)
+                    if planned.error is None:
+                        continue  # the fit took a while: look again at the children
+                if planned.error is not None:
+                    raise type(planned.error)(str(planned.error))  # a fresh one: a kept exception would gather tracebacks
+            decision = self._decide(planned)
+            if decision.action == "load":
+                self._start(entry, planned)
                 continue
+            if decision.action == "never":  # the plan fits, but not the budget the pool shares (not expected: the same figures)
+                raise DoesNotFit(f"{entry.name} does not fit: {decision.why}")
             if any(c.state == "stopping" for c in self.children.values()):  # room is being made: wait for it, stop no other
-                await self._wait_change(deadline, entry, queued=False)
+                await self._wait_change(deadline, entry, decision.why, queued=False)
                 continue
-            victim = self._idlest()
-            if victim is not None:
-                self._stop(victim, f"to make room for {entry.name} (--models-max {self.models_max})")
+            if decision.action == "unload":
+                for name in decision.victims:
+                    self._stop(self.children[name], f"to make room for {entry.name} ({decision.why})")
                 continue
-            await self._wait_change(deadline, entry, queued=True)
+            if decision.action == "refuse":
+                raise Busy(f"cannot load {entry.name} now: {decision.why}, and no model is loaded to make room; retry later")
+            await self._wait_change(deadline, entry, decision.why, queued=True)
 
     def release(self, child: Child, keep_alive: object = DEFAULT) -> None:
         """The request is done: set the child's expiry (``keep_alive``: seconds, or None for never)."""
@@ -146,18 +189,67 @@ class Pool:
 
     # -- residency -----------------------------------------------------------------
 
-    def _room(self) -> bool:
-        return self.models_max == 0 or len(self.children) < self.models_max
+    def _decide(self, planned: Planned | None) -> residency.Decision:
+        """What to do to load the model of ``planned`` (None: no memory plan) beside the children now."""
+        residents = [residency.Resident(c.name, c.need or residency.Need(0, 0), c.state == "loaded" and c.in_flight == 0, c.last_used)
+                     for c in self.children.values()]
+        memory = self.memory
+        if memory is None or planned is None:
+            return residency.decide(None, residents, None, 0, slots=self.models_max)
+        return residency.decide(residency.Need.of(planned.plan), residents, memory.budget, memory.ram_now(), slots=self.models_max)
 
-    def _idlest(self) -> Child | None:
-        idle = [c for c in self.children.values() if c.state == "loaded" and c.in_flight == 0]
-        return min(idle, key=lambda c: c.last_used) if idle else None
+    def _planned(self, entry: ModelEntry) -> Planned | None:
+        """``entry``'s fit, if one was made for its file as it is now."""
+        known = self._plans.get(entry.name)
+        if known is None:
+            return None
+        try:
+            st = known.path.stat()
+        except OSError:
+            return None
+        return known if known.key == (str(known.path), st.st_size, st.st_mtime_ns) else None
 
-    async def _wait_change(self, deadline: float, entry: ModelEntry, *, queued: bool) -> None:
+    async def _plan(self, entry: ModelEntry) -> Planned:
+        """Fit ``entry``, once for concurrent requests; kept in ``_plans``, a failure included."""
+        running = self._planning.get(entry.name)
+        if running is None:
+            running = asyncio.ensure_future(asyncio.to_thread(self._fit, entry))
+            self._planning[entry.name] = running
+
+            def done(f: asyncio.Future[Planned], name: str = entry.name) -> None:
+                self._planning.pop(name, None)
+                if not f.cancelled() and f.exception() is None:
+                    self._plans[name] = f.result()
+
+            running.add_done_callback(done)
+        return await asyncio.shield(running)
+
+    def _fit(self, entry: ModelEntry) -> Planned:
+        """Blocking: the file (a built-in model is assembled on first use) and its fit."""
+        memory = self.memory
+        assert memory is not None
+        try:
+            path = path_of(entry)
+            st = path.stat()
+        except Exception as exc:  # the file is gone, or cannot be assembled
+            path = entry.path
+            return Planned((str(path), -1, -1), path, error=LoadFailed(f"{entry.name} did not load: {exc}"))
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        try:
+            plan = memory.plan(path)
+        except Exception as exc:  # a header that cannot be read, a config llama.cpp refuses
+            return Planned(key, path, error=LoadFailed(f"{entry.name} did not load: {exc}"))
+        if not plan.fit.fits:
+            return Planned(key, path, plan, DoesNotFit(f"{entry.name} does not fit: {plan.fit.sentence}"))
+        return Planned(key, path, plan)
+
+    async def _wait_change(self, deadline: float, entry: ModelEntry, why: str, *, queued: bool) -> None:
         left = deadline - time.monotonic()
         busy = ", ".join(f"{c.name} ({c.in_flight} in flight)" for c in self.children.values())
         if left <= 0 or (queued and self._waiting >= self.max_waiting):
-            raise Busy(f"cannot load {entry.name} now: --models-max {self.models_max} models are loaded and busy ({busy}); retry later")
+            if why.startswith("--models-max"):
+                raise Busy(f"cannot load {entry.name} now: {why} models are loaded and busy ({busy}); retry later")
+            raise Busy(f"cannot load {entry.name} now: {why}, and the models loaded are busy ({busy}); retry later")
         changed = self._changed
         self._waiting += queued
         try:
@@ -171,18 +263,21 @@ class Pool:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _start(self, entry: ModelEntry) -> None:
+    def _start(self, entry: ModelEntry, planned: Planned | None) -> None:
         child = Child(entry.name, self.say, json_log=self.json_log)
+        if planned is not None:
+            child.plan, child.need = planned.plan, residency.Need.of(planned.plan)
         self.children[entry.name] = child
         self.loads += 1
-        self._spawn_task(self._load(child, entry))
+        self._spawn_task(self._load(child, entry, planned.path if planned is not None else None))
 
-    async def _load(self, child: Child, entry: ModelEntry) -> None:
+    async def _load(self, child: Child, entry: ModelEntry, path: Path | None) -> None:
         try:
-            path = await asyncio.to_thread(path_of, entry)  # a built-in model is assembled here on first use
+            if path is None:
+                path = await asyncio.to_thread(path_of, entry)  # a built-in model is assembled here on first use
             if child.stop_asked:
                 raise ChildFailed(f"{entry.name} was unloaded while it was loading")
-            self.say(f"loading {entry.name} ({path})")
+            self.say(f"loading {entry.name} ({path}{_planned_words(child.plan)})")
             await child.start(self.spawn, path, self._exited)
             await asyncio.wait_for(asyncio.shield(child.ready), LOAD_S)
         except ChildFailed as exc:
@@ -263,3 +358,12 @@ class Pool:
         for child in children:
             child.state = "stopping" if child.state != "stopped" else child.state
         await asyncio.gather(*(self._stop_child(c) for c in children), return_exceptions=True)
+
+
+def _planned_words(plan: Any) -> str:
+    """``; planned GPU 104.61 MiB, RAM 28.88 MiB, context 256: fits as asked`` (nothing without a plan)."""
+    if plan is None:
+        return ""
+    gpu, cpu = plan.total
+    on_gpu = f"GPU {fmt.size(gpu)}, " if plan.fit.gpu_budget is not None else ""
+    return f"; planned {on_gpu}RAM {fmt.size(cpu)}, context {plan.config.n_ctx}: {plan.fit.sentence}"

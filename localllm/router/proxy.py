@@ -19,7 +19,6 @@ Errors the router makes itself have the shape of the route's API: OpenAI's
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 
@@ -28,10 +27,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from localllm import __version__
-from localllm.router import durations, listing
+from localllm.router import durations, listing, manage
 from localllm.router.catalog import BadName, Catalog, Unknown
 from localllm.router.children import Child
-from localllm.router.pool import DEFAULT, Busy, LoadFailed, Pool
+from localllm.router.pool import DEFAULT, Busy, DoesNotFit, LoadFailed, Pool
 from localllm.serve.app import ENDPOINTS, MAX_BODY, authorized
 from localllm.serve.protocol import RequestError, error_body, parse_json
 from localllm.store.registry import ModelEntry
@@ -39,7 +38,7 @@ from localllm.util.fmt import safe
 
 PUBLIC = ("/health", "/v1/health")
 OWN = {"/v1/models": "GET", "/models": "GET", "/api/tags": "GET", "/api/ps": "GET", "/api/version": "GET", "/health": "GET",
-       "/v1/health": "GET", "/models/load": "POST", "/models/unload": "POST"}
+       "/v1/health": "GET", "/models/load": "POST", "/models/unload": "POST", "/api/pull": "POST", "/api/delete": "DELETE"}
 PROXIED = frozenset(ENDPOINTS) - set(OWN)
 KEEP_ALIVE = ("/api/generate", "/api/chat", "/api/embed", "/api/embeddings")  # Ollama's routes that take keep_alive
 # not passed on: the connection's own, the client's key (the child gets the internal one), and what httpx2 sets itself
@@ -68,6 +67,7 @@ class Router:
         self.json_log = json_log
         self.requests = 0
         self._client: httpx2.AsyncClient | None = None
+        self.manage = manage.Manager(catalog, pool, find=lambda name: self._entry(name, required=True), log=self.log)
 
     @property
     def client(self) -> httpx2.AsyncClient:
@@ -77,6 +77,7 @@ class Router:
         return self._client
 
     async def aclose(self) -> None:
+        await self.manage.close()
         if self._client is not None:
             await self._client.aclose()
 
@@ -129,6 +130,10 @@ class Router:
         if path == "/api/version":
             return JSONResponse({"version": __version__})
         body = parse_json(await _read_body(request))
+        if path == "/api/pull":
+            return await self.manage.pull(body)
+        if path == "/api/delete":
+            return await self.manage.delete(body)
         entry = await self._entry(body.get("model"), required=True)
         if path == "/models/load":
             await self._guarded(self.pool.load(entry))
@@ -159,10 +164,14 @@ class Router:
             self.pool.release(child, keep_alive)
 
     async def _guarded(self, coro):
-        """``coro``, its pool errors turned into the client's: 502 for a model that
-        failed to load, 503 with Retry-After when no room is left."""
+        """``coro``, its pool errors turned into the client's: 507 for a model that
+        cannot fit this machine even alone (the plan's reason; waiting would not
+        help), 502 for a model that failed to load, 503 with Retry-After when no
+        room is left now."""
         try:
             return await coro
+        except DoesNotFit as exc:
+            raise RequestError(507, str(exc), kind="server_error", code="model_does_not_fit") from None
         except LoadFailed as exc:
             raise RequestError(502, str(exc), kind="server_error", code="model_load_failed") from None
         except Busy as exc:
@@ -184,6 +193,12 @@ class Router:
         except BadName as exc:
             raise RequestError(400, str(exc), param="model") from None
         except Unknown as exc:
+            also = manage.alias(name)  # an Ollama library name (llama3.2:1b) of a catalog model pulled here: its quant, or the one here
+            for other in (also, also.partition(":")[0]) if also is not None else ():
+                try:
+                    return await self.catalog.find(other)
+                except (BadName, Unknown):
+                    pass
             raise RequestError(404, str(exc), param="model", code="model_not_found") from None
 
     async def _forward(self, child: Child, scope, receive, send, body: bytes) -> None:
@@ -250,16 +265,4 @@ async def _pump(upstream: httpx2.Response, receive, send, broke) -> None:
             broke(exc)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def gone() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    tasks = [asyncio.ensure_future(copy()), asyncio.ensure_future(gone())]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for t in done:
-            t.result()
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await manage.until_gone(copy(), receive)

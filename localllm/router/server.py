@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from localllm.router import durations
+from localllm.router import durations, residency
 from localllm.router.catalog import Catalog
 from localllm.router.children import Spawn
 from localllm.router.pool import Pool
@@ -45,6 +45,7 @@ class Settings:
     json_log: bool = False
     top: tuple[str, ...] = ()  # localllm's own flags for each child (-v, --debug)
     options: tuple[str, ...] = ()  # serve's per-model options for each child
+    memory: residency.Memory | None = None  # the memory plan that decides which models fit together; None: --models-max alone
 
 
 def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], None]) -> int:
@@ -60,7 +61,7 @@ def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], Non
 
     async def main() -> None:
         pool = Pool(spawn, models_max=settings.models_max, keep_alive=settings.keep_alive, max_waiting=settings.max_waiting, say=say,
-                    json_log=settings.json_log)
+                    json_log=settings.json_log, memory=settings.memory)
         router = Router(catalog, pool, key=settings.api_key, internal_key=key, json_log=settings.json_log)
         state.update(pool=pool, router=router)
         config = uvicorn.Config(with_cors(router, settings.cors), log_level="warning", access_log=False, lifespan="off",
@@ -70,6 +71,9 @@ def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], Non
         state["server"] = server
         served = [e.name for e in await catalog.entries()]
         cap = f"at most {settings.models_max} at once" if settings.models_max else "no cap on how many"
+        if settings.memory is not None:
+            fit = f"as many as fit {settings.memory.budget.words()}"
+            cap = f"{cap} and {fit}" if settings.models_max else fit
         say(f"serving {len(served)} model(s) on {urls} (loaded on demand, {cap}, unloaded after {durations.shown(settings.keep_alive)} "
             f"idle: {', '.join(served) or 'none yet: localllm pull or localllm add one'}{'; API key required' if settings.api_key else ''})"
             "; Ctrl+C stops")

@@ -119,6 +119,7 @@ class Guard:
             self.state.metrics.request_done(endpoint, status_box[0])
 
     def _authorized(self, scope) -> bool:
+        assert self._key is not None  # asked only when a key is set
         return authorized(scope, self._key)
 
 

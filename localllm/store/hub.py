@@ -64,6 +64,24 @@ class PullResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where one file's transfer stands, for a caller that shows it its own way
+    (``on_progress``: the router's ``/api/pull`` streams it as Ollama's NDJSON).
+    Reported as the transfer starts (``completed``: the bytes kept from an earlier
+    try), after each chunk, before each retry, and once with ``completed ==
+    total`` for a file found in the cache. An exception the callback raises stops
+    the pull there; the partial file stays for the next pull to resume."""
+
+    filename: str
+    sha256: str  # the etag: the file's sha256 for an LFS file
+    total: int
+    completed: int
+
+
+OnProgress = Callable[[Progress], None]
+
+
 def offline(flag: bool) -> bool:
     """``--offline``, or huggingface_hub's own switch (read here, so that offline
     runs never import the library)."""
@@ -148,11 +166,13 @@ def parts_of(f: RemoteFile, files: list[RemoteFile], repo_id: str) -> list[Remot
     return [by_name[n] for n in want]
 
 
-def pull_all(repo_id: str, filename: str, revision: str, *, progress: bool, reason: str, offline_mode: bool) -> PullResult:
+def pull_all(repo_id: str, filename: str, revision: str, *, progress: bool, reason: str, offline_mode: bool,
+             on_progress: OnProgress | None = None) -> PullResult:
     """``pull`` of one file, or of every part of a split model given its first
     part (each verified and stored the same way): the first part's result, with
     the sizes and downloads of all the parts summed."""
-    results = [pull(repo_id, name, revision, progress=progress, reason=reason, offline_mode=offline_mode) for name in split_names(filename)]
+    results = [pull(repo_id, name, revision, progress=progress, reason=reason, offline_mode=offline_mode, on_progress=on_progress)
+               for name in split_names(filename)]
     first = results[0]
     return replace(first, size=sum(r.size for r in results), downloaded_bytes=sum(r.downloaded_bytes for r in results),
                    resumed_from=sum(r.resumed_from for r in results), verified=all(r.verified for r in results),
@@ -230,14 +250,21 @@ def remote_prefix(repo_id: str, revision: str, f: RemoteFile):
 # -- the transfer --------------------------------------------------------------------
 
 
-def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: str, offline_mode: bool) -> PullResult:
+def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: str, offline_mode: bool,
+         on_progress: OnProgress | None = None) -> PullResult:
+    """One file into the cache: resumed, its sha256 checked, linked as
+    huggingface_hub links it. ``progress``: the bar on stderr; ``on_progress``: each
+    step given to the caller as well (``Progress``)."""
     cache = paths.hf_hub_cache()
     # Every code path (--file, REPO:QUANT, --vram picks) ends here: check again.
     hf_cache.check_repo_id(repo_id)
     hf_cache.check_revision(revision)
     hf_cache.check_remote_filename(filename)
     if offline_mode:
-        return _from_cache(cache, repo_id, filename, revision, reason)
+        result = _from_cache(cache, repo_id, filename, revision, reason)
+        if on_progress is not None:
+            on_progress(Progress(filename, result.etag, result.size, result.size))
+        return result
     from filelock import FileLock
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
@@ -260,8 +287,11 @@ def pull(repo_id: str, filename: str, revision: str, *, progress: bool, reason: 
     downloaded = resumed = 0
     verified = False
     with FileLock(str(lock)):
-        if not (blob.is_file() and blob.stat().st_size == size):
-            resumed, downloaded, digest = _download(meta.location, blob, size, etag, filename, progress, repo_id)
+        if blob.is_file() and blob.stat().st_size == size:
+            if on_progress is not None:
+                on_progress(Progress(filename, etag, size, size))
+        else:
+            resumed, downloaded, digest = _download(meta.location, blob, size, etag, filename, progress, repo_id, on_progress)
             part = blob.with_name(blob.name + ".incomplete")
             if digest != etag:
                 part.unlink(missing_ok=True)
@@ -307,10 +337,12 @@ def _registry_name(repo_id: str, filename: str) -> str:
     return f"{repo_id}/{filename}"
 
 
-def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: bool, repo_id: str) -> tuple[int, int, str]:
+def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: bool, repo_id: str,
+              on_progress: OnProgress | None = None) -> tuple[int, int, str]:
     """Fill ``<blob>.incomplete`` up to ``size`` bytes, resuming what is there,
     hashing as the bytes arrive (the kept part is hashed first), so the file is
-    read once. Returns (bytes kept from before, bytes fetched now, the digest)."""
+    read once. Returns (bytes kept from before, bytes fetched now, the digest).
+    ``on_progress`` hears of each step (``Progress``)."""
     import httpx2
     from huggingface_hub import get_session
     from huggingface_hub.utils import build_hf_headers
@@ -327,8 +359,14 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
     _check_space(part.parent, size - have)
 
     bar = Bar(f"downloading {label}", size, done=have, enabled=progress)
+
+    def report() -> None:
+        if on_progress is not None:
+            on_progress(Progress(label, etag, size, have))
+
     retries = _RETRIES
     try:
+        report()
         with open(part, "ab") as out:
             while have < size:
                 # the token goes to the Hub only, never to the CDN it redirects to
@@ -342,6 +380,7 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
                             out.truncate()
                             bar.restart()
                             kept = have = 0
+                            report()
                             digest = hf_cache.hasher(etag, size)
                         elif resp.status_code not in (200, 206):
                             resp.read()
@@ -359,6 +398,7 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
                             have += len(data)
                             bar.advance(len(data))
                             retries = _RETRIES
+                            report()
                     out.flush()
                 except httpx2.TooManyRedirects:
                     raise InputError(
@@ -372,6 +412,7 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
                             f"download of {label} failed ({type(exc).__name__}); {_mb(have)} of {_mb(size)} kept: run the same command to resume"
                         ) from None
                     time.sleep(0.5)
+                    report()  # before the retry: the caller may stop here
                     continue
                 if have < size and resp.status_code in (200, 206):
                     retries -= 1  # the body ended early; ask again for the rest

@@ -94,3 +94,12 @@ print(f"localllm: serving {name} on http://127.0.0.1:9/v1 (fake); Ctrl+C stops",
 while True:
     time.sleep(1)
 """
+
+
+def fake_plan(gpu: int, cpu: int, *, fits: bool = True, sentence: str = "fits as asked", n_ctx: int = 256):
+    """A stand-in for ``prepare.LoadPlan`` with the fields the pool and the listings
+    read: ``total`` (GPU, CPU bytes), the fit's verdict and sentence, the context."""
+    from types import SimpleNamespace
+
+    fit = SimpleNamespace(fits=fits, sentence=sentence, gpu_budget=None)
+    return SimpleNamespace(total=(gpu, cpu), fit=fit, config=SimpleNamespace(n_ctx=n_ctx))
