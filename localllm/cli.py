@@ -467,11 +467,28 @@ def with_config(parser: argparse.ArgumentParser, argv: list[str], command: str) 
     """``argv`` with the config file's flags for ``command`` put right after the
     command's name, so that the flags typed after them win."""
     path = config.config_file()
-    flags = config.tokens(config.load(path), command, subparsers(parser), path)
+    table = config.load(path)
+    model = _model_named(parser, argv) if config.MODELS in table else None
+    flags = config.tokens(table, command, subparsers(parser), path, model=model)
     if not flags:
         return argv
     i = argv.index(command) if command in argv else len(argv)
     return [*argv[: i + 1], *flags, *argv[i + 1 :]] if command in argv else [command, *flags]
+
+
+def _model_named(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The model ``argv`` loads, for its ``[models."NAME"]`` table: -m, else the
+    positional, else the default model of a command that loads one (not serve's
+    router, whose models each get their own table)."""
+    args = parser.parse_args(argv)
+    if not hasattr(args, "model"):
+        return None
+    named = getattr(args, "model_flag", None) or args.model
+    if named is None and args.command != "serve":
+        from localllm.store.builtin import DEFAULT_MODEL  # lazy: the store, only when a config file names models
+
+        return DEFAULT_MODEL
+    return named
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -80,11 +80,18 @@ def _options(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {s[2:]: a for s, a in sub._option_string_actions.items() if s.startswith("--")}  # noqa: SLF001 - argparse has no public map
 
 
-def tokens(table: dict[str, Any], command: str, subparsers: dict[str, argparse.ArgumentParser], path: Path) -> list[str]:
-    """The flags ``table`` sets for ``command``, checked as typed ones are."""
+MODELS = "models"  # [models."NAME"]: one model's settings (issue 46), applied wherever that model is loaded
+
+
+def tokens(table: dict[str, Any], command: str, subparsers: dict[str, argparse.ArgumentParser], path: Path,
+           model: str | None = None) -> list[str]:
+    """The flags ``table`` sets for ``command`` (and, when it loads ``model``, that
+    model's ``[models."NAME"]`` table's, which win), checked as typed ones are."""
     known = set().union(*(_options(p) for p in subparsers.values()))
     for key, value in table.items():
-        if isinstance(value, dict):
+        if key == MODELS and isinstance(value, dict):
+            _check_models(value, known, path)
+        elif isinstance(value, dict):
             if key not in subparsers:
                 raise UsageError(f"{path}: [{key}] is not a localllm command")
             unknown = [k for k in value if k not in _options(subparsers[key])]
@@ -98,10 +105,38 @@ def tokens(table: dict[str, Any], command: str, subparsers: dict[str, argparse.A
     opts = _options(sub)
     merged = {k: v for k, v in table.items() if not isinstance(v, dict) and k in opts}
     merged.update(table.get(command, {}) if isinstance(table.get(command), dict) else {})
+    merged.update(model_table(table, model, opts))
     out: list[str] = []
     for key, value in merged.items():
         out += _flag(key, value, opts[key], path)
     return out
+
+
+def model_table(table: dict[str, Any], model: str | None, opts: dict[str, argparse.Action]) -> dict[str, Any]:
+    """``[models."NAME"]``'s settings for ``model`` (the name as given, or a path's
+    file name without .gguf; case does not matter), those ``opts`` has: ``parallel``
+    applies to serve, not to run, as a top-level key applies where the flag exists."""
+    models = table.get(MODELS)
+    if not model or not isinstance(models, dict):
+        return {}
+    wanted = {model.lower(), Path(model).name.lower().removesuffix(".gguf")}
+    for name, settings in models.items():
+        if name.lower() in wanted and isinstance(settings, dict):
+            return {k: v for k, v in settings.items() if k in opts}
+    return {}
+
+
+def _check_models(models: dict[str, Any], known: set[str], path: Path) -> None:
+    for name, settings in models.items():
+        if not isinstance(settings, dict):
+            raise UsageError(f'{path}: models.{name!r} must be a table: [models."{name}"] with flag names, e.g. ctx = 8192')
+        unknown = [k for k in settings if k not in known or k in _NOT_PER_MODEL]
+        if unknown:
+            raise UsageError(f'{path}: [models."{name}"] has no option \'{unknown[0]}\' (a model\'s table takes load and sampling options, e.g. ctx)')
+
+
+# options that name or choose the model, or belong to the server rather than to a model
+_NOT_PER_MODEL = frozenset({"model", "models", "models-max", "keep-alive", "sleep-idle-seconds", "host", "port", "api-key", "alias", "cors"})
 
 
 def _flag(key: str, value: Any, action: argparse.Action, path: Path) -> list[str]:

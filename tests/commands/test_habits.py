@@ -132,3 +132,26 @@ def test_the_config_file_is_read_like_any_untrusted_file(config: Path, kind: str
     line = one_line(r, 2, str(config))
     assert {"deep": "nested too deep", "fifo": "not a regular file", "dev-zero": "not a regular file", "directory": "not a regular file",
             "huge": "larger than 1024 KiB"}[kind] in line
+
+
+def test_a_models_table_applies_where_that_model_loads(config: Path, smollm2: Path) -> None:
+    """Issue 46: [models."NAME"] holds one model's settings; every command that loads
+    that model applies them (over the top level and the command's table), a typed
+    flag still wins, another model is untouched, and an option of the server, or
+    one no command has, is one line."""
+    config.write_text('ctx = 1024\n[plan]\nctx = 2048\n[models."SmolLM2-135M-Instruct.Q4_1"]\nctx = 768\nkv-type = "q8_0"\nparallel = 2\n'
+                      '[models.smollm2]\nctx = 1280\n')
+    d = json.loads(cli("plan", str(smollm2), "--json", "--no-dry-run").stdout)  # a path: its file name
+    assert d["n_ctx"] == 768 and d["type_k"] == "q8_0"
+    d = json.loads(cli("plan", "--json", "--no-dry-run").stdout)  # no model named: the default, smollm2
+    assert d["n_ctx"] == 1280 and d["type_k"] == "f16"
+    d = json.loads(cli("plan", "SMOLLM2", "--json", "--no-dry-run", "--ctx", "512").stdout)
+    assert d["n_ctx"] == 512  # typed wins
+    shown = json.loads(cli("config", "--json").stdout)
+    assert shown["flags"]["plan"] == ["--ctx", "2048"]  # the per-model tables apply to a model, not to a command
+    for text, says in (('[models.smollm2]\nport = 1\n', "[models.\"smollm2\"] has no option 'port'"),
+                       ('[models.smollm2]\nnope = 1\n', "has no option 'nope'"),
+                       ('models.smollm2 = 3\n', "must be a table")):
+        config.write_text(text)
+        r = cli("plan", "--no-dry-run")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, r.stderr
