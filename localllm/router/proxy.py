@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from localllm import __version__
-from localllm.router import durations, listing, manage
+from localllm.router import durations, listing, manage, metrics
 from localllm.router.catalog import BadName, Catalog, Unknown
 from localllm.router.children import Child
 from localllm.router.pool import DEFAULT, Busy, DoesNotFit, LoadFailed, Pool
@@ -38,7 +38,7 @@ from localllm.util.fmt import safe
 
 PUBLIC = ("/health", "/v1/health")
 OWN = {"/v1/models": "GET", "/models": "GET", "/api/tags": "GET", "/api/ps": "GET", "/api/version": "GET", "/health": "GET",
-       "/v1/health": "GET", "/models/load": "POST", "/models/unload": "POST", "/api/pull": "POST", "/api/delete": "DELETE"}
+       "/v1/health": "GET", "/metrics": "GET", "/models/load": "POST", "/models/unload": "POST", "/api/pull": "POST", "/api/delete": "DELETE"}
 PROXIED = frozenset(ENDPOINTS) - set(OWN)
 KEEP_ALIVE = ("/api/generate", "/api/chat", "/api/embed", "/api/embeddings")  # Ollama's routes that take keep_alive
 # not passed on: the connection's own, the client's key (the child gets the internal one), and what httpx2 sets itself
@@ -65,6 +65,7 @@ class Router:
         self.key = key.encode() if key else None
         self.internal = f"Bearer {internal_key}".encode()
         self.json_log = json_log
+        self.metrics = "--metrics" in getattr(getattr(pool, "spawn", None), "options", ())  # serve --metrics, passed on to each child
         self.requests = 0
         self._client: httpx2.AsyncClient | None = None
         self.manage = manage.Manager(catalog, pool, find=lambda name: self._entry(name, required=True), log=self.log)
@@ -129,6 +130,12 @@ class Router:
             return JSONResponse(await listing.ollama_ps(self.catalog, self.pool))
         if path == "/api/version":
             return JSONResponse({"version": __version__})
+        if path == "/metrics":  # every loaded child's, labelled with its model (router.metrics)
+            if not self.metrics:
+                raise RequestError(501, "This server does not support metrics endpoint. Start it with `--metrics`", kind="not_supported_error")
+            loaded = [(c.name, c.url) for c in self.pool.children.values() if c.state == "loaded" and c.url]
+            texts = await metrics.collect(self.client, loaded, self.internal)
+            return Response(metrics.merge(texts, metrics.router_lines(len(loaded), self.pool.loads)), media_type=metrics.CONTENT_TYPE)
         body = parse_json(await _read_body(request))
         if path == "/api/pull":
             return await self.manage.pull(body)

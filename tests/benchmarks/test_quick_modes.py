@@ -72,6 +72,13 @@ QUICK = {
         ["--quick"],
         [r"localllm pull\s+\d+ ms\s+[\d.]+ MB/s", r"hf_hub_download\s+\d+ ms", r"ratio localllm/huggingface_hub: [\d.]+"],
     ),
+    "bench_router": (
+        ["--quick"],
+        [r"switch \(last token of A -> first token of B\), median: localllm \d+ ms, llama-server \d+ ms",
+         r"switch localllm/llama-server: [\d.]+ \[.*\] \(target <= 1.1\) \(not judged\)",
+         r"decode router/serve smollm2: [\d.]+ \[.*\] \(target >= 0.97\) \(not judged\)",
+         r"decode router/serve gemma3-270m: [\d.]+ \[.*\] \(target >= 0.97\) \(not judged\)"],
+    ),
     "hostile_requests": (
         ["--quick"],
         [r"PASS slowloris: 511 half-sent", r"PASS SIGTERM then SIGINT mid-stream", r"hostile requests: (\d+)/\1 passed"],
