@@ -351,9 +351,10 @@ async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shap
             elif kind == "gone":
                 break
             elif kind == "error":
-                status = str(_failure(payload).status)
+                failed = _failure(payload)
+                status = str(failed.status)
                 finished = True
-                for obj in shaper.failure(_failure(payload).message):
+                for obj in shaper.failure(failed.message):
                     yield shaper.frame(obj)
                 break
             elif kind == "done":

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from tests.helpers.cli import cli
-from tests.helpers.server import KEY, Server
+from tests.helpers.server import KEY, Server, http_client
 
 SMALL = ("--ctx", "256", "--parallel", "1", "--threads", "1")  # each child small: loads in a second or two
 
@@ -103,3 +104,27 @@ def fake_plan(gpu: int, cpu: int, *, fits: bool = True, sentence: str = "fits as
 
     fit = SimpleNamespace(fits=fits, sentence=sentence, gpu_budget=None)
     return SimpleNamespace(total=(gpu, cpu), fit=fit, config=SimpleNamespace(n_ctx=n_ctx))
+
+
+def stream_while_another_loads(server: Server, busy: str, other: str) -> tuple[list[str], str]:
+    """A 40-token stream on ``busy``; once its first chunk is in, a request for
+    ``other`` from a second client. The order the two ended in, and the stream's text."""
+    order: list[str] = []
+    with http_client(server) as http:
+        assert http.post("/v1/completions", json={"model": busy, "prompt": "hi", "max_tokens": 1}).status_code == 200
+        body = {"model": busy, "prompt": "Once upon a time", "max_tokens": 40, "stream": True, "temperature": 0}
+        with http.stream("POST", "/v1/completions", json=body) as resp:
+            lines = resp.iter_lines()
+            next(lines)
+
+            def ask_other() -> None:
+                with http_client(server) as h2:
+                    r = h2.post("/v1/completions", json={"model": other, "prompt": "hi", "max_tokens": 1})
+                    order.append(f"{other} {r.status_code}")
+
+            t = threading.Thread(target=ask_other)
+            t.start()
+            text = "".join(lines)
+            order.append("stream done")
+        t.join(60)
+    return order, text

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -198,24 +197,8 @@ def test_a_model_that_does_not_fit_beside_the_idle_one_unloads_it(one_at_a_time)
 
 
 def test_a_busy_model_makes_the_next_one_wait(one_at_a_time) -> None:
-    order: list[str] = []
-    with http_client(one_at_a_time) as http:
-        assert complete(http, "smollm2") == 200
-        body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 40, "stream": True, "temperature": 0}
-        with http.stream("POST", "/v1/completions", json=body) as resp:
-            lines = resp.iter_lines()
-            next(lines)
-
-            def other() -> None:
-                with http_client(one_at_a_time) as h2:
-                    order.append(f"twin {complete(h2, 'smol-twin')}")
-
-            t = threading.Thread(target=other)
-            t.start()
-            text = "".join(lines)
-            order.append("stream done")
-        t.join(60)
-    assert order == ["stream done", "twin 200"]
+    order, text = rt.stream_while_another_loads(one_at_a_time, "smollm2", "smol-twin")
+    assert order == ["stream done", "smol-twin 200"]
     assert "[DONE]" in text  # the busy model was not stopped under its stream
 
 

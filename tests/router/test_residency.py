@@ -8,7 +8,6 @@ room by stopping the least recently used idle model, ``keep_alive`` and
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -115,25 +114,8 @@ def test_a_second_model_stops_the_idle_first_one(router) -> None:
 @pytest.mark.slow
 def test_a_busy_model_is_never_stopped_to_make_room(router) -> None:
     """While a stream runs on one model, a request for the other waits for it, then loads."""
-    order: list[str] = []
-    with http_client(router) as http:
-        assert http.post("/v1/completions", json={"model": "smollm2", "prompt": "hi", "max_tokens": 1}).status_code == 200
-        body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 40, "stream": True, "temperature": 0}
-        with http.stream("POST", "/v1/completions", json=body) as resp:
-            lines = resp.iter_lines()
-            next(lines)
-
-            def other() -> None:
-                with http_client(router) as h2:
-                    r = h2.post("/v1/completions", json={"model": "smol-twin", "prompt": "hi", "max_tokens": 1})
-                    order.append(f"twin {r.status_code}")
-
-            t = threading.Thread(target=other)
-            t.start()
-            text = "".join(lines)
-            order.append("stream done")
-        t.join(60)
-    assert order == ["stream done", "twin 200"]
+    order, text = rt.stream_while_another_loads(router, "smollm2", "smol-twin")
+    assert order == ["stream done", "smol-twin 200"]
     assert "[DONE]" in text  # the stream ran to its end: its model was not stopped under it
 
 
