@@ -126,10 +126,17 @@ class ChatView(ScrollView, can_focus=True):
         self._style: Style | None = None
         self._following = True  # the view shows the end: new text scrolls it (until the user scrolls up)
         self.raw = False  # show the messages' text as it is, not rendered
+        self._partial = False  # a finished reply's upper blocks are still plain text, drawn after this frame
 
     @property
     def line_count(self) -> int:
         return len(self._rows)
+
+    @property
+    def drawn_whole(self) -> bool:
+        """Every finished reply is drawn as Markdown, none waits for the frame
+        after its tail (what a picture of the screen must wait for)."""
+        return not self._partial
 
     @property
     def lines(self) -> list[str]:
@@ -257,6 +264,7 @@ class ChatView(ScrollView, can_focus=True):
         """All paragraphs again, at a new width (the terminal was resized)."""
         rows: list[str] = []
         looks: list[list[Segment] | None] = []
+        self._partial = False
         for para in self._paras:
             if isinstance(para, MessageView):
                 for row, segments in self._block(para):
@@ -295,6 +303,7 @@ class ChatView(ScrollView, can_focus=True):
             rows += answer
             if not whole:  # the rest once this frame is out
                 msg.pending = False
+                self._partial = True
                 self.call_after_refresh(self._redraw)
                 return rows or [("", [])]
         msg.pending = False

@@ -54,7 +54,8 @@ def laid_out(screen, selector: str) -> bool:
 async def wait_idle(app: LocalLLMApp, pilot, timeout: float = 120.0) -> None:
     """Wait until no model loads and no reply streams, with a chat open; then
     let Textual draw what that changed."""
-    await until(pilot, lambda: not app.busy and app.chat is not None, "went idle with a model loaded", timeout,
+    await until(pilot, lambda: not app.busy and app.chat is not None and all(v.drawn_whole for v in app.screen_stack[0].query(ChatView)),
+                "went idle with a model loaded and the reply drawn", timeout,
                 detail=lambda: f"busy={app.busy}, chat open={app.chat is not None}, last line={chat_text(app)[-1:]}")
     await pilot.pause()
 
