@@ -58,7 +58,11 @@ def _int_at_least(lo: int, what: str, hi: int | None = None) -> Callable[[str], 
 def _threads(text: str) -> int:
     """At most this machine's logical CPUs (and ggml's GGML_MAX_N_THREADS, 512):
     more threads than CPUs only slows llama.cpp down, and thousands crash it."""
-    return _int_at_least(1, "--threads", max(1, min(os.cpu_count() or 1, 512)))(text)
+    limit = max(1, min(os.cpu_count() or 1, 512))
+    value = _int_at_least(1, "--threads")(text)
+    if value > limit:
+        raise argparse.ArgumentTypeError(f"--threads must be at most {limit} (this machine's logical CPUs), got {value}")
+    return value
 
 
 def _gen_tokens(text: str) -> int:
@@ -148,6 +152,16 @@ def _add_pull_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-pull", action="store_true", help="never download: a model that is not here is an error")
 
 
+def _add_tools(p: argparse.ArgumentParser) -> None:
+    """run and chat: the configured MCP servers' tools (localllm.mcp)."""
+    g = p.add_argument_group("tools (MCP servers of the config file: localllm mcp list)")
+    g.add_argument("--tools", default=None, metavar="NAME[,NAME]|all",
+                   help="offer the model these MCP servers' tools; each call is asked for on the terminal")
+    g.add_argument("--yes-tools", action="store_true", help="run the model's tool calls without asking")
+    g.add_argument("--max-tool-steps", type=_int_at_least(1, "--max-tool-steps", 1000), default=10, metavar="N",
+                   help="rounds of tool calls in one turn before the loop is stopped (default: 10)")
+
+
 def _add_template(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template", "--chat-template-file", "--chat-template", default=None, metavar="FILE|NAME",
                    help="chat template instead of the model's: a Jinja file, or a llama.cpp built-in name (chatml, llama3, gemma, ...)")
@@ -166,7 +180,8 @@ def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fi
     g = p.add_argument_group("load options")
     g.add_argument("--ctx", "-c", "--ctx-size", type=_int_at_least(1, "--ctx", MAX_CTX), default=ctx_default, metavar="N", action=_Typed,
                    help="context size in tokens (default: %(default)s)")
-    g.add_argument("--threads", "-t", type=_threads, default=None, metavar="N", help="CPU threads (default: physical cores)")
+    g.add_argument("--threads", "-t", type=_threads, default=None, metavar="N",
+                   help="CPU threads, fixed (default: chosen as it decodes, starting from the fast physical cores)")
     g.add_argument("--ngl", "-ngl", "--n-gpu-layers", "--gpu-layers", type=_int_at_least(-1, "--ngl", MAX_INT32), default=None, metavar="N",
         help="layers to offload to the GPU, -1 for all (default: all, or what fits --vram)")
     g.add_argument("--kv-type", choices=KV_CACHE_TYPES, default=None, metavar="T", help=f"K and V cache type: {', '.join(KV_CACHE_TYPES)} (default: f16)")
@@ -199,6 +214,35 @@ def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fi
             "does not cover the model (about 0.4 s)")
 
 
+class _Lora(argparse.Action):
+    """llama-server's ``--lora FNAME[,FNAME]`` (scale 1) and ``--lora-scaled
+    FNAME:SCALE[,...]``, repeatable, into one list of (path, scale) in the order
+    given: an adapter's id is its place in it, as in llama-server."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option: str | None = None) -> None:
+        from localllm.modelfile.lora import parse_scaled  # lazy: loads gguf and numpy, which cli does not load at import
+
+        text = str(values)
+        try:
+            got = parse_scaled(text) if option == "--lora-scaled" else [(f, 1.0) for f in text.split(",") if f]
+        except ValueError as exc:
+            parser.error(f"{option}: {exc} (FNAME:SCALE[,FNAME:SCALE...])")
+        if not got:
+            parser.error(f"{option}: no adapter file given")
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), *got])
+
+
+def _add_lora(p: argparse.ArgumentParser) -> None:
+    """LoRA adapters, with llama-server's spellings (run, chat, serve, plan, the cockpit)."""
+    g = p.add_argument_group("LoRA adapters (llama-server's flags)")
+    g.add_argument("--lora", action=_Lora, dest="lora", default=None, metavar="FNAME[,FNAME]",
+                   help="a LoRA adapter GGUF to apply at scale 1 (repeatable; commas for several)")
+    g.add_argument("--lora-scaled", action=_Lora, dest="lora", metavar="FNAME:SCALE[,...]",
+                   help="a LoRA adapter GGUF with its scale (repeatable; commas for several)")
+    g.add_argument("--lora-init-without-apply", action="store_true",
+                   help="load the adapters at scale 0 (serve: set them later with POST /lora-adapters or a request's lora)")
+
+
 def _rpc(text: str):
 
     try:
@@ -229,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", "-sys", "--system-prompt", default=None, help="system prompt (default: a helpful assistant)")
     _add_sampling(p)
     _add_load_options(p, ctx_default=None)
+    _add_lora(p)
 
     p = sub.add_parser("inspect", help="what a GGUF model is, from its header (no load)")
     _add_model(p)
@@ -251,7 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", default=None, metavar="MODEL", help="the draft model for --speculate draft (same vocabulary)")
     p.add_argument("--draft-k", type=_int_at_least(1, "--draft-k", 64), default=8, metavar="N", help="tokens drafted per step (default: 8)")
     _add_load_options(p, ctx_default=4096)
+    _add_lora(p)
     p.add_argument("--json", action="store_true", help="one JSON object with the text and the stats")
+    _add_tools(p)
 
     p = sub.add_parser("chat", help="a line-by-line chat in the terminal (no TUI); the context shifts instead of filling up")
     _add_model(p)
@@ -262,7 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prompt-cache", action="store_true", help="do not save or load the system prompt's KV state")
     _add_template(p)
     _add_load_options(p, ctx_default=None)
+    _add_lora(p)
     p.add_argument("--json", action="store_true", help="one JSON line per turn")
+    _add_tools(p)
 
     p = sub.add_parser("quantize", help="make Q8_0/Q4_K_M/... GGUFs from F16/BF16/F32 and report what quality it cost")
     p.add_argument("paths", nargs="*", metavar="INPUT [OUTPUT]",
@@ -289,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="memory per device: weights, KV cache, compute; what fits a GPU budget")
     _add_model(p)
     _add_load_options(p, ctx_default=None)
+    _add_lora(p)
     p.add_argument("--json", action="store_true", help="one JSON object")
 
     p = sub.add_parser("completion", help="a shell completion script (bash, zsh, fish), model names included")
@@ -346,9 +396,12 @@ def build_parser() -> argparse.ArgumentParser:
              "(llama-server's flag; -1: no byte limit, 0: off, idle prompts stay in the KV cache; default: 8192)")
     p.add_argument("--embeddings", action="store_true",
         help="make /v1/embeddings' context at start, not at the first request (llama-server's flag; embeddings are always served beside chat)")
-    p.add_argument("--pooling", choices=("mean", "last", "cls"), default=None,
-        help="how /v1/embeddings pools a sequence (default: what the model declares, else mean)")
+    p.add_argument("--pooling", choices=("mean", "last", "cls", "rank"), default=None,
+        help="how /v1/embeddings pools a sequence (default: what the model declares, else mean); rank: as --rerank")
+    p.add_argument("--rerank", "--reranking", action="store_true",
+        help="serve /v1/rerank with the model's classification head (llama-server's flag: rank pooling; a reranker GGUF is needed)")
     _add_load_options(p, ctx_default=None)
+    _add_lora(p)
     _add_sampling(p)  # the defaults of a request's omitted fields, as llama-server's --temp, --seed, -n ...
     _add_template(p)
     serve_flags.add(p)
@@ -364,6 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
              "(Ollama's; a request's keep_alive wins; also OLLAMA_KEEP_ALIVE; default: 5m)")
     idle.add_argument("--sleep-idle-seconds", type=_int_at_least(-1, "--sleep-idle-seconds"), default=None, metavar="N",
         help="llama-server's name for --keep-alive, in seconds (-1: for ever)")
+    r.add_argument("--models-preset", default=None, metavar="FILE",
+        help="a llama-server presets INI: [*] for every model, [NAME] for one (llama-server's option names, "
+             "load-on-startup = true loads it at start); what is typed wins, then the model's section, then [*], then the config file")
+    r.add_argument("--models-autoload", action=argparse.BooleanOptionalAction, default=True,
+        help="load a model when a request names it (llama-server's flag; with --no-models-autoload only POST /models/load does, "
+             "and a request for a model not loaded is a 400; default: on)")
+    r.add_argument("--default-model", default=None, metavar="NAME", help=argparse.SUPPRESS)  # the config file's model: loaded at start and kept
 
     p = sub.add_parser("ps", help="the models a running server (localllm serve, Ollama) has loaded: memory, CPU/GPU split, until when")
     p.add_argument("--url", default="http://127.0.0.1:8080", metavar="URL", help="the server (default: http://127.0.0.1:8080, serve's)")
@@ -385,6 +445,16 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--api-key", default=None, metavar="KEY", help="sent as 'Authorization: Bearer KEY' (also: OPENAI_API_KEY)")
     u.add_argument("--timeout", type=_nonneg_float, default=300.0, metavar="S", help="seconds per request (default: 300)")
     p.add_argument("--json", action="store_true", help="a JSON list of rows")
+
+    p = sub.add_parser("mcp", help="MCP servers for chat --tools: import Claude Desktop's or Cursor's, list their tools")
+    msub = p.add_subparsers(dest="mcp_command", metavar="ACTION", parser_class=_Parser, required=True)
+    m = msub.add_parser("list", help="start each configured server and list its tools with their input schemas")
+    m.add_argument("names", nargs="*", metavar="NAME", help="these servers only (default: all)")
+    m.add_argument("--json", action="store_true", help="one JSON object")
+    m = msub.add_parser("import", help="add the servers of a Claude Desktop / Cursor / LM Studio mcpServers JSON file to the config")
+    m.add_argument("file", metavar="FILE", help="e.g. claude_desktop_config.json or ~/.cursor/mcp.json")
+    m.add_argument("--force", action="store_true", help="replace servers of the same name")
+    m.add_argument("--json", action="store_true", help="one JSON object")
 
     p = sub.add_parser("worker", help="serve this machine's devices to another machine's --rpc (llama.cpp's RPC server)")
     p.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="IPv4 address to listen on (default: 127.0.0.1, this machine only)")
@@ -470,6 +540,8 @@ def with_config(parser: argparse.ArgumentParser, argv: list[str], command: str) 
     table = config.load(path)
     model = _model_named(parser, argv) if config.MODELS in table else None
     flags = config.tokens(table, command, subparsers(parser), path, model=model)
+    if command == "serve":  # the config's default model is the router's to load at start and keep; serve MODEL is typed
+        flags = ["--default-model" if f == "--model" else f for f in flags]
     if not flags:
         return argv
     i = argv.index(command) if command in argv else len(argv)
@@ -495,7 +567,10 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     args = parser.parse_args(argv)
     if args.command is None:
         return args
-    return parser.parse_args(with_config(parser, argv, args.command))
+    final = parser.parse_args(with_config(parser, argv, args.command))
+    if args.command == "serve":  # the router applies each model's table under what was typed (commands/serve_models.py)
+        final.typed_argv = argv[argv.index("serve") + 1:] if "serve" in argv else []
+    return final
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,21 @@ def data_dir() -> Path:
     return Path(platformdirs.user_data_dir("localllm", appauthor=False))
 
 
+def config_file() -> Path:
+    """The config file: ``LOCALLLM_CONFIG``; else, with ``LOCALLLM_HOME`` set
+    (tests, portable installs), the file in it; else ``config.toml`` in
+    platformdirs' user config folder (``~/.config/localllm`` on Linux)."""
+    env = os.environ.get("LOCALLLM_CONFIG")
+    if env:
+        return Path(env).expanduser()
+    home = os.environ.get("LOCALLLM_HOME")
+    if home:
+        return Path(home).expanduser() / "config.toml"
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("localllm", appauthor=False)) / "config.toml"
+
+
 def models_dir() -> Path:
     """Where model files localllm writes (assembled or downloaded) live."""
     return data_dir() / "models"

@@ -28,12 +28,16 @@ EOG = 0  # the end-of-generation token id
 class ScriptedEngine:
     """An ``Engine`` whose replies and timings are set in advance."""
 
+    template_source: str | None = None  # no Jinja text: tool calls in the generic format (a test may set one)
+
     def __init__(self, *, ttft_ms: float = 300.0, itl_ms: float = 40.0, tokens: int = 10, word: str = "tok",
                  fail_at: int | None = None, chat_template: bool = True, n_ctx: int | None = None,
                  reply: Sequence[str] | None = None) -> None:
         self.ttft_ms, self.itl_ms, self.tokens, self.word = ttft_ms, itl_ms, tokens, word
         self.reply = list(reply) if reply is not None else None  # each token's text, instead of " {word}{i}"
         self.chats: list[list[dict[str, str]]] = []  # every conversation rendered, as the model was given it
+        self.replies: list[Sequence[str]] = []  # replies to give in turn, each as its tokens' texts; then ``reply``
+        self.tools: list[dict[str, object]] | None = None  # the tools the last rendering was given
         self.fail_at = fail_at  # raise a RuntimeError (a bug, not a LocalLLMError) before this token
         self.chat_template = chat_template
         self.n_ctx_override = n_ctx  # a context smaller than the load config's (shift tests)
@@ -99,10 +103,12 @@ class ScriptedEngine:
     def use_template(self, spec: str) -> None:
         self._template_spec = spec
 
-    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
+                    tools: list[dict[str, object]] | None = None) -> str:
         if not self.has_chat_template:
             raise UsageError("this model has no chat template (a base model): use --raw, or --template FILE|NAME")
         self.chats.append([dict(m) for m in messages])
+        self.tools = tools
         text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
@@ -205,6 +211,8 @@ class ScriptedEngine:
 
     def _run(self, out: Generation, tokens: list[int], sampling: SamplingConfig, n_keep: int, shift: bool,
              start: int) -> Iterator[TokenEvent]:
+        if self.replies:  # the next scripted reply (a tool call, then the answer that reads its result)
+            self.reply = list(self.replies.pop(0))
         tokens_out = len(self.reply) if self.reply is not None else self.tokens
         n = tokens_out if sampling.max_tokens < 0 else min(tokens_out, sampling.max_tokens)
         stamps: list[int] = []

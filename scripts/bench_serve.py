@@ -33,6 +33,7 @@ Last, /v1/embeddings against llama-server ``--embeddings --pooling mean``
 
     python scripts/bench_serve.py [--quick] [--out FILE]
     python scripts/bench_serve.py --embeddings [--quick]   # /v1/embeddings: scripts/bench_embed.py
+    python scripts/bench_serve.py --agents [--quick]       # /v1/messages and /v1/responses against chat: scripts/bench_agents.py
 """
 
 from __future__ import annotations
@@ -281,6 +282,10 @@ def main() -> int:
         from scripts import bench_embed  # lazy: it imports this module (a cycle at import time), and only this mode needs it
 
         return bench_embed.main([a for a in sys.argv[1:] if a != "--embeddings"])
+    if "--agents" in sys.argv[1:]:  # /v1/messages and /v1/responses against /v1/chat/completions (scripts/bench_agents.py)
+        from scripts import bench_agents  # lazy: it imports this module (a cycle at import time), and only this mode needs it
+
+        return bench_agents.main([a for a in sys.argv[1:] if a != "--agents"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--clients", default="1,2,4,8")

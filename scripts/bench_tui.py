@@ -239,6 +239,8 @@ def main() -> int:
         return 0 if ms <= 100 else 1
     Side.poll = a.poll_ms / 1000
     model = [a.model] if a.model else []
+    if a.quick:  # one thread each: a check that it completes, not a measure; two threads on a CPU another process
+        model += ["--threads", "1"]  # uses wait at every op's barrier (3 t/s against 70 under the suite's other worker)
     tui: list[float] = []  # decode t/s inside llama_decode
     cli: list[float] = []
     tui_s: list[float] = []  # seconds from the first token on screen to the last

@@ -55,6 +55,9 @@ class SynthSpec:
     n_ff_shexp: int = 0  # a shared expert's feed-forward width (qwen2moe, granitemoe)
     pooling_type: int | None = None  # <arch>.pooling_type when set (llama.cpp's enum: 1 mean, 2 cls, 3 last)
     split_max_tensors: int = 0  # >0: a split GGUF (gguf-py's shards, NAME-00001-of-0000N.gguf), at most this many tensors a file
+    # fill-in-the-middle roles ("pre", "suf", "mid", "rep", "sep", "pad"): each a control token (Qwen's spelling,
+    # FIM_TOKENS) after the vocabulary, named by tokenizer.ggml.fim_<role>_token_id; () writes none (the file is unchanged)
+    fim: tuple[str, ...] = ()
 
 
 # Architectures write_gguf can write; the tensors each needs follow its
@@ -63,6 +66,11 @@ ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granit
          "mistral3", "smollm3", "ernie4_5",
          "llama-embed",  # llama's tensors; its graph has no lm_head (src/models/llama.cpp, graph<true>)
          *synth_archs.ARCHS)
+
+
+# llama.cpp's FIM token ids by role, as Qwen2.5-Coder spells the tokens (llama-vocab.cpp also finds them by these texts)
+FIM_TOKENS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>", "rep": "<|repo_name|>",
+              "sep": "<|file_sep|>", "pad": "<|fim_pad|>"}
 
 
 def vocabulary(n_vocab: int = 0) -> tuple[list[str], list[float], list[int]]:
@@ -104,6 +112,10 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     path = Path(path)
     rng = np.random.default_rng(spec.seed)
     tokens, scores, types = vocabulary(spec.n_vocab)
+    fim_ids = {role: len(tokens) + i for i, role in enumerate(spec.fim)}
+    tokens += [FIM_TOKENS[role] for role in spec.fim]
+    scores += [0.0] * len(spec.fim)
+    types += [int(gguf.TokenType.CONTROL)] * len(spec.fim)
     n_vocab = len(tokens)
     a = spec.arch
     E = spec.n_embd
@@ -175,6 +187,8 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
+    for role, tid in fim_ids.items():
+        w.add_uint32(f"tokenizer.ggml.fim_{role}_token_id", tid)
 
     # numpy shapes are (rows, cols); GGUF stores ne reversed: {cols, rows}.
     w.add_tensor("token_embd.weight", mat(n_vocab, E))
@@ -251,6 +265,151 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class RerankerSpec:
+    """A BERT cross-encoder (bge-reranker's shape, tiny): post-norm layers with
+    biases, learned positions, a ``cls`` dense + tanh and a ``cls.output``
+    projection to ``n_cls_out`` scores (src/models/bert.cpp, and the RANK case
+    of build_pooling in src/llama-graph.cpp)."""
+
+    n_layer: int = 2
+    n_embd: int = 32
+    n_head: int = 4
+    n_ff: int = 64
+    n_ctx_train: int = 512
+    n_cls_out: int = 1  # 1: no classifier.output_labels key (llama.cpp's default); more: that many labels
+    head: bool = True  # False: no cls tensors, a plain BERT encoder (rank pooling has no head to run)
+    rerank_template: str | None = None  # tokenizer.chat_template.rerank, with {query} and {document} (llama-server's format_prompt_rerank)
+    seed: int = 0
+    name: str = "synthetic-reranker"
+
+
+def write_reranker_gguf(path: str | Path, spec: RerankerSpec = RerankerSpec()) -> Path:
+    """Write a tiny BERT reranker GGUF (seeded random weights) and return its path.
+
+    The vocabulary is ``vocabulary()``'s SentencePiece one with XLM-RoBERTa's
+    specials (bge-reranker's): ``<s>`` BOS, ``</s>`` EOS and SEP, all three
+    added, so llama-server's rerank prompt is ``<s> query </s></s> doc </s>``
+    (format_prompt_rerank). Weights are larger than write_gguf's 0.02 so the
+    scores differ visibly between pairs."""
+    path = Path(path)
+    rng = np.random.default_rng(spec.seed)
+    tokens, scores, types = vocabulary()
+    n_vocab, E, F = len(tokens), spec.n_embd, spec.n_ff
+
+    def mat(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    def zeros(n: int) -> np.ndarray:
+        return np.zeros(n, dtype=np.float32)
+
+    a = "bert"
+    w = gguf.GGUFWriter(str(path), a)
+    w.add_name(spec.name)
+    w.add_block_count(spec.n_layer)
+    w.add_context_length(spec.n_ctx_train)
+    w.add_embedding_length(E)
+    w.add_feed_forward_length(F)
+    w.add_head_count(spec.n_head)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.RANK)
+    if spec.n_cls_out > 1:
+        w.add_classifier_output_labels([f"LABEL_{i}" for i in range(spec.n_cls_out)])
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_token_type_count(2)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_sep_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(True)
+    w.add_add_sep_token(True)
+    if spec.rerank_template is not None:
+        w.add_chat_template([{"name": "rerank", "template": spec.rerank_template}])
+
+    # numpy shapes are (rows, cols); GGUF stores ne reversed: {cols, rows}.
+    w.add_tensor("token_embd.weight", mat(n_vocab, E))
+    w.add_tensor("token_types.weight", mat(2, E))
+    w.add_tensor("position_embd.weight", mat(spec.n_ctx_train, E))
+    w.add_tensor("token_embd_norm.weight", ones(E))
+    w.add_tensor("token_embd_norm.bias", zeros(E))
+    for i in range(spec.n_layer):
+        b = f"blk.{i}"
+        for t in ("q", "k", "v"):
+            w.add_tensor(f"{b}.attn_{t}.weight", mat(E, E))
+            w.add_tensor(f"{b}.attn_{t}.bias", mat(E, scale=0.05))
+        w.add_tensor(f"{b}.attn_output.weight", mat(E, E))
+        w.add_tensor(f"{b}.attn_output.bias", mat(E, scale=0.05))
+        w.add_tensor(f"{b}.attn_output_norm.weight", ones(E))
+        w.add_tensor(f"{b}.attn_output_norm.bias", zeros(E))
+        w.add_tensor(f"{b}.ffn_up.weight", mat(F, E))
+        w.add_tensor(f"{b}.ffn_up.bias", mat(F, scale=0.05))
+        w.add_tensor(f"{b}.ffn_down.weight", mat(E, F))
+        w.add_tensor(f"{b}.ffn_down.bias", mat(E, scale=0.05))
+        w.add_tensor(f"{b}.layer_output_norm.weight", ones(E))
+        w.add_tensor(f"{b}.layer_output_norm.bias", zeros(E))
+    if spec.head:
+        w.add_tensor("cls.weight", mat(E, E))
+        w.add_tensor("cls.bias", mat(E, scale=0.05))
+        w.add_tensor("cls.output.weight", mat(spec.n_cls_out, E, scale=1.0))
+        w.add_tensor("cls.output.bias", mat(spec.n_cls_out, scale=0.05))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_lora_gguf(path: str | Path, spec: SynthSpec = SynthSpec(), *, rank: int = 4, alpha: float = 8.0,
+                    targets: tuple[str, ...] = ("attn_q", "attn_v", "ffn_down"), output: bool = False, seed: int = 1,
+                    weight_scale: float = 0.5) -> Path:
+    """Write a LoRA adapter GGUF for a ``write_gguf`` llama-style model of
+    ``spec`` and return its path, laid out as llama.cpp's convert_lora_to_gguf.py
+    writes one: ``general.type = adapter``, ``adapter.type = lora``,
+    ``adapter.lora.alpha``, and per adapted tensor ``<name>.lora_a`` (numpy
+    (rank, in), ne {in, rank}) and ``<name>.lora_b`` (numpy (out, rank), ne
+    {rank, out}), the shapes llama-adapter.cpp checks against the base tensor.
+    Weights are large (``weight_scale``) so the adapter changes the greedy
+    output of the tiny model; ``output`` adapts output.weight too (the output
+    layer's device, for the planner). A mismatched adapter is one written for
+    another ``spec`` (another arch or n_embd)."""
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    E, H, Hkv, F = spec.n_embd, spec.n_head, spec.n_head_kv, spec.n_ff
+    hd = spec.head_dim or E // H
+    dims = {"attn_q": (H * hd, E), "attn_k": (Hkv * hd, E), "attn_v": (Hkv * hd, E), "attn_output": (E, H * hd),
+            "ffn_gate": (F, E), "ffn_up": (F, E), "ffn_down": (E, F)}
+    w = gguf.GGUFWriter(str(path), spec.arch)
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+    w.add_name(f"{spec.name}-lora")
+
+    def pair(name: str, out: int, inp: int) -> None:
+        w.add_tensor(f"{name}.lora_a", (rng.standard_normal((rank, inp)) * weight_scale).astype(np.float32))
+        w.add_tensor(f"{name}.lora_b", (rng.standard_normal((out, rank)) * weight_scale).astype(np.float32))
+
+    for i in range(spec.n_layer):
+        for t in targets:
+            pair(f"blk.{i}.{t}.weight", *dims[t])
+    if output:
+        pair("output.weight", len(vocabulary(spec.n_vocab)[0]) + len(spec.fim), E)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
@@ -262,7 +421,11 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("f32", "f16"), default="f32")
     ap.add_argument("--arch", choices=ARCHS, default="llama")
     ap.add_argument("--sliding-window", type=int, default=None)
+    ap.add_argument("--reranker", action="store_true", help="a tiny BERT reranker (cls head, rank pooling); the shape options are ignored")
     a = ap.parse_args()
+    if a.reranker:
+        print(write_reranker_gguf(a.out))
+        return
     spec = SynthSpec(arch=a.arch, n_layer=a.layers, n_embd=a.embd, n_head=a.heads, n_head_kv=a.kv_heads, n_ff=a.ff, dtype=a.dtype,
                      sliding_window=a.sliding_window, name=f"synthetic-{a.arch.replace('phi3', 'p3')}")
     print(write_gguf(a.out, spec))

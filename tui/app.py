@@ -364,6 +364,15 @@ class LocalLLMApp(ConversationControls, App):
 
             backend = self.backend_factory()
             _, check = load_checked(backend, req.path, cfg, fp.placement, fp.plan)
+            if req.settings.lora:  # --lora: each file checked against the model, one line if wrong (LlamaCppBackend.load_adapters)
+                load_adapters = getattr(backend, "load_adapters", None)
+                if load_adapters is None:
+                    raise InputError("this engine cannot load LoRA adapters")
+                try:
+                    load_adapters(req.settings.adapter_specs())
+                except BaseException:
+                    backend.close()  # not left loaded beside the previous model, which is loaded again below
+                    raise
         except Exception as exc:  # noqa: BLE001
             error, kept = reason(exc), False
             if old is not None and old_cfg is not None:
@@ -591,8 +600,14 @@ class LocalLLMApp(ConversationControls, App):
             self._panel_ns = now
             if self._gaps:  # set quietly: the gaps' watcher (it always fires) paints once for both
                 latency.set_reactive(LatencyPanel.decode_tps, 1000 / (sum(self._gaps) / len(self._gaps)))
+            latency.set_reactive(LatencyPanel.threads, self._threads_text())  # painted with the gaps, next line
             latency.gaps_ms = self._gaps
             self._update_footprint()
+
+    def _threads_text(self) -> str:
+        """The decode thread count as the engine chose it, and its last move (issue 50)."""
+        ctl = getattr(self.backend, "threads", None)  # the llama.cpp engine's; the scripted fake has none
+        return ctl.short("token") if ctl is not None else "threads n/a"
 
     @on(ReplyDone)
     def _done(self, msg: ReplyDone) -> None:
@@ -612,6 +627,7 @@ class LocalLLMApp(ConversationControls, App):
         if msg.stopped and not self._said_stop:
             view.add("note", "(stopped)")
         s = msg.stats
+        latency.threads = self._threads_text()
         latency.gaps_ms = self._gaps
         if s is not None:
             latency.ttft_ms = s.ttft_ms
@@ -735,6 +751,7 @@ class LocalLLMApp(ConversationControls, App):
         latency.gaps_ms = []
         latency.prefill_tps = latency.decode_tps = latency.ceiling_tps = None
         latency.verdict = ("", "")
+        latency.threads = self._threads_text()
 
     # -- sessions ----------------------------------------------------------------
     def _persist(self, extra_user: str | None = None) -> None:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from localllm.modelfile.lora import read_adapter, specs_from_flags
 from localllm.store import first_use
 from localllm.tui.settings import Settings
 
@@ -37,6 +38,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_tokens=getattr(args, "n_predict", Settings.max_tokens),
         seed=getattr(args, "seed", Settings.seed),
         system_prompt=Settings.system_prompt if getattr(args, "system", None) is None else args.system,
+        lora=tuple((str(s.path), s.scale) for s in specs_from_flags(getattr(args, "lora", None), bool(getattr(args, "lora_init_without_apply", False)))),
     )
 
 
@@ -51,6 +53,8 @@ def app_from_args(args: argparse.Namespace, **kw: Any) -> LocalLLMApp:
 
 def run(args: argparse.Namespace) -> int:
     rpc = getattr(args, "rpc", None)
+    for spec in settings_from_args(args).adapter_specs():
+        read_adapter(spec.path)  # --lora: a missing, foreign or damaged file is one line before the cockpit opens
     if getattr(args, "model", None) is not None:
         # a Hub name not downloaded is planned, asked about and pulled before the cockpit opens
         args.model = str(first_use.model_path(args.model, yes=getattr(args, "yes", False), no_pull=getattr(args, "no_pull", False),

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Label, ProgressBar, Select, Static
+from textual.widgets import DataTable, Footer, Label, ProgressBar, Select, Static, TabbedContent, TabPane
 
 from localllm import paths
 from localllm.engine_api.errors import SettingError
@@ -23,6 +23,7 @@ from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import SOURCE_TYPES, Job, Progress, dry_report, run
 from localllm.store import registry
 from localllm.store.builtin import CATALOG, embedded_path, path_of
+from localllm.tui.catalog import CatalogPane
 from localllm.tui.quantize_confirm import QuantizeConfirm, QuantizePlan
 from localllm.tui.saved import reason
 from localllm.tui.settings import Settings
@@ -105,18 +106,32 @@ def read_rows(current: Path, made: list[Path], settings: Settings, hw: Hardware)
     return rows
 
 
+LOCAL_TITLE = "Models · Enter: switch · q: quantize the selected model · c: catalog · Esc: back"
+CATALOG_TITLE = "Catalog · p or Enter: pull · l: local models · Esc: stop a pull, back"
+LOCAL_ONLY = ("switch", "quantize", "catalog")  # the actions each tab offers (``check_action``)
+CATALOG_ONLY = ("pull", "local")
+
+
 class ModelsScreen(Screen[Path | None]):
-    """Local models: size, quant, context, whether each fits; switch or quantize.
-    The headers are read in a worker (a slow disk or many models never freeze
-    the screen); the rows arrive in a ``Rows`` message."""
+    """Two tabs. Local: the models here, size, quant, context, whether each fits;
+    switch or quantize. Catalog (``tui.catalog``, as LM Studio's discover tab):
+    the catalog's models not downloaded, judged for this machine; pull one with a
+    progress bar, and it is listed and selected on the Local tab. The headers
+    are read in a worker (a slow disk or many models never freeze the screen);
+    the rows arrive in a ``Rows`` message."""
 
     DEFAULT_CSS = """
-    ModelsScreen DataTable { height: 1fr; }
+    ModelsScreen TabbedContent { height: 1fr; }
+    ModelsScreen ContentSwitcher { height: 1fr; }
+    ModelsScreen TabPane { height: 1fr; padding: 0; }
+    ModelsScreen #models { height: 1fr; }
     ModelsScreen #details { height: auto; border: round $primary; padding: 0 1; }
     ModelsScreen Horizontal { height: auto; }
-    ModelsScreen ProgressBar { margin: 1 1; }
+    ModelsScreen #qprogress { margin: 1 1; }
     """
-    BINDINGS = [("escape", "back", "Back"), ("enter", "switch", "Switch to this model"), ("q", "quantize", "Quantize")]
+    BINDINGS = [("escape", "back", "Back"), ("enter", "switch", "Switch to this model"), ("q", "quantize", "Quantize"),
+                ("c", "catalog", "Catalog"), ("p", "pull", "Pull"), ("l", "local", "Local models")]
+    AUTO_FOCUS = "#models"  # not the tabs: the arrow keys move through the models, Enter switches
 
     class Rows(Message):
         """The worker's list of models, ready to show."""
@@ -133,20 +148,26 @@ class ModelsScreen(Screen[Path | None]):
         self.models: list[Path] = []
         self.rows: list[ModelRow] = []
         self.made: list[Path] = []  # files quantized from this screen, listed even outside the models directory
+        self.select_after: Path | None = None  # a model just pulled: selected when the rows that list it arrive
 
     def compose(self) -> ComposeResult:
-        yield Label("Models · Enter: switch · q: quantize the selected model · Esc: back")
-        yield DataTable(cursor_type="row", id="models")
-        yield Static("reading model headers …", id="details")
-        with Horizontal():
-            yield Select([(t, t) for t in ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_NL")], value="Q4_K_M", allow_blank=False, id="qtype")
-            yield ProgressBar(total=100, id="qprogress", show_eta=False)
+        yield Label(LOCAL_TITLE, id="title")
+        with TabbedContent(id="tabs", initial="local"):
+            with TabPane("Local", id="local"):
+                yield DataTable(cursor_type="row", id="models")
+                yield Static("reading model headers …", id="details")
+                with Horizontal():
+                    yield Select([(t, t) for t in ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_NL")], value="Q4_K_M", allow_blank=False,
+                                 id="qtype")
+                    yield ProgressBar(total=100, id="qprogress", show_eta=False)
+            with TabPane("Catalog", id="catalog-tab"):
+                yield CatalogPane(self.hardware, self.settings, id="catalog-pane")
         yield Footer()
 
     def on_mount(self) -> None:
         # Fixed widths, the model's name taking what is left and wrapping (rows
         # grow): at 80 columns no cell is cut and nothing scrolls sideways.
-        table = self.query_one(DataTable)
+        table = self.query_one("#models", DataTable)
         fixed = sum(COLUMNS.values()) + 2 * (len(COLUMNS) + 1) + 2  # cell padding, the scrollbar
         table.add_column("model", width=max(16, self.app.size.width - fixed))
         for label, width in COLUMNS.items():
@@ -163,7 +184,7 @@ class ModelsScreen(Screen[Path | None]):
 
     @on(Rows)
     def _show_rows(self, msg: Rows) -> None:
-        table = self.query_one(DataTable)
+        table = self.query_one("#models", DataTable)
         first = not self.rows  # later lists (after a quantize) keep the details line's news
         table.clear()
         self.rows = msg.rows
@@ -172,8 +193,15 @@ class ModelsScreen(Screen[Path | None]):
             table.add_row(*r.cells, height=None)
         if first and msg.rows:
             self._show_details(msg.rows[0])
+        pulled = self.select_after
+        if pulled is not None:
+            real = [_real(p) for p in self.models]
+            if _real(pulled) in real:
+                self.select_after = None
+                table.move_cursor(row=real.index(_real(pulled)))
+                self._show_details(msg.rows[real.index(_real(pulled))])
 
-    @on(DataTable.RowHighlighted)
+    @on(DataTable.RowHighlighted, "#models")
     def _details(self, event: DataTable.RowHighlighted) -> None:
         if 0 <= event.cursor_row < len(self.rows):
             self._show_details(self.rows[event.cursor_row])
@@ -190,19 +218,60 @@ class ModelsScreen(Screen[Path | None]):
             + f"\n{row.path}"
         )
 
-    @on(DataTable.RowSelected)
+    @on(DataTable.RowSelected, "#models")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
         self.dismiss(self.models[event.cursor_row])
 
     def _selected(self) -> Path | None:
-        table = self.query_one(DataTable)
+        table = self.query_one("#models", DataTable)
         return self.models[table.cursor_row] if self.models else None
 
     def action_switch(self) -> None:
         self.dismiss(self._selected())
 
     def action_back(self) -> None:
-        self.dismiss(None)
+        """Esc: stop a running pull first (its partial file kept); else leave."""
+        if not self.query_one(CatalogPane).cancel():
+            self.dismiss(None)
+
+    # -- the tabs ------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Each tab's keys only, in the footer and in effect."""
+        tabs = self.query(TabbedContent)  # none yet while the screen is being composed
+        on_catalog = bool(tabs) and tabs.first().active == "catalog-tab"
+        if action in LOCAL_ONLY:
+            return not on_catalog
+        if action in CATALOG_ONLY:
+            return on_catalog
+        return True
+
+    def action_catalog(self) -> None:
+        self.query_one(TabbedContent).active = "catalog-tab"
+
+    def action_local(self) -> None:
+        self.query_one(TabbedContent).active = "local"
+
+    def action_pull(self) -> None:
+        self.query_one(CatalogPane).pull_selected()
+
+    @on(TabbedContent.TabActivated)
+    def _tab_shown(self, event: TabbedContent.TabActivated) -> None:
+        """The tab's title and keys; its table takes the keys; the catalog is
+        read when first shown (opening F2 costs what it did)."""
+        on_catalog = event.pane.id == "catalog-tab"
+        self.query_one("#title", Label).update(CATALOG_TITLE if on_catalog else LOCAL_TITLE)
+        self.query_one("#catalog" if on_catalog else "#models", DataTable).focus()
+        if on_catalog:
+            self.query_one(CatalogPane).load()
+        self.refresh_bindings()
+
+    @on(CatalogPane.Pulled)
+    def _pulled(self, msg: CatalogPane.Pulled) -> None:
+        """A model pulled: read the local list again and select it there (Enter switches to it)."""
+        self.select_after = msg.path
+        self.refresh_models()
+        self.action_local()
 
     class Ask(Message):
         """A quantize worked out (``QuantizePlan``): ask before doing it."""
@@ -263,6 +332,14 @@ class ModelsScreen(Screen[Path | None]):
             return
         self.made.append(dst)
         self.post_message(self.Rows(read_rows(self.current, list(self.made), self.settings, self.hardware)))
+
+
+def _real(path: Path) -> Path:
+    """``path`` with its links resolved (a pulled model is a snapshot link to a blob); itself if that fails."""
+    try:
+        return path.resolve()
+    except OSError:
+        return path
 
 
 def _one_line(exc: BaseException) -> str:

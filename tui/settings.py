@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from localllm.engine_api import SamplingConfig
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
+from localllm.modelfile.lora import AdapterSpec, read_adapter
 from localllm.plan import fitting
 
 RELOAD_FIELDS = ("n_ctx", "type_k", "type_v", "n_gpu_layers", "threads", "swa_full", "flash_attn", "n_batch", "n_ubatch", "policy",
-                 "n_cpu_moe")
+                 "n_cpu_moe", "lora")
 POLICIES = ("ctx", "offload")
 # Text fields whose value must be one of these (a hand-edited session file
 # must not reach llama.cpp with a value it does not know).
@@ -43,6 +45,9 @@ class Settings:
     max_tokens: int = _SAMPLING.max_tokens
     seed: int | None = _SAMPLING.seed
     system_prompt: str = "You are a helpful assistant."
+    # LoRA adapters (--lora, --lora-scaled): (path, scale) by id. Given on the command line only:
+    # a saved session's list (JSON makes it a list, not a tuple) is not taken back.
+    lora: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,5 +96,11 @@ class Settings:
         )
 
     def fit_request(self, n_ctx: int | None = None) -> fitting.Request:
-        """What the cockpit asks the fitting service for (``load_options``)."""
-        return self.load_options(n_ctx).request()
+        """What the cockpit asks the fitting service for (``load_options``), with
+        the LoRA adapters' headers (checked against the model and counted by the fit)."""
+        request = self.load_options(n_ctx).request()
+        return replace(request, adapters=tuple(read_adapter(p) for p, _ in self.lora)) if self.lora else request
+
+    def adapter_specs(self) -> list[AdapterSpec]:
+        """The LoRA adapters to load after the model, with their scales."""
+        return [AdapterSpec(Path(p), s) for p, s in self.lora]

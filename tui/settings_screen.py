@@ -108,7 +108,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                         yield Label("GPU layers * (blank: fit)")
                         yield box("n_gpu_layers", s.n_gpu_layers, "integer", "fit")
                         yield Label("threads * (blank: auto)")
-                        yield box("threads", s.threads, "integer", "physical cores")
+                        yield box("threads", s.threads, "integer", "adaptive")
                         yield Label("experts in RAM * (blank: fit)")
                         yield box("n_cpu_moe", s.n_cpu_moe, "integer", "fit (MoE: first N layers, -1 all)")
                         yield Label("sliding window")

@@ -196,11 +196,13 @@ class LatencyPanel(Vertical):
     verdict: reactive[tuple[str, str]] = reactive(("", ""), repaint=False)
     """What dominates the reply, or "slow ..." when a rate is under reading speed or far under the roofline
     (``measure.diagnose``), and the figures that decided it."""
+    threads: reactive[str] = reactive("threads n/a", repaint=False)
+    """The decode thread count now and its last move with why (``ThreadController.short``), or "threads n/a"."""
 
     def compose(self) -> ComposeResult:
         yield Lines(3, id="latency-top")
         yield ItlSparkline([], id="spark")
-        yield Lines(5, id="latency-bottom")
+        yield Lines(6, id="latency-bottom")
 
     def on_mount(self) -> None:
         self._paint()
@@ -219,7 +221,7 @@ class LatencyPanel(Vertical):
         if self.ceiling_tps and self.decode_tps:
             roof = f"roofline {self.ceiling_tps:.0f} t/s: decode at {100 * self.decode_tps / self.ceiling_tps:.0f}%"
         self.query_one("#latency-bottom", Lines).lines = (
-            f"prefill {pre} · decode {dec}", roof, Text(headline, style="bold yellow"), Text(detail, style="yellow"))
+            f"prefill {pre} · decode {dec}", self.threads, roof, Text(headline, style="bold yellow"), Text(detail, style="yellow"))
 
     def watch_ttft_ms(self, _: float | None) -> None:
         self._paint()
@@ -241,6 +243,9 @@ class LatencyPanel(Vertical):
         self._paint()
 
     def watch_verdict(self, _: tuple[str, str]) -> None:
+        self._paint()
+
+    def watch_threads(self, _: str) -> None:
         self._paint()
 
 

@@ -14,8 +14,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from localllm import paths
+from localllm.chat import untrusted
 from localllm.engine_api import Engine, Generation, SamplingConfig, TokenEvent
 from localllm.engine_api.errors import InvalidSetting
 from localllm.engine_api.stats import GenerationStats, ShiftRecord
@@ -53,7 +55,11 @@ class ChatSession:
     prompt_cache_hit: bool = False  # the last fresh start loaded the system prompt from disk
     completion: bool = False  # a base model (no chat template): the conversation is one text the model continues
     on_notice: Callable[[str], None] | None = None  # one-line notices (a prompt cache rebuilt); default: stderr
+    tools: list[dict[str, Any]] | None = None  # OpenAI's tool objects, for the template (localllm.mcp's ToolChat sets them)
+    # the messages as the template gets them (a tool-call format's rewrite, serve/tools.py's for_template); None: as they are
+    prepare: Callable[[list[dict[str, str]]], list[dict[str, Any]]] | None = None
     _cached_text: str = ""  # the rendered conversation the KV cache stands for
+    _special: dict[str, bool] = field(default_factory=dict)  # tool results' texts: whether each holds special-token text
 
     def __post_init__(self) -> None:
         if not self.completion and not self.backend.has_chat_template:
@@ -85,7 +91,10 @@ class ChatSession:
         completion mode the plain text, each message continuing the last (a
         space before typed text that would otherwise glue to the previous word)."""
         if not self.completion:
-            return self.backend.render_chat(messages, add_generation_prompt=add_generation_prompt)
+            shown = self.prepare(messages) if self.prepare is not None else messages
+            if self.tools:
+                return self.backend.render_chat(shown, add_generation_prompt=add_generation_prompt, tools=self.tools)
+            return self.backend.render_chat(shown, add_generation_prompt=add_generation_prompt)
         text = ""
         for m in messages:
             piece = m["content"] + ("\n\n" if m["role"] == "system" else "")
@@ -94,13 +103,13 @@ class ChatSession:
             text += piece
         return text
 
-    def _new_tokens(self, rendered: str) -> list[int]:
+    def _new_tokens(self, rendered: str, data: list[tuple[int, int]] | None = None) -> list[int]:
         """Tokens to append for this turn. If the template's text extends what the
         cache stands for, only the new part; otherwise start over, keeping the
         system prompt's tokens separate so their count is exact."""
         cache = self.backend.cache_tokens
         if self._cached_text and cache and rendered.startswith(self._cached_text):
-            return self._tok(rendered[len(self._cached_text) :])
+            return self._tok_data(rendered, len(self._cached_text), data)
         self.backend.reset()
         head = ""
         if self.system_prompt:
@@ -111,7 +120,7 @@ class ChatSession:
         bos = self.backend.tokenize("", add_special=True, parse_special=False) if self.completion else []
         head_tokens = bos + (self._tok(head) if head else [])
         self.n_keep = len(head_tokens)
-        rest = self._tok(rendered[len(head) :])
+        rest = self._tok_data(rendered, len(head), data)
         if head_tokens and self.prompt_cache is not None:
             # Reuse the system prompt's KV state from disk, or compute and save it.
             self.prompt_cache_hit = self.prompt_cache.exists() and self.backend.load_state(self.prompt_cache)
@@ -132,6 +141,29 @@ class ChatSession:
             return rest
         return head_tokens + rest
 
+    def _tok_data(self, rendered: str, start: int, data: list[tuple[int, int]] | None) -> list[int]:
+        """``rendered[start:]``'s tokens, the ``data`` spans (tool results) as plain text."""
+        if not data:
+            return self._tok(rendered[start:])
+        return untrusted.tokens(self.backend, rendered, start, len(rendered), data)
+
+    def _data_spans(self, messages: list[dict[str, str]], rendered: str) -> list[tuple[int, int]]:
+        """Where the tool results that hold special-token text sit in ``rendered``."""
+        if self.completion:
+            return []
+        which = [i for i, m in enumerate(messages) if m.get("role") in untrusted.UNTRUSTED_ROLES and self._holds_special(m.get("content") or "")]
+        if not which:
+            return []
+        return untrusted.spans(lambda ms: self._render(ms, add_generation_prompt=True), messages, which, rendered)
+
+    def _holds_special(self, text: str) -> bool:
+        """``untrusted.holds_special``, remembered per text: each turn asks again about every result so far."""
+        if text not in self._special:
+            if len(self._special) > 256:
+                self._special.clear()
+            self._special[text] = untrusted.holds_special(self.backend, text)
+        return self._special[text]
+
     def _notice(self, msg: str) -> None:
         if self.on_notice is not None:
             self.on_notice(msg)
@@ -146,8 +178,13 @@ class ChatSession:
         the returned ``Generation`` carries its stats once closed.
         ``start_ns``: when the user submitted it (TTFT's clock; now by default),
         so rendering, tokenizing and a prompt-cache load count in TTFT."""
+        return self.send_messages([{"role": "user", "content": text}], start_ns=start_ns)
+
+    def send_messages(self, new: list[dict[str, str]], start_ns: int | None = None) -> Generation:
+        """Stream the reply to ``new`` messages (a user's, or tool results:
+        ``{"role": "tool", "tool_call_id", "content"}``, whose text stays text)."""
         start = start_ns if start_ns is not None else time.perf_counter_ns()
-        return Generation(lambda out: self._turn(out, text, start))
+        return Generation(lambda out: self._turn(out, new, start))
 
     def rewind(self) -> str | None:
         """Take the last exchange back (to regenerate it, or send an edited
@@ -166,13 +203,14 @@ class ChatSession:
             self._cached_text = ""
         return text
 
-    def _turn(self, out: Generation, text: str, start: int) -> Iterator[TokenEvent]:
-        messages = self.messages + [{"role": "user", "content": text}]
+    def _turn(self, out: Generation, new: list[dict[str, str]], start: int) -> Iterator[TokenEvent]:
+        messages = self.messages + new
+        text = next((str(m["content"]) for m in new if m.get("role") == "user"), "")
         rendered = self._render(messages, add_generation_prompt=True)
         # what the cache holds now, if this turn extends it (as _new_tokens decides)
         extends = self._cached_text and self.backend.context_used and rendered.startswith(self._cached_text)
         before = (self._cached_text, self.backend.context_used) if extends else None
-        tokens = self._new_tokens(rendered)
+        tokens = self._new_tokens(rendered, self._data_spans(messages, rendered))
         pieces: list[str] = []
         reply: Generation | None = None
         refused = False

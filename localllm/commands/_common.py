@@ -7,11 +7,13 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from localllm import api
 from localllm.engine_api import Engine, LoadConfig, SamplingConfig
 from localllm.errors import UsageError
 from localllm.modelfile.gguf_file import read_header
+from localllm.modelfile.lora import AdapterSpec, read_adapter, specs_from_flags
 from localllm.plan import fitting, placement, planner
 from localllm.plan.prepare import LoadPlan
 from localllm.store import first_use
@@ -47,9 +49,16 @@ def sampling_config(args: argparse.Namespace, *, ignore_eos: bool = False) -> Sa
 
 def fit_request(args: argparse.Namespace, n_ctx: int) -> fitting.Request:
     """What the options fix: the config, the cache types and GPU layers the user
-    named (kept), and the policy."""
+    named (kept), the policy, and the LoRA adapters to count (``--lora``)."""
     load_config(args, n_ctx)  # says when flash attention was turned on
-    return load_options(args, n_ctx).request()
+    return replace(load_options(args, n_ctx).request(), adapters=tuple(read_adapter(s.path) for s in lora_specs(args)))
+
+
+def lora_specs(args: argparse.Namespace) -> list[AdapterSpec]:
+    """``--lora``/``--lora-scaled`` in the order given (an adapter's id is its
+    place), each at scale 0 with ``--lora-init-without-apply``. A flag without
+    an adapter is a usage error."""
+    return specs_from_flags(getattr(args, "lora", None), bool(getattr(args, "lora_init_without_apply", False)))
 
 
 Fitted = LoadPlan  # what the loading commands get: the fit, the hardware, the refereed figures
@@ -84,6 +93,15 @@ def model_path(args: argparse.Namespace) -> Path:
                                 ask=first_use.terminal_ask(), say=say, progress=not getattr(args, "json", False),
                                 vram=getattr(args, "vram", None), n_ctx=getattr(args, "ctx", None),
                                 request=fit_request(args, getattr(args, "ctx", None) or fitting.DEFAULT_CTX))
+
+
+def load_lora(backend: Any, args: argparse.Namespace) -> None:
+    """``--lora``/``--lora-scaled`` (run, chat, the cockpit): the adapters on the
+    loaded model (``LlamaCppBackend.load_adapters``), each file checked against
+    the model's header first (one line naming the cause)."""
+    specs = lora_specs(args)
+    if specs:
+        backend.load_adapters(specs)
 
 
 def apply_template(backend: Engine, args: argparse.Namespace) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
-from localllm.commands._common import apply_template, fit_config, model_path, sampling_config
+from localllm.commands._common import apply_template, fit_config, load_lora, lora_specs, model_path, sampling_config
 from localllm.engine_api import GenerationStats
 from localllm.errors import InputError, UsageError
 from localllm.util import fmt
@@ -30,21 +30,31 @@ def summary(s: GenerationStats, shifts_total: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
-
     path = model_path(args)
     fitted = fit_config(args, path, args.ctx)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
     interactive = sys.stdin is not None and sys.stdin.isatty() and not args.json
+    if getattr(args, "tools", None):  # the MCP servers first: a failing one is said before the model loads
+        from localllm.commands import tools_cli  # lazy: localllm.mcp and the tool-call formats, only with --tools
+
+        with tools_cli.start_hub(args.tools) as hub:
+            return _chat(args, path, fitted, interactive, hub)
+    return _chat(args, path, fitted, interactive, None)
+
+
+def _chat(args: argparse.Namespace, path, fitted, interactive: bool, hub) -> int:
+    from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
+
     with LlamaCppBackend() as backend:
         backend.load(path, fitted.config)
+        load_lora(backend, args)
         apply_template(backend, args)
         if not backend.has_chat_template:
             raise UsageError(f"{path.name} has no chat template (a base model): use localllm run --raw")
         cfg = fitted.config
         cache = None
-        if args.system and not args.no_prompt_cache:
+        if args.system and not args.no_prompt_cache and not lora_specs(args):  # a saved state is of the weights without adapters
             cache = prompt_cache_path(path, args.system, cfg.type_k, cfg.type_v, cfg.swa_full)
         session = ChatSession(
             backend,
@@ -52,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
             sampling=sampling_config(args),
             prompt_cache=cache,
         )
+        if hub is not None:
+            from localllm.commands import tools_cli  # lazy: with --tools only
+
+            chat = tools_cli.tool_chat(session, hub, args)
         turn_now: dict[str, Any] = {"user": None, "pieces": []}
         if cfg.rpc_servers:
             _save_if_a_worker_dies(path, args, cfg, session, turn_now)
@@ -71,15 +85,21 @@ def run(args: argparse.Namespace) -> int:
                 session.clear()
                 continue
             turn_now.update(user=text, pieces=[])
-            for event in session.send(text, start_ns=submitted):
-                turn_now["pieces"].append(event.text)
-                if not args.json:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
+            calls = None
+            if hub is not None:
+                reply, calls = tools_cli.turn(chat, text, start_ns=submitted, quiet=args.json)
+            else:
+                for event in session.send(text, start_ns=submitted):
+                    turn_now["pieces"].append(event.text)
+                    if not args.json:
+                        sys.stdout.write(event.text)
+                        sys.stdout.flush()
             turn_now["user"] = None
             turn = session.turns[-1]
             if args.json:
-                print(json.dumps({"user": text, "reply": turn.reply, "prompt_cache_hit": session.prompt_cache_hit, **turn.stats.to_dict()}), flush=True)
+                extra = {"reply": reply, "tool_calls": calls} if calls is not None else {}
+                print(json.dumps({"user": text, "reply": turn.reply, "prompt_cache_hit": session.prompt_cache_hit, **turn.stats.to_dict(),
+                                  **extra}), flush=True)
             else:
                 sys.stdout.write("\n")
                 sys.stdout.flush()

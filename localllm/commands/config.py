@@ -26,6 +26,9 @@ def run(args: argparse.Namespace) -> int:
     print(fmt.safe(path))
     for name, f in flags.items():
         print(f"  {name}: {fmt.safe(' '.join(f))}")
-    if not flags:
+    servers = table.get("mcp", {}).get("servers") or {}  # checked by tokens() above
+    if servers:
+        print(f"  MCP servers (chat --tools, localllm mcp list): {fmt.safe(', '.join(servers))}")
+    if not flags and not servers:
         print("  (sets nothing)")
     return 0

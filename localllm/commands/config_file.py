@@ -8,72 +8,34 @@ Top-level keys are flag names without dashes (``ctx = 8192``, ``kv-type =
 flag it names, inserted before the command line's own, so a flag typed wins
 and every value goes through the same checks as a typed one. The file is
 untrusted: bad TOML, an unknown key or a bad value is one line naming the file
-and the key, exit 2.
+and the key, exit 2. ``[mcp.servers.NAME]`` tables are MCP servers, checked by
+``localllm.mcp.config``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import stat
-import sys
 from pathlib import Path
 from typing import Any
 
+from localllm import paths
 from localllm.errors import UsageError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from localllm.mcp import config as mcp_config
+from localllm.util import config_toml
 
 
 def config_file() -> Path:
-    """``LOCALLLM_CONFIG``; else, with ``LOCALLLM_HOME`` set (tests, portable
-    installs), the file in it; else platformdirs' user config folder."""
-    env = os.environ.get("LOCALLLM_CONFIG")
-    if env:
-        return Path(env).expanduser()
-    home = os.environ.get("LOCALLLM_HOME")
-    if home:
-        return Path(home).expanduser() / "config.toml"
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("localllm", appauthor=False)) / "config.toml"
+    """The config file's path (``paths.config_file``: ``LOCALLLM_CONFIG``, else
+    ``LOCALLLM_HOME``'s, else platformdirs' user config folder)."""
+    return paths.config_file()
 
 
-MAX_CONFIG_BYTES = 1024 * 1024  # a config of every option for every command is a few KB
+MAX_CONFIG_BYTES = config_toml.MAX_CONFIG_BYTES
 
 
 def load(path: Path | None = None) -> dict[str, Any]:
-    """The file's table ({} when there is none). Only a regular file is read, and
-    at most MAX_CONFIG_BYTES of it: a FIFO at the path would block every command,
-    a link to /dev/zero would read until memory runs out. A failure of any kind is
-    one line naming the file (a TOML array 1,000 deep made tomllib recurse past
-    Python's limit)."""
-    path = path or config_file()
-    try:
-        st = path.stat()  # follows a link: what would be read
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise UsageError(f"{path}: unreadable ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"{path}: not a regular file (a config file is a TOML text file): remove it or point LOCALLLM_CONFIG elsewhere")
-    try:
-        with open(path, "rb") as f:  # a bounded read
-            data = f.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise UsageError(f"{path}: larger than {MAX_CONFIG_BYTES // 1024} KiB: not a localllm config file")
-        text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: unreadable ({exc})") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc})") from None
-    except RecursionError:
-        raise UsageError(f"{path}: not valid TOML (nested too deep)") from None
+    """The file's table ({} when there is none), read under bounds (``util.config_toml``)."""
+    return config_toml.read(path or config_file())
 
 
 def _options(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -91,6 +53,8 @@ def tokens(table: dict[str, Any], command: str, subparsers: dict[str, argparse.A
     for key, value in table.items():
         if key == MODELS and isinstance(value, dict):
             _check_models(value, known, path)
+        elif key == mcp_config.TABLE:  # [mcp.servers.NAME]: MCP servers (localllm.mcp), not flags
+            mcp_config.parse_settings(value, path)
         elif isinstance(value, dict):
             if key not in subparsers:
                 raise UsageError(f"{path}: [{key}] is not a localllm command")
@@ -104,7 +68,8 @@ def tokens(table: dict[str, Any], command: str, subparsers: dict[str, argparse.A
         return []
     opts = _options(sub)
     merged = {k: v for k, v in table.items() if not isinstance(v, dict) and k in opts}
-    merged.update(table.get(command, {}) if isinstance(table.get(command), dict) else {})
+    if command != mcp_config.TABLE:  # the [mcp] table holds servers, not the mcp command's flags
+        merged.update(table.get(command, {}) if isinstance(table.get(command), dict) else {})
     merged.update(model_table(table, model, opts))
     out: list[str] = []
     for key, value in merged.items():
@@ -136,7 +101,9 @@ def _check_models(models: dict[str, Any], known: set[str], path: Path) -> None:
 
 
 # options that name or choose the model, or belong to the server rather than to a model
-_NOT_PER_MODEL = frozenset({"model", "models", "models-max", "keep-alive", "sleep-idle-seconds", "host", "port", "api-key", "alias", "cors"})
+SERVER_WIDE = frozenset({"model", "models", "models-max", "keep-alive", "sleep-idle-seconds", "host", "port", "api-key", "alias", "cors",
+                         "models-preset", "default-model"})
+_NOT_PER_MODEL = SERVER_WIDE
 
 
 def _flag(key: str, value: Any, action: argparse.Action, path: Path) -> list[str]:
@@ -148,10 +115,16 @@ def _flag(key: str, value: Any, action: argparse.Action, path: Path) -> list[str
     if isinstance(value, (dict, list, bool)) or value is None:
         raise UsageError(f"{where}: give a number or a string")
     text = str(value)
+    check_value(text, action, where)
+    return [f"--{key}", text]
+
+
+def check_value(text: str, action: argparse.Action, where: str) -> None:
+    """``text`` as ``action`` would take it typed (its type and choices), or one line
+    starting with ``where``: the config file's values, and a presets INI's (``preset_ini``)."""
     try:
         checked = action.type(text) if callable(action.type) else text
     except (argparse.ArgumentTypeError, ValueError, UsageError) as exc:
         raise UsageError(f"{where}: {exc}") from None
     if action.choices is not None and checked not in action.choices:
         raise UsageError(f"{where}: choose one of {', '.join(map(str, action.choices))}")
-    return [f"--{key}", text]

@@ -40,6 +40,8 @@ def render(f: Fitted, architecture: str = "") -> str:
             ("", "GPU", "CPU"),
             [
                 ("weights", fmt.size(p.weights_gpu_bytes), fmt.size(p.weights_cpu_bytes)),
+                # LoRA adapters, counted in the weights: each tensor on its base tensor's device (planner.with_adapters)
+                *([(" of which LoRA", fmt.size(p.lora_gpu_bytes), fmt.size(p.lora_cpu_bytes))] if p.lora_gpu_bytes + p.lora_cpu_bytes else []),
                 ("KV cache", fmt.size(p.kv_gpu_bytes), fmt.size(p.kv_cache_bytes - p.kv_gpu_bytes)),
                 *([("recurrent", fmt.size(p.rs_gpu_bytes), fmt.size(p.rs_bytes - p.rs_gpu_bytes))] if p.rs_bytes else []),
                 (f"compute ({shown.compute_source})", fmt.size(shown.compute[0]), fmt.size(shown.compute[1])),
@@ -164,7 +166,7 @@ def as_dict(f: Fitted, info, predicted: Prediction | None, remote: names.Remote 
         budget_gpu_bytes=f.fit.gpu_budget,
         ram_available_bytes=f.fit.ram,
         margin_bytes=f.fit.margin,
-        max_ctx_by_kv_type=f.fit.max_ctx_by_kv_type,
+        max_ctx_by_kv_type=dict(f.fit.max_ctx_by_kv_type),
         shiftable_cache_extra_bytes=f.shift_extra_bytes,
         hardware=f.hardware.to_dict(),
         architecture=info.architecture,

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from localllm.chat.speculative import DraftModel, PromptLookup, generate
-from localllm.commands._common import apply_template, device_table, fit_config, model_path, placement_for, sampling_config, say
+from localllm.commands._common import apply_template, device_table, fit_config, load_lora, model_path, placement_for, sampling_config, say
 from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import describe
@@ -44,6 +44,21 @@ def stats_block(s: GenerationStats) -> str:
     return "\n".join(f"{k + ':':<22}{v}" for k, v in rows)
 
 
+def threads_lines(threads: dict | None) -> list[str]:
+    """``run -v``'s account of the decode threads (``GenerationStats.threads``):
+    the count per kind of step, where it started and why, and each change."""
+    if not threads:
+        return ["threads: n/a (this generation did not choose them)"]
+    now = ", ".join(f"{kind} {n}" for kind, n in threads["now"].items()) or str(threads["start"])
+    if threads["mode"] == "fixed":
+        return [f"threads: {now}, fixed by --threads"]
+    out = [f"threads: {now} (adaptive from {threads['start']}: {threads['why_start']}; {threads['probes']} probe steps so far)"]
+    for c in threads["changes"]:
+        at = f" at {c['at_s']:.2f} s" if c.get("at_s") is not None else ""
+        out.append(f"threads: {c['kind']}{at}: {c['line']}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     path = model_path(args)
@@ -58,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--speculate draft needs --draft MODEL (a smaller model with the same vocabulary)")
     if args.draft and args.speculate != "draft":
         raise UsageError("--draft goes with --speculate draft")
+    if getattr(args, "tools", None) and (args.raw or args.speculate):
+        raise UsageError("--tools needs the chat template and plain decoding: drop --raw and --speculate")
     fitted = fit_config(args, path, args.ctx, n_outputs=args.draft_k + 1 if args.speculate else None)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
@@ -70,10 +87,13 @@ def run(args: argparse.Namespace) -> int:
     with LlamaCppBackend() as backend:
         cfg = fitted.config
         _, memory_check = load_checked(backend, path, cfg, placement_for(fitted, path, cfg), fitted.plan)
+        load_lora(backend, args)
         if getattr(args, "verbose", False) and not args.json:
             for line in memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]:
                 say(line)
         apply_template(backend, args)
+        if getattr(args, "tools", None):
+            return _run_tools(backend, prompt, sampling, args)
         pieces: list[str] = []
         with _speculative(backend, prompt, args) if args.speculate else backend.stream(prompt, sampling, chat=not args.raw) as gen:
             for event in gen:
@@ -91,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 "memory_check": memory_check.to_dict() if memory_check else None,
                 "plan": fitted.to_dict(),  # the figures the load was budgeted with, each with its source
                 "devices": device_table(fitted, path, backend.logged_buffers),
+                "lora": [{"id": i, "path": str(p), "scale": sc} for i, (p, sc) in enumerate(backend.adapters)],  # --lora, by id
             }
             if spec is not None:
                 out["speculative"] = {"mode": args.speculate, "drafted": spec.drafted, "accepted": spec.accepted, "acceptance": spec.acceptance}
@@ -100,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if not args.no_stats:
             print("\n" + stats_block(stats), file=sys.stderr)
+            if getattr(args, "verbose", False):
+                print("\n".join(threads_lines(stats.threads)), file=sys.stderr)
             if spec is not None:
                 print(
                     f"{'speculative:':<22}{args.speculate}, {spec.accepted} of {spec.drafted} drafted tokens accepted ({100 * spec.acceptance:.0f}%)",
@@ -148,3 +171,26 @@ def _same_vocabulary(a: Engine, b: Engine) -> bool:
         return False
     probe = {0, 1, 2, n // 7, n // 3, n // 2, n - 1}
     return all(a.token_bytes(t, special=True) == b.token_bytes(t, special=True) for t in probe)
+
+
+def _run_tools(backend: Engine, prompt: str, sampling, args: argparse.Namespace) -> int:
+    """``run --tools``: the prompt as a chat turn whose model may call the MCP
+    servers' tools (approved on the terminal, or --yes-tools)."""
+    from localllm.chat.session import ChatSession  # lazy: with the line below, only with --tools
+    from localllm.commands import tools_cli  # lazy: localllm.mcp and the tool-call formats, only with --tools
+
+    with tools_cli.start_hub(args.tools) as hub:
+        session = ChatSession(backend, sampling=sampling)
+        chat = tools_cli.tool_chat(session, hub, args)
+        text, calls = tools_cli.turn(chat, prompt, start_ns=None, quiet=args.json)
+    stats = session.turns[-1].stats if session.turns else None
+    if args.json:
+        fmt.print_json({"model": str(backend.info.path) if backend.info else None, "text": text, "tool_calls": calls,
+                        **(stats.to_dict() if stats else {})})
+        return 0
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if stats is not None and not args.no_stats:
+        print("\n" + stats_block(stats), file=sys.stderr)
+    return 0
+

@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from dataclasses import replace
 
-from localllm import api
-from localllm.commands._common import fit_config, fit_request, model_path, sampling_config, say
+from localllm import api, reasoning
+from localllm.commands import serve_flags
+from localllm.commands._common import fit_config, fit_request, lora_specs, model_path, sampling_config, say
+from localllm.commands.serve_models import PerModel, preset_of
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting, hardware, planner
@@ -60,8 +63,15 @@ def run(args: argparse.Namespace) -> int:
         if not is_loopback(host) and not api_key:
             say(f"warning: listening on {host} without --api-key: anyone who can reach this address can use the model")
     if args.model is None or getattr(args, "models", None) is not None:
+        if getattr(args, "mcp_servers_config", None) or getattr(args, "mcp_servers_json", None):
+            raise UsageError("--mcp-servers-config and --mcp-servers-json go with serve MODEL (one model), not the router")
         return _route(args, api_key, hosts)
+    if getattr(args, "models_preset", None) is not None:
+        raise UsageError("--models-preset sets the options of the models serve with no MODEL serves: give it without a MODEL")
     path = model_path(args)
+    rerank = args.rerank or args.pooling == "rank"
+    if rerank:
+        _check_reranker(path)
     parallel = args.parallel
     if parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h)
         raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")
@@ -81,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
         c = fitted.config
         say(f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx} ({n_ctx_seq} per sequence), "
             f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.sentence})")
+    mcp_hub = None
+    if getattr(args, "mcp_servers_config", None) or getattr(args, "mcp_servers_json", None):
+        from localllm.commands.serve_mcp import hub_from_flags  # lazy: localllm.mcp, only with --mcp-servers-*
+
+        mcp_hub = hub_from_flags(args, say)
     # lazy: loads Starlette and uvicorn (~64 ms here), which serve does not load at import
     from localllm.serve.lifecycle import Switch, exec_fresh, inherited_sockets, recover_lost_workers, serve
 
@@ -103,30 +118,38 @@ def run(args: argparse.Namespace) -> int:
         model = BatchModel()
         models.append(model)
         info = model.load(path, replace(fitted.config, n_ctx=n_ctx_seq * parallel), parallel)
+        adapters = model.load_adapters(lora_specs(args))  # --lora: checked by fit_config already, against this model
         if switch.stopped:  # stopped by a signal while loading
             return
         if args.template is not None:
             model.tok.template.use(args.template)
         metrics = ServerMetrics()
         metrics.kv_cells_total = info.n_ctx
+        # with adapters, a stored state would need its adapter scales along: none kept in RAM (prefix reuse in the KV cache stays)
         cache = (PromptCache(max_bytes=None if args.cache_ram < 0 else args.cache_ram * 2**20, max_tokens=info.n_ctx)
-                 if args.cache_ram and info.prefix_reuse else None)
+                 if args.cache_ram and info.prefix_reuse and not adapters else None)
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics, prompt_cache=cache,
-                              handoff=ENGINE)
+                              handoff=ENGINE, adapters=adapters)
         scheduler.start()  # before the embeddings: --embeddings opens their context on the engine thread
         running.append(scheduler)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
                            check_grammar=model.check_grammar,
-                           embeddings=_embeddings(model, n_ctx_seq, args.pooling, scheduler.run, at_start=args.embeddings),
+                           embeddings=_embeddings(model, n_ctx_seq, None if rerank else args.pooling, scheduler.run, at_start=args.embeddings),
+                           rerank=_rerank(model, n_ctx_seq, scheduler) if rerank else None,
+                           no_generation=None if model.can_generate else NO_GENERATION,
                            tool_format=tools.detect(model.tok.template.source(model.tok.header)),
+                           reasoning=reasoning.markers(model.tok.template.source(model.tok.header))[0],
+                           reasoning_format="deepseek" if args.reasoning_format == "auto" else args.reasoning_format,
+                           prompt_tail=lambda tokens: b"".join(model.tok.token_bytes(t, special=True) for t in tokens[-8:]).decode("utf-8", "replace"),
                            tokenize=_tokenizer(model), api_key=api_key, json_log=args.json,
-                           defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template),
-                           metrics_endpoint=args.metrics, slots_endpoint=args.slots)
+                           defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template, n_batch=args.batch,
+                                                                                   spm_infill=args.spm_infill),
+                           metrics_endpoint=args.metrics, slots_endpoint=args.slots, mcp=mcp_hub)
         switch.app = with_cors(build_app(state), tuple(args.cors or ()))
         say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request, "
             f"KV pool {info.n_ctx} cells {info.type_k}/{info.type_v}, prefix reuse {'on' if info.prefix_reuse else 'off'}"
-            f"{_cache_words(cache)}"
+            f"{_cache_words(cache)}{', reranking on /v1/rerank' if rerank else ''}"
             f"{', API key required' if api_key else ''}); Ctrl+C stops")
 
     def abort(reason: str) -> int:
@@ -144,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
                 m.close()
         for sock in socks:
             sock.close()
+        if mcp_hub is not None:
+            mcp_hub.close()
     cut = f" ({server.aborted} ended early by the stop)" if server.aborted else ""
     if switch.handover_fds and not server.signalled:
         say(f"the workers answer again: restarting to load the model ({switch.requests} request(s) so far)")
@@ -151,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
     say(f"stopped after {switch.requests} request(s){cut}")
     if switch.lost is not None:
         os._exit(1)  # llama.cpp's held threads would keep a normal exit waiting for good
+    if os.environ.get(ROUTER_CHILD) == "1":  # the model is freed and the sockets closed: nothing is left to finish, and the
+        sys.stdout.flush()  # interpreter's own teardown (its modules, llama.cpp's threads) took 0.35 s of a model switch here
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
@@ -163,6 +192,8 @@ def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> i
         raise UsageError(f"--models serves models by name: give --models or a MODEL ({args.model}), not both")
     if args.alias is not None:
         raise UsageError("--alias names the one model of serve MODEL: with no MODEL each model is served by its name in localllm list")
+    if getattr(args, "lora", None) or getattr(args, "lora_init_without_apply", False):
+        raise UsageError("--lora adapters are for one base model: give serve a MODEL with them")
     if args.parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h); checked here too, so a bad value is found now, not per model
         raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")
     if args.batch < args.parallel:
@@ -177,14 +208,26 @@ def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> i
     from localllm.router.server import Settings  # lazy: Starlette, uvicorn and httpx2 (~0.1 s), for router mode only
     from localllm.router.server import run as route  # lazy: as above
 
-    options = child_options(args)
-    memory = _memory(args, residency)
-    if memory is not None and memory.budget.gpu is not None and args.vram is None:
-        options.append(f"--vram={memory.budget.gpu}B")  # each child fits to the budget the router planned it with, not to what its siblings leave
+    per = PerModel(args, preset_of(args, serve_flags.refused()), serve_flags.refused())
+    per.check()
+    autoload = [n for n in (args.default_model, *(per.preset.on_startup if per.preset else ())) if n]
+    autoload = catalog.served_names(autoload, registry.discover()) if autoload else []
+    if only is not None:
+        only = (*only, *(n for n in autoload if n not in only))  # a model loaded at start is served
+    memory = _memory(args, residency, per)
+
+    def options(name: str) -> tuple[str, ...]:
+        """``name``'s child's options: its own layers (``PerModel``), and the GPU budget the router planned it with."""
+        out = child_options(per.args(name))
+        if memory is not None and memory.budget.gpu is not None and per.args(name).vram is None:
+            out.append(f"--vram={memory.budget.gpu}B")  # each child fits to the budget the router planned it with, not to what its siblings leave
+        return tuple(out)
+
     settings = Settings(only=only, models_max=args.models_max, keep_alive=keep_alive, max_waiting=args.max_queue, api_key=api_key,
                         cors=tuple(args.cors or ()), json_log=args.json,
                         top=(("-v",) if args.verbose else ()) + (("--debug",) if args.debug else ()),
-                        options=tuple(options), memory=memory)
+                        options=options(""), per_model=options, autoload=tuple(autoload), memory=memory,
+                        models_autoload=args.models_autoload, reload=per.reload)
     socks = _bind_all(hosts, args.port)
     try:
         return route(socks, settings, say)
@@ -193,7 +236,7 @@ def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> i
             sock.close()
 
 
-def _memory(args: argparse.Namespace, residency):
+def _memory(args: argparse.Namespace, residency, per):
     """The router's memory plan (``residency.Memory``): each model fitted as
     ``serve MODEL`` fits it (``run``'s rules: the same options, ``--ctx`` per
     sequence, the trained context up to 4096 by default, ``--parallel``
@@ -209,12 +252,13 @@ def _memory(args: argparse.Namespace, residency):
     hw = hardware.detect(args.vram)
     gpu = hw.gpu_budget
     budget = residency.Budget(gpu=gpu, margin=planner.default_margin(gpu) if gpu is not None else 0, ram=hw.ram_available_bytes)
-    parallel = args.parallel
 
-    def plan(path):
-        ctx_seq = args.ctx or min(inspect_model(path).context_length or 4096, 4096)  # as serve MODEL (run above)
-        request = fit_request(args, ctx_seq * parallel)
-        lp = api.prepare(path, request, hw=hw, n_ctx=ctx_seq * parallel, n_seq=parallel, dry_run=not args.no_dry_run)
+    def plan(path, name: str = ""):
+        mine = per.args(name)  # the model's own options (its config table, its preset section)
+        parallel = mine.parallel
+        ctx_seq = mine.ctx or min(inspect_model(path).context_length or 4096, 4096)  # as serve MODEL (run above)
+        request = fit_request(mine, ctx_seq * parallel)
+        lp = api.prepare(path, request, hw=hw, n_ctx=ctx_seq * parallel, n_seq=parallel, dry_run=not mine.no_dry_run)
         if lp.refits:
             say(f"{path.name}: llama.cpp's dry run needs a larger compute buffer than estimated: refitted ({lp.fit.sentence})")
         return lp
@@ -237,8 +281,12 @@ def _keep_alive(args: argparse.Namespace, durations) -> float | None:
         raise UsageError(f"{where}: {exc}") from None
 
 
+ROUTER_CHILD = "LOCALLLM_ROUTER_CHILD"  # set by the router (router.children.Spawn) in each model's process
+
+
 # serve's options that are the router's alone: each child listens on loopback with the internal key, under its name
 ROUTER_ONLY = frozenset({"model", "model_flag", "yes", "no_pull", "host", "port", "api_key", "alias", "models", "models_max", "keep_alive",
+                         "models_preset", "default_model", "models_autoload",
                          "sleep_idle_seconds", "cors", "help"})
 
 
@@ -326,6 +374,37 @@ def _embeddings(model, n_ctx: int, pooling: str | None, run, *, at_start: bool):
     return Embeddings(tokenize=lambda text: model.tok.tokenize(text, add_special=True, parse_special=False),
                       embed=lambda inputs: emb.embed(inputs, run),
                       n_ctx=emb.n_ctx, n_vocab=model.tok.n_vocab, n_embd=emb.n_embd, pooling=emb.pooling)
+
+
+HEAD_TENSORS = ("cls.weight", "cls.output.weight")  # llama.cpp's LLM_TENSOR_CLS and LLM_TENSOR_CLS_OUT (src/llama-arch.cpp)
+NO_GENERATION = ("this model cannot generate text: llama.cpp computes no logits for it (an encoder such as BERT, with no KV cache); "
+                 "it serves /v1/embeddings, and /v1/rerank with --rerank")
+
+
+def _check_reranker(path) -> None:
+    """--rerank on a GGUF without a classification head: refused before loading, with the reason.
+    llama-server accepts one, and its rank pooling then scores a pair by the first
+    component of the first token's hidden state: numbers that rank nothing."""
+    from localllm.modelfile.gguf_file import read_header  # lazy: as inspect_model, only on this path
+
+    header = read_header(path)
+    names = {t.name for t in header.tensors}
+    if not any(t in names for t in HEAD_TENSORS):
+        raise InputError(f"{path.name} has no classification head (no cls or cls.output tensors), so it cannot rerank: "
+                         "--rerank needs a reranker GGUF (bge-reranker, jina-reranker, Qwen3-Reranker)")
+
+
+def _rerank(model, n_ctx: int, scheduler):
+    """/v1/rerank on the served model: its rank context (engine/rank.py), opened now so that a failure shows at start.
+    Its decodes run on the scheduler's engine thread, as the embeddings' (``Scheduler.call``: the route awaits them)."""
+    import functools
+
+    from localllm.serve.rerank import Rerank  # lazy: with Starlette, as _embeddings
+
+    ranker = model.ranker(n_ctx)
+    ranker.open(scheduler.run)
+    return Rerank(pair=lambda query, doc: ranker.pair(query, doc, model.tok.tokenize), batches=ranker.batches,
+                  decode=lambda groups: scheduler.call(functools.partial(ranker.decode_slice, groups)), n_ctx=ranker.n_ctx)
 
 
 def _tokenizer(model):

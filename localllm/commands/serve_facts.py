@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from localllm.engine.fim import fim_tokens, prompt_text
 from localllm.modelfile.model_info import inspect_model
 from localllm.serve.llama_routes import ModelFacts
 
 
-def model_facts(model, path: Path, n_parallel: int, template: str | None = None) -> ModelFacts:
-    """``model``: a loaded ``engine.batch.BatchModel``; ``template``: serve's --chat-template(-file)."""
+def model_facts(model, path: Path, n_parallel: int, template: str | None = None, *, n_batch: int = 2048, spm_infill: bool = False) -> ModelFacts:
+    """``model``: a loaded ``engine.batch.BatchModel``; ``template``: serve's --chat-template(-file);
+    ``n_batch`` and ``spm_infill``: serve's --batch and --spm-infill, for /infill."""
     tok = model.tok
     header = tok.header
     info = inspect_model(path)
@@ -41,4 +43,8 @@ def model_facts(model, path: Path, n_parallel: int, template: str | None = None)
         tokenize=lambda text, add_special, parse_special: tok.tokenize(text, add_special=add_special, parse_special=parse_special),
         piece=lambda t: tok.token_bytes(t, special=True),
         render=lambda messages: tok.render_chat(messages),
+        prompt_text=lambda tokens: prompt_text(tok, tokens),
+        fim=fim_tokens(tok),
+        n_batch=n_batch,
+        spm_infill=spm_infill,
     )

@@ -11,7 +11,6 @@ from typing import NoReturn
 
 # llama-server's flags that serve does not do, and why (a usage error naming the flag)
 UNSUPPORTED = {
-    ("--lora", "--lora-scaled", "--lora-init-without-apply"): "LoRA adapters are not supported",
     ("--control-vector", "--control-vector-scaled", "--control-vector-layer-range"): "control vectors are not supported",
     ("--mmproj", "-mm", "--mmproj-url", "-mmu"): "multimodal projectors are not supported (text models only)",
     ("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"): "give a model name or a .gguf path (localllm pulls Hub models itself)",
@@ -32,13 +31,17 @@ UNSUPPORTED = {
     ("--no-cont-batching", "-nocb"): "serve always batches continuously",
     ("--no-context-shift", "--context-shift", "--keep", "-k"): "serve does not shift the context: a request gets up to --ctx tokens",
     ("--no-jinja",): "chat templates are always rendered with Jinja (or a llama.cpp built-in given by --chat-template)",
-    ("--reasoning-format", "--reasoning-budget", "--chat-template-kwargs"): "reasoning and template options are not supported",
-    ("-sp", "--special", "--no-warmup", "--spm-infill", "--rerank", "--reranking", "--system-prompt-file"): "not supported in serve",
+    ("--reasoning-budget", "--chat-template-kwargs"): "thinking budgets and template arguments are not supported yet",
+    ("-sp", "--special", "--no-warmup", "--system-prompt-file"): "not supported in serve",
     ("--log-file", "--log-format", "--log-disable", "--log-colors", "--log-verbosity", "-lv"): "serve logs one line per request to stderr (--json for JSON)",
     ("--n-probs", "--defrag-thold", "-dt", "-cd", "--ctx-size-draft", "-np-draft"): "not supported in serve",
-    ("--models-dir", "--models-preset"): "serve with no MODEL serves the models of localllm list (localllm add DIR names a folder of "
-                                         "GGUFs); per-model presets are not supported yet",
+    ("--models-dir",): "serve with no MODEL serves the models of localllm list (localllm add DIR names a folder of GGUFs)",
 }
+
+
+def refused() -> frozenset[str]:
+    """Every llama-server flag serve refuses (a presets INI may not set them either)."""
+    return frozenset(flag for flags in UNSUPPORTED for flag in flags)
 
 
 class _Refuse(argparse.Action):
@@ -54,6 +57,15 @@ def add(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics", action="store_true", help="serve GET /metrics (Prometheus text); without it /metrics answers 501, as llama-server")
     g.add_argument("--slots", action="store_true", help="serve GET /slots (what each slot is doing); without it /slots answers 501")
     g.add_argument("--no-slots", dest="slots", action="store_false", help="no /slots (the default)")
+    g.add_argument("--spm-infill", action="store_true",
+                   help="/infill puts the suffix before the prefix (suffix-prefix-middle), for the models trained so (llama-server's)")
+    g.add_argument("--reasoning-format", choices=("auto", "deepseek", "deepseek-legacy", "none"), default="auto",
+                   help="a thinking model's thinking: apart, in reasoning_content, Messages' thinking blocks and Responses' reasoning items "
+                        "(auto, deepseek), also left in the text (deepseek-legacy), or left in the text only (none) (llama-server's flag)")
+    g.add_argument("--mcp-servers-config", default=None, metavar="FILE",
+                   help="serve these MCP servers' tools on GET/POST /tools ({\"mcpServers\": {NAME: {command, args, env}}}, llama-server's); "
+                        "a chat completion never runs a tool itself")
+    g.add_argument("--mcp-servers-json", default=None, metavar="JSON", help="the same, given as JSON text")
     g.add_argument("--cors", action="append", default=None, metavar="ORIGIN",
                    help="let web pages from ORIGIN call the API (repeatable; * for any); without it no CORS headers are sent")
     for flags in UNSUPPORTED:

@@ -20,7 +20,9 @@ one small file:
 - ``batch``      several sequences in one context, for ``serve``
 - ``dryrun``     llama.cpp's dry run of a load (no_alloc), run by ``plan.referee``
 - ``rpc``        llama.cpp's RPC backend through ctypes: workers and devices
+- ``lora``       LoRA adapters: loaded for a model (headers checked first), set on a context with scales
 - ``llamalog``   llama.cpp's log, routed into Python logging (pure Python)
+- ``threadctl``  the thread counts set before each decode (``llama_set_n_threads``), as ``localllm.threads`` chooses them
 
 The names other modules import from ``localllm.engine`` are re-exported here.
 """

@@ -22,6 +22,7 @@ tokenizes and samples exactly as ``run`` does.
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +34,17 @@ from localllm.engine.checked_sampler import CheckedSampler, GrammarTooSlow
 from localllm.engine.embed import Embedder
 from localllm.engine.llamalog import ROUTER
 from localllm.engine.logprobs import row_logprobs
+from localllm.engine.lora import Adapters, AdapterSpec
 from localllm.engine.model import ModelHandle, llama_params, load_model_and_context
 from localllm.engine.native import gpu_offload_supported, install_log_router
+from localllm.engine.rank import SLICE_S, Ranker
 from localllm.engine.sampler import Greedy, first_max_rows, free_sampler, new_sampler, plain_greedy, prime, sample
+from localllm.engine.threadctl import Steered, controller_for
 from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.errors import EngineError
 from localllm.modelfile.model_info import describe
+from localllm.threads import ThreadController
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,10 @@ class BatchModel:
         self.info: BatchLoadInfo | None = None
         self._cparams = None
         self._embedder: Embedder | None = None
+        self._ranker: Ranker | None = None
         self._on_cpu = True
+        self._adapters: Adapters | None = None  # serve --lora (load_adapters)
+        self.steer: Steered | None = None  # the thread counts, chosen per kind of step (engine.threadctl)
 
     def load(self, path: Path, config: LoadConfig, n_seq: int) -> BatchLoadInfo:
         """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences."""
@@ -85,6 +93,7 @@ class BatchModel:
         cparams.n_outputs_max = n_seq
         cparams.no_perf = True
         model, ctx, load_ms = load_model_and_context(path, config, mparams, cparams)
+        self.steer = Steered(ctx, controller_for(config), cparams.n_threads, cparams.n_threads_batch)
         self.model, self.ctx = model, ctx
         self._cparams = cparams
         # every layer on this machine's CPU: the embedder's eval callback pays there (engine/embed.py)
@@ -118,7 +127,48 @@ class BatchModel:
             self._embedder = Embedder(self.model, self._cparams, min(n_ctx, int(self._cparams.n_ubatch)), pooling, on_cpu=self._on_cpu)
         return self._embedder
 
+    def ranker(self, n_ctx: int) -> Ranker:
+        """Rerank scores on this model's weights (serve --rerank; a context of its own, made on first use; ``close`` frees it).
+        A pair must fit one ubatch, as an embedding input (``embedder``); a decode takes up to a ubatch of pairs."""
+        if self._ranker is None:
+            assert self._cparams is not None  # loaded
+            # a model that cannot generate has no chat steps to let through between batches
+            self._ranker = Ranker(self.model, self._cparams, n_ctx, int(self._cparams.n_ubatch), slice_s=SLICE_S if self.can_generate else None)
+        return self._ranker
+
+    @property
+    def can_generate(self) -> bool:
+        """False for a model whose context has no memory (an encoder such as BERT):
+        llama.cpp computes no logits for it, and a decode asking for them aborts
+        the process (GGML_ASSERT in llama-context.cpp; llama-server refuses such
+        a request with "the current context does not support logits computation")."""
+        return bool(self.mem)
+
+    def load_adapters(self, specs: Sequence[AdapterSpec]) -> list[tuple[str, float]]:
+        """serve's ``--lora``/``--lora-scaled``: load the adapters for this model,
+        each file checked against its header first (``engine.lora``: one line
+        naming the cause). Returns (path, scale) by id, for the scheduler and
+        GET /lora-adapters; the scheduler sets them per step (``set_lora``)."""
+        assert self.model and self.tok.header is not None, "loaded"
+        if self._adapters is not None:
+            self._adapters.free()
+            self._adapters = None
+        if specs:
+            self._adapters = Adapters(self.model, self.tok.header, specs)
+        return [(str(s.path), float(s.scale)) for s in specs]
+
+    def set_lora(self, scales: Sequence[float]) -> None:
+        """The adapters' scales for the next decode, by id (a no-op when they are the ones set)."""
+        if self._adapters is not None:
+            self._adapters.apply(self.ctx, scales)
+
     def close(self) -> None:
+        if self._adapters is not None:
+            self._adapters.free()  # before the model (llama_adapter_lora_free unregisters from it)
+            self._adapters = None
+        if self._ranker is not None:
+            self._ranker.close()
+            self._ranker = None
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None
@@ -131,6 +181,7 @@ class BatchModel:
             llama_cpp.llama_model_free(self.model)
         self.tok = Tokenizer(None, None)
         self.model = self.ctx = self.mem = None
+        self.steer = None
 
     # -- the KV cache, per sequence ---------------------------------------------
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool:
@@ -239,9 +290,23 @@ class BatchModel:
             seq_id[i][0] = s
             logits[i] = want
         b.n_tokens = n
+        # One-token steps, steps of one token for each of several sequences, and
+        # steps that read a prompt: each kind has its own thread count (engine.threadctl).
+        kind = "token" if n == 1 else "multi" if len({e[2] for e in entries}) == n else "prefill"
+        steer = self.steer
+        k = steer.before(kind, n) if steer is not None else 0
+        t0 = time.perf_counter_ns()
         rc = llama_cpp.llama_decode(self.ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed ({rc}): {ROUTER.last_error() or 'no reason given'}")
+        if steer is not None:
+            llama_cpp.llama_synchronize(self.ctx)  # the step's time, not its launch (sampling waits for it anyway)
+            steer.after(kind, n, k, time.perf_counter_ns() - t0)
+
+    @property
+    def threads(self) -> ThreadController | None:
+        """The thread counts' controller (``localllm.threads``): serve's /metrics reads its counts."""
+        return self.steer.controller if self.steer is not None else None
 
     def logprobs(self, i: int, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]:
         """log p of ``token`` at batch entry ``i``, and the ``n_top`` likeliest

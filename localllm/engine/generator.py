@@ -31,6 +31,8 @@ def generate(handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[i
 def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[int],
          sampling: SamplingConfig, n_keep: int, start: int, shift: bool) -> Iterator[TokenEvent]:
     handle.reset_perf()
+    steer = handle.steer
+    mark = len(steer.controller.changes) if steer is not None else 0  # this generation's thread changes start here
     sampler = new_sampler(sampling, handle.n_vocab, tok.vocab)
     prime(sampler, sampling, cache.tokens + list(tokens))  # the repeat penalty sees the conversation, not only the reply
     n_ctx = handle.n_ctx
@@ -84,4 +86,5 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
             context_used=len(cache),
             shifts=shifts,
             first_text_ns=first_text_ns,
+            threads=steer.controller.report(since=mark, start_ns=start) if steer is not None else None,
         ))

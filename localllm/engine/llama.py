@@ -21,6 +21,7 @@ from pathlib import Path
 
 from localllm.engine import generator, scorer
 from localllm.engine.kvcache import KVCache
+from localllm.engine.lora import Adapters, AdapterSpec, clear
 from localllm.engine.model import ModelHandle
 from localllm.engine.template import TemplateChoice
 from localllm.engine.tokenizer import Tokenizer
@@ -28,6 +29,7 @@ from localllm.engine_api import Generation, LoadConfig, LoadInfo, SamplingConfig
 from localllm.engine_api.errors import InvalidSetting
 from localllm.errors import EngineError, UsageError
 from localllm.modelfile.gguf_file import GGUFHeader
+from localllm.threads import ThreadController
 
 
 def _round_up(n: int, k: int) -> int:
@@ -41,6 +43,7 @@ class LlamaCppBackend:
         self._handle: ModelHandle | None = None
         self._tok: Tokenizer | None = None
         self._cache: KVCache | None = None
+        self._adapters: Adapters | None = None  # LoRA adapters of the loaded model (load_adapters)
         self._template = TemplateChoice()  # outlives a reload: --template stays chosen
 
     # -- load / close -----------------------------------------------------------
@@ -53,10 +56,46 @@ class LlamaCppBackend:
         return handle.info
 
     def close(self) -> None:
+        if self._adapters is not None:
+            self._adapters.free()  # before the model (llama_adapter_lora_free unregisters from it)
+            self._adapters = None
         if self._handle is not None:
             self._handle.close()
         self._handle = self._tok = self._cache = None
         self._template.forget_compiled()
+
+    def load_adapters(self, specs: Sequence[AdapterSpec]) -> list[Path]:
+        """Load LoRA adapters for the loaded model (``--lora``, ``--lora-scaled``)
+        and set them on its context with their scales; replaces any loaded before.
+        Each file is checked against the model's header first: one line naming
+        the cause for a wrong, missing or damaged file (``engine.lora``).
+        Returns their paths, by id."""
+        handle, _, cache = self._parts()
+        adapters = Adapters(handle.model, handle.header, specs) if specs else None
+        if self._adapters is not None:
+            self._adapters.free()
+        self._adapters = adapters
+        if adapters is not None:
+            adapters.apply(handle.ctx)
+        else:
+            clear(handle.ctx)
+        cache.reset()  # the cache was computed with other weights
+        return adapters.paths if adapters is not None else []
+
+    def set_adapter_scales(self, scales: Sequence[float]) -> None:
+        """New scales for the loaded adapters, by id (0 turns one off); the cache is cleared."""
+        handle, _, cache = self._parts()
+        if self._adapters is None:
+            raise UsageError("no LoRA adapter is loaded")
+        self._adapters.apply(handle.ctx, scales)
+        self._adapters.scales = [float(s) for s in scales]
+        cache.reset()
+
+    @property
+    def adapters(self) -> list[tuple[Path, float]]:
+        """The loaded LoRA adapters and their scales, by id."""
+        a = self._adapters
+        return list(zip(a.paths, a.scales)) if a is not None else []
 
     def __enter__(self) -> LlamaCppBackend:
         return self
@@ -89,6 +128,13 @@ class LlamaCppBackend:
     def n_ctx(self) -> int:
         return self._parts()[0].n_ctx
 
+    @property
+    def threads(self) -> ThreadController | None:
+        """The decode thread counts of the loaded model, chosen per step (``localllm.threads``);
+        None when none is loaded. Read by the cockpit's figures from another thread: counts only."""
+        h = self._handle
+        return h.steer.controller if h is not None and h.steer is not None else None
+
     def perf_counters(self) -> dict[str, float]:
         """llama.cpp's own counters for the last generation (llama_perf_context)."""
         return self._parts()[0].perf_counters()
@@ -118,8 +164,15 @@ class LlamaCppBackend:
         templates by name (chatml, llama3, gemma, ...), instead of the model's."""
         self._template.use(spec)
 
-    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        return self._parts()[1].render_chat(messages, add_generation_prompt=add_generation_prompt)
+    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
+                    tools: list[dict[str, object]] | None = None) -> str:
+        return self._parts()[1].render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+
+    @property
+    def template_source(self) -> str | None:
+        """The chat template's Jinja text (None for a built-in one or none): which
+        tool-call format it speaks is read from it (serve/tools.py's ``detect``)."""
+        return self._template.source(self.header)
 
     def prompt_tokens(self, prompt: str, *, chat: bool) -> list[int]:
         return self._parts()[1].prompt_tokens(prompt, chat=chat)

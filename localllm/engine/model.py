@@ -19,7 +19,8 @@ import llama_cpp
 
 from localllm.engine import moe, rpc
 from localllm.engine.llamalog import ROUTER
-from localllm.engine.native import MAX_CTX, default_threads, gpu_offload_supported, install_log_router, max_threads
+from localllm.engine.native import MAX_CTX, gpu_offload_supported, install_log_router, max_threads
+from localllm.engine.threadctl import Steered, controller_for, start_count
 from localllm.engine_api import LoadConfig, LoadInfo
 from localllm.engine_api.errors import InvalidSetting
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, ggml_type_id, needs_flash_attn
@@ -55,7 +56,7 @@ def llama_params(config: LoadConfig) -> tuple[Any, Any, list[object]]:
     devices, context and batch sizes, cache types, flash attention (forced on
     for a quantized V cache, which llama.cpp refuses without it), swa_full.
     Returns (model params, context params, ctypes arrays to keep alive)."""
-    n_threads = config.n_threads or min(default_threads(), max_threads())
+    n_threads = config.n_threads or min(start_count(config), max_threads())  # the fast cores (threads.topology)
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0x7FFFFFFF if config.n_gpu_layers < 0 else min(config.n_gpu_layers, 0x7FFFFFFF)
     keep = _set_devices(mparams, config) + moe.set_overrides(mparams, config)
@@ -136,6 +137,7 @@ class ModelHandle:
     n_outputs_max: int  # rows of logits one decode may output (llama.cpp asserts past it)
     logged_buffers: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # device -> kind -> MiB, from the load's log
     load_log: list[tuple[int, str]] = field(default_factory=list)  # llama.cpp's log lines of this load (level, text)
+    steer: Steered | None = None  # the thread counts, chosen per step (engine.threadctl); None: as loaded
 
     @staticmethod
     def check(path: Path, config: LoadConfig) -> GGUFHeader:
@@ -177,6 +179,7 @@ class ModelHandle:
             model=model, ctx=ctx, vocab=llama_cpp.llama_model_get_vocab(model), header=header, info=info,
             n_outputs_max=config.n_outputs_max or cparams.n_batch,
             logged_buffers=logged_buffers([line for _, line in log]), load_log=log,
+            steer=Steered(ctx, controller_for(config), cparams.n_threads, cparams.n_threads_batch),
         )
 
     def close(self) -> None:
@@ -212,17 +215,24 @@ class ModelHandle:
     def decode(self, tokens: Sequence[int]) -> int:
         """Evaluate tokens and wait for the result; returns elapsed nanoseconds."""
         arr = (llama_cpp.llama_token * len(tokens))(*tokens)
-        return self.decode_batch(llama_cpp.llama_batch_get_one(arr, len(tokens)))
+        return self.decode_batch(llama_cpp.llama_batch_get_one(arr, len(tokens)), len(tokens))
 
-    def decode_batch(self, batch: object) -> int:
-        """llama_decode + llama_synchronize of a prepared ``llama_batch``, timed
-        (nanoseconds); llama.cpp's last error line on failure."""
+    def decode_batch(self, batch: Any, size: int | None = None) -> int:
+        """llama_decode + llama_synchronize of a prepared ``llama_batch`` of ``size``
+        tokens, timed (nanoseconds); llama.cpp's last error line on failure. The
+        thread count is chosen for the step before it and told its time after it
+        (``steer``): one-token steps and prompt batches each have their own."""
+        size = int(batch.n_tokens) if size is None else size
+        kind = "token" if size == 1 else "prefill"
+        n = self.steer.before(kind, size) if self.steer is not None else 0
         t0 = time.perf_counter_ns()
         rc = llama_cpp.llama_decode(self.ctx, batch)
         llama_cpp.llama_synchronize(self.ctx)
         elapsed = time.perf_counter_ns() - t0
         if rc != 0:
             raise EngineError(f"llama_decode failed ({rc}): {ROUTER.last_error() or 'no reason given'}")
+        if self.steer is not None:
+            self.steer.after(kind, size, n, elapsed)
         return elapsed
 
     def prompt_chunks(self, tokens: Sequence[int]) -> list[list[int]]:

@@ -118,7 +118,16 @@ class Engine(Protocol):
 
     def use_template(self, spec: str) -> None: ...
 
-    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str: ...
+    def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
+                    tools: list[dict[str, object]] | None = None) -> str:
+        """The chat template applied; ``tools``: OpenAI's tool objects, given to the
+        template as Transformers' ``apply_chat_template(tools=...)`` gives them."""
+        ...
+
+    @property
+    def template_source(self) -> str | None:
+        """The chat template's text, where the tool-call format is read from (None: unknown)."""
+        ...
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 

@@ -101,6 +101,10 @@ class GenerationStats:
     context_used: int = 0  # tokens in the KV cache when the generation ended
     context_shifts: list[ShiftRecord] = field(default_factory=list)
     token_times_ms: list[float] = field(default_factory=list, repr=False)
+    # The decode thread counts and why (localllm.threads: ThreadController.report):
+    # mode, start, the count per kind of step now, the changes during this
+    # generation. None: the engine chose none (the scripted fake).
+    threads: dict[str, Any] | None = None
 
     def to_dict(self, with_token_times: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -124,6 +128,7 @@ def compute_stats(
     context_used: int = 0,
     shifts: Sequence[ShiftRecord] = (),
     first_text_ns: int | None = None,
+    threads: dict[str, Any] | None = None,
 ) -> GenerationStats:
     """Build the stats from raw monotonic stamps (``time.perf_counter_ns``).
     ``first_text_ns``: when the first token that prints text came (a token that
@@ -153,4 +158,5 @@ def compute_stats(
         context_used=context_used,
         context_shifts=list(shifts),
         token_times_ms=times_ms,
+        threads=threads,
     )

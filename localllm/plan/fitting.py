@@ -17,6 +17,7 @@ Python: no I/O, no llama.cpp.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from localllm.engine_api import LoadConfig
 from localllm.engine_api.llama_rules import flash_attn_mode
 from localllm.modelfile.gguf_file import read_header
+from localllm.modelfile.lora import check_adapter
 from localllm.modelfile.model_info import describe
 from localllm.plan import placement, planner
 
@@ -71,6 +73,7 @@ class Request:
     ngl_fixed: bool = False
     policy: str = "ctx"
     moe_fixed: bool = False  # the experts in RAM (n_cpu_moe) were given: kept; otherwise a MoE's fit may move them
+    adapters: tuple[Any, ...] = ()  # LoRA adapters to load with it (modelfile.lora.AdapterInfo): checked and counted by fit_header
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class Fit:
     gpu_layers: int  # of n_layers, placed on the GPU (or offload devices) by ``config``
     sentence: str  # for people: "fits as asked", what changed, or why it does not fit
     changes: tuple[str, ...] = ()
-    max_ctx_by_kv_type: dict[str, int] = field(default_factory=dict)
+    max_ctx_by_kv_type: Mapping[str, int] = field(default_factory=dict)  # searched when first read (planner.LazyTable)
     trained_ctx: int | None = None
     shift_extra_bytes: int | None = None  # what a shiftable (full-size SWA) cache costs more; None if it shifts already
     placement: Placement | None = None  # with offload devices: per device
@@ -217,7 +220,7 @@ def fit(
     return Fit(
         outcome=outcome, asked=want, config=config, plan=r.plan, gpu_budget=r.budget_bytes, ram=r.ram_bytes,
         margin=r.margin_bytes, n_layers=n_all, gpu_layers=got_on, sentence=r.reason, changes=tuple(r.steps),
-        max_ctx_by_kv_type=dict(r.max_ctx_by_kv_type), trained_ctx=trained_ctx, shift_extra_bytes=extra, placement=placed if across else None,
+        max_ctx_by_kv_type=r.max_ctx_by_kv_type, trained_ctx=trained_ctx, shift_extra_bytes=extra, placement=placed if across else None,
     )
 
 
@@ -227,7 +230,9 @@ def fit_header(header: GGUFHeader, request: Request, budget: Budget, *, compute_
     corrects an estimated compute buffer by what llama.cpp's dry run found
     (``plan.prepare``); the replayed one is exact and never scaled."""
 
-    shape = planner.ModelShape.from_header(header)
+    for adapter in request.adapters:
+        check_adapter(adapter, header)  # another architecture or embedding size: one line naming both, before llama.cpp
+    shape = planner.ModelShape.from_header(header).with_adapters(request.adapters)
     if compute_scale != 1.0:
         shape = replace(shape, compute_scale=compute_scale)
     return fit(shape, request, budget, trained_ctx=describe(header).context_length, header=header, **kw)

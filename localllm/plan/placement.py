@@ -420,8 +420,8 @@ def fit_across(
     else:
         reason = planner.describe_change(want, cfg, n_all, "on the GPU" if local or not devices else "offloaded")
     budgets = [d.free_bytes for d in devices if d.free_bytes is not None]
-    table = {t: _max_ctx(shape, planner.replace_config(cfg, type_k=t, type_v=t), devices, cpu, ram, limit) for t in planner.KV_LADDER
-             if planner.cache_types_allowed(shape, planner.replace_config(cfg, type_k=t, type_v=t))}
+    table = planner.LazyTable(lambda: {t: _max_ctx(shape, planner.replace_config(cfg, type_k=t, type_v=t), devices, cpu, ram, limit)
+                                       for t in planner.KV_LADDER if planner.cache_types_allowed(shape, planner.replace_config(cfg, type_k=t, type_v=t))})
     result = planner.FitResult(
         fits,
         cfg,

@@ -27,7 +27,7 @@ follows llama.cpp (the version pinned by scripts/install.sh):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -118,6 +118,11 @@ class ModelShape:
     # (llama_rules.FFN_EXPS_REGEX: the experts with their biases and scales),
     # which LoadConfig.n_cpu_moe keeps in RAM; None: no such tensor (a dense model).
     layer_expert_bytes: list[int] | None = None
+    # LoRA adapters (``with_adapters``), already counted in layer_bytes,
+    # input_bytes and output_bytes: kept apart so the plan can show them.
+    lora_layer_bytes: list[int] | None = None
+    lora_input_bytes: int = 0
+    lora_output_bytes: int = 0
 
     @classmethod
     def from_header(cls, header: GGUFHeader) -> ModelShape:
@@ -197,6 +202,34 @@ class ModelShape:
             ssm_dims=_ssm_dims(header) if rule.n_embd_s else (0, 0, 0, 0),
             n_ff_shexp=int(header.arch_key("expert_shared_feed_forward_length", 0) or 0) if n_expert else 0,
             layer_expert_bytes=experts if any(experts) else None,
+        )
+
+    def with_adapters(self, adapters: Sequence[Any]) -> ModelShape:
+        """This shape with LoRA adapters' tensors (``modelfile.lora.AdapterInfo``)
+        counted where llama.cpp allocates them: each a/b pair on the buffer type
+        of the base tensor it modifies (src/llama-adapter.cpp,
+        llama_adapter_lora_init_impl: ``buft = ggml_backend_buffer_get_type(
+        model_tensor->buffer)``, with CPU repack buffers falling back to the
+        CPU), so blk.N's go with layer N, output.weight's with the output layer,
+        token_embd's with the input (the CPU). A token reads them all."""
+        if not adapters:
+            return self
+        per = [0] * self.n_layer
+        inp = out = 0
+        for adapter in adapters:
+            for name, n in adapter.bytes_by_base().items():
+                if name.startswith("blk.") and int(name.split(".")[1]) < self.n_layer:
+                    per[int(name.split(".")[1])] += n
+                elif name.startswith("output"):
+                    out += n
+                else:
+                    inp += n
+        active = self.layer_active_bytes or self.layer_bytes
+        return replace(
+            self, layer_bytes=[b + x for b, x in zip(self.layer_bytes, per)], input_bytes=self.input_bytes + inp,
+            output_bytes=self.output_bytes + out, layer_active_bytes=[b + x for b, x in zip(active, per)],
+            lora_layer_bytes=[a + b for a, b in zip(self.lora_layer_bytes or [0] * self.n_layer, per)],
+            lora_input_bytes=self.lora_input_bytes + inp, lora_output_bytes=self.lora_output_bytes + out,
         )
 
     def experts_in_ram(self, n_cpu_moe: int) -> list[int]:
@@ -286,6 +319,9 @@ class MemoryPlan:
     # one row of logits and grows at the first batch with more (llama-context.cpp
     # output_reserve); output_bytes is what the fit budgets. None: the same.
     output_at_load_bytes: int | None = None
+    # LoRA adapters' tensors on each side (counted in weights_*_bytes too): ModelShape.with_adapters
+    lora_gpu_bytes: int = 0
+    lora_cpu_bytes: int = 0
 
     @property
     def total_gpu_bytes(self) -> int:
@@ -375,6 +411,9 @@ def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> Mem
         w_gpu += shape.output_bytes + shape.tied_bytes
     else:
         w_cpu += shape.output_bytes  # a tied output reads token_embd in place
+    lora = shape.lora_layer_bytes or []
+    lora_gpu = (sum(lora[i] for i in gpu_layers) if lora else 0) + (shape.lora_output_bytes if output_on_gpu else 0)
+    lora_cpu = sum(lora) + shape.lora_input_bytes + shape.lora_output_bytes - lora_gpu
     return MemoryPlan(
         n_ctx=cells * n_stream,
         kv_cells=cells,
@@ -401,6 +440,8 @@ def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> Mem
         n_cpu_moe=cfg.n_cpu_moe,
         experts_ram_bytes=sum(in_ram),
         experts_ram_layers=sum(1 for b in in_ram if b),
+        lora_gpu_bytes=lora_gpu,
+        lora_cpu_bytes=lora_cpu,
     )
 
 
@@ -548,7 +589,36 @@ class FitResult:
     margin_bytes: int
     reason: str
     steps: list[str] = field(default_factory=list)
-    max_ctx_by_kv_type: dict[str, int] = field(default_factory=dict)
+    max_ctx_by_kv_type: Mapping[str, int] = field(default_factory=dict)
+
+
+class LazyTable(Mapping[str, int]):
+    """The largest context per cache type, searched when first read: each is a
+    search of ~10 fits (a compute-graph replay each), which ``plan`` and
+    ``doctor`` show but loading a model (run, serve, the router's children, the
+    cockpit) never reads; eagerly it was half of a load's fit (Gemma 3: ~0.4 s)."""
+
+    def __init__(self, compute: Callable[[], dict[str, int]]) -> None:
+        self._compute: Callable[[], dict[str, int]] | None = compute
+        self._data: dict[str, int] | None = None
+
+    def _table(self) -> dict[str, int]:
+        if self._data is None:
+            assert self._compute is not None
+            self._data, self._compute = self._compute(), None
+        return self._data
+
+    def __getitem__(self, key: str) -> int:
+        return self._table()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return repr(self._table()) if self._data is not None else "LazyTable(not searched yet)"
 
 
 def default_margin(budget: int) -> int:

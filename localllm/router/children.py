@@ -51,19 +51,36 @@ class ChildFailed(Exception):
 
 @dataclass(frozen=True)
 class Spawn:
-    """How to start a child: ``head`` + [PATH, "--alias", NAME, ...] + ``options``."""
+    """How to start a child: ``head`` + [PATH, "--alias", NAME, ...] + its options:
+    ``per_model(NAME)`` where given (the model's config table and preset section
+    over serve's options: ``commands.serve_models``), else ``options``."""
 
     head: tuple[str, ...]  # [python, -m, localllm, (-v), serve]
     options: tuple[str, ...]  # the per-model options the user gave serve
     key: str  # the internal API key
     config: str  # a config file path that does not exist
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    per_model: Callable[[str], tuple[str, ...]] | None = None
 
     def argv(self, name: str, path: Path) -> list[str]:
-        return [*self.head, str(path), "--alias", name, "--host", "127.0.0.1", "--port", "0", *self.options]
+        options = self.per_model(name) if self.per_model is not None else self.options
+        return [*self.head, str(path), "--alias", name, "--host", "127.0.0.1", "--port", "0", *options]
+
+    @property
+    def spares(self) -> bool:
+        """Whether a child can start as a spare (``localllm.spare``): when it is ``python -m localllm ...``."""
+        return len(self.head) >= 3 and self.head[1:3] == ("-m", "localllm")
+
+    def spare_argv(self) -> list[str]:
+        return [self.head[0], "-m", "localllm.spare"]
+
+    def spare_line(self, name: str, path: Path) -> bytes:
+        """What a spare is told: the child's command line after ``python -m localllm``."""
+        return json.dumps({"argv": self.argv(name, path)[3:]}).encode() + b"\n"
 
     def environ(self) -> dict[str, str]:
-        return {**self.env, "LOCALLLM_API_KEY": self.key, "LOCALLLM_CONFIG": self.config}
+        # LOCALLLM_ROUTER_CHILD: serve ends with os._exit once stopped (commands.serve.ROUTER_CHILD: a switch's stop time)
+        return {**self.env, "LOCALLLM_API_KEY": self.key, "LOCALLLM_CONFIG": self.config, "LOCALLLM_ROUTER_CHILD": "1"}
 
 
 Say = Callable[[str], None]
@@ -105,10 +122,20 @@ class Child:
                 return _bare(line)
         return _bare(self.lines[-1]) if self.lines else "no output"
 
-    async def start(self, spawn: Spawn, path: Path, on_exit: Callable[[Child], None]) -> None:
-        """Start the process and follow its stderr; ``ready`` resolves to its URL."""
+    async def start(self, spawn: Spawn, path: Path, on_exit: Callable[[Child], None],
+                    spare: asyncio.subprocess.Process | None = None) -> None:
+        """Start the process (or hand ``spare``, a ``localllm.spare`` process, its
+        command line) and follow its stderr; ``ready`` resolves to its URL."""
         self.path = path
-        self._proc = await asyncio.create_subprocess_exec(
+        if spare is not None:
+            assert spare.stdin is not None  # started with a pipe (pool.Spares)
+            try:
+                spare.stdin.write(spawn.spare_line(self.name, path))
+                await spare.stdin.drain()
+                spare.stdin.close()
+            except (BrokenPipeError, ConnectionResetError):
+                spare = None  # it died since it was started: start a child as before
+        self._proc = spare or await asyncio.create_subprocess_exec(
             *spawn.argv(self.name, path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env=spawn.environ(), preexec_fn=_die_with_parent(), limit=MAX_LINE)
         self.pid = self._proc.pid
@@ -203,6 +230,50 @@ class Child:
     @property
     def stop_asked(self) -> bool:
         return self._stop_asked
+
+
+class Spares:
+    """One ``localllm.spare`` process kept started ahead of need (see its docstring):
+    ``take`` hands it over and starts the next in the background."""
+
+    def __init__(self, spawn: Spawn) -> None:
+        self.spawn = spawn
+        self.enabled = spawn.spares
+        self._next: asyncio.Task[asyncio.subprocess.Process] | None = None
+
+    def start(self) -> None:
+        if self.enabled and self._next is None:
+            self._next = asyncio.get_running_loop().create_task(self._launch())
+
+    async def _launch(self) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *self.spawn.spare_argv(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env=self.spawn.environ(), preexec_fn=_die_with_parent(), limit=MAX_LINE)
+
+    async def take(self) -> asyncio.subprocess.Process | None:
+        """The spare, if it is started and alive (then the next one starts); else None."""
+        task, self._next = self._next, None
+        self.start()
+        if task is None:
+            return None
+        try:
+            proc = await task
+        except OSError:
+            return None
+        return proc if proc.returncode is None else None
+
+    async def close(self) -> None:
+        task, self._next = self._next, None
+        self.enabled = False
+        if task is None:
+            return
+        try:
+            proc = await task
+        except (OSError, asyncio.CancelledError):
+            return
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
 
 def _bare(line: str) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 
 from localllm.router import durations, residency
 from localllm.router.catalog import path_of
-from localllm.router.children import Child, ChildFailed, Spawn
+from localllm.router.children import Child, ChildFailed, Spares, Spawn
 from localllm.store.registry import ModelEntry
 from localllm.util import fmt
 
@@ -83,6 +83,9 @@ class Pool:
         self.wait_s = wait_s
         self.memory = memory  # None: only --models-max decides (no plan: --rpc, or the pool's own tests)
         self.children: dict[str, Child] = {}
+        self.spares = Spares(spawn)  # started by the router (it needs the running loop): pool.spares.start()
+        self.on_status: Callable[[str, str], None] = lambda name, value: None  # llama-server's model_status events (llama_admin)
+        self.kept: set[str] = set()  # loaded at start (the config's default model, a preset's load-on-startup): never unloaded for being idle
         self._plans: dict[str, Planned] = {}
         self._planning: dict[str, asyncio.Future[Planned]] = {}
         self.loads = 0  # children started, for the log and the tests
@@ -157,7 +160,7 @@ class Pool:
         child.in_flight -= 1
         now = time.monotonic()
         child.last_used = now
-        ttl = self.keep_alive if keep_alive is DEFAULT else keep_alive
+        ttl = (None if child.name in self.kept else self.keep_alive) if keep_alive is DEFAULT else keep_alive
         assert ttl is None or isinstance(ttl, (int, float))
         child.expires_at = None if ttl is None else now + ttl
         child.expires_wall = None if ttl is None else time.time() + ttl
@@ -198,6 +201,10 @@ class Pool:
             return residency.decide(None, residents, None, 0, slots=self.models_max)
         return residency.decide(residency.Need.of(planned.plan), residents, memory.budget, memory.ram_now(), slots=self.models_max)
 
+    def forget_plans(self) -> None:
+        """Fit every model again at its next load (its options may have changed: POST /models/reload)."""
+        self._plans.clear()
+
     def _planned(self, entry: ModelEntry) -> Planned | None:
         """``entry``'s fit, if one was made for its file as it is now."""
         known = self._plans.get(entry.name)
@@ -236,7 +243,7 @@ class Pool:
             return Planned((str(path), -1, -1), path, error=LoadFailed(f"{entry.name} did not load: {exc}"))
         key = (str(path), st.st_size, st.st_mtime_ns)
         try:
-            plan = memory.plan(path)
+            plan = memory.plan(path, entry.name)
         except Exception as exc:  # a header that cannot be read, a config llama.cpp refuses
             return Planned(key, path, error=LoadFailed(f"{entry.name} did not load: {exc}"))
         if not plan.fit.fits:
@@ -269,6 +276,7 @@ class Pool:
             child.plan, child.need = planned.plan, residency.Need.of(planned.plan)
         self.children[entry.name] = child
         self.loads += 1
+        self.on_status(entry.name, "loading")
         self._spawn_task(self._load(child, entry, planned.path if planned is not None else None))
 
     async def _load(self, child: Child, entry: ModelEntry, path: Path | None) -> None:
@@ -278,7 +286,7 @@ class Pool:
             if child.stop_asked:
                 raise ChildFailed(f"{entry.name} was unloaded while it was loading")
             self.say(f"loading {entry.name} ({path}{_planned_words(child.plan)})")
-            await child.start(self.spawn, path, self._exited)
+            await child.start(self.spawn, path, self._exited, spare=await self.spares.take())
             await asyncio.wait_for(asyncio.shield(child.ready), LOAD_S)
         except ChildFailed as exc:
             if not child.ready.done():
@@ -303,12 +311,14 @@ class Pool:
             self._exited(child)
             return
         self.say(f"loaded {entry.name} in {time.monotonic() - child.started:.1f} s (pid {child.pid}, {child.url})")
+        self.on_status(entry.name, "loaded")
 
     def _exited(self, child: Child) -> None:
         child.state = "stopped"
         child.exited.set()
         if self.children.get(child.name) is child:
             del self.children[child.name]
+            self.on_status(child.name, "unloaded")
             if child.url is not None and not child.stop_asked and not self.closing:
                 self.say(f"{child.name} exited (code {child.returncode}): {child.last_error}")
         self._notify()
@@ -357,7 +367,7 @@ class Pool:
         children = list(self.children.values())
         for child in children:
             child.state = "stopping" if child.state != "stopped" else child.state
-        await asyncio.gather(*(self._stop_child(c) for c in children), return_exceptions=True)
+        await asyncio.gather(self.spares.close(), *(self._stop_child(c) for c in children), return_exceptions=True)
 
 
 def _planned_words(plan: Any) -> str:

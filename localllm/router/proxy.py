@@ -14,23 +14,26 @@ which then cancels the generation as it does for any client.
 
 Errors the router makes itself have the shape of the route's API: OpenAI's
 ``{"error": {"message", "type", "param", "code"}}``, Ollama's
-``{"error": "..."}`` on ``/api/*``.
+``{"error": "..."}`` on ``/api/*``, Anthropic's ``{"type": "error", "error": {...}}``
+on ``/v1/messages``.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 import httpx2
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from localllm import __version__
-from localllm.router import durations, listing, manage, metrics
+from localllm.router import durations, listing, llama_admin, manage, metrics
 from localllm.router.catalog import BadName, Catalog, Unknown
 from localllm.router.children import Child
 from localllm.router.pool import DEFAULT, Busy, DoesNotFit, LoadFailed, Pool
+from localllm.serve import anthropic
 from localllm.serve.app import ENDPOINTS, MAX_BODY, authorized
 from localllm.serve.protocol import RequestError, error_body, parse_json
 from localllm.store.registry import ModelEntry
@@ -40,6 +43,8 @@ PUBLIC = ("/health", "/v1/health")
 OWN = {"/v1/models": "GET", "/models": "GET", "/api/tags": "GET", "/api/ps": "GET", "/api/version": "GET", "/health": "GET",
        "/v1/health": "GET", "/metrics": "GET", "/models/load": "POST", "/models/unload": "POST", "/api/pull": "POST", "/api/delete": "DELETE"}
 PROXIED = frozenset(ENDPOINTS) - set(OWN)
+# llama-server router's management routes (router.llama_admin), by method and path
+ADMIN = frozenset({("POST", "/models"), ("DELETE", "/models"), ("POST", "/models/reload"), ("GET", "/models/sse")})
 KEEP_ALIVE = ("/api/generate", "/api/chat", "/api/embed", "/api/embeddings")  # Ollama's routes that take keep_alive
 # not passed on: the connection's own, the client's key (the child gets the internal one), and what httpx2 sets itself
 DROP_REQUEST = frozenset({b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-authorization",
@@ -60,7 +65,8 @@ class Router:
     """The ASGI app: ``catalog`` (what is served), ``pool`` (what is loaded), ``key``
     (the user's API key, or None), ``internal_key`` (the children's)."""
 
-    def __init__(self, catalog: Catalog, pool: Pool, *, key: str | None, internal_key: str, json_log: bool = False) -> None:
+    def __init__(self, catalog: Catalog, pool: Pool, *, key: str | None, internal_key: str, json_log: bool = False,
+                 autoload: bool = True, reload: Callable[[], None] | None = None) -> None:
         self.catalog, self.pool = catalog, pool
         self.key = key.encode() if key else None
         self.internal = f"Bearer {internal_key}".encode()
@@ -69,6 +75,7 @@ class Router:
         self.requests = 0
         self._client: httpx2.AsyncClient | None = None
         self.manage = manage.Manager(catalog, pool, find=lambda name: self._entry(name, required=True), log=self.log)
+        self.admin = llama_admin.Admin(pool, self.manage, autoload=autoload, reload=reload or catalog.invalidate)
 
     @property
     def client(self) -> httpx2.AsyncClient:
@@ -78,6 +85,7 @@ class Router:
         return self._client
 
     async def aclose(self) -> None:
+        await self.admin.close()
         await self.manage.close()
         if self._client is not None:
             await self._client.aclose()
@@ -96,7 +104,9 @@ class Router:
             return
         request = Request(scope, receive)
         try:
-            if path in OWN:
+            if (method, path) in ADMIN or (path == "/props" and method == "GET" and "model" not in request.query_params):
+                resp = await self._admin(request, method, path)
+            elif path in OWN:
                 if method != OWN[path]:
                     raise RequestError(405, f"method not allowed here: {method} {path}"[:300])
                 resp = await self._own(request, path)
@@ -123,6 +133,8 @@ class Router:
         if path in PUBLIC:
             return JSONResponse({"status": "ok"})
         if path in ("/v1/models", "/models"):
+            if request.query_params.get("reload") in ("1", "true"):
+                self.admin.reload()
             return JSONResponse(await listing.openai_models(self.catalog, self.pool))
         if path == "/api/tags":
             return JSONResponse(await listing.ollama_tags(self.catalog))
@@ -141,6 +153,9 @@ class Router:
             return await self.manage.pull(body)
         if path == "/api/delete":
             return await self.manage.delete(body)
+        if path == "/models/unload" and self.admin.cancel(body.get("model")):
+            self.log(request.method, path, 200, f"cancelled the download of {safe(str(body.get('model')))}")
+            return JSONResponse({"success": True})
         entry = await self._entry(body.get("model"), required=True)
         if path == "/models/load":
             await self._guarded(self.pool.load(entry))
@@ -149,6 +164,19 @@ class Router:
             await self.pool.unload(entry.name)
             self.log(request.method, path, 200, f"unloaded {entry.name}")
         return JSONResponse({"success": True})
+
+    async def _admin(self, request: Request, method: str, path: str) -> Response:
+        """llama-server router's management routes (``router.llama_admin``)."""
+        if path == "/props":
+            return JSONResponse(self.admin.props())
+        if path == "/models/sse":
+            return self.admin.events.stream()
+        if path == "/models/reload":
+            self.admin.reload()
+            return JSONResponse({"success": True})
+        if method == "DELETE":
+            return await self.admin.delete(request)
+        return await self.admin.download(parse_json(await _read_body(request)))
 
     # -- the proxy ------------------------------------------------------------------
 
@@ -164,6 +192,7 @@ class Router:
             except durations.BadDuration as exc:
                 raise RequestError(400, f"'keep_alive': {exc}", param="keep_alive") from None
         entry = await self._entry(name, required=False)
+        self.admin.refuse_unloaded(entry.name)
         child = await self._guarded(self.pool.acquire(entry))
         try:
             await self._forward(child, scope, receive, send, body)
@@ -233,7 +262,8 @@ class Router:
 
     def _error(self, path: str, status: int, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
                param: str | None = None, headers: dict | None = None) -> JSONResponse:
-        body = {"error": message} if path.startswith("/api/") else error_body(message, kind=kind, param=param, code=code)
+        body = ({"error": message} if path.startswith("/api/") else anthropic.error_body(status, message) if path in anthropic.PATHS
+                else error_body(message, kind=kind, param=param, code=code))
         return JSONResponse(body, status_code=status, headers=headers)
 
     def log(self, method: str, path: str, status: int, note: str | None = None) -> None:

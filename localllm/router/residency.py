@@ -108,13 +108,13 @@ class Decision:
 
 @dataclass(frozen=True)
 class Memory:
-    """The router's memory plan: the ``budget``, ``plan`` (a model file -> its
-    ``LoadPlan``, fitted as ``run`` fits it against the budget; blocking: a dry
-    run in a child process, so the pool calls it in a thread) and ``ram_now``
-    (the RAM available now, bytes)."""
+    """The router's memory plan: the ``budget``, ``plan`` (a model file and its
+    name -> its ``LoadPlan``, fitted as ``run`` fits it against the budget with
+    that model's own options; blocking: a dry run in a child process, so the
+    pool calls it in a thread) and ``ram_now`` (the RAM available now, bytes)."""
 
     budget: Budget
-    plan: Callable[[Path], Any]
+    plan: Callable[[Path, str], Any]
     ram_now: Callable[[], int]
 
 

@@ -45,6 +45,10 @@ class Settings:
     json_log: bool = False
     top: tuple[str, ...] = ()  # localllm's own flags for each child (-v, --debug)
     options: tuple[str, ...] = ()  # serve's per-model options for each child
+    per_model: Callable[[str], tuple[str, ...]] | None = None  # a model's own options (its config table, its preset section), by name
+    models_autoload: bool = True  # --no-models-autoload: only POST /models/load loads
+    reload: Callable[[], None] | None = None  # read the models' options again (POST /models/reload)
+    autoload: tuple[str, ...] = ()  # loaded at start and kept while idle: the config's default model, preset's load-on-startup
     memory: residency.Memory | None = None  # the memory plan that decides which models fit together; None: --models-max alone
 
 
@@ -53,7 +57,7 @@ def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], Non
     key = secrets.token_urlsafe(32)  # the children's: neither the user's key nor on any command line
     private = tempfile.mkdtemp(prefix="localllm-router-")
     spawn = Spawn(head=(sys.executable, "-m", "localllm", *settings.top, "serve"), options=settings.options, key=key,
-                  config=os.path.join(private, "no-config.toml"))
+                  config=os.path.join(private, "no-config.toml"), per_model=settings.per_model)
     catalog = Catalog(settings.only)
     port = socks[0].getsockname()[1]
     urls = " and ".join(f"http://{_shown(s.getsockname()[0])}:{port}/v1" for s in socks)
@@ -62,7 +66,14 @@ def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], Non
     async def main() -> None:
         pool = Pool(spawn, models_max=settings.models_max, keep_alive=settings.keep_alive, max_waiting=settings.max_waiting, say=say,
                     json_log=settings.json_log, memory=settings.memory)
-        router = Router(catalog, pool, key=settings.api_key, internal_key=key, json_log=settings.json_log)
+        def reload() -> None:
+            catalog.invalidate()
+            if settings.reload is not None:
+                settings.reload()
+            pool.forget_plans()
+
+        router = Router(catalog, pool, key=settings.api_key, internal_key=key, json_log=settings.json_log,
+                        autoload=settings.models_autoload, reload=reload)
         state.update(pool=pool, router=router)
         config = uvicorn.Config(with_cors(router, settings.cors), log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=None, http=BoundedH11Protocol, limit_concurrency=None,
@@ -78,11 +89,16 @@ def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], Non
             f"idle: {', '.join(served) or 'none yet: localllm pull or localllm add one'}{'; API key required' if settings.api_key else ''})"
             "; Ctrl+C stops")
         reaper = asyncio.create_task(pool.reap())
+        pool.spares.start()  # the next model's process, its imports done before a request needs it (localllm.spare)
+        pool.kept.update(settings.autoload)
+        starting = [asyncio.create_task(_autoload(catalog, pool, name, say)) for name in settings.autoload]
         try:
             await server.serve(sockets=socks)
         finally:
             pool.closing = True
             reaper.cancel()
+            for task in starting:
+                task.cancel()
             await pool.close()
             await router.aclose()
 
@@ -101,6 +117,16 @@ def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], Non
     cut = f" ({server.aborted} ended early by the stop)" if server is not None and server.aborted else ""
     say(f"stopped after {router.requests if router else 0} request(s){cut}")
     return 0
+
+
+async def _autoload(catalog: Catalog, pool: Pool, name: str, say: Callable[[str], None]) -> None:
+    """Load ``name`` at start, as llama-server's router autoloads; a failure is said, and its requests get it."""
+    try:
+        await pool.load(await catalog.find(name))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # LoadFailed, DoesNotFit, Busy, a name gone since the start: the server serves the others
+        say(f"{name} was not loaded at start: {exc}")
 
 
 class _RouterServer(Server):

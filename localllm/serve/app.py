@@ -22,18 +22,21 @@ from starlette.routing import Route
 
 from localllm.engine_api import SamplingConfig
 from localllm.errors import EngineError, InputError
-from localllm.serve import embeddings, handoff, llama_routes, ollama
+from localllm.reasoning import Markers, Splitter
+from localllm.serve import anthropic, embeddings, handoff, infill, llama_routes, lora_routes, mcp_routes, ollama, rerank, responses
 from localllm.serve.choices import Choices
 from localllm.serve.embeddings import Embeddings
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import DEFAULTS, OPENAI, Dialect, RequestError, Shaper, error_body, parse_json
+from localllm.serve.rerank import Rerank
 from localllm.serve.scheduler import Job, Refused, Scheduler
 from localllm.serve.tools import GENERIC, Format, ReplySplitter
 
 MAX_BODY = 1024 * 1024
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/embeddings", "/v1/models", "/health", "/metrics",
              "/completion", "/chat/completions", "/completions", "/models", "/v1/health", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
-             "/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version")
+             "/infill", "/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version",
+             *anthropic.PATHS, *responses.PATHS, *rerank.PATHS, *lora_routes.PATHS, *mcp_routes.PATHS)
 
 
 @dataclass
@@ -56,6 +59,12 @@ class ServeState:
     slots_endpoint: bool = False  # serve --slots
     tool_format: Format = GENERIC  # how the chat template writes tool calls (serve/tools.py)
     embeddings: Embeddings | None = None  # /v1/embeddings (serve always sets it)
+    rerank: Rerank | None = None  # /v1/rerank and its aliases (serve --rerank)
+    no_generation: str | None = None  # why this model cannot generate (an encoder: no logits): the generation routes' 400
+    reasoning: Markers | None = None  # the thinking markers the chat template writes (localllm.reasoning)
+    reasoning_format: str = "deepseek"  # --reasoning-format: deepseek (thinking apart), deepseek-legacy (also left in the text), none
+    prompt_tail: Callable[[list[int]], str] | None = None  # the text of a prompt's last tokens: did the template open the thinking?
+    mcp: object | None = None  # --mcp-servers-config: a started localllm.mcp.Hub, for /tools (serve/mcp_routes.py); None: off
 
     def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
         """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
@@ -106,8 +115,9 @@ class Guard:
 
         try:
             if self._key is not None and path not in ("/health", "/v1/health") and not self._authorized(scope):
-                resp = _error(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')",
-                              kind="authentication_error", code="invalid_api_key")
+                why = "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
+                resp = (JSONResponse(anthropic.error_body(401, why), status_code=401) if path in anthropic.PATHS
+                        else _error(401, why, kind="authentication_error", code="invalid_api_key"))
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 await resp(scope, receive, send_wrapper)
                 self.state.log(scope.get("method", "?"), endpoint, 401)
@@ -162,6 +172,8 @@ def build_app(state: ServeState) -> Guard:
         """One generation in ``dialect``'s shapes; ``body``: already read by the caller."""
         method, path = request.method, request.url.path
         try:
+            if state.no_generation is not None:
+                raise RequestError(400, state.no_generation, code="not_supported")
             if body is None:
                 body = parse_json(await _read_body(request, state.max_body))
             params = dialect.parse(body, chat=chat, n_vocab=state.n_vocab, defaults=state.defaults, tool_format=state.tool_format,
@@ -205,13 +217,16 @@ def build_app(state: ServeState) -> Guard:
 
         choices = Choices(params, tokens, sampling, max_tokens, put)
         job = choices.jobs[0]
+        shaper = dialect.shaper(chat, state.model_name, params)
+        if chat and shaper.splits_reasoning and state.reasoning is not None and state.reasoning_format != "none":
+            tail = state.prompt_tail(tokens) if state.prompt_tail is not None else ""
+            choices.think = (state.reasoning, tail.rstrip().endswith(state.reasoning.open), state.reasoning_format == "deepseek-legacy")
         if not all(state.scheduler.submit(j) for j in choices.jobs):
             _cancel(state, choices)
             request.scope["localllm.logged"] = True
             state.log(method, path, 429, "queue full")
             busy = RequestError(429, "too many requests are waiting: retry later", kind="rate_limit_error", code="queue_full")
             return JSONResponse(dialect.error(busy), status_code=429)
-        shaper = dialect.shaper(chat, state.model_name, params)
 
         # fields no API defines: accepted (clients send vendor extras), but never silently
         ignored = {"X-Ignored-Fields": ", ".join(f[:40] for f in params.ignored[:20])} if params.ignored else {}
@@ -309,7 +324,13 @@ def build_app(state: ServeState) -> Guard:
         Route("/models", models, methods=["GET"]),
         Route("/v1/health", health, methods=["GET"]),
         *llama_routes.routes(state, generate, read_json),
+        *infill.routes(state, generate, read_json),
         *ollama.routes(state, generate, read_json),
+        *anthropic.routes(state, generate, read_json),
+        *responses.routes(state, generate, read_json),
+        *rerank.routes(state, read_json),
+        *lora_routes.routes(state),
+        *mcp_routes.routes(state, read_json),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
     return Guard(app, state)
@@ -336,6 +357,21 @@ async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shap
     jobs = choices.jobs
     tools = choices.params.tools
     splitters = [ReplySplitter(tools) for _ in jobs] if tools else None
+    think = choices.think
+    thinkers = [Splitter(think[0], started_open=think[1]) for _ in jobs] if think is not None and not think[2] else None
+
+    def answer(i: int, parts: list[tuple[str, str]]):
+        """The reply's parts as frames: the thinking as the dialect's thinking, the rest through the tool splitter."""
+        for kind, text in parts:
+            if kind == "reasoning":
+                for obj in shaper.thinking(text, jobs[i], index=i):
+                    yield shaper.frame(obj)
+                continue
+            piece = splitters[i].feed(text) if splitters else text
+            if piece:
+                for obj in shaper.piece(piece, jobs[i], index=i, logprobs=choices.take_logprobs(i)):
+                    yield shaper.frame(obj)
+
     watch = asyncio.create_task(_watch_disconnect(request, queue))
     try:
         for obj in shaper.head(len(jobs)):
@@ -344,10 +380,9 @@ async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shap
             i, kind, payload = await queue.get()
             choices.add(i, kind, payload)
             if kind == "text":
-                piece = splitters[i].feed(payload) if splitters else payload
-                if piece:
-                    for obj in shaper.piece(piece, jobs[i], index=i, logprobs=choices.take_logprobs(i)):
-                        yield shaper.frame(obj)
+                assert isinstance(payload, str)  # the scheduler's text pieces
+                for frame in answer(i, thinkers[i].feed(payload) if thinkers else [("content", payload)]):
+                    yield frame
             elif kind == "gone":
                 break
             elif kind == "error":
@@ -359,6 +394,9 @@ async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shap
                 break
             elif kind == "done":
                 job = jobs[i]
+                if thinkers:  # a marker held back in case it went on, or thinking cut by max_tokens
+                    for frame in answer(i, thinkers[i].finish()):
+                        yield frame
                 if splitters:
                     rest, calls = splitters[i].finish()
                     if rest:
@@ -366,7 +404,8 @@ async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shap
                             yield shaper.frame(obj)
                     if calls:
                         job.finish_reason = "tool_calls" if job.finish_reason == "stop" else job.finish_reason
-                        yield shaper.frame(shaper.calls_chunk(calls, index=i))
+                        for obj in shaper.calls(calls, job, index=i):
+                            yield shaper.frame(obj)
                 lp = choices.take_logprobs(i) if choices.pending[i] else None
                 done += 1
                 if done < len(jobs):

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import cast
 
 from localllm.engine_api import SamplingConfig
+from localllm.reasoning import Markers, split
 from localllm.serve import logprobs
 from localllm.serve.protocol import GenParams, Shaper
 from localllm.serve.scheduler import Job
@@ -35,11 +36,14 @@ class Choices:
 
             self.jobs.append(Job(tokens=tokens, sampling=replace(sampling, seed=seed), max_tokens=max_tokens, emit=emit,
                                  stop=params.stop, logprobs=top, cache_prompt=params.cache_prompt,
-                                 after=self.jobs[0] if self.jobs else None))
+                                 n_indent=params.n_indent, t_max_predict_ms=params.t_max_predict_ms,
+                                 after=self.jobs[0] if self.jobs else None, lora=params.lora))
         self.texts: list[list[str]] = [[] for _ in self.jobs]
         self.pending: list[list[logprobs.Raw]] = [[] for _ in self.jobs]  # log-probabilities not yet sent
         self.sent: list[list[logprobs.Raw]] = [[] for _ in self.jobs]
         self.offsets = [0] * len(self.jobs)  # characters of each reply covered by sent log-probabilities
+        # a reasoning model's thinking: (its markers, whether the prompt opened it, deepseek-legacy: left in the text too); None: not split
+        self.think: tuple[Markers, bool, bool] | None = None
 
     def add(self, i: int, kind: str, payload: object) -> None:
         if kind == "text":
@@ -77,6 +81,12 @@ class Choices:
         tools = self.params.tools
         for i, job in enumerate(self.jobs):
             text, calls = "".join(self.texts[i]), None
+            if self.think is not None:
+                marks, opened, legacy = self.think
+                reasoning, answer = split(text, marks, started_open=opened)
+                text = text if legacy else answer
+                if reasoning:
+                    shaper.reasoning[i] = reasoning
             if tools:
                 text, calls = parse_reply(text, tools.fmt, {f["name"] for f in tools.functions})
                 job.finish_reason = "tool_calls" if calls and job.finish_reason == "stop" else job.finish_reason

@@ -14,6 +14,7 @@ import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -23,6 +24,9 @@ from starlette.routing import Route
 from localllm.errors import InputError
 from localllm.serve.protocol import DEFAULTS, FINGERPRINT, OPENAI, Dialect, Finished, GenParams, RequestError, Shaper, error_body, parse_gen
 from localllm.serve.tools import GENERIC, Format
+
+if TYPE_CHECKING:
+    from localllm.engine.fim import FimTokens
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,10 @@ class ModelFacts:
     tokenize: Callable[[str, bool, bool], list[int]]  # (text, add_special, parse_special)
     piece: Callable[[int], bytes]
     render: Callable[[list[dict]], str]  # the chat template, with the generation prompt
+    prompt_text: Callable[[list[int]], str]  # token ids as llama-server writes a prompt (special tokens written out)
+    fim: FimTokens | None = None  # the vocabulary's fill-in-the-middle tokens (engine/fim.py), for /infill (serve/infill.py)
+    n_batch: int = 2048  # serve's --batch: /infill's budgets, as llama-server's params.n_batch
+    spm_infill: bool = False  # serve's --spm-infill: /infill puts the suffix first
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -187,7 +195,7 @@ def _settings(s, n_predict: int | None, stop: tuple[str, ...]) -> dict:
 # llama-server's sampling fields serve does not implement: accepted at their "off" value (clients such as
 # llama.cpp's web UI send them all), a 400 naming them otherwise, never silently dropped
 OFF = {"typical_p": 1, "mirostat": 0, "dynatemp_range": 0, "xtc_probability": 0, "dry_multiplier": 0, "min_keep": 0,
-       "repeat_last_n": 64, "return_tokens": False, "post_sampling_probs": False, "n_indent": 0, "t_max_predict_ms": 0}
+       "repeat_last_n": 64, "return_tokens": False, "post_sampling_probs": False}
 # without effect whatever their value: parameters of samplers that are off, a slot hint, n_keep (serve never shifts a context)
 MOOT = frozenset({"dynatemp_exponent", "mirostat_tau", "mirostat_eta", "xtc_threshold", "dry_base", "dry_allowed_length",
                   "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "id_slot", "n_keep", "return_progress", "top_n_sigma"})
@@ -208,6 +216,7 @@ def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, nati
         raise RequestError(400, "'top_n_sigma' is not supported by this server (only a value of 0 or less: off)", param="top_n_sigma")
     body = dict(body)
     n_predict = body.pop("n_predict", None)
+    n_indent, t_max = (_whole(body.pop(key, None), key) for key in ("n_indent", "t_max_predict_ms"))
     if n_predict is not None and (not isinstance(n_predict, int) or isinstance(n_predict, bool) or n_predict == 0 or n_predict < -1):
         raise RequestError(400, "'n_predict' must be -1 (until the model stops) or a whole number of at least 1", param="n_predict")
     lb = body.get("logit_bias")
@@ -226,7 +235,16 @@ def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, nati
             limit = None if n_predict == -1 else n_predict
         elif native:
             limit = defaults.max_tokens if defaults.max_tokens > 0 else None
-    return dataclasses.replace(params, max_tokens=limit, ignored=ignored)
+    return dataclasses.replace(params, max_tokens=limit, ignored=ignored, n_indent=n_indent, t_max_predict_ms=t_max)
+
+
+def _whole(v: object, key: str) -> int:
+    """``n_indent``, ``t_max_predict_ms``: a whole number, 0 or less (or none) off, as llama-server reads them."""
+    if v is None:
+        return 0
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise RequestError(400, f"'{key}' must be a whole number (0: off)", param=key)
+    return max(v, 0)
 
 
 def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, tool_format: Format = GENERIC, max_n: int = 1) -> GenParams:
@@ -237,6 +255,8 @@ def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS,
 class CompletionShaper(Shaper):
     """llama-server's ``/completion`` reply: ``content``, ``stop``, ``tokens_predicted``,
     ``tokens_evaluated``, ``timings``...; streamed as its chunks, with no [DONE]."""
+
+    splits_reasoning = False  # /completion is raw text: llama-server splits nothing there
 
     def __init__(self, chat: bool, model: str, params: GenParams) -> None:
         super().__init__(chat, model, per_token=params.timings_per_token)

@@ -115,6 +115,7 @@ class OllamaShaper(Shaper):
 
     media_type = "application/x-ndjson"
     key = "message"
+    splits_reasoning = False  # Ollama's ``think`` is refused: a model's thinking stays in its text, as before
 
     def __init__(self, chat: bool, model: str, params: GenParams) -> None:
         super().__init__(chat, model)

@@ -55,6 +55,9 @@ class ServerMetrics:
         self.kv_cells_total = 0
         self.running = 0
         self.queued = 0
+        self.threads: dict[str, int] = {}  # decode threads per kind of step now (localllm.threads); empty: none chosen yet
+        self.thread_changes = 0
+        self.threads_fixed = False
 
     def request_done(self, endpoint: str, status: int) -> None:
         with self._lock:
@@ -65,6 +68,12 @@ class ServerMetrics:
         with self._lock:
             self.steps += 1
             self.batch_sequences, self.batch_tokens, self.kv_cells_used = sequences, tokens, kv_used
+
+    def set_threads(self, counts: dict[str, int], changes: int, fixed: bool) -> None:
+        """The thread counts the engine runs each kind of step with now, and how
+        often they moved (the engine thread, after each step)."""
+        with self._lock:
+            self.threads, self.thread_changes, self.threads_fixed = dict(counts), changes, fixed
 
     def tokens_out(self, itl_s: float | None) -> None:
         with self._lock:
@@ -116,4 +125,12 @@ class ServerMetrics:
             out.append(f"localllm_requests_running {self.running}")
             head("localllm_requests_queued", "gauge", "requests waiting for a slot")
             out.append(f"localllm_requests_queued {self.queued}")
+            if self.threads:  # none before the first step: absent, not 0
+                head("localllm_threads", "gauge", "decode threads per kind of step now (token: one token; multi: one token of several "
+                     "sequences; prefill: prompt batches), chosen from measured step times unless fixed by --threads")
+                mode = "fixed" if self.threads_fixed else "adaptive"
+                for kind, n in sorted(self.threads.items()):
+                    out.append(f'localllm_threads{{kind="{kind}",mode="{mode}"}} {n}')
+                head("localllm_thread_changes_total", "counter", "moves of a thread count (another process took or freed a core)")
+                out.append(f"localllm_thread_changes_total {self.thread_changes}")
             return "\n".join(out) + "\n"

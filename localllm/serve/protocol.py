@@ -73,6 +73,9 @@ class GenParams:
     logprobs: int | None = None  # alternatives per token (chat top_logprobs, completions' logprobs int); None: no logprobs
     n_probs: int | None = None  # llama-server's n_probs: logprobs.content with token ids; None: off
     cache_prompt: bool = True  # llama-server's: False reads the whole prompt again
+    n_indent: int = 0  # llama-server's (its editors' /infill): a later line indented less ends the reply; 0: off
+    t_max_predict_ms: int = 0  # llama-server's: past this many ms of generating, a new line ends the reply; 0: off
+    lora: dict[int, float] | None = None  # llama-server's per-request adapter scales by id (the others 0); None: the server's
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -81,6 +84,33 @@ def _bad(field: str, what: str) -> RequestError:
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+MAX_LORA_SCALE = 100.0  # far past any useful scale; keeps a request from pushing the logits to inf
+MAX_LORA_ENTRIES = 1024
+
+
+def parse_lora(value: object, field: str = "lora") -> dict[int, float]:
+    """llama-server's ``[{"id": N, "scale": S}, ...]`` (its ``lora`` field and the
+    body of POST /lora-adapters; server-common.cpp parse_lora_request: a later
+    entry for the same id wins). Adapters are loaded at start (serve --lora), so
+    an entry names one by id, never by path. Whether the ids exist is the
+    scheduler's check (it knows the adapters)."""
+    if not isinstance(value, list) or len(value) > MAX_LORA_ENTRIES:
+        raise _bad(field, f"must be a list of at most {MAX_LORA_ENTRIES} objects with 'id' and 'scale'")
+    out: dict[int, float] = {}
+    for i, e in enumerate(value):
+        if not isinstance(e, dict):
+            raise _bad(f"{field}[{i}]", "must be an object with 'id' and 'scale'")
+        if "path" in e:
+            raise _bad(f"{field}[{i}].path", "is not accepted: adapters are loaded at start (serve --lora FNAME) and picked by id")
+        aid, scale = e.get("id"), e.get("scale", 0.0)
+        if not isinstance(aid, int) or isinstance(aid, bool) or aid < 0:
+            raise _bad(f"{field}[{i}].id", "must be a whole number of at least 0 (GET /lora-adapters lists the ids)")
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) or abs(scale) > MAX_LORA_SCALE:
+            raise _bad(f"{field}[{i}].scale", f"must be a number between {-MAX_LORA_SCALE:g} and {MAX_LORA_SCALE:g}")
+        out[aid] = float(scale)
+    return out
 
 
 def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
@@ -255,7 +285,9 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
     cache_prompt = body.get("cache_prompt", True)
     if not isinstance(cache_prompt, bool):
         raise _bad("cache_prompt", "must be true or false")
+    lora = parse_lora(body["lora"]) if body.get("lora") is not None else None
     return GenParams(
+        lora=lora or None,  # an empty list: the server's scales, as llama-server's
         tools=tools,
         n=n,
         logprobs=_logprobs(body, chat),
@@ -289,6 +321,7 @@ HONOURED = frozenset({
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format",  # OpenAI
     "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt", "timings_per_token",  # llama-server's
+    "lora",  # llama-server's
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
                           "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
@@ -411,12 +444,14 @@ class Shaper:
     each framed by ``frame``."""
 
     media_type = "text/event-stream"
+    splits_reasoning = True  # a reasoning model's thinking goes to ``thinking`` and ``reasoning`` (False: it stays in the text)
 
     def __init__(self, chat: bool, model: str, *, per_token: bool = False) -> None:
         self.chat, self.model, self.per_token = chat, model, per_token
         self.id = new_id(chat)
         self.created = int(time.time())
         self._head: str | None = None  # _plain_piece's fixed part
+        self.reasoning: dict[int, str] = {}  # each choice's thinking, for ``full`` (set by ``Choices.response``)
 
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": FINGERPRINT}
@@ -431,6 +466,8 @@ class Shaper:
             message: dict = {"role": "assistant", "content": text}
             if calls:  # OpenAI's shape: content null when the reply is only calls
                 message = {"role": "assistant", "content": text.strip() or None, "tool_calls": calls}
+            if self.reasoning.get(index):  # llama-server's field (--reasoning-format deepseek)
+                message["reasoning_content"] = self.reasoning[index]
             choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
             return {**self._base("chat.completion"), "choices": [choice], "usage": usage, "timings": timings}
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
@@ -453,6 +490,11 @@ class Shaper:
         out = self.chunk(text, index=index, logprobs=logprobs)
         return [{**out, "timings": job.timings()} if self.per_token else out]
 
+    def thinking(self, text: str, job: Finished, *, index: int = 0) -> list[dict | str]:
+        """A streamed piece of the thinking: llama-server's ``reasoning_content`` delta."""
+        return [{**self._base("chat.completion.chunk"),
+                 "choices": [{"index": index, "delta": {"reasoning_content": text}, "logprobs": None, "finish_reason": None}]}]
+
     def _plain_piece(self, text: str, index: int) -> str:
         """``chunk(text, index=index)`` as its JSON text (what ``frame`` would write),
         the fields before the choice serialized once per reply: one of these goes
@@ -469,6 +511,12 @@ class Shaper:
         """The calls as one delta: each with its index, id, type, name and whole arguments."""
         deltas = [{"index": i, **c} for i, c in enumerate(calls)]
         return {**self._base("chat.completion.chunk"), "choices": [{"index": index, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}]}
+
+    def calls(self, calls: list[dict], job: Finished, *, index: int = 0) -> list[dict | str]:
+        """What a stream sends for a reply's calls once it is whole: OpenAI's one
+        ``calls_chunk``; other dialects (Anthropic's, the Responses API's) send
+        several events per call, and may need the job (its usage) to open the stream."""
+        return [self.calls_chunk(calls, index=index)]
 
     def finish(self, job: Finished, *, index: int = 0, logprobs: dict | None = None) -> list[dict | str]:
         """The finish chunk of a choice that is not the last to end (``n`` > 1)."""

@@ -76,8 +76,14 @@ class Job:
     finish_reason: str | None = None
     logprobs: int | None = None  # emit ("logprob", (id, bytes, logprob, [(id, bytes, logprob)] * this many)) per token; None: off
     cache_prompt: bool = True  # False: read the whole prompt, no prefix reuse (llama-server's cache_prompt)
+    n_indent: int = 0  # >0: a line after the first indented less ends the reply, that line's text dropped (llama-server's)
+    t_max_predict_ms: int = 0  # >0: a new line past this long after the first token ends the reply (llama-server's)
     # n > 1: a sibling waits until this job has read the shared prompt, then shares its cells (seq_cp)
     after: Job | None = None
+    # llama-server's per-request ``lora``: scale by adapter id, the others at 0, for this request only;
+    # None: the server's scales when a slot takes it (POST /lora-adapters, serve --lora)
+    lora: dict[int, float] | None = None
+    lora_scales: tuple[float, ...] = ()  # what it runs with, set when a slot takes it
     ended: bool = False  # released by the scheduler (done, failed or dropped)
 
     @property
@@ -135,6 +141,7 @@ class Slot:
     emitted: int = 0
     utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
     used_at: int = 0
+    lora: tuple[float, ...] = ()  # the adapter scales its cells were computed with: a prefix is reused only under the same
 
 
 class Handoff(Protocol):
@@ -162,12 +169,37 @@ class BatchModel(Protocol):
     def is_eog(self, token: int) -> bool: ...
     def piece(self, token: int) -> bytes: ...
     def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None: ...
+    def set_lora(self, scales: Sequence[float]) -> None:
+        """The LoRA adapters' scales for the next decode (only called when the server loaded adapters)."""
 
 
 def _job(s: Slot) -> Job:
     """The slot's request: only called on running slots, which always hold one."""
     assert s.job is not None
     return s.job
+
+
+def indent_cut(text: str, emitted: int, n_indent: int) -> tuple[int | None, int]:
+    """llama-server's ``n_indent`` (server-context.cpp, ``process_token``): each line
+    after the first must begin with at least ``n_indent`` spaces or tabs; the first that
+    does not (an empty line included: its newline is not a space) ends the reply, cut
+    before its first other character. Returns (that cut, or None; where to hold the
+    text back to meanwhile: the start of a last line that is blank so far, whose
+    indentation is not known yet). Lines before ``emitted`` passed already: the scan
+    starts at the line it ends in."""
+    nl = text.rfind("\n", 0, emitted)
+    if nl < 0:
+        nl = text.find("\n")
+    while nl >= 0:
+        pos = start = nl + 1
+        while pos < len(text) and text[pos] in " \t":
+            pos += 1
+        if pos == len(text):
+            return None, start
+        if pos - start < n_indent:
+            return pos, len(text)
+        nl = text.find("\n", start)
+    return None, len(text)
 
 
 def _submitted(s: Slot) -> int:
@@ -177,8 +209,12 @@ def _submitted(s: Slot) -> int:
 class Scheduler:
     def __init__(self, model: BatchModel, *, n_seq: int, n_ctx_seq: int, n_batch: int, prefix_reuse: bool,
                  max_queue: int, prefill_chunk: int, metrics: ServerMetrics, prompt_cache: PromptCache | None = None,
-                 handoff: Handoff | None = None) -> None:
+                 handoff: Handoff | None = None, adapters: Sequence[tuple[str, float]] = ()) -> None:
         self.model = model
+        # LoRA adapters (serve --lora): their paths by id, and the server's scales (POST /lora-adapters sets them)
+        self.adapters: tuple[str, ...] = tuple(p for p, _ in adapters)
+        self.lora_scales: tuple[float, ...] = tuple(float(x) for _, x in adapters)
+        self._lora_turn = 0
         self.handoff = handoff
         self.prompt_cache = prompt_cache if prefix_reuse else None
         self.n_ctx_seq = n_ctx_seq
@@ -225,13 +261,20 @@ class Scheduler:
         """``fn()`` on the engine thread, between two steps, and its result (or its
         exception) here: the process's other llama.cpp calls (the module's docstring).
         Blocks the calling thread; never call it from the engine thread."""
+        return self.call(fn).result()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """``run`` without the wait: the Future the engine thread completes with
+        ``fn()``'s result (the event loop awaits it with ``asyncio.wrap_future``, and
+        saves a worker thread's two wake-ups, which on a loaded machine each wait for
+        a CPU: rerank's slices, serve/rerank.py)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._cv:
             if self._stop:
                 raise EngineError("the server is stopping")
             self._calls.append((fn, fut))
             self._cv.notify()
-        return fut.result()
+        return fut
 
     def submit(self, job: Job) -> bool:
         """Queue ``job``; False when the queue is full (the caller answers 429)."""
@@ -314,17 +357,42 @@ class Scheduler:
                 self.pending.remove(ready)
                 job = ready
                 self.metrics.queued = len(self.pending)
-            if not job.cancelled:
-                self._assign(job, free)
+            if job.cancelled:
+                continue
+            scales = self._scales(job)
+            if isinstance(scales, Refused):
+                job.ended = True
+                job.emit("error", scales)
+                continue
+            job.lora_scales = scales
+            self._assign(job, free)
+
+    def _scales(self, job: Job) -> tuple[float, ...] | Refused:
+        """The adapter scales ``job`` runs with, as llama-server's construct_lora_list
+        (server-context.cpp): the ids it lists at their scales, the others at 0; without
+        ``lora``, the server's scales now. An id no adapter has is the request's fault."""
+        if job.lora is None:
+            return self.lora_scales
+        n = len(self.adapters)
+        bad = sorted(i for i in job.lora if not 0 <= i < n)
+        if bad:
+            have = f"ids 0..{n - 1} (GET /lora-adapters lists them)" if n else "none: start serve with --lora FNAME"
+            return Refused(f"lora: no adapter has id {bad[0]}; the server's adapters are {have}")
+        return tuple(job.lora.get(i, 0.0) for i in range(n))
 
     def _assign(self, job: Job, free: list[Slot]) -> None:
         toks = job.tokens
         limit = len(toks) - 1  # the last prompt token is always evaluated: its logits start the reply
         if self.prefix_reuse and job.cache_prompt:
-            own = {s.id: common_prefix(s.cache, toks) for s in free}
+            lora = job.lora_scales
+
+            def shared(s: Slot) -> int:  # cells computed under other adapter scales are not this request's
+                return common_prefix(s.cache, toks) if s.lora == lora else 0
+
+            own = {s.id: shared(s) for s in free}
             target = max(free, key=lambda s: (own[s.id], -s.used_at))
-            src = max(self.slots, key=lambda s: common_prefix(s.cache, toks))
-            best = common_prefix(src.cache, toks)
+            src = max(self.slots, key=shared)
+            best = shared(src)
             stored, m = self.prompt_cache.best(toks) if self.prompt_cache else (None, 0)
             if stored is not None and m > max(best, own[target.id]):
                 target = min(free, key=lambda s: (bool(s.cache), s.used_at))  # an empty slot, else the least recently used
@@ -352,6 +420,7 @@ class Scheduler:
             self.model.seq_rm(target.id)
             n = 0
         target.cache = toks[:n]
+        target.lora = job.lora_scales
         target.job = job
         target.sampler = self.model.new_sampler(job.sampling, job.tokens)  # penalties see the prompt, as in llama-server
         target.last = None
@@ -381,6 +450,8 @@ class Scheduler:
         active = [s for s in self.slots if s.job]
         if not active:
             return
+        if self.adapters:
+            active = self._lora_group(active)
         entries: list[tuple[int, int, int, bool]] = []
         outputs: list[tuple[Slot, int]] = []
         for s in active:
@@ -419,6 +490,25 @@ class Scheduler:
         for (s, i), tok in zip(outputs, toks):
             self._on_token(s, tok, now, i)
         self.metrics.step(len(active), len(entries), sum(len(s.cache) for s in self.slots))
+        ctl = getattr(self.model, "threads", None)  # the engine's thread counts (a fake model has none)
+        if ctl is not None:
+            self.metrics.set_threads(ctl.current(), len(ctl.changes), ctl.fixed)
+
+    def _lora_group(self, active: list[Slot]) -> list[Slot]:
+        """The slots this step decodes, all under one set of adapter scales: one
+        decode runs with one set (llama-server's ``can_batch_with`` compares the
+        slots' lora, server-context.cpp). The sets take turns, oldest request's
+        first, so no set waits for another's requests to end; the adapters are
+        set on the context for it."""
+        groups: dict[tuple[float, ...], list[Slot]] = {}
+        for s in sorted(active, key=_submitted):
+            groups.setdefault(_job(s).lora_scales, []).append(s)
+        keys = list(groups)
+        key = keys[self._lora_turn % len(keys)]
+        self._lora_turn = self._lora_turn + 1 if len(keys) > 1 else 0
+        self.model.set_lora(key)
+        chosen = groups[key]
+        return [s for s in active if s in chosen]
 
     def _decode(self, entries: list[tuple[int, int, int, bool]], active: list[Slot]) -> None:
         if self.handoff is not None:
@@ -456,8 +546,12 @@ class Scheduler:
             self.metrics.tokens_out(None)
         else:
             self.metrics.tokens_out((now - prev) / 1e9)
-        s.text += s.utf8.decode(self.model.piece(tok))
+        new = s.utf8.decode(self.model.piece(tok))
+        s.text += new
         if self._flush_text(s, final=False):
+            return
+        if job.t_max_predict_ms and "\n" in new and (now - job.token_ns[0]) / 1e6 > job.t_max_predict_ms:
+            self._finish(s, "length")  # llama-server's "stopped by time limit" (server-context.cpp, process_token)
             return
         if job.n_gen >= job.max_tokens or len(s.cache) + 1 >= self.n_ctx_seq:
             self._finish(s, "length")
@@ -485,6 +579,16 @@ class Scheduler:
                     if any(x.startswith(s.text[end - k:]) for x in job.stop):
                         end -= k
                         break
+        if job.n_indent:
+            line_cut, hold = indent_cut(s.text, s.emitted, job.n_indent)
+            if line_cut is not None:
+                if line_cut > s.emitted:
+                    job.emit("text", s.text[s.emitted:line_cut])
+                s.emitted = line_cut
+                self._finish(s, "length", flush=False)
+                return True
+            if not final:
+                end = min(end, hold)
         if end > s.emitted:
             job.emit("text", s.text[s.emitted:end])
             s.emitted = end

@@ -131,8 +131,20 @@ def shape(m: CatalogModel, size_bytes: int) -> planner.ModelShape:
     )
 
 
+_JUDGED: dict[str, verdict.Verdict] = {}
+
+
 def judge(m: CatalogModel, f: CatalogFile, budget_key: str) -> verdict.Verdict:
-    return verdict.judge(shape(m, int(f.size_gb * GB)), m.context, BUDGETS[budget_key], None)
+    """The verdict for a fixed budget: pure, so each is computed once a process
+    (the planner replays llama.cpp's compute graph for each context it tries:
+    ~30 ms a verdict, and list --catalog, the cockpit's catalog and the catalog
+    check each want all of them)."""
+    key = repr((m.architecture, m.n_layer, m.n_embd, m.n_ff, m.n_head, m.n_head_kv, m.head_dim, m.n_vocab, m.sliding_window,
+                m.swa_pattern, m.tied, m.n_expert, m.n_expert_used, m.n_ff_exp, m.n_ff_shexp, m.context, f.size_gb, budget_key))
+    found = _JUDGED.get(key)
+    if found is None:
+        found = _JUDGED[key] = verdict.judge(shape(m, int(f.size_gb * GB)), m.context, BUDGETS[budget_key], None)
+    return found
 
 
 def rows() -> list[dict[str, Any]]:

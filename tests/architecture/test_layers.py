@@ -24,16 +24,17 @@ TREES = {"localllm": "localllm", "tui": "localllm.tui", "quantize": "localllm.qu
 # itself). Top-level modules of localllm count as packages of their own.
 RANKS = {
     "errors": 0, "paths": 0, "models": 0,
-    "util": 1,
+    "util": 1, "reasoning": 1,
     "modelfile": 2,
     "engine_api": 3,
     "plan": 4,
+    "threads": 4.5,  # the thread-count controller: on plan's core counts, under the engine that drives it
     "engine": 5, "store": 5, "chat": 5,
     "measure": 6, "testing": 6,
     "quantize": 7, "serve": 7,
-    "api": 8, "router": 8,
+    "api": 8, "router": 8, "mcp": 8,  # mcp: the tool loop reads serve's tool-call formats
     "tui": 9, "commands": 9,
-    "cli": 10, "__init__": 10, "__main__": 11,
+    "cli": 10, "__init__": 10, "__main__": 11, "spare": 11,
 }
 ARGPARSE_FACING = ("localllm.cli", "localllm.commands", "localllm.tui.cli", "localllm.quantize.cli")
 CLIENT_ONLY = ("textual", "starlette", "uvicorn", "argparse")

@@ -42,10 +42,27 @@ QUICK = {
         [r"\| localllm serve \| 1 \| 32 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|",
          r"localllm serve / llama-server at 1 client\(s\) \(target >= 0.9\): n/a \(llama-server not run \(--quick\)\)"],
     ),
+    "bench_agents": (
+        ["--quick", "--threads", "1"],
+        [r"\| /v1/messages \| 1 \| \d+ \| [\d.]+ \|", r"\| /v1/responses \| 1 \| \d+ \| [\d.]+ \|",
+         r"/v1/messages / /v1/chat/completions, decode tok/s at 1 client\(s\) \(target >= 0.97\): [\d.]+",
+         r"/v1/responses / /v1/chat/completions, decode tok/s at 1 client\(s\) \(target >= 0.97\): [\d.]+"],
+    ),
+    "bench_rerank": (
+        ["--quick"],
+        [r"\| localllm serve \| 1 \| 64 \| \d+ \| [\d.]+ \| [\d.]+ \|",
+         r"rerank throughput \(documents/s\), localllm serve / llama-server at 1 client\(s\) \(target >= 0.9\): (?:[\d.]+|n/a)"],
+    ),
     "plan_conformance": (
         ["--quick"],
         [r"KV \(and recurrent state\) exact to the printed MiB: (\d+)/\1", r"dry run's compute = the real load's: (\d+)/\1",
          r"compute, estimate: (\d+) loads, at or above 0.90 of llama.cpp in \1"],
+    ),
+    "bench_contention": (
+        ["--quick"],
+        [r"idle: localllm adaptive / llama-bench at the best fixed count .*\(target >= 0.97\): (?:[\d.]+|n/a)",
+         r"one core busy: localllm adaptive / llama-bench at its default threads \(target >= 1.4\): (?:[\d.]+|n/a)",
+         r"hog on and off: localllm adaptive / llama-bench at the best fixed count .*\(target >= 0.97\): (?:[\d.]+|n/a)"],
     ),
     "bench_context_shift": (
         ["--quick"],

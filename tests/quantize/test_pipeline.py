@@ -13,6 +13,7 @@ import pytest
 
 from localllm.modelfile.model_info import inspect_model
 from localllm.quantize.naming import default_output
+from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.helpers.cli import cli
 from tests.helpers.paths import REPO
 
@@ -83,7 +84,17 @@ def test_q8_loses_less_than_q4(gemma_f16: Path, quantized: dict[str, dict]) -> N
     assert q8["verdict"]["qtype"] == "Q8_0" and q4["verdict"]["qtype"] == "Q4_K_M"
     bands = ["near-lossless", "small loss", "moderate loss", "large loss", "severe loss"]
     assert bands.index(q8["verdict"]["band"]) <= bands.index(q4["verdict"]["band"])
-    text = cli("quantize", "--compare", str(gemma_f16), quantized["Q4_K_M"]["output"], "--eval-tokens", "256")
+
+
+@pytest.mark.slow
+def test_compare_as_text_with_its_progress(tmp_path: Path) -> None:
+    """The text table, the verdict and the progress lines: on a tiny synthetic F32
+    file and its Q4_K_M (what is checked here is the output, not a real model's
+    quality: test_q8_loses_less_than_q4 holds that)."""
+    src = write_llama_gguf(tmp_path / "synth-F32.gguf", SynthSpec(n_embd=256, n_ff=512))
+    made = cli("quantize", str(src), "--type", "Q4_K_M", "--json")
+    assert made.returncode == 0, made.stderr
+    text = cli("quantize", "--compare", str(src), json.loads(made.stdout)["output"], "--eval-tokens", "256")
     assert text.returncode == 0, text.stderr
     assert "Q4_K_M: " in text.stdout and "bands: llama.cpp tools/perplexity/README.md" in text.stdout
     # piped, the progress is plain lines on stderr: where it starts and where it ends

@@ -58,7 +58,8 @@ PLANS = {"a": rt.fake_plan(300 * MiB, 10 * MiB), "b": rt.fake_plan(300 * MiB, 10
 
 def planned_pool(tmp_path: Path, said: list[str], calls: list[str], **kw) -> Pool:
     """A pool whose models are planned by ``PLANS`` in a 1000 MiB GPU budget (872 MiB for models)."""
-    def plan(path: Path):
+    def plan(path: Path, name: str):
+        assert name == path.stem  # the entry's name: its options are looked up by it
         calls.append(path.stem)
         time.sleep(0.05)  # a fit takes a while: concurrent requests must share it
         return PLANS[path.stem]

@@ -91,7 +91,7 @@ def test_ollama_client_lists_chats_and_unloads_with_keep_alive_0(router) -> None
     assert reply.message.content
     assert "smollm2:latest" in {m.model for m in client.ps().models}
     client.chat(model="smollm2:latest", messages=[{"role": "user", "content": "Bye."}], options={"num_predict": 4}, keep_alive=0)
-    rt.wait_for(lambda: "smollm2:latest" not in {m.model for m in client.ps().models}, timeout=5)
+    rt.wait_for(lambda: "smollm2:latest" not in {m.model for m in client.ps().models}, timeout=30)
     assert rt.count(router, r"unloading smollm2: keep_alive 0") >= 1
     reply = client.chat(model="smollm2", messages=[{"role": "user", "content": "Again."}], options={"num_predict": 4})  # loads it again
     assert reply.message.content
@@ -112,6 +112,27 @@ def test_unknown_names_and_paths_are_refused_without_loading_anything(router, sm
         r = http.get("/no/such/route")
         assert r.status_code == 404
     assert rt.count(router, r"^localllm: loading ") == loads  # nothing was loaded for any of them
+
+
+def test_messages_and_responses_reach_the_model_they_name(router) -> None:
+    """Anthropic's Messages API and OpenAI's Responses API (issue 47) go to the child of the body's
+    model, as chat completions do; an unknown model is a 404 in the route's own error shape."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with http_client(router) as http:
+        for name in ("gemma3-270m", "smollm2"):
+            m = http.post("/v1/messages", json={"model": name, "max_tokens": 3, "temperature": 0, "messages": hi})
+            assert m.status_code == 200 and m.json()["type"] == "message" and m.json()["model"] == name, m.text
+            r = http.post("/v1/responses", json={"model": name, "input": "Hi", "max_output_tokens": 3, "temperature": 0})
+            assert r.status_code == 200 and r.json()["object"] == "response" and r.json()["model"] == name, r.text
+            assert r.json()["output"][0]["content"][0]["text"] == m.json()["content"][0]["text"]  # one model, one engine, greedy: one text
+            n = http.post("/v1/messages/count_tokens", json={"model": name, "messages": hi}).json()["input_tokens"]
+            assert http.post("/v1/responses/input_tokens", json={"model": name, "input": "Hi"}).json() == {"object": "response.input_tokens", "input_tokens": n}
+        loads = rt.count(router, r"^localllm: loading ")
+        r = http.post("/v1/messages", json={"model": "no-such-model", "max_tokens": 3, "messages": hi})
+        assert r.status_code == 404 and r.json()["type"] == "error" and r.json()["error"]["type"] == "not_found_error"
+        r = http.post("/v1/responses", json={"model": "no-such-model", "input": "Hi"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert rt.count(router, r"^localllm: loading ") == loads
 
 
 def test_the_api_key_is_the_routers_and_the_children_have_their_own(router) -> None:

@@ -59,7 +59,7 @@ def test_keep_alive_and_sleep_idle_seconds_are_one_setting() -> None:
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
 
 
-@pytest.mark.parametrize("flag", ["--models-dir", "--models-preset"])
+@pytest.mark.parametrize("flag", ["--models-dir"])
 def test_later_router_flags_are_refused_by_name(flag: str) -> None:
     r = cli("serve", flag, "x")
     assert r.returncode == 2 and f"serve does not support llama-server's {flag}:" in r.stderr

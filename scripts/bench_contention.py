@@ -1,0 +1,224 @@
+"""Adaptive decode threads against fixed counts, on an idle and a busy machine (issue 50).
+
+In each of three conditions, localllm (threads chosen as it decodes) and
+llama-bench (tg: the same model, the same number of one-token decode steps from
+an empty context) run in turns, the order flipped each round:
+
+- idle: nothing else started;
+- busy: one child process spins on a core for the whole condition (a "hog");
+- on-off: a hog that spins for ``--period`` seconds, then sleeps as long.
+
+llama-bench runs at its default threads (``-t`` left out: its count of the
+machine's cores) and at each fixed count from 1 to the CPUs this process may use.
+localllm's figure is its decode rate (decode + synchronize time per evaluated
+token, the same span llama-bench times; sampling is not in it). The engine keeps
+one loaded model for all conditions, as a long chat does, so its controller
+follows the load as it changes.
+
+Ratios (geometric mean of the rounds' pairs, with the 95% interval of
+``bench_serve.interval``) against the targets:
+
+- localllm adaptive / llama-bench at the best fixed count of that condition >= 0.97;
+- localllm adaptive / llama-bench at its default threads, one core busy >= 1.4;
+- and, not a target, localllm adaptive / localllm fixed at the best count: the
+  cost of exploring without the two programs' other differences.
+
+On a shared machine the other load hits both sides of a pair alike; the
+figures are still noisy: read the intervals. ``--quick``: one round of 32
+tokens, a short period: it shows the script runs and prints its lines, not the
+ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from localllm.engine_api import LoadConfig, SamplingConfig  # noqa: E402
+from localllm.store.resolver import resolve  # noqa: E402
+from localllm.threads.topology import allowed_cpus  # noqa: E402
+from scripts.bench_serve import interval, verdict_line  # noqa: E402
+from scripts.llama_tools import FIX, tool  # noqa: E402
+
+IDLE_TARGET = 0.97
+BUSY_DEFAULT_TARGET = 1.4
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _on_off(period: float) -> None:
+    while True:
+        end = time.monotonic() + period
+        while time.monotonic() < end:
+            pass
+        time.sleep(period)
+
+
+class Hog:
+    """A child process that takes a core (``period``: on and off in turns), for one condition."""
+
+    def __init__(self, period: float | None) -> None:
+        self.period = period
+        self.proc: multiprocessing.process.BaseProcess | None = None
+
+    def __enter__(self) -> Hog:
+        ctx = multiprocessing.get_context("spawn")
+        target: Callable[..., None] = _spin if self.period is None else _on_off
+        self.proc = ctx.Process(target=target, args=() if self.period is None else (self.period,), daemon=True)
+        self.proc.start()
+        time.sleep(0.2)  # spawned and spinning
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.join()
+
+
+def llama_bench(path: Path, n_gen: int, threads: int | None, warmup: bool = True) -> float | str:
+    """tg ``n_gen`` tokens/s from llama-bench (one repetition, after its warm-up run unless not ``warmup``), or why not."""
+    exe = tool("llama-bench")
+    if not exe.exists():
+        return f"not run ({exe} missing: {FIX})"
+    cmd = [str(exe), "-m", str(path), "-p", "0", "-n", str(n_gen), "-r", "1", "-o", "json"]
+    if threads is not None:
+        cmd += ["-t", str(threads)]
+    if not warmup:
+        cmd.append("--no-warmup")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    try:
+        return float(next(x["avg_ts"] for x in json.loads(r.stdout) if x["n_gen"]))
+    except (ValueError, KeyError, StopIteration, TypeError):
+        return "failed: " + ((r.stderr.strip().splitlines() or ["no output"])[-1][:200])
+
+
+def ours(backend, n_gen: int) -> float:
+    """localllm's decode rate for ``n_gen`` tokens from an empty context."""
+    first = backend.bos_token() or 0
+    with backend.stream([first], SamplingConfig(temperature=0.0, max_tokens=n_gen, ignore_eos=True), chat=False) as gen:
+        for _ in gen:
+            pass
+    assert gen.stats is not None and gen.stats.decode_tokens_per_s is not None
+    return float(gen.stats.decode_tokens_per_s)
+
+
+def plain_line(label: str, ratios: list[float], missing: str) -> str:
+    """A ratio with no target: its mean, pairs and interval, no verdict."""
+    if not ratios:
+        return f"- {label}: n/a ({missing})"
+    band = interval(ratios)
+    spread = f" 95% interval {band[0]:.3f}-{band[1]:.3f}" if band else ""
+    return f"- {label}: {statistics.geometric_mean(ratios):.3f} [pairs: {', '.join(f'{r:.3f}' for r in ratios)}]{spread}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="one round of 16 tokens, a 0.5 s period, no warm-up runs nor localllm at fixed counts: it runs, the figures are noise")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--tokens", type=int, default=256, help="decode steps a run (default 256)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds per condition, the order flipped each (default 5)")
+    ap.add_argument("--period", type=float, default=3.0, help="the on-off hog's seconds on, then off (default 3)")
+    ap.add_argument("--no-local-fixed", action="store_true", help="skip localllm at fixed counts (the exploring cost line)")
+    args = ap.parse_args()
+    if args.quick:
+        args.tokens, args.rounds, args.period, args.no_local_fixed = 16, 1, 0.5, True
+    from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp, after the flags are checked
+
+    path = resolve(args.model)
+    cpus = len(allowed_cpus())
+    counts = list(range(1, cpus + 1))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    print(f"model {path.name}, {args.tokens} tokens a run, {args.rounds} round(s), {cpus} CPU(s) for this process, "
+          f"load average {'n/a' if load is None else f'{load:.2f}'} at start")
+    adaptive = LlamaCppBackend()
+    adaptive.load(path, LoadConfig(n_ctx=max(512, args.tokens + 64)))
+    fixed_local = {} if args.no_local_fixed else {k: LlamaCppBackend() for k in counts}
+    for k, b in fixed_local.items():
+        b.load(path, LoadConfig(n_ctx=max(512, args.tokens + 64), n_threads=k))
+    ctl = adaptive.threads
+    assert ctl is not None
+    print(f"localllm starts at {ctl.start} thread(s): {ctl.why}")
+    lines: list[str] = []
+    try:
+        for name, period in (("idle", None), ("one core busy", 0.0), ("hog on and off", args.period)):
+            rows: dict[str, list[float]] = {}
+            failed: dict[str, str] = {}
+            first = len(lines)
+            mark = len(ctl.changes)
+            hog = Hog(None if period == 0.0 else period) if period is not None else None
+            if hog is not None:
+                hog.__enter__()
+            try:
+                for r in range(args.rounds):
+                    sides: list[tuple[str, Callable[[], float | str]]] = [("localllm adaptive", lambda: ours(adaptive, args.tokens))]
+                    sides += [(f"localllm -t {k}", lambda b=b: ours(b, args.tokens)) for k, b in fixed_local.items()]
+                    sides += [("llama-bench default", lambda: llama_bench(path, args.tokens, None, not args.quick))]
+                    sides += [(f"llama-bench -t {k}", lambda k=k: llama_bench(path, args.tokens, k, not args.quick)) for k in counts]
+                    for label, fn in sides if r % 2 == 0 else list(reversed(sides)):
+                        got = fn()
+                        if isinstance(got, str):
+                            failed[label] = got
+                        else:
+                            rows.setdefault(label, []).append(got)
+            finally:
+                if hog is not None:
+                    hog.__exit__()
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+            print(f"\n{name}: tokens/s, median of {args.rounds} run(s); load average {'n/a' if load is None else f'{load:.2f}'} at its end")
+            for label, xs in rows.items():
+                print(f"  {label:<22}{statistics.median(xs):>9.1f}")
+            for label, why in failed.items():
+                print(f"  {label:<22} n/a ({why})")
+            moves = [c.line() for c in ctl.changes[mark:] if c.kind == "token"]
+            print(f"  localllm's one-token count moved {len(moves)} time(s)" + (f"; last: {moves[-1]}" if moves else ""))
+            ad = rows.get("localllm adaptive", [])
+            bench_fixed = {k: rows[f"llama-bench -t {k}"] for k in counts if len(rows.get(f"llama-bench -t {k}", [])) == len(ad)}
+            if bench_fixed:
+                best = max(bench_fixed, key=lambda k: statistics.geometric_mean(bench_fixed[k]))
+                ratios = [a / b for a, b in zip(ad, bench_fixed[best])]
+                lines.append(verdict_line(f"{name}: localllm adaptive / llama-bench at the best fixed count (-t {best}) (target >= {IDLE_TARGET})",
+                                          ratios, IDLE_TARGET))
+            else:
+                lines.append(verdict_line(f"{name}: localllm adaptive / llama-bench at the best fixed count (target >= {IDLE_TARGET})", [], IDLE_TARGET,
+                                          failed.get("llama-bench -t 1", "llama-bench gave no figure")))
+            default = rows.get("llama-bench default", [])
+            pairs = [a / b for a, b in zip(ad, default)] if len(default) == len(ad) else []
+            why = failed.get("llama-bench default", "llama-bench gave no figure")
+            label = f"{name}: localllm adaptive / llama-bench at its default threads"
+            if name == "one core busy":
+                lines.append(verdict_line(f"{label} (target >= {BUSY_DEFAULT_TARGET})", pairs, BUSY_DEFAULT_TARGET, why))
+            else:
+                lines.append(plain_line(f"{label} (no target)", pairs, why))
+            local = {k: rows[f"localllm -t {k}"] for k in fixed_local if f"localllm -t {k}" in rows}
+            if local:
+                best_local = max(local, key=lambda k: statistics.geometric_mean(local[k]))
+                label = f"{name}: localllm adaptive / localllm fixed at the best count (-t {best_local}): exploring's cost (target >= {IDLE_TARGET})"
+                lines.append(verdict_line(label, [a / b for a, b in zip(ad, local[best_local])], IDLE_TARGET))
+            for line in lines[first:]:  # as each condition ends: a long run cut short keeps what it measured
+                print(f"  {line[2:]}", flush=True)
+    finally:
+        adaptive.close()
+        for b in fixed_local.values():
+            b.close()
+    print("\nRatios, geometric mean of the rounds' pairs with their 95% interval:")
+    for line in lines:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""A thinking model's thinking, kept apart on every route (issue 47 item 6):
+chat completions' ``reasoning_content`` (llama-server's ``--reasoning-format
+deepseek``), Messages' ``thinking`` blocks and Responses' ``reasoning`` items,
+plain and streamed, through the official clients.
+
+SmolLM2 does not think, so it is served with ChatML templates that do (its own
+turn tokens): one that writes ``<think>`` in the reply, held to the shape
+``<think>…</think> answer`` by a grammar; one whose generation prompt opens
+the thinking (DeepSeek R1's and Qwen3's with ``enable_thinking``), so a short
+reply is all thinking."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.server import KEY, Server, http_client, openai_client
+
+pytestmark = pytest.mark.slow  # two SmolLM2 servers
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{{ OPEN }}{% endif %}{# a reply may think: <think> ... </think> #}")
+GRAMMAR = 'root ::= "<think>" [a-z ]{4,30} "</think>" [ \\n]* [A-Za-z ]{4,30}'
+
+
+def _server(tmp_path_factory: pytest.TempPathFactory, opens: bool) -> Server:
+    d = tmp_path_factory.mktemp("reasoning")
+    template = d / "thinking.jinja"
+    template.write_text(CHATML.replace("{{ OPEN }}", "<think>\n" if opens else ""))
+    return Server("smollm2", "--threads", "1", "--ctx", "512", "--parallel", "1", "--api-key", KEY, "--template", str(template),
+                  env={"LOCALLLM_HOME": str(d / "home")})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    s = _server(tmp_path_factory, opens=False)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def opened(tmp_path_factory: pytest.TempPathFactory):
+    s = _server(tmp_path_factory, opens=True)
+    yield s
+    s.stop()
+
+
+def _ask(**kw) -> dict:
+    return {"model": "smollm2", "messages": [{"role": "user", "content": "What is two plus two?"}], "max_tokens": 48, "temperature": 0,
+            "grammar": GRAMMAR, **kw}
+
+
+def test_chat_completions_keep_the_thinking_in_reasoning_content(server: Server) -> None:
+    with http_client(server) as h:
+        whole = h.post("/v1/chat/completions", json=_ask()).json()["choices"][0]["message"]
+        assert whole["reasoning_content"] and "<think>" not in whole["content"] and "</think>" not in whole["content"]
+        assert whole["content"] and whole["content"] == whole["content"].lstrip()
+        thinking, content = [], []
+        with h.stream("POST", "/v1/chat/completions", json=_ask(stream=True)) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    delta = json.loads(line[6:])["choices"][0]["delta"]
+                    thinking.append(delta.get("reasoning_content") or "")
+                    content.append(delta.get("content") or "")
+        assert all("<" not in t and ">" not in t for t in thinking + content)  # no marker, not even half of one
+    assert "".join(thinking) == whole["reasoning_content"] and "".join(content) == whole["content"]
+    asked = {k: v for k, v in _ask().items() if k != "grammar"}
+    reply = openai_client(server).chat.completions.create(**asked, extra_body={"grammar": GRAMMAR})
+    assert reply.choices[0].message.model_extra["reasoning_content"] == whole["reasoning_content"]
+
+
+def test_messages_and_responses_give_the_thinking_their_own_shapes(opened: Server) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=opened.base, api_key=KEY)
+    ask = [{"role": "user", "content": "What is two plus two?"}]
+    msg = client.messages.create(model="smollm2", max_tokens=8, extra_body={"temperature": 0}, messages=ask)
+    assert [b.type for b in msg.content] == ["thinking"] and msg.content[0].thinking and msg.stop_reason == "max_tokens"
+    with client.messages.stream(model="smollm2", max_tokens=8, extra_body={"temperature": 0}, messages=ask) as s:
+        events = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in s]
+        final = s.get_final_message()
+    assert final.content[0].type == "thinking" and final.content[0].thinking == msg.content[0].thinking
+    assert ("content_block_delta", "thinking_delta") in events and ("content_block_delta", "signature_delta") in events
+    assert events.index(("content_block_delta", "signature_delta")) < events.index(("content_block_stop", None))
+    resp = openai_client(opened).responses.create(model="smollm2", input="What is two plus two?", max_output_tokens=8, temperature=0)
+    assert resp.output[0].type == "reasoning" and resp.output[0].content[0].text == msg.content[0].thinking
+    with openai_client(opened).responses.stream(model="smollm2", input="What is two plus two?", max_output_tokens=8, temperature=0) as s:
+        seen = list(s)  # cut by max_output_tokens: it ends with response.incomplete (the client's final response wants completed)
+    kinds = [e.type for e in seen]
+    assert "response.reasoning_text.delta" in kinds and kinds[-1] == "response.incomplete"
+    assert seen[-1].response.output[0].type == "reasoning" and seen[-1].response.output[0].content[0].text == msg.content[0].thinking
+
+
+def test_a_template_that_does_not_think_is_unchanged(tmp_path: Path) -> None:
+    from localllm.reasoning import markers
+
+    assert markers(CHATML.replace("{# a reply may think: <think> ... </think> #}", ""))[0] is None
