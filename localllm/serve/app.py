@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -24,6 +24,7 @@ from localllm.engine_api import SamplingConfig
 from localllm.errors import EngineError, InputError
 from localllm.reasoning import Markers, Splitter
 from localllm.serve import anthropic, embeddings, handoff, infill, llama_routes, lora_routes, mcp_routes, ollama, rerank, responses
+from localllm.serve.body import read_body as _read_body
 from localllm.serve.choices import Choices
 from localllm.serve.embeddings import Embeddings
 from localllm.serve.prometheus import ServerMetrics
@@ -144,25 +145,6 @@ def authorized(scope, key: bytes) -> bool:
         elif name == b"x-api-key" and hmac.compare_digest(value.strip(), key):
             return True
     return False
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise RequestError(400, "bad Content-Length")
-        if int(length) > limit:
-            raise RequestError(413, f"the body is over {limit} bytes", code="request_too_large")
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise RequestError(413, f"the body is over {limit} bytes", code="request_too_large")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise RequestError(400, "the client went away before sending the whole body") from None
-    return b"".join(chunks)
 
 
 def build_app(state: ServeState) -> Guard:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localllm.errors import InputError
 from localllm.modelfile.lora import read_adapter
+from localllm.serve.body import read_body
 from localllm.serve.protocol import RequestError, parse_lora
 
 PATHS = ("/lora-adapters",)
@@ -75,17 +76,9 @@ def routes(state) -> list[Route]:
 
 
 async def _read(request: Request) -> object:
-    """The JSON body, at most ``MAX_BODY`` bytes."""
-    chunks, size = [], 0
+    """The JSON body (a list here, not an object), at most ``MAX_BODY`` bytes."""
+    data = await read_body(request, MAX_BODY)
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY:
-                raise RequestError(413, f"the body is over {MAX_BODY} bytes", code="request_too_large")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise RequestError(400, "the client went away before sending the whole body") from None
-    try:
-        return json.loads(b"".join(chunks))
+        return json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise RequestError(400, "the body is not valid JSON") from None
