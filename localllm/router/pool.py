@@ -217,19 +217,29 @@ class Pool:
         return known if known.key == (str(known.path), st.st_size, st.st_mtime_ns) else None
 
     async def _plan(self, entry: ModelEntry) -> Planned:
-        """Fit ``entry``, once for concurrent requests; kept in ``_plans``, a failure included."""
-        running = self._planning.get(entry.name)
+        """Fit ``entry``, once for concurrent requests; kept in ``_plans``, a failure included.
+
+        The fit is kept by whoever sees it finished, not only by its done callback:
+        a request that arrives after the fit ends but before the loop runs that
+        callback gets the finished future back without yielding, and ``acquire``
+        would look for the plan again and again without ever letting the callback
+        run (CI saw three first requests for one model hang so)."""
+        name = entry.name
+        running = self._planning.get(name)
         if running is None:
             running = asyncio.ensure_future(asyncio.to_thread(self._fit, entry))
-            self._planning[entry.name] = running
+            self._planning[name] = running
+            running.add_done_callback(lambda f: self._keep(name, f))
+        planned = await asyncio.shield(running)
+        self._keep(name, running)
+        return planned
 
-            def done(f: asyncio.Future[Planned], name: str = entry.name) -> None:
-                self._planning.pop(name, None)
-                if not f.cancelled() and f.exception() is None:
-                    self._plans[name] = f.result()
-
-            running.add_done_callback(done)
-        return await asyncio.shield(running)
+    def _keep(self, name: str, running: asyncio.Future[Planned]) -> None:
+        """``running``'s fit into ``_plans`` (once it ended without an exception), and out of ``_planning``."""
+        if self._planning.get(name) is running:
+            del self._planning[name]
+            if not running.cancelled() and running.exception() is None:
+                self._plans[name] = running.result()
 
     def _fit(self, entry: ModelEntry) -> Planned:
         """Blocking: the file (a built-in model is assembled on first use) and its fit."""

@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,12 +58,15 @@ PLANS = {"a": rt.fake_plan(300 * MiB, 10 * MiB), "b": rt.fake_plan(300 * MiB, 10
          "huge": rt.fake_plan(0, 0, fits=False, sentence="even with every layer on the CPU it needs 9 GiB")}
 
 
-def planned_pool(tmp_path: Path, said: list[str], calls: list[str], **kw) -> Pool:
-    """A pool whose models are planned by ``PLANS`` in a 1000 MiB GPU budget (872 MiB for models)."""
+def planned_pool(tmp_path: Path, said: list[str], calls: list[str], on_fit: Callable[[], None] | None = None, **kw) -> Pool:
+    """A pool whose models are planned by ``PLANS`` in a 1000 MiB GPU budget (872 MiB for
+    models); ``on_fit`` is called in the fit's thread as the fit ends."""
     def plan(path: Path, name: str):
         assert name == path.stem  # the entry's name: its options are looked up by it
         calls.append(path.stem)
         time.sleep(0.05)  # a fit takes a while: concurrent requests must share it
+        if on_fit is not None:
+            on_fit()
         return PLANS[path.stem]
 
     memory = Memory(Budget(gpu=1000 * MiB, margin=128 * MiB, ram=4000 * MiB), plan, lambda: 100_000 * MiB)
@@ -87,6 +92,42 @@ async def test_the_pool_plans_once_loads_beside_and_unloads_the_idle_for_room(tm
                for s in said)
     p.release(big)
     await p.close()
+
+
+def test_a_request_that_arrives_as_the_fit_ends_gets_the_plan(tmp_path: Path, entries) -> None:
+    """The race CI hit: a request whose first step runs after the fit's task ended but
+    before the loop ran the task's done callbacks. It must be answered, not spin the
+    loop (which then never runs those callbacks) looking for the plan."""
+    calls: list[str] = []
+    late: list[asyncio.Task] = []
+
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+
+        def late_request() -> None:  # queued behind the fit's wake-up: its first step runs after the fit's task ends
+            late.append(loop.create_task(p.acquire(entries["a"])))
+
+        def hold_then_request() -> None:  # holds the loop while the fit's result is queued, then queues the request behind it
+            time.sleep(0.2)
+            loop.call_soon(late_request)
+
+        def fit_ends() -> None:  # in the fit's thread, before its result reaches the loop
+            loop.call_soon_threadsafe(hold_then_request)
+
+        p = planned_pool(tmp_path, [], calls, on_fit=fit_ends)
+        first = await p.acquire(entries["a"])
+        second = await asyncio.wait_for(late[0], 10)
+        assert first is second and p.loads == 1 and calls == ["a"]
+        p.release(first)
+        p.release(second)
+        await p.close()
+        return first.in_flight
+
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(asyncio.run(scenario())), daemon=True)
+    runner.start()
+    runner.join(30)  # a spinning loop cannot be timed out from inside it
+    assert result == [0], "the late request spun the event loop looking for the plan"
 
 
 async def test_the_pool_refuses_at_once_what_cannot_fit_alone_and_unloads_nothing(tmp_path: Path, entries) -> None:
