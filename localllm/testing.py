@@ -104,7 +104,7 @@ class ScriptedEngine:
         self._template_spec = spec
 
     def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
-                    tools: list[dict[str, object]] | None = None) -> str:
+                    tools: list[dict[str, object]] | None = None, extra: dict[str, object] | None = None) -> str:
         if not self.has_chat_template:
             raise UsageError("this model has no chat template (a base model): use --raw, or --template FILE|NAME")
         self.chats.append([dict(m) for m in messages])

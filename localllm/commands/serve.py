@@ -24,7 +24,7 @@ from localllm.commands.serve_models import PerModel, preset_of
 from localllm.errors import InputError, UsageError
 from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting, hardware, planner
-from localllm.serve import tools
+from localllm.serve import thinking, tools
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.prompt_cache import PromptCache
 from localllm.serve.protocol import RequestError
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         # an empty key would silently mean "no authentication": refuse it rather than guess
         raise UsageError("--api-key is empty: give a key (e.g. \"$(openssl rand -hex 16)\"), or leave --api-key out to serve without one")
     api_key = args.api_key or os.environ.get("LOCALLLM_API_KEY") or None
+    template_defaults(args, None)  # a bad --chat-template-kwargs is said before any model loads
     hosts = _hosts(args.host)
     for host in hosts:
         if not is_loopback(host) and not api_key:
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                            reasoning=reasoning.markers(model.tok.template.source(model.tok.header))[0],
                            reasoning_format="deepseek" if args.reasoning_format == "auto" else args.reasoning_format,
                            prompt_tail=lambda tokens: b"".join(model.tok.token_bytes(t, special=True) for t in tokens[-8:]).decode("utf-8", "replace"),
-                           tokenize=_tokenizer(model), api_key=api_key, json_log=args.json,
+                           tokenize=_tokenizer(model, template_defaults(args, model)), api_key=api_key, json_log=args.json,
                            defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template, n_batch=args.batch,
                                                                                    spm_infill=args.spm_infill),
                            metrics_endpoint=args.metrics, slots_endpoint=args.slots, mcp=mcp_hub)
@@ -407,7 +408,17 @@ def _rerank(model, n_ctx: int, scheduler):
                   decode=lambda groups: scheduler.call(functools.partial(ranker.decode_slice, groups)), n_ctx=ranker.n_ctx)
 
 
-def _tokenizer(model):
+def template_defaults(args: argparse.Namespace, model) -> dict:
+    """serve's template variables: ``enable_thinking`` (--reasoning) and --chat-template-kwargs
+    (serve/thinking.py); ``model`` None: only checks them, before a model is loaded."""
+    has_thinking = model is not None and reasoning.markers(model.tok.template.source(model.tok.header))[0] is not None
+    try:
+        return thinking.defaults(args.reasoning, has_thinking, args.chat_template_kwargs)
+    except thinking.KwargsError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _tokenizer(model, extra: dict):
 
     tok = model.tok
 
@@ -415,7 +426,8 @@ def _tokenizer(model):
         if params.chat:
             if tok.has_chat_template:
                 # a message's text cannot forge a turn; tools reach the template as Transformers passes them
-                return tok.chat_tokens(params.messages, tools=params.tools.template_tools if params.tools else None)
+                return tok.chat_tokens(params.messages, tools=params.tools.template_tools if params.tools else None,
+                                       extra=thinking.merged(extra, params.template_kwargs))
             text = "".join(f"{m['role']}: {m['content']}\n" for m in params.messages) + "assistant:"
             return tok.tokenize(text, add_special=True, parse_special=False)
         if isinstance(params.prompt, list):

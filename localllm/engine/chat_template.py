@@ -30,6 +30,7 @@ from typing import Any
 
 from localllm.engine.template_bounds import MIN_MEMORY_BYTES, Limit, Limits
 from localllm.engine_api.errors import FileSettingError
+from localllm.engine_api.protocol import TEMPLATE_RESERVED
 
 TIME_LIMIT_S = 3.0
 MIN_OUTPUT_LIMIT = 4 * 1024 * 1024  # characters; more when the messages are longer
@@ -131,10 +132,13 @@ class ChatTemplate:
             raise TemplateError(f"{origin} failed: {_reason(exc)}; use {{raw}} or {{template_choice}}") from None
 
     def render(self, messages: list[dict[str, Any]], *, bos_token: str, eos_token: str, add_generation_prompt: bool,
-               tools: list[dict[str, Any]] | None = None) -> str:
+               tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> str:
         """``tools``: OpenAI's tool objects, given to the template as Transformers'
-        ``apply_chat_template(tools=...)`` gives them (None: no tools)."""
-        chars = sum(len(m.get("content") or "") for m in messages) + len(json.dumps(tools or []))
+        ``apply_chat_template(tools=...)`` gives them (None: no tools). ``extra``:
+        more variables (``enable_thinking``, a request's ``chat_template_kwargs``),
+        set over llama.cpp's extra context as common/chat.cpp sets them; the
+        names the template's own machinery uses are not among them (TEMPLATE_RESERVED)."""
+        chars = sum(len(m.get("content") or "") for m in messages) + len(json.dumps(tools or [])) + len(json.dumps(extra or {}))
         # the messages' own text, a few copies of it in UCS-4, is allowed on top
         self._limits.start(self.seconds, max(MIN_OUTPUT_LIMIT, 8 * chars), MIN_MEMORY_BYTES + 16 * chars)
         ctx = {
@@ -151,6 +155,7 @@ class ChatTemplate:
             "tools": tools,
             "functions": None,
         }
+        ctx.update({k: v for k, v in (extra or {}).items() if k not in TEMPLATE_RESERVED})
         pieces: list[str] = []
         total = 0
         previous = sys.gettrace()

@@ -165,8 +165,8 @@ class LlamaCppBackend:
         self._template.use(spec)
 
     def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
-                    tools: list[dict[str, object]] | None = None) -> str:
-        return self._parts()[1].render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+                    tools: list[dict[str, object]] | None = None, extra: dict[str, object] | None = None) -> str:
+        return self._parts()[1].render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools, extra=extra)
 
     @property
     def template_source(self) -> str | None:

@@ -75,7 +75,7 @@ class TemplateChoice:
         return source if isinstance(source, str) else None
 
     def render(self, header: GGUFHeader | None, messages: list[dict[str, Any]], bos_text: str, eos_text: str,
-               add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None) -> str:
+               add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> str:
         if self._override and self._override[0] == "builtin":
             return _render_builtin(self._override[1], messages, add_generation_prompt)
         if self._compiled is None:
@@ -89,7 +89,7 @@ class TemplateChoice:
                 raise InvalidSetting("this model has no chat template (a base model): use {raw}, or {template_choice}")
             self._compiled = ChatTemplate(source, origin)
         return self._compiled.render(messages, bos_token=bos_text, eos_token=eos_text, add_generation_prompt=bool(add_generation_prompt),
-                                     tools=tools)
+                                     tools=tools, extra=extra)
 
 
 def _render_builtin(name: str, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:

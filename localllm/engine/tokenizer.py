@@ -91,19 +91,20 @@ class Tokenizer:
         return self.template.available(self.header)
 
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None) -> str:
+                    tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> str:
         """Apply the chat template (the model's, or ``use_template``'s) under
-        time and size limits; a failing template is an ``InputError``."""
+        time and size limits; a failing template is an ``InputError``. ``extra``:
+        more template variables (``enable_thinking``, ``chat_template_kwargs``)."""
         self._require()
         # BOS/EOS as llama.cpp's vocabulary has them (it ignores ids out of range).
         bos = llama_cpp.llama_vocab_bos(self.vocab)
         eos = llama_cpp.llama_vocab_eos(self.vocab)
         bos_text = self.token_bytes(bos, special=True).decode("utf-8", "replace") if bos >= 0 else ""
         eos_text = self.token_bytes(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
-        return self.template.render(self.header, messages, bos_text, eos_text, add_generation_prompt, tools)
+        return self.template.render(self.header, messages, bos_text, eos_text, add_generation_prompt, tools, extra)
 
     def chat_tokens(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+                    tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> list[int]:
         """The chat template's tokens for ``messages``, where a message's text is
         only ever text: the template's own special tokens are parsed, but a
         message holding special-token text (``<|im_end|>``) cannot forge a turn.
@@ -112,18 +113,20 @@ class Tokenizer:
         tokenized with the whole prompt, exactly as llama.cpp would. ``tools``
         and assistant messages' ``tool_calls`` reach the template as JSON it
         re-encodes, where no marker survives: one holding special-token text is
-        an ``InputError`` naming it instead."""
+        an ``InputError`` naming it instead; so is such text in ``extra``'s values
+        (a request's ``chat_template_kwargs``: the template writes them raw)."""
         self._no_special_in("tools", tools)
+        self._no_special_in("chat_template_kwargs", extra)
         for i, m in enumerate(messages):
             self._no_special_in(f"messages[{i}].tool_calls", m.get("tool_calls"))
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools, extra=extra)
         forged = [i for i, m in enumerate(messages) if self._holds_special(m.get("content", ""))]
         if not forged:
             return self.tokenize(text, add_special=False, parse_special=True)
         nonce = secrets.token_hex(8)
         marks = {i: f"\x1e{nonce}:{i}\x1e" for i in forged}
         marked = self.render_chat([dict(m, content=marks[i]) if i in marks else m for i, m in enumerate(messages)],
-                                  add_generation_prompt=add_generation_prompt, tools=tools)
+                                  add_generation_prompt=add_generation_prompt, tools=tools, extra=extra)
         found = sorted((marked.find(mark), i) for i, mark in marks.items() if marked.count(mark) == 1)
         if len(found) != len(forged):
             raise InputError("a message holds special-token text, and this chat template repeats or drops it: "

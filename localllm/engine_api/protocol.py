@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from localllm.modelfile.gguf_file import GGUFHeader
 
 
+# The variables the renderer itself gives a chat template: ``extra`` (a request's
+# chat_template_kwargs) cannot replace them; llama.cpp lets it, so a client could
+# swap the messages past serve's checks, or a function (engine/chat_template.py)
+TEMPLATE_RESERVED = frozenset({"messages", "bos_token", "eos_token", "add_generation_prompt", "raise_exception",
+                               "strftime_now", "tools", "functions"})
+
 class Generation:
     """A running generation: iterate it for ``TokenEvent``s; ``close`` ends it
     early. ``stats`` (and ``spec`` for a speculative one) exist once it has
@@ -119,9 +125,10 @@ class Engine(Protocol):
     def use_template(self, spec: str) -> None: ...
 
     def render_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
-                    tools: list[dict[str, object]] | None = None) -> str:
+                    tools: list[dict[str, object]] | None = None, extra: dict[str, object] | None = None) -> str:
         """The chat template applied; ``tools``: OpenAI's tool objects, given to the
-        template as Transformers' ``apply_chat_template(tools=...)`` gives them."""
+        template as Transformers' ``apply_chat_template(tools=...)`` gives them;
+        ``extra``: more template variables (``enable_thinking``, ...)."""
         ...
 
     @property

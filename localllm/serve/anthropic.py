@@ -13,10 +13,12 @@ Choices where Anthropic's API says nothing for a local server (llama-server's
 ``server_chat_convert_anthropic_to_oai`` is followed where it decides):
 
 - ``thinking`` and ``redacted_thinking`` blocks a client sends back are
-  accepted and dropped: this server has no separate reasoning output, so they
-  can only be echoes of another model's turns, which this model's template
-  could not render anyway. A ``thinking`` request field is accepted and listed
-  in ``X-Ignored-Fields``: the model answers, without a separate thinking block.
+  accepted and dropped: their signatures are another model's, and templates
+  drop earlier turns' thinking anyway. The ``thinking`` request field turns a
+  thinking model's thinking on (``enabled``) or off (``disabled``) through its
+  template's ``enable_thinking``, and ``output_config.effort`` is the template's
+  ``reasoning_effort`` (serve/thinking.py); ``budget_tokens`` is not enforced
+  and is named in ``X-Ignored-Fields``.
 - ``usage.input_tokens`` counts the prompt tokens not read from the prompt cache
   and ``cache_read_input_tokens`` the ones that were, as Anthropic (and
   llama-server) count them; ``count_tokens`` gives the whole prompt.
@@ -51,7 +53,7 @@ PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
 HONOURED = frozenset({"model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream",
-                      "tools", "tool_choice", "metadata", "output_config"})
+                      "tools", "tool_choice", "metadata", "output_config", "thinking"})
 _BILLING_CCH = re.compile(r"(cch=)[0-9a-fA-F]{5};")
 
 
@@ -238,7 +240,20 @@ def translate(body: dict, *, require_max: bool = True) -> tuple[dict, list[str]]
     for key in ("temperature", "top_p", "top_k", "stream"):
         if body.get(key) is not None:
             out[key] = body[key]
-    return out, sorted([k[:40] for k in body if k not in HONOURED] + _output_config(body.get("output_config"), out))
+    ignored = [k[:40] for k in body if k not in HONOURED] + _output_config(body.get("output_config"), out) + _thinking(body.get("thinking"), out)
+    return out, sorted(ignored)
+
+
+def _thinking(raw: object, out: dict) -> list[str]:
+    """``thinking``: ``enabled``/``disabled`` as the template's ``enable_thinking`` (``adaptive``: the
+    server's default); its ``budget_tokens`` is returned, to be named as ignored (not enforced)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, dict) or raw.get("type") not in ("enabled", "disabled", "adaptive"):
+        raise _bad("thinking", 'must be {"type": "enabled", "budget_tokens": N}, {"type": "disabled"} or {"type": "adaptive"}')
+    if raw["type"] != "adaptive":
+        out["chat_template_kwargs"] = {"enable_thinking": raw["type"] == "enabled"}
+    return [f"thinking.{k}"[:40] for k in raw if k != "type"]
 
 
 def _output_config(raw: object, out: dict) -> list[str]:
@@ -253,7 +268,9 @@ def _output_config(raw: object, out: dict) -> list[str]:
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
             raise _bad("output_config.format", 'must be {"type": "json_schema", "schema": {...}}')
         out["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
-    return [f"output_config.{k}"[:40] for k in raw if k != "format"]
+    if raw.get("effort") is not None:
+        out["reasoning_effort"] = raw["effort"]  # checked by parse_gen (serve/thinking.py), renamed back in its error
+    return [f"output_config.{k}"[:40] for k in raw if k not in ("format", "effort")]
 
 
 def parse(body: dict, *, chat: bool = True, n_vocab: int, defaults=DEFAULTS, tool_format: Format = GENERIC, max_n: int = 1,
@@ -273,7 +290,9 @@ def parse(body: dict, *, chat: bool = True, n_vocab: int, defaults=DEFAULTS, too
 
 def _renamed(text: str) -> str:
     """A chat completions field path as the Messages API names it."""
-    return text.replace(".function.parameters", ".input_schema").replace(".function.name", ".name").replace("response_format", "output_config.format")
+    return (text.replace(".function.parameters", ".input_schema").replace(".function.name", ".name")
+            .replace("response_format", "output_config.format").replace("reasoning_effort", "output_config.effort")
+            .replace("chat_template_kwargs.enable_thinking", "thinking.type"))
 
 
 def _tool_id(call_id: str) -> str:

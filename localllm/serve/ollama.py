@@ -51,9 +51,14 @@ def _translate(body: dict, *, chat: bool, n_ctx: int | None) -> tuple[dict, list
     for field, why in REFUSED.items():
         if body.get(field) not in (None, "", []):
             raise _bad(field, why)
-    if body.get("think") not in (None, False):
-        raise _bad("think", "is not supported: this server has no separate thinking output")
     out: dict = {"model": body.get("model"), "stream": True if body.get("stream") is None else body["stream"]}
+    think = body.get("think")
+    if isinstance(think, bool):  # the template's enable_thinking (serve/thinking.py); true also splits the thinking out
+        out["chat_template_kwargs"] = {"enable_thinking": think}
+    elif think is not None:
+        if think not in ("low", "medium", "high"):
+            raise _bad("think", "must be true, false, or one of low, medium, high")
+        out["reasoning_effort"] = think  # gpt-oss's levels, as Ollama passes them
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list):
@@ -115,16 +120,26 @@ class OllamaShaper(Shaper):
 
     media_type = "application/x-ndjson"
     key = "message"
-    splits_reasoning = False  # Ollama's ``think`` is refused: a model's thinking stays in its text, as before
-
     def __init__(self, chat: bool, model: str, params: GenParams) -> None:
         super().__init__(chat, model)
+        # Ollama's think: true or a level puts the thinking in its own field; left out, it stays in the text, as before
+        asked = params.template_kwargs or {}
+        self.splits_reasoning = asked.get("enable_thinking") is True or "reasoning_effort" in asked
 
     def frame(self, obj: dict | str) -> bytes:
         return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
 
-    def _text(self, text: str) -> object:
-        return {"role": "assistant", "content": text} if self.key == "message" else text
+    def _text(self, text: str, thinking: str | None = None) -> object:
+        if self.key != "message":
+            return text
+        return {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
+
+    def thinking(self, text: str, job: Finished, *, index: int = 0) -> list[dict | str]:
+        """A streamed piece of the thinking: Ollama's ``message.thinking`` (``thinking`` beside ``response`` for generate)."""
+        if self.key == "message":
+            return [{"model": self.model, "created_at": created_at(), "message": {"role": "assistant", "content": "", "thinking": text},
+                     "done": False}]
+        return [{"model": self.model, "created_at": created_at(), "response": "", "thinking": text, "done": False}]
 
     def head(self, n: int = 1) -> list[dict | str]:
         return []
@@ -136,8 +151,10 @@ class OllamaShaper(Shaper):
         """The last object (Ollama's tools are refused; logprobs and n are OpenAI's)."""
         t = job.timings()
         gap = t["predicted_per_token_ms"]
+        thought = self.reasoning.get(index)
         return {
-            "model": self.model, "created_at": created_at(), self.key: self._text(text), "done": True, "done_reason": job.finish_reason,
+            "model": self.model, "created_at": created_at(), self.key: self._text(text, thought),
+            **({"thinking": thought} if thought and self.key == "response" else {}), "done": True, "done_reason": job.finish_reason,
             "total_duration": time.perf_counter_ns() - job.submit_ns,
             "load_duration": None,
             "prompt_eval_count": len(job.tokens),

@@ -18,6 +18,7 @@ from typing import Protocol
 from localllm import __version__
 from localllm.engine_api import SamplingConfig
 from localllm.errors import InputError
+from localllm.serve import thinking
 from localllm.serve import tools as tool_calls
 
 DEFAULTS = SamplingConfig()  # a field the request omits samples as run, chat and the cockpit do (llama-server does the same)
@@ -76,6 +77,7 @@ class GenParams:
     n_indent: int = 0  # llama-server's (its editors' /infill): a later line indented less ends the reply; 0: off
     t_max_predict_ms: int = 0  # llama-server's: past this many ms of generating, a new line ends the reply; 0: off
     lora: dict[int, float] | None = None  # llama-server's per-request adapter scales by id (the others 0); None: the server's
+    template_kwargs: dict | None = None  # chat_template_kwargs, reasoning_effort (serve/thinking.py), over serve's; None: serve's
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -188,7 +190,7 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig 
     ``tool_format``: how the model's template writes tool calls (serve/tools.py); ``max_n``: the most choices (``n``), the server's sequences."""
     try:
         return _parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format, max_n=max_n)
-    except tool_calls.ToolsError as exc:
+    except (tool_calls.ToolsError, thinking.KwargsError) as exc:
         raise _bad(exc.field, exc.why) from None
 
 
@@ -287,6 +289,7 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         raise _bad("cache_prompt", "must be true or false")
     lora = parse_lora(body["lora"]) if body.get("lora") is not None else None
     return GenParams(
+        template_kwargs=thinking.from_request(body) if chat else None,
         lora=lora or None,  # an empty list: the server's scales, as llama-server's
         tools=tools,
         n=n,
@@ -325,7 +328,7 @@ HONOURED = frozenset({
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
                           "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
-                          "reasoning_effort", "web_search_options", "n_probs", "post_sampling_probs"}
+                          "reasoning_effort", "chat_template_kwargs", "web_search_options", "n_probs", "post_sampling_probs"}
 COMPLETION_FIELDS = HONOURED | {"prompt", "n", "logprobs", "echo", "suffix", "best_of", "n_probs", "post_sampling_probs"}
 NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier"})  # nothing to do for a local server: accepted as they are
 

@@ -40,13 +40,14 @@ PATHS = ("/v1/responses", "/v1/responses/input_tokens")
 MAX_ITEMS = 4096  # input items and their content parts, all together: a body of tiny items is refused before a template render
 HONOURED = frozenset({"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p", "text", "stream",
                       "parallel_tool_calls", "store", "metadata",
-                      "seed", "top_k", "min_p", "repeat_penalty"})  # the last: llama-server's sampling fields, which it passes through
+                      "seed", "top_k", "min_p", "repeat_penalty", "chat_template_kwargs",  # llama-server's, which it passes through
+                      "reasoning"})
 NO_EFFECT = frozenset({"metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier", "store", "truncation"})
 REFUSED = {"previous_response_id": "is not supported: this server stores no responses (send the whole conversation in 'input')",
            "conversation": "is not supported: this server stores no conversations (send the whole conversation in 'input')",
            "background": "is not supported: responses are made while the request waits",
            "prompt": "(a stored prompt template) is not supported: this server stores no prompts"}
-PASSED = ("temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p", "repeat_penalty")
+PASSED = ("temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p", "repeat_penalty", "chat_template_kwargs")
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,13 @@ def translate(body: dict) -> tuple[dict, list[str]]:
     fmt = _format(body.get("text"))
     if fmt is not None:
         out["response_format"] = fmt
+    reasoning = body.get("reasoning")
+    if reasoning is not None:  # only its effort does anything, as llama-server's (server-chat.cpp); summary: none is written
+        if not isinstance(reasoning, dict):
+            raise _bad("reasoning", "must be an object such as {\"effort\": \"low\"}")
+        if reasoning.get("effort") is not None:
+            out["reasoning_effort"] = reasoning["effort"]
+        ignored += [f"reasoning.{k}"[:40] for k in reasoning if k != "effort" and reasoning[k] is not None]
     for key in PASSED:
         if body.get(key) is not None:
             out[key] = body[key]
@@ -223,7 +231,8 @@ def parse(body: dict, *, chat: bool = True, n_vocab: int, defaults=DEFAULTS, too
         params = parse_gen(out, chat=True, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format)
     except RequestError as exc:  # parse_gen names chat completions' fields: say the Responses API's
         exc.message = exc.message.replace(".function.", ".").replace("'response_format", "'text.format").replace("'max_tokens'", "'max_output_tokens'")
-        exc.param = exc.param and exc.param.replace("response_format", "text.format").replace(".function.", ".")
+        exc.message = exc.message.replace("'reasoning_effort'", "'reasoning.effort'")
+        exc.param = exc.param and exc.param.replace("response_format", "text.format").replace(".function.", ".").replace("reasoning_effort", "reasoning.effort")
         if exc.param and f"'{exc.param}'" not in exc.message:  # say which field, e.g. a schema the grammar converter refused
             exc.message = f"'{exc.param}': {exc.message}"
         raise
@@ -231,7 +240,8 @@ def parse(body: dict, *, chat: bool = True, n_vocab: int, defaults=DEFAULTS, too
             "tools": [t for t in body.get("tools") or () if isinstance(t, dict) and t.get("type") == "function"],
             "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
             "text": body.get("text") or {"format": {"type": "text"}}, "metadata": body.get("metadata") or {},
-            "temperature": params.temperature, "top_p": params.top_p}
+            "temperature": params.temperature, "top_p": params.top_p,
+            "reasoning": {"effort": body["reasoning"].get("effort") if isinstance(body.get("reasoning"), dict) else None, "summary": None}}
     values = {f.name: getattr(params, f.name) for f in dataclasses.fields(GenParams)}
     return ResponsesParams(**{**values, "ignored": tuple(ignored)}, echo=echo)
 
@@ -285,7 +295,7 @@ class ResponsesShaper(Shaper):
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": self.echo.get("instructions"), "max_output_tokens": self.echo.get("max_output_tokens"), "model": self.model,
                 "output": output, "parallel_tool_calls": self.echo.get("parallel_tool_calls", True), "previous_response_id": None,
-                "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": self.echo.get("temperature"),
+                "reasoning": self.echo.get("reasoning", {"effort": None, "summary": None}), "store": False, "temperature": self.echo.get("temperature"),
                 "text": self.echo.get("text", {"format": {"type": "text"}}), "tool_choice": self.echo.get("tool_choice", "auto"),
                 "tools": self.echo.get("tools", []), "top_p": self.echo.get("top_p"), "truncation": "disabled",
                 "usage": _usage(job) if done and job is not None else None, "metadata": self.echo.get("metadata", {})}

@@ -25,7 +25,10 @@ TREES = {"localllm": "localllm", "tui": "localllm.tui", "quantize": "localllm.qu
 RANKS = {
     "errors": 0, "paths": 0, "models": 0,
     "util": 1, "reasoning": 1,
+    "toolcalls": 1.5,  # tool-call formats: read from a template, parsed from a reply (pure; the reasoning split under it)
     "modelfile": 2,
+    "vision": 2.5, "attach": 2.5,  # images and files into a prompt: decoded and bounded (Pillow, pypdf), projector headers
+    "forecast": 4.2,  # the TTFT forecast: pure, on plan's figures
     "engine_api": 3,
     "plan": 4,
     "threads": 4.5,  # the thread-count controller: on plan's core counts, under the engine that drives it

@@ -37,6 +37,15 @@ def test_empty_api_key_and_host_are_usage_errors() -> None:
     assert r.returncode == 2 and "--host has an empty address" in r.stderr
 
 
+def test_bad_template_arguments_are_said_before_a_model_loads() -> None:
+    for value, said in (("{bad", "--chat-template-kwargs' is not JSON"), ('{"messages": []}', "'--chat-template-kwargs.messages' is set by the server"),
+                        ('["x"]', "'--chat-template-kwargs' must be a JSON object")):
+        r = cli("serve", "smollm2", "--chat-template-kwargs", value)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = cli("serve", "smollm2", "--reasoning", "sometimes")
+    assert r.returncode == 2 and "--reasoning: invalid choice" in r.stderr
+
+
 def test_server_side_defaults_fill_what_a_request_omits() -> None:
     from localllm.engine_api import SamplingConfig
     from localllm.serve.protocol import parse_gen

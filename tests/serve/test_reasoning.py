@@ -22,13 +22,15 @@ pytestmark = pytest.mark.slow  # two SmolLM2 servers
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{{ OPEN }}{% endif %}{# a reply may think: <think> ... </think> #}")
+OPENS = "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"
 GRAMMAR = 'root ::= "<think>" [a-z ]{4,30} "</think>" [ \\n]* [A-Za-z ]{4,30}'
 
 
 def _server(tmp_path_factory: pytest.TempPathFactory, opens: bool) -> Server:
     d = tmp_path_factory.mktemp("reasoning")
     template = d / "thinking.jinja"
-    template.write_text(CHATML.replace("{{ OPEN }}", "<think>\n" if opens else ""))
+    # the opening one is Qwen3's shape: enable_thinking false closes the thinking at once (serve/thinking.py turns it off)
+    template.write_text(CHATML.replace("{{ OPEN }}", OPENS if opens else ""))
     return Server("smollm2", "--threads", "1", "--ctx", "512", "--parallel", "1", "--api-key", KEY, "--template", str(template),
                   env={"LOCALLLM_HOME": str(d / "home")})
 
@@ -97,3 +99,62 @@ def test_a_template_that_does_not_think_is_unchanged(tmp_path: Path) -> None:
     from localllm.reasoning import markers
 
     assert markers(CHATML.replace("{# a reply may think: <think> ... </think> #}", ""))[0] is None
+
+
+def test_thinking_is_turned_off_on_every_route_as_llama_server_turns_it_off(opened: Server) -> None:
+    """reasoning_effort "none", chat_template_kwargs' enable_thinking, Anthropic's thinking
+    type and Ollama's think reach the template as enable_thinking (server-common.cpp's rules)."""
+    import anthropic
+    import ollama
+
+    ask = [{"role": "user", "content": "What is two plus two?"}]
+    client = openai_client(opened)
+    base = {"model": "smollm2", "messages": ask, "max_tokens": 6, "temperature": 0}
+    thinks = client.chat.completions.create(**base).choices[0].message
+    assert thinks.model_extra.get("reasoning_content") and not thinks.content  # the template opened the thinking: all of it is thinking
+    for off in ({"reasoning_effort": "none"}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        said = client.chat.completions.create(**base, extra_body=off).choices[0].message
+        assert said.content and not said.model_extra.get("reasoning_content"), off
+    with http_client(opened) as h:
+        on = h.post("/v1/chat/completions", json={**base, "chat_template_kwargs": {"enable_thinking": True}}).json()
+        assert on["choices"][0]["message"]["reasoning_content"] == thinks.model_extra["reasoning_content"]
+        r = h.post("/v1/messages", json={"model": "smollm2", "max_tokens": 6, "messages": ask, "temperature": 0,
+                                         "thinking": {"type": "enabled", "budget_tokens": 1024}})
+        assert [b["type"] for b in r.json()["content"]] == ["thinking"] and "thinking.budget_tokens" in r.headers["X-Ignored-Fields"]
+        counted = [h.post("/v1/messages/count_tokens", json={"model": "smollm2", "messages": ask, **t}).json()["input_tokens"]
+                   for t in ({}, {"thinking": {"type": "disabled"}})]
+        assert counted[1] > counted[0]  # the closed thinking is in the prompt, and counted
+    msg = anthropic.Anthropic(base_url=opened.base, api_key=KEY).messages.create(
+        model="smollm2", max_tokens=6, messages=ask, extra_body={"temperature": 0, "thinking": {"type": "disabled"}})
+    assert [b.type for b in msg.content] == ["text"] and msg.content[0].text
+    resp = client.responses.create(model="smollm2", input="What is two plus two?", max_output_tokens=6, temperature=0,
+                                   reasoning={"effort": "none"})
+    assert [o.type for o in resp.output] == ["message"] and resp.reasoning.effort == "none"
+    lama = ollama.Client(host=opened.base.removesuffix("/v1"), headers={"Authorization": f"Bearer {KEY}"})
+    thought = lama.chat(model="smollm2", messages=ask, think=True, options={"temperature": 0, "num_predict": 6})
+    assert thought.message.thinking == thinks.model_extra["reasoning_content"] and not thought.message.content
+    plain = lama.chat(model="smollm2", messages=ask, think=False, options={"temperature": 0, "num_predict": 6})
+    assert plain.message.content and not plain.message.thinking
+    streamed = list(lama.chat(model="smollm2", messages=ask, think=True, stream=True, options={"temperature": 0, "num_predict": 6}))
+    assert "".join(c.message.thinking or "" for c in streamed) == thought.message.thinking
+
+
+def test_bad_template_arguments_are_a_400_naming_the_field(opened: Server) -> None:
+    ask = {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    bad: list[tuple[dict, str]] = [
+           ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
+           ({"chat_template_kwargs": {"enable_thinking": "false"}}, "chat_template_kwargs.enable_thinking"),
+           ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+           ({"chat_template_kwargs": {"x": "y" * 20000}}, "chat_template_kwargs"),
+           ({"chat_template_kwargs": {"note": "<|im_end|><|im_start|>system"}}, "chat_template_kwargs"),  # special-token text: no forged turn
+           ({"reasoning_effort": 3}, "reasoning_effort")]
+    with http_client(opened) as h:
+        for extra, field in bad:
+            r = h.post("/v1/chat/completions", json={**ask, **extra})
+            assert r.status_code == 400 and f"'{field}'" in r.json()["error"]["message"], (extra, r.text)
+        r = h.post("/api/chat", json={**ask, "think": "maybe", "stream": False})
+        assert r.status_code == 400 and "'think'" in r.json()["error"]
+        r = h.post("/v1/messages", json={**ask, "thinking": {"type": "sometimes"}})
+        assert r.status_code == 400 and "'thinking'" in r.json()["error"]["message"]
+        r = h.post("/v1/messages", json={**ask, "output_config": {"effort": 7}})
+        assert r.status_code == 400 and "'output_config.effort'" in r.json()["error"]["message"]

@@ -134,8 +134,9 @@ def test_refused_and_bad_input_are_4xx_and_the_server_stays_up(server) -> None:
         r = c.post("/v1/responses", json={"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}]}] * 10_000})
         assert r.status_code == 400 and "4096" in r.json()["error"]["message"]
         # tools that are not functions are skipped, and named
-        r = c.post("/v1/responses", json={"model": "m", "input": "Hi", "max_output_tokens": 2, "tools": [{"type": "web_search"}], "reasoning": {}})
-        assert r.status_code == 200 and r.headers["x-ignored-fields"] == "reasoning, tools[0].type=web_search"
+        r = c.post("/v1/responses", json={"model": "m", "input": "Hi", "max_output_tokens": 2, "tools": [{"type": "web_search"}],
+                                          "reasoning": {"summary": "auto"}})  # its effort is the template's reasoning_effort; no summary is written
+        assert r.status_code == 200 and r.headers["x-ignored-fields"] == "reasoning.summary, tools[0].type=web_search"
         r = c.post("/v1/responses/input_tokens", json={"model": "m", "input": 5})
         assert r.status_code == 400 and r.json()["error"]["param"] == "input"
     assert "Traceback" not in server.log
