@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from localllm.commands._common import fit_config, placement_for
@@ -12,7 +13,9 @@ from localllm.errors import InputError, UsageError
 from localllm.measure.doctor import examine, measure, measure_speculation
 from localllm.measure.quality import compare, eval_text
 from localllm.measure.roofline import measure_by_threads
-from localllm.plan.hardware import gpu_memory_bandwidth
+from localllm.measure.starved import contention
+from localllm.measure.thread_counts import decode_by_threads, thread_action
+from localllm.plan.hardware import gpu_memory_bandwidth, physical_cores
 from localllm.plan.memcheck import load_checked
 from localllm.store import resolver
 from localllm.util import fmt
@@ -68,6 +71,14 @@ def _roofline_line(r) -> str:
             f"                per token {reads} = {ceiling} t/s ceiling; decode at {eff} of it")
 
 
+def _threads_line(r) -> str:
+    """The machine's load before the measurement, and decode by thread count (issue 50 item 4)."""
+    load = f"   contention   {r.contention['line']}" if r.contention else "   contention   n/a (not measured)"
+    rates = r.decode_by_threads_tokens_per_s
+    by = ", ".join(f"{n} {t:.1f}" for n, t in sorted(rates.items())) if rates else "n/a"
+    return f"{load}\n                decode t/s by threads, alternated: {by}"
+
+
 def _layers_by_device(devices: list[dict]) -> str:
     """``layers: RPC0[10.0.0.2:50052] 30 + output, CPU 0`` (with --rpc)."""
     return "layers: " + ", ".join(f"{fmt.safe(d['name'])} {d['layers']}" + (" + output" if d["output_layer"] else "") for d in devices)
@@ -93,6 +104,7 @@ def render(r, name: str) -> str:
         + (_layers_by_device(s['devices']) if "devices" in s else
            f"{s['n_gpu_layers']} layers on the GPU{'' if s['gpu_offload_supported'] else ' (a CPU build)'}")
         + f", threads {s['threads']} of {s['physical_cores']} cores",
+        _threads_line(r),
         "",
         f"bottleneck: {r.bottleneck} · {r.verdict}",
         "",
@@ -113,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
     say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
+    say("measuring how busy the machine is")
+    load = contention()  # before the model loads: what else runs, not this process
     with LlamaCppBackend() as backend:
         cfg = fitted.config
         placement = placement_for(fitted, path, cfg)
@@ -125,8 +139,11 @@ def run(args: argparse.Namespace) -> int:
         if backend.context_used + args.gen_tokens + 10 < backend.n_ctx:
             say("measuring prompt-lookup speculative decoding")
             spec = measure_speculation(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
+        threads = info.n_threads or 1
+        counts = {threads} if args.threads else {1, threads, max(1, threads - 1), physical_cores() or threads}
+        say(f"measuring decode on {', '.join(map(str, sorted(counts)))} thread(s), alternated")
+        rates = decode_by_threads(backend, counts, gen_tokens=min(args.gen_tokens, 24), chat=backend.has_chat_template)
     say("measuring memory bandwidth")
-    threads = info.n_threads or 1
     by_threads = measure_by_threads([1, threads])
     bandwidth = by_threads[threads]  # what the decode's threads can pull from memory
     gpu_bw = gpu_memory_bandwidth() if info.gpu_offload_supported or (placement is not None and any(u.device.kind == "gpu" for u in placement.uses)) else None
@@ -136,6 +153,12 @@ def run(args: argparse.Namespace) -> int:
         kl = _kv_kl(path, args.threads)
     report = examine(header, info, fitted.config, stats, fitted.hardware, bandwidth, kl.get("q8_0"), spec,
                      gpu_bandwidth=gpu_bw, bandwidth_by_threads=by_threads, placement=placement)
+    report.contention = {**asdict(load), "busy": load.busy, "line": load.words()}
+    report.decode_by_threads_tokens_per_s = rates
+    b = load.busiest
+    tip = thread_action(rates, threads, f"{b.name} (pid {b.pid}) is using {b.cpu_percent:.0f}% of a core" if b is not None else None)
+    if tip is not None:
+        report.actions = sorted([*report.actions, tip], key=lambda a: -a.gain)[:3]
     report.kv_types = {
         t: {"max_ctx": fitted.fit.max_ctx_by_kv_type.get(t, 0), "kl_mean": kl.get(t, 0.0 if t == "f16" else None)}
         for t in ("f16", "q8_0", "q4_0")

@@ -16,7 +16,8 @@ three measured reasons:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from localllm.engine import generator, scorer
@@ -145,6 +146,21 @@ class LlamaCppBackend:
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         return self._parts()[1].token_bytes(token, special=special)
+
+    @contextmanager
+    def pinned_threads(self, n: int) -> Iterator[None]:
+        """Every step on ``n`` threads for the block, then the controller as it was:
+        ``doctor`` measures decode at each count side by side with this."""
+        h = self._handle
+        if h is None or h.steer is None:
+            yield
+            return
+        steer, before = h.steer, h.steer.controller
+        steer.controller = ThreadController(n, hi=n, fixed=True, why="pinned")
+        try:
+            yield
+        finally:
+            steer.controller = before
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._parts()[1].detokenize(tokens)

@@ -63,6 +63,8 @@ class DoctorReport:
     gpu_bytes_per_token: int = 0  # of bytes_per_token, what offloaded layers read from GPU memory
     settings: dict[str, Any] = field(default_factory=dict)
     kv_types: dict[str, dict[str, Any]] = field(default_factory=dict)  # per cache type: largest context that fits, measured KL
+    contention: dict[str, Any] | None = None  # the machine's load before the measurement (measure.starved.Contention); None: not measured
+    decode_by_threads_tokens_per_s: dict[int, float] = field(default_factory=dict)  # measured side by side (measure.thread_counts)
     verdict: str = ""
     actions: list[Action] = field(default_factory=list)
 

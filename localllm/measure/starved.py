@@ -112,3 +112,58 @@ def busiest_process(window_s: float = 0.5, exclude: int | None = None) -> Busy |
         return best
     except (OSError, psutil.Error):
         return None
+
+
+@dataclass(frozen=True)
+class Contention:
+    """How busy the machine is, over a short window, before a measurement:
+    what ``doctor`` says next to its figures (a slow decode on a busy machine
+    is the machine's, not the model's)."""
+
+    cores: int  # logical CPUs
+    run_queue: float | None  # 1-minute load average (runnable and waiting tasks, as ``uptime`` shows it)
+    running: int | None  # tasks runnable right now (/proc/loadavg's fourth field, less this process); None off Linux
+    busy_percent: float  # all CPUs, over the window
+    steal_percent: float | None  # time a hypervisor gave this VM's CPUs to others; None where the OS has no such count
+    busiest: Busy | None
+
+    @property
+    def busy(self) -> bool:
+        """Whether other work takes a core: a run queue past the cores, steal, or a process using half a core or more."""
+        return bool((self.run_queue is not None and self.run_queue > self.cores)
+                    or (self.steal_percent or 0) >= 10 or (self.busiest is not None and self.busiest.cpu_percent >= 50))
+
+    def words(self) -> str:
+        """``run queue 2.4 on 2 CPUs, 1 runnable now, 63% busy, steal 0%; busiest: yes (pid 12) 98% of a core``."""
+        queue = "n/a" if self.run_queue is None else f"{self.run_queue:.1f}"
+        now = "" if self.running is None else f", {self.running} runnable now"
+        steal = "n/a" if self.steal_percent is None else f"{self.steal_percent:.0f}%"
+        who = "none over a tenth of a core" if self.busiest is None else (
+            f"{self.busiest.name} (pid {self.busiest.pid}) {self.busiest.cpu_percent:.0f}% of a core")
+        return f"run queue {queue} on {self.cores} CPUs{now}, {self.busy_percent:.0f}% busy, steal {steal}; busiest other program: {who}"
+
+
+def contention(window_s: float = 0.5) -> Contention:
+    """The machine's load now: run queue, CPU busy and steal over ``window_s``, and
+    the busiest other process (``busiest_process``). Blocks for ``window_s``."""
+    cores = psutil.cpu_count() or 1
+    try:
+        queue: float | None = psutil.getloadavg()[0]
+    except (OSError, AttributeError):
+        queue = None
+    psutil.cpu_times_percent(None)  # starts the window for the call after busiest_process's sleep
+    busiest = busiest_process(window_s)
+    times = psutil.cpu_times_percent(None)
+    steal = getattr(times, "steal", None)
+    return Contention(cores, queue, _runnable(), max(0.0, 100.0 - times.idle - getattr(times, "iowait", 0.0)),
+                      float(steal) if steal is not None else None, busiest)
+
+
+def _runnable() -> int | None:
+    """Tasks runnable now, this one left out (Linux's /proc/loadavg: ``0.52 0.40 0.33 2/611 12345``)."""
+    try:
+        with open("/proc/loadavg") as f:
+            field = f.read().split()[3]
+        return max(0, int(field.split("/")[0]) - 1)
+    except (OSError, IndexError, ValueError):
+        return None

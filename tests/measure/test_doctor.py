@@ -81,6 +81,11 @@ def test_doctor_json(tmp_path: Path) -> None:
     # above 1.0 would mean decode ran faster than memory can feed it: the model of the machine is wrong
     assert d["decode_ceiling_tokens_per_s"] > 0 and 0 < d["decode_efficiency"] <= 1.0, d
     assert d["bytes_per_token"] > 60 * 1024 * 1024  # SmolLM2 Q4_1 reads ~90 MiB of weights per token
+    # issue 50 item 4: the machine's load before the measurement, and decode measured on each nearby count
+    load = d["contention"]
+    assert load["cores"] >= 1 and load["line"].startswith("run queue") and isinstance(load["busy"], bool)
+    rates = {int(n): t for n, t in d["decode_by_threads_tokens_per_s"].items()}
+    assert {1, threads} <= set(rates) and all(t > 0 for t in rates.values())
     assert 1 <= len(d["actions"]) <= 3 and all(a["action"] and a["expected"] for a in d["actions"])
     assert all(a["basis"] in ("measured", "derived", "rule of thumb") for a in d["actions"])
     assert d["kv_q8_0_kl_mean"] is not None and 0 < d["kv_q8_0_kl_mean"] < 0.2
