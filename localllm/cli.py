@@ -152,6 +152,16 @@ def _add_pull_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-pull", action="store_true", help="never download: a model that is not here is an error")
 
 
+def _add_vision(p: argparse.ArgumentParser, *, image: bool) -> None:
+    """A vision model's projector (llama.cpp's ``--mmproj``/``-mm``; found beside the model without it) and, for ``run``, images."""
+    p.add_argument("--mmproj", "-mm", default=None, metavar="FILE",
+                   help="the vision projector (mmproj GGUF) for the model (default: one beside the model, as llama-server's -hf finds it)")
+    p.add_argument("--no-mmproj", action="store_true", help="do not load a projector found beside the model (text only)")
+    if image:
+        p.add_argument("--image", action="append", default=None, metavar="FILE",
+                       help="a picture for a vision model (PNG, JPEG, WebP, GIF's first frame); repeat for several")
+
+
 def _add_tools(p: argparse.ArgumentParser) -> None:
     """run and chat: the configured MCP servers' tools (localllm.mcp)."""
     g = p.add_argument_group("tools (MCP servers of the config file: localllm mcp list)")
@@ -274,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(p)
     _add_load_options(p, ctx_default=None)
     _add_lora(p)
+    p.add_argument("--tools", default=None, metavar="NAME[,NAME]|all",
+                   help="offer the model these MCP servers' tools (the config file's [mcp.servers]); each call is approved on screen")
 
     p = sub.add_parser("inspect", help="what a GGUF model is, from its header (no load)")
     _add_model(p)
@@ -287,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_pull_options(p)
     p.add_argument("-p", "--prompt", default=None, help="the prompt (default: read stdin)")
+    p.add_argument("--file", action="append", default=None, metavar="PATH",
+                   help="a text file (code, Markdown, logs, CSV, JSON) or a PDF read into the prompt, in a block with its name; repeat for several")
     _add_sampling(p)
     p.add_argument("--raw", action="store_true", help="complete the prompt as-is, without the chat template")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-generation token (as llama.cpp's --ignore-eos; with -n N)")
@@ -298,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_options(p, ctx_default=4096)
     _add_lora(p)
     p.add_argument("--json", action="store_true", help="one JSON object with the text and the stats")
+    _add_vision(p, image=True)
     _add_tools(p)
 
     p = sub.add_parser("chat", help="a line-by-line chat in the terminal (no TUI); the context shifts instead of filling up")
@@ -311,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_options(p, ctx_default=None)
     _add_lora(p)
     p.add_argument("--json", action="store_true", help="one JSON line per turn")
+    _add_vision(p, image=False)
     _add_tools(p)
 
     p = sub.add_parser("quantize", help="make Q8_0/Q4_K_M/... GGUFs from F16/BF16/F32 and report what quality it cost")

@@ -33,6 +33,7 @@ from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
 from localllm.engine_api import Engine, GenerationStats, LoadConfig
 from localllm.errors import InputError, LocalLLMError
+from localllm.mcp.hub import Hub
 from localllm.measure.diagnose import verdict
 from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
 from localllm.measure.roofline import measure_bandwidth, roofline
@@ -49,17 +50,18 @@ from localllm.tui.controls import ConversationControls, ThinkClock
 from localllm.tui.devices import fit_over_workers
 from localllm.tui.help import HelpScreen, app_keys
 from localllm.tui.prompt import PromptBox
+from localllm.tui.replies import BATCH_NS, ReplyDone, TokenBatch
 from localllm.tui.saved import printable, reason
 from localllm.tui.screens import ModelsScreen, ensure_built_in
 from localllm.tui.sessions_screen import SessionsScreen
 from localllm.tui.settings import Settings
 from localllm.tui.settings_screen import SettingsScreen
+from localllm.tui.tools import ToolControls
 from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
 
 # Redraws cost CPU that the decode threads need (on 2 cores, a 20 fps chat cost
 # 25% of decode speed, measured by scripts/bench_tui.py). So tokens reach the
 # screen in batches, and the number panels refresh less often than the text.
-BATCH_NS = int(float(os.environ.get("LOCALLLM_TUI_BATCH_MS", "200")) * 1e6)  # text redraws: 5 a second
 PLACEHOLDER = "Message (Enter sends · Ctrl+J new line · Up: earlier ones · Esc stops)"
 PANEL_NS = int(float(os.environ.get("LOCALLLM_TUI_PANEL_MS", "1000")) * 1e6)  # number panels: once a second
 
@@ -74,14 +76,6 @@ def _settle_heap() -> None:
     reply allocates. ``reload_model`` unfreezes them first."""
     gc.collect()
     gc.freeze()
-
-
-class TokenBatch(Message):
-    def __init__(self, text: str, stamps: list[int], start_ns: int, first_text_ns: int | None, pieces: tuple[str, ...] = ()) -> None:
-        super().__init__()
-        self.text, self.stamps, self.start_ns = text, stamps, start_ns
-        self.pieces = pieces  # each token's text, for the <think> clock
-        self.first_text_ns = first_text_ns  # the first token that printed text: TTFT's end
 
 
 class StarvedAdvice(Message):
@@ -108,15 +102,6 @@ class EngineLost(Message):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text = text
-
-
-class ReplyDone(Message):
-    """The engine thread's last word on a reply: the generation's own stats (None
-    after an error), whether Esc stopped it, and the error."""
-
-    def __init__(self, stats: GenerationStats | None, stopped: bool, error: str | None) -> None:
-        super().__init__()
-        self.stats, self.stopped, self.error = stats, stopped, error
 
 
 @dataclass
@@ -166,7 +151,7 @@ def shown(path: Path) -> str:
     return printable(path.name)
 
 
-class LocalLLMApp(ConversationControls, App):
+class LocalLLMApp(ToolControls, ConversationControls, App):
     """Chat with a local model and watch TTFT, ITL, the budget and the KV cache."""
 
     CSS_PATH = "localllm.tcss"
@@ -250,6 +235,7 @@ class LocalLLMApp(ConversationControls, App):
     def on_mount(self) -> None:
         self._prompt.focus()
         self.reload_model()
+        self.read_tool_config()  # the config file's MCP servers, for the settings' Tools tab
 
     def watch_busy(self, busy: bool) -> None:
         """The input's cursor stops blinking while a reply streams or a model
@@ -427,6 +413,9 @@ class LocalLLMApp(ConversationControls, App):
             for m in req.messages or []:
                 if m["role"] in ("user", "assistant"):
                     view.add(m["role"], m["content"])
+                elif m["role"] == "tool":  # a saved session's tool result, folded as it was shown
+                    view.add("tool", f"↳ {printable(m.get('name', 'tool'))} result\n{m['content']}",
+                             folded=f"↳ {printable(m.get('name', 'tool'))} result · {len(m['content'].encode())} bytes  [Enter/click: whole]")
             self.saved = req.saved
         try:
             self.chat = self._new_chat(req.messages)
@@ -527,11 +516,13 @@ class LocalLLMApp(ConversationControls, App):
         self.busy = True
         submitted = time.perf_counter_ns()
         self._think = ThinkClock(submitted)
+        self._tool_steps = 0
         self._generate(self.chat, text, submitted)
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
     def _generate(self, chat: ChatSession, text: str, submitted_ns: int) -> None:
-        self._wait_engine(self._engine.submit(self._generate_on_engine_thread, chat, text, submitted_ns))
+        run = self._generate_tools_on_engine_thread if self.hub is not None and not chat.completion else self._generate_on_engine_thread
+        self._wait_engine(self._engine.submit(run, chat, text, submitted_ns))
 
     def _generate_on_engine_thread(self, chat: ChatSession, text: str, submitted_ns: int) -> None:
         """TTFT runs from Enter (``submitted_ns``) to the first token that prints
@@ -620,7 +611,9 @@ class LocalLLMApp(ConversationControls, App):
             reply.think_tokens, reply.think_ms = think.think_tokens, think.think_ms
             self.first_answer_ms = think.answer_ms
             latency.answer_ms = think.answer_ms if think.think_tokens else None  # shown beside TTFT after a <think> block
-        if reply is not None:
+        if reply is not None and self.hub is not None and not reply.text.strip():
+            self._close_reply()  # with tools, a reply with no text (after a call, a line) is no block
+        elif reply is not None:
             view.finish(reply)  # Markdown, drawn once (markdown.py says why)
         if msg.error:
             view.add("note", f"error: {msg.error}")
@@ -688,6 +681,8 @@ class LocalLLMApp(ConversationControls, App):
         if self.stop_ns is None:
             self.stop_ns = time.perf_counter_ns()
         self._stop.set()
+        if self.tool_chat is not None:
+            self.tool_chat.cancel()  # a tool in flight ends now, not at its timeout
 
     def on_unmount(self) -> None:
         gc.unfreeze()  # what this app froze (_settle_heap) can be collected again
@@ -703,6 +698,7 @@ class LocalLLMApp(ConversationControls, App):
             self._engine.shutdown(wait=True)
         finally:
             self._disk.shutdown(wait=True)  # the last saves reach the disk before the app ends
+            self.close_own_hub()
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -721,7 +717,10 @@ class LocalLLMApp(ConversationControls, App):
 
     def action_stop(self) -> None:
         """Esc: the reply stops at its next token, and the log says so now; with
-        an edit in the box and no reply, the edit is dropped."""
+        an edit in the box and no reply, the edit is dropped. While a tool runs,
+        Esc cancels the tool only (tools.py)."""
+        if self.busy and self._cancel_tool():
+            return
         if self.busy:
             self._stop_reply()
             reply = self._reply
@@ -830,8 +829,12 @@ class LocalLLMApp(ConversationControls, App):
 
     # -- settings and models -------------------------------------------------------
     def action_settings(self) -> None:
+        screen = SettingsScreen(self.settings, self.tool_switches())
 
         def apply(new: Settings | None) -> None:
+            if new is not None and screen.tools_off is not None:
+                self.set_tools_off(screen.tools_off)
+                self.start_servers(screen.servers_on)
             if new is None or new == self.settings:
                 return
             if new.needs_reload(self.settings):
@@ -839,6 +842,7 @@ class LocalLLMApp(ConversationControls, App):
                 self.reload_model(settings=new, messages=self.chat.messages if self.chat else None, saved=self.saved)
                 return
             self.settings = new
+            self.tool_chat = None  # made again at the next message: its grammar joins the new sampling
             if self.chat is not None:
                 self.chat.sampling = new.sampling()
                 self.chat.sliding_window = new.sliding_window
@@ -850,7 +854,7 @@ class LocalLLMApp(ConversationControls, App):
                 self.query_one(ChatView).add("note", "settings applied")
 
         if not self.busy:
-            self.push_screen(SettingsScreen(self.settings), apply)
+            self.push_screen(screen, apply)
 
     def action_models(self) -> None:
 
@@ -870,11 +874,15 @@ def create_app(
     backend_factory: Callable[[], Engine] | None = None,
     bandwidth: float | None = None,
     rpc: list[Endpoint] | None = None,
+    hub: Hub | None = None,
+    tools_config: Path | None = None,
 ) -> LocalLLMApp:
     """The one app factory: the CLI and the tests build the cockpit here.
     ``bandwidth`` (bytes/s) skips measuring it, for reproducible screens.
     ``rpc`` (rpc.Endpoint): workers whose devices join this machine's; each is
-    probed here, so one that is down is one line before the screen opens."""
+    probed here, so one that is down is one line before the screen opens.
+    ``hub``: started MCP servers (``localllm.mcp.Hub``, tools.py) whose tools the
+    chat offers; ``tools_config``: the config file "always allow" writes to."""
 
     path = resolver.resolve(model)
     read_header(path)  # a bad file is a one-line error before the screen opens
@@ -888,6 +896,7 @@ def create_app(
         backend_factory = LlamaCppBackend
     app = LocalLLMApp(model_path=path, backend_factory=backend_factory, hardware=hardware.detect(vram), settings=settings or Settings())
     app.bandwidth = bandwidth
+    app.hub, app.tools_config = hub, tools_config
     if rpc:
         app.rpc = list(rpc)
         # a worker that dies mid-reply: llama.cpp aborts; the cockpit says so and stays up

@@ -24,6 +24,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual import events
+from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
@@ -86,6 +87,9 @@ class MessageView:
         self.think_tokens: int | None = None  # its <think> block's tokens and time, where measured
         self.think_ms: float | None = None
         self.pending = False  # just finished: its last blocks are drawn first
+        self.summary: str | None = None  # a tool's block: its one line when folded (None: not foldable)
+        self.folded = False
+        self.rows = (0, 0)  # the log's rows it was drawn on (first, end): what a click lands on
         self._drawn: dict[tuple[int, bool, bool], list[Row]] = {}
 
     def append(self, piece: str) -> None:
@@ -101,7 +105,8 @@ class ChatView(ScrollView, can_focus=True):
     width; ``raw`` shows every message as the plain text it is."""
 
     ALLOW_SELECT = True
-    COMPONENT_CLASSES = {"chatview--user", "chatview--note", "chatview--think"}
+    BINDINGS = [Binding("enter", "toggle_fold", "Fold / unfold the last tool result", show=False)]
+    COMPONENT_CLASSES = {"chatview--user", "chatview--note", "chatview--think", "chatview--tool"}
     DEFAULT_CSS = """
     ChatView {
         height: 1fr; padding: 0 1; background: $surface; color: $text;
@@ -111,6 +116,7 @@ class ChatView(ScrollView, can_focus=True):
     ChatView > .chatview--user { color: $text-accent; text-style: bold; }
     ChatView > .chatview--note { color: $text-muted; }
     ChatView > .chatview--think { color: $text-muted; text-style: italic; }
+    ChatView > .chatview--tool { color: $text-secondary; }
     """
     PREFIX = {"user": "you › ", "assistant": "", "note": "· "}
 
@@ -143,9 +149,10 @@ class ChatView(ScrollView, can_focus=True):
         """The rows, as shown (a copy)."""
         return list(self._rows)
 
-    def add(self, role: str, text: str = "") -> MessageView:
+    def add(self, role: str, text: str = "", *, folded: str | None = None) -> MessageView:
         """A message at the end of the log. An empty assistant message is a reply
-        to stream into (``append``, then ``finish``); any other is drawn finished."""
+        to stream into (``append``, then ``finish``); any other is drawn finished
+        (``folded``: drawn as this one line until a click or Enter unfolds it)."""
         cut = len(self._paras)
         if self._paras:
             last = self._paras[-1]
@@ -162,6 +169,7 @@ class ChatView(ScrollView, can_focus=True):
             self.write(self.PREFIX.get(role, ""))
             return msg
         msg.text = text
+        msg.summary, msg.folded = folded, folded is not None
         self._paras[-1] = msg
         self._redraw()
         return msg
@@ -192,6 +200,30 @@ class ChatView(ScrollView, can_focus=True):
         del self.messages[self.messages.index(msg):]
         del self._paras[msg.cut:]
         self._redraw()
+
+    def toggle_fold(self, msg: MessageView) -> None:
+        """A tool's block folded to its one line, or shown whole."""
+        if msg.summary is None or msg not in self.messages:
+            return
+        msg.folded = not msg.folded
+        msg._drawn.clear()
+        self._redraw()
+
+    def action_toggle_fold(self) -> None:
+        """Enter on the log: the last foldable block (a tool's result) unfolds, or folds again."""
+        msg = next((m for m in reversed(self.messages) if m.summary is not None), None)
+        if msg is not None:
+            self.toggle_fold(msg)
+
+    def on_click(self, event: events.Click) -> None:
+        """A click on a tool's block unfolds it (or folds it again)."""
+        at = event.get_content_offset(self)
+        if at is None:
+            return
+        y = at.y + round(self.scroll_y)
+        msg = next((m for m in self.messages if m.summary is not None and m.rows[0] <= y < m.rows[1]), None)
+        if msg is not None:
+            self.toggle_fold(msg)
 
     def toggle_raw(self) -> None:
         """Show the messages as their plain text, or rendered again."""
@@ -267,9 +299,11 @@ class ChatView(ScrollView, can_focus=True):
         self._partial = False
         for para in self._paras:
             if isinstance(para, MessageView):
+                first = len(rows)
                 for row, segments in self._block(para):
                     rows.append(row)
                     looks.append(segments)
+                para.rows = (first, len(rows))
             else:
                 for row in wrap(para, self._width):
                     rows.append(row)
@@ -288,10 +322,13 @@ class ChatView(ScrollView, can_focus=True):
             return rows
         width = self._width
         text = _clean(msg.text)
-        role = msg.role if msg.role in ("user", "note") else None
+        role = msg.role if msg.role in ("user", "note", "tool") else None
         look = self.get_component_rich_style(f"chatview--{role}", partial=True) if role else Style()
         rows = []
-        if msg.role != "assistant" or self.raw:
+        if msg.role == "tool":  # a tool's call or result: as it is, a result folded to its one line
+            body = msg.summary if msg.folded and msg.summary is not None else text
+            rows = plain_rows(_clean(body).split("\n"), look, lambda p: wrap(p, width))
+        elif msg.role != "assistant" or self.raw:
             rows = plain_rows((self.PREFIX.get(msg.role, "") + text).split("\n"), look, lambda p: wrap(p, width))
         else:
             thought = split_think(text)

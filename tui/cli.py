@@ -61,8 +61,18 @@ def run(args: argparse.Namespace) -> int:
                                               ask=first_use.terminal_ask(), say=lambda m: print(f"localllm: {m}", file=sys.stderr),
                                               vram=getattr(args, "vram", None), n_ctx=getattr(args, "ctx", None),
                                               request=settings_from_args(args).fit_request()))
-    app = app_from_args(args)
-    app.run()
+    hub, tools_config = None, None
+    if getattr(args, "tools", None):  # the MCP servers start before the screen opens: one that fails is a line here
+        # lazy: localllm.mcp's hub and the tool-call formats, only with --tools
+        from localllm.tui.tools import start_hub
+
+        hub, tools_config = start_hub(args.tools, lambda m: print(f"localllm: {m}", file=sys.stderr))
+    try:
+        app = app_from_args(args, **({"hub": hub, "tools_config": tools_config} if hub is not None else {}))
+        app.run()
+    finally:
+        if hub is not None:
+            hub.close()
     # Textual sets 1 when the app ended on an unhandled exception (a bug): the
     # shell must not read that as success.
     rc = app.return_code or 0

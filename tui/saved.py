@@ -16,7 +16,8 @@ from localllm.chat import sessions
 from localllm.engine_api.errors import SettingError
 from localllm.errors import LocalLLMError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # tool: a tool's result (the cockpit with --tools)
+TOOL_KEYS = ("tool_call_id", "name")  # a tool result's, kept when they are text
 
 
 def printable(text: str) -> str:
@@ -73,7 +74,8 @@ def check(data: Any, name: str) -> sessions.SavedSession:
         created=sessions.stamp(created),
         updated=sessions.stamp(updated),
         system_prompt=system if isinstance(system, str) else None,
-        messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+        messages=[{"role": m["role"], "content": m["content"], **{k: m[k] for k in TOOL_KEYS if m["role"] == "tool" and isinstance(m.get(k), str)}}
+                  for m in messages],
         settings=settings if isinstance(settings, dict) else {},
         name=called if isinstance(called, str) else None,
     )

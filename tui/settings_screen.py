@@ -9,16 +9,18 @@ it is shown; nothing is applied until every value is valid.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TabbedContent, TabPane, TextArea
 
 from localllm.engine_api.llama_rules import KV_CACHE_TYPES
+from localllm.tui.saved import printable
 from localllm.tui.settings import Settings
 
 # Each field's label on the screen, and the tab that holds it (an error names
@@ -39,6 +41,22 @@ SAMPLING_ROWS: tuple[tuple[str, str, Literal["integer", "number"], str], ...] = 
     ("seed", "seed (blank: random)", "integer", "random"),
 )
 SAMPLING_TAB = tuple(row[0] for row in SAMPLING_ROWS)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A row of the Tools tab: a tool of a running MCP server (``tool``), or a
+    configured server not running (``tool`` empty: switching it on starts it),
+    or one that failed (``note``: why, no switch)."""
+
+    server: str
+    tool: str = ""
+    on: bool = False
+    note: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.server}/{self.tool}"
 
 
 class BadValue(ValueError):
@@ -77,6 +95,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
     SettingsScreen TabPane { padding: 1 0 0 0; height: auto; }
     SettingsScreen Grid { grid-size: 2; grid-columns: 30 1fr; grid-rows: 1; height: auto; grid-gutter: 0 1; }
     SettingsScreen TextArea { height: 9; }
+    SettingsScreen #tool-switches { height: auto; max-height: 14; }
     SettingsScreen .hint { color: $text-muted; margin-top: 1; }
     SettingsScreen #error { color: $error; height: auto; }
     SettingsScreen Horizontal { height: auto; }
@@ -84,9 +103,12 @@ class SettingsScreen(ModalScreen[Settings | None]):
     """
     BINDINGS = [("escape", "cancel", "Cancel")]
 
-    def __init__(self, current: Settings) -> None:
+    def __init__(self, current: Settings, tools: list[Switch] | None = None) -> None:
         super().__init__()
         self.current = current
+        self.tools = tools  # the MCP servers' switches; None: no Tools tab (no server is configured)
+        self.tools_off: frozenset[str] | None = None  # on Apply: "server/tool" switched off
+        self.servers_on: frozenset[str] = frozenset()  # on Apply: servers not running switched on (to start)
 
     def compose(self) -> ComposeResult:
         s = self.current
@@ -126,6 +148,19 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 with TabPane("System prompt", id="system-tab"):
                     yield TextArea(s.system_prompt, id="system_prompt", soft_wrap=True, show_line_numbers=False)
                     yield Static("a new system prompt starts a new chat", classes="hint")
+                if self.tools is not None:  # only with --tools: the screen is as it was without
+                    with TabPane("Tools", id="tools-tab"), VerticalScroll(id="tool-switches"):
+                        for i, row in enumerate(self.tools):
+                            if row.note:
+                                yield Static(Text(f"{printable(row.server)}: {printable(row.note)}"), classes="hint")
+                            elif row.tool:
+                                yield Checkbox(Text(f"{printable(row.server)} · {printable(row.tool)}"), value=row.on, id=f"tool-{i}",
+                                               compact=True)
+                            else:
+                                yield Checkbox(Text(f"MCP server {printable(row.server)} (not started)"), value=False, id=f"tool-{i}",
+                                               compact=True)
+                        yield Static("a tool switched off is not offered to the model from the next message on; "
+                                     "a server switched on starts on Apply", classes="hint")
             yield Static("", id="error")
             with Horizontal():
                 yield Button("Apply", variant="primary", id="apply", compact=True)
@@ -171,7 +206,12 @@ class SettingsScreen(ModalScreen[Settings | None]):
     @on(Button.Pressed, "#apply")
     def _apply(self) -> None:
         try:
-            self.dismiss(self._read())
+            new = self._read()
+            if self.tools is not None:
+                value = {i: self.query_one(f"#tool-{i}", Checkbox).value for i, row in enumerate(self.tools) if not row.note}
+                self.tools_off = frozenset(row.key for i, row in enumerate(self.tools) if row.tool and not row.note and not value[i])
+                self.servers_on = frozenset(row.server for i, row in enumerate(self.tools) if not row.tool and not row.note and value[i])
+            self.dismiss(new)
         except BadValue as exc:
             self.query_one("#error", Static).update(f"not applied: {exc}")
             self.query_one("#tabs", TabbedContent).active = "sampling-tab" if exc.field in SAMPLING_TAB else "model-tab"

@@ -298,6 +298,7 @@ class MemoryPanel(Vertical):
         self._head: tuple[Text | str, ...] = (Text("Memory", style="bold"), "")
         self._plan: tuple[Text | str, ...] = ("", "")
         self._check: tuple[Text | str, ...] = ()
+        self._tools: tuple[Text | str, ...] = ()  # the tools' line (the cockpit with --tools), else nothing
 
     def compose(self) -> ComposeResult:
         yield Lines(2, id="memory-top")
@@ -340,6 +341,11 @@ class MemoryPanel(Vertical):
                                 for line in check.mismatch_lines())
         self._paint()
 
+    def set_tools(self, line: str | None) -> None:
+        """What the offered tools take of the context (tools.py measures it), or None: no line."""
+        self._tools = () if line is None else (line,)
+        self._paint()
+
     def set_plan(self, *, budget_label: str, budget: int, weights: int, kv_full: int, compute: int, kv_per_token: int, types: str, n_ctx: int) -> None:
         self.n_ctx, self.kv_full_bytes, self.kv_per_token, self.kv_types = n_ctx, kv_full, kv_per_token, types
         free = budget - weights - kv_full - compute
@@ -358,6 +364,7 @@ class MemoryPanel(Vertical):
             *self._plan,
             f"KV now {fmt.size(self.kv_now_bytes)} ({self.context_used} tokens)",
             f"context {self.context_used} of {self.n_ctx} · shifts {self.shifts}",
+            *self._tools,
             *self._check,
         )
 

@@ -23,6 +23,8 @@ from localllm.engine_api.errors import InvalidSetting
 from localllm.engine_api.stats import GenerationStats, ShiftRecord
 from localllm.errors import UsageError
 from localllm.util.fmt import safe
+from localllm.vision.image import RGBImage
+from localllm.vision.marker import MARKER, with_images
 
 
 class NoChatTemplate(UsageError, ValueError):
@@ -60,6 +62,8 @@ class ChatSession:
     prepare: Callable[[list[dict[str, str]]], list[dict[str, Any]]] | None = None
     _cached_text: str = ""  # the rendered conversation the KV cache stands for
     _special: dict[str, bool] = field(default_factory=dict)  # tool results' texts: whether each holds special-token text
+    images: list[RGBImage] = field(default_factory=list)  # the conversation's images, in the order of their markers
+    _pending: list[RGBImage] = field(default_factory=list)  # this turn's images (send's ``images``)
 
     def __post_init__(self) -> None:
         if not self.completion and not self.backend.has_chat_template:
@@ -81,6 +85,7 @@ class ChatSession:
         self.messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         self._cached_text = ""
         self.turns.clear()
+        self.images = []
 
     def _tok(self, text: str) -> list[int]:
         # A template writes special tokens as text; typed text continued by a base model stays text.
@@ -148,10 +153,13 @@ class ChatSession:
         return untrusted.tokens(self.backend, rendered, start, len(rendered), data)
 
     def _data_spans(self, messages: list[dict[str, str]], rendered: str) -> list[tuple[int, int]]:
-        """Where the tool results that hold special-token text sit in ``rendered``."""
+        """Where the tool results, and the messages marked ``"data"`` (a user's
+        message holding attached files, localllm.attach), that hold special-token
+        text sit in ``rendered``."""
         if self.completion:
             return []
-        which = [i for i, m in enumerate(messages) if m.get("role") in untrusted.UNTRUSTED_ROLES and self._holds_special(m.get("content") or "")]
+        which = [i for i, m in enumerate(messages) if (m.get("role") in untrusted.UNTRUSTED_ROLES or m.get("data"))
+                 and self._holds_special(m.get("content") or "")]
         if not which:
             return []
         return untrusted.spans(lambda ms: self._render(ms, add_generation_prompt=True), messages, which, rendered)
@@ -173,16 +181,25 @@ class ChatSession:
 
             print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
-    def send(self, text: str, start_ns: int | None = None) -> Generation:
+    def send(self, text: str, start_ns: int | None = None, images: list[RGBImage] | None = None) -> Generation:
         """Stream the reply to ``text``; the turn is recorded when it ends, and
         the returned ``Generation`` carries its stats once closed.
         ``start_ns``: when the user submitted it (TTFT's clock; now by default),
-        so rendering, tokenizing and a prompt-cache load count in TTFT."""
-        return self.send_messages([{"role": "user", "content": text}], start_ns=start_ns)
+        so rendering, tokenizing and a prompt-cache load count in TTFT.
+        ``images``: pictures for a vision model, placed before the text."""
+        return self.send_messages([{"role": "user", "content": text}], start_ns=start_ns, images=images)
 
-    def send_messages(self, new: list[dict[str, str]], start_ns: int | None = None) -> Generation:
+    def send_messages(self, new: list[dict[str, str]], start_ns: int | None = None, images: list[RGBImage] | None = None) -> Generation:
         """Stream the reply to ``new`` messages (a user's, or tool results:
-        ``{"role": "tool", "tool_call_id", "content"}``, whose text stays text)."""
+        ``{"role": "tool", "tool_call_id", "content"}``, whose text stays text).
+        ``images``: pictures for a vision model, placed before the user's text."""
+        self._pending = list(images or [])
+        if self._pending or self.images:  # typed text never holds a marker of its own; the images' go first
+            user = next((i for i, m in enumerate(new) if m.get("role") == "user"), None)
+            if user is None and self._pending:
+                raise UsageError("images go with a user's message")
+            new = [{**m, "content": with_images(str(m["content"]), len(self._pending) if i == user else 0)} if isinstance(m.get("content"), str) else m
+                   for i, m in enumerate(new)]
         start = start_ns if start_ns is not None else time.perf_counter_ns()
         return Generation(lambda out: self._turn(out, new, start))
 
@@ -195,6 +212,8 @@ class ChatSession:
             return None
         text = self.messages[-2]["content"]
         self.messages = self.messages[:-2]
+        if text.count(MARKER) and self.images:
+            self.images = self.images[: -text.count(MARKER)]
         turn = self.turns.pop() if self.turns and self.turns[-1].user == text else None
         if turn is not None and turn.before is not None and not turn.stats.context_shifts and turn.before[1] <= self.backend.context_used:
             self._cached_text = turn.before[0]
@@ -210,13 +229,15 @@ class ChatSession:
         # what the cache holds now, if this turn extends it (as _new_tokens decides)
         extends = self._cached_text and self.backend.context_used and rendered.startswith(self._cached_text)
         before = (self._cached_text, self.backend.context_used) if extends else None
-        tokens = self._new_tokens(rendered, self._data_spans(messages, rendered))
+        media = bool(self._pending or self.images)  # a conversation with images goes through libmtmd (_media_reply)
+        tokens = [] if media else self._new_tokens(rendered, self._data_spans(messages, rendered))
         pieces: list[str] = []
         reply: Generation | None = None
         refused = False
         try:
             n_keep = self.n_keep if self.keep_override is None else self.keep_override
-            reply = self.backend.extend(tokens, self.sampling, n_keep=n_keep, shift=self.sliding_window, start_ns=start)
+            reply = (self._media_reply(rendered, start) if media
+                     else self.backend.extend(tokens, self.sampling, n_keep=n_keep, shift=self.sliding_window, start_ns=start))
             for event in reply:
                 pieces.append(event.text)
                 yield event
@@ -228,6 +249,9 @@ class ChatSession:
                 reply.close()  # the engine's own finally: its stats exist from here
             stats = reply.stats if reply is not None else None
             out.finish(stats)
+            if not refused:  # the message (its markers) joins the conversation: so do its images
+                self.images += self._pending
+            self._pending = []
             if not refused:  # a refused message is not part of the conversation: the next one must not carry it
                 text_out = "".join(pieces)
                 self.messages = messages + [{"role": "assistant", "content": text_out}]
@@ -235,6 +259,23 @@ class ChatSession:
                 if stats is not None:
                     self.shifts.extend(stats.context_shifts)
                     self.turns.append(Turn(text, text_out, stats, before))
+
+    def _media_reply(self, rendered: str, start: int) -> Generation:
+        """The reply in a conversation that holds images: only what the cache
+        lacks goes to the engine, so an image already in the cache is not encoded
+        again; a fresh start reads the whole conversation, its images included
+        (no prompt cache: a state file does not carry images)."""
+        engine: Any = self.backend  # only the llama.cpp engine takes images (extend_images)
+        keep = self.keep_override
+        if self._cached_text and self.backend.context_used and rendered.startswith(self._cached_text):
+            n_keep = self.n_keep if keep is None else keep
+            return engine.extend_images(rendered[len(self._cached_text):], self._pending, self.sampling, n_keep=n_keep,
+                                        shift=self.sliding_window, start_ns=start)
+        self.backend.reset()
+        head = self._render(self.messages[:1], add_generation_prompt=False) if self.system_prompt else ""
+        self.n_keep = len(self._tok(head)) if head and rendered.startswith(head) else 0
+        return engine.extend_images(rendered, self.images + self._pending, self.sampling,
+                                    n_keep=self.n_keep if keep is None else keep, shift=self.sliding_window, start_ns=start)
 
 
 def prompt_cache_path(model: Path, system_prompt: str, type_k: str, type_v: str, swa_full: bool) -> Path:

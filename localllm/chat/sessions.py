@@ -179,7 +179,7 @@ def export_path(session: SavedSession) -> Path:
     return exports_dir() / f"{stem}-{session.id}.md"
 
 
-ROLE_HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
+ROLE_HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant", "tool": "Tool result"}
 
 
 def to_markdown(session: SavedSession) -> str:

@@ -2,7 +2,9 @@
 
 Each line on stdin is a message; the reply streams to stdout, and a one-line
 summary (TTFT, decode rate, ITL, context used, shifts) goes to stderr. ``/clear``
-starts over, ``/bye`` or end of input quits. With ``--json`` each turn is one
+starts over, ``/bye`` or end of input quits. ``/image FILE`` attaches a picture
+for a vision model, ``/file PATH`` a text file or a PDF to the next message (``files_cli``): refused by name, and before
+sending when it does not fit the context. With ``--json`` each turn is one
 JSON line on stdout instead.
 """
 
@@ -16,24 +18,34 @@ from typing import Any
 
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
-from localllm.commands._common import apply_template, fit_config, load_lora, lora_specs, model_path, sampling_config
+from localllm.commands import files_cli, vision_cli
+from localllm.commands._common import apply_template, fit_config, load_lora, lora_specs, model_path, sampling_config, say
 from localllm.engine_api import GenerationStats
 from localllm.errors import InputError, UsageError
 from localllm.util import fmt
 
 
-def summary(s: GenerationStats, shifts_total: int) -> str:
+def _encode(s: GenerationStats) -> str:
+    """TTFT's image-encode phase, where this turn encoded an image."""
+    return f" (image encode {fmt.ms(s.encode_ms)})" if s.images else ""
+
+
+def summary(s: GenerationStats, shifts_total: int, forecast: str = "") -> str:
     return (
-        f"TTFT {fmt.ms(s.ttft_ms)} · {fmt.num(s.decode_tokens_per_s, 1)} tokens/s · ITL p50 {fmt.ms(s.itl_ms.p50)} p95 {fmt.ms(s.itl_ms.p95)}"
+        f"TTFT {fmt.ms(s.ttft_ms)}{forecast}{_encode(s)} · {fmt.num(s.decode_tokens_per_s, 1)} tokens/s"
+        f" · ITL p50 {fmt.ms(s.itl_ms.p50)} p95 {fmt.ms(s.itl_ms.p95)}"
         f" · context {s.context_used}/{s.n_ctx} · shifts {shifts_total}"
     )
 
 
 def run(args: argparse.Namespace) -> int:
     path = model_path(args)
+    args._mmproj_path = vision_cli.projector_path(args, path)  # a projector as the model, or one that does not fit: one line
     fitted = fit_config(args, path, args.ctx)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
+    if args._mmproj_path is not None:
+        vision_cli.check_fit(fitted, args._mmproj_path)
     interactive = sys.stdin is not None and sys.stdin.isatty() and not args.json
     if getattr(args, "tools", None):  # the MCP servers first: a failing one is said before the model loads
         from localllm.commands import tools_cli  # lazy: localllm.mcp and the tool-call formats, only with --tools
@@ -49,6 +61,8 @@ def _chat(args: argparse.Namespace, path, fitted, interactive: bool, hub) -> int
     with LlamaCppBackend() as backend:
         backend.load(path, fitted.config)
         load_lora(backend, args)
+        if args._mmproj_path is not None:
+            vision_cli.attach(backend, args._mmproj_path, quiet=args.json)
         apply_template(backend, args)
         if not backend.has_chat_template:
             raise UsageError(f"{path.name} has no chat template (a base model): use localllm run --raw")
@@ -66,7 +80,9 @@ def _chat(args: argparse.Namespace, path, fitted, interactive: bool, hub) -> int
             from localllm.commands import tools_cli  # lazy: with --tools only
 
             chat = tools_cli.tool_chat(session, hub, args)
+        files = files_cli.ChatFiles(backend, fitted, args.n_predict, quiet=args.json, tools=hub is not None)  # /file, the TTFT forecast
         turn_now: dict[str, Any] = {"user": None, "pieces": []}
+        attached: list = []  # /image's pictures, sent with the next message
         if cfg.rpc_servers:
             _save_if_a_worker_dies(path, args, cfg, session, turn_now)
         while True:
@@ -83,28 +99,44 @@ def _chat(args: argparse.Namespace, path, fitted, interactive: bool, hub) -> int
                 break
             if text.strip() == "/clear":
                 session.clear()
+                attached.clear()
+                files.pending.clear()
+                continue
+            if text.strip().split(" ", 1)[0] == "/image":
+                if hub is not None:  # the tool loop sends text turns only: an image would be dropped unseen
+                    say("error: /image does not go with --tools yet")
+                else:
+                    vision_cli.image_command(text.strip()[len("/image"):].strip(), backend, attached)
+                continue
+            if files.command(text):
+                continue
+            message, refused = files.prepare(session.messages, text, images=len(attached))
+            if message is None:
+                say(refused or "not sent")
                 continue
             turn_now.update(user=text, pieces=[])
             calls = None
             if hub is not None:
-                reply, calls = tools_cli.turn(chat, text, start_ns=submitted, quiet=args.json)
+                reply, calls = tools_cli.turn(chat, message["content"], start_ns=submitted, quiet=args.json)
             else:
-                for event in session.send(text, start_ns=submitted):
+                images, attached[:] = list(attached), []  # /image's pictures go with this message
+                for event in session.send_messages([message], start_ns=submitted, images=images):
                     turn_now["pieces"].append(event.text)
                     if not args.json:
                         sys.stdout.write(event.text)
                         sys.stdout.flush()
             turn_now["user"] = None
             turn = session.turns[-1]
+            files.observe(turn.stats)
             if args.json:
                 extra = {"reply": reply, "tool_calls": calls} if calls is not None else {}
                 print(json.dumps({"user": text, "reply": turn.reply, "prompt_cache_hit": session.prompt_cache_hit, **turn.stats.to_dict(),
-                                  **extra}), flush=True)
+                                  **files.json(), **extra}), flush=True)
             else:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
                 if not args.no_stats:
-                    print(summary(turn.stats, len(session.shifts)), file=sys.stderr, flush=True)
+                    print(summary(turn.stats, len(session.shifts), files.vs()), file=sys.stderr, flush=True)
     return 0
 
 

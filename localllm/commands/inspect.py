@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from localllm import toolcalls
+from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import ModelInfo, inspect_model
 from localllm.store import names, resolver
 from localllm.util import fmt
+from localllm.vision.projector import ProjectorInfo, beside, describe, is_projector
 
 
-def render(info: ModelInfo) -> str:
+def render(info: ModelInfo, tool_format: str = "") -> str:
+    """``tool_format``: the tool-call format the chat template speaks (localllm.toolcalls.detect); "" when unknown."""
     rows = [
         ("name", info.name),
         ("path", info.path),
@@ -30,6 +34,8 @@ def render(info: ModelInfo) -> str:
         rows.append(("sliding window", "none"))
     rows.append(("vocabulary", f"{info.n_vocab:,} tokens"))
     rows.append(("chat template", "yes" if info.chat_template else "no (a base model: use run --raw)"))
+    if tool_format:
+        rows.append(("tool calls", tool_format if tool_format != "generic" else "generic (no format of its own: tools described in a system message)"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {fmt.safe(v)}" for k, v in rows]  # name and path come from the file
     lines.append("")
@@ -50,14 +56,47 @@ def _ranges(idx: list[int]) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
+def projector_rows(p: ProjectorInfo) -> list[tuple[str, str]]:
+    """A projector's figures (vision.projector: clip.cpp's keys and token count)."""
+    tokens = str(p.tokens_per_image) if p.tokens_per_image is not None else "n/a (depends on the picture's size)"
+    return [
+        ("projector", f"{p.path.name} ({p.projector_type}, {fmt.size(p.weight_bytes)})"),
+        ("image size", f"{p.image_size} px, patches of {p.patch_size} px" if p.image_size else "n/a"),
+        ("tokens per image", tokens),
+        ("projector width", f"{p.n_embd_out} (the text model's n_embd)" if p.n_embd_out else "n/a"),
+    ]
+
+
+def _projector_only(p: ProjectorInfo, as_json: bool) -> int:
+    if as_json:
+        fmt.print_json({"projector": p.to_dict()})
+    else:
+        rows = [("path", str(p.path)), *projector_rows(p), ("note", "a projector (mmproj) is not a model: run the text model with --mmproj this file")]
+        width = max(len(k) for k, _ in rows)
+        print("\n".join(f"{k:<{width}}  {fmt.safe(v)}" for k, v in rows))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    proj: ProjectorInfo | None = None
     try:
-        info = inspect_model(resolver.resolve(args.model))
+        path = resolver.resolve(args.model)
+        header = read_header(path)
+        if is_projector(header):
+            return _projector_only(describe(header), args.json)
+        near = beside(path)
+        proj = describe(read_header(near)) if near is not None else None
+        info = inspect_model(path)
+        template = header.get("tokenizer.chat_template")
+        tool_format = toolcalls.detect(template).name if isinstance(template, str) else ""
     except names.NotDownloaded as nd:
         with names.header_of(nd.name) as (stub, remote):
             info = replace(inspect_model(stub), path=f"{remote.label} (not downloaded: its header read from the Hub, nothing stored)")
+        tool_format = ""
     if args.json:
-        fmt.print_json(info.to_dict())
+        fmt.print_json({**info.to_dict(), "tool_call_format": tool_format or None, "projector": proj.to_dict() if proj is not None else None})
     else:
-        print(render(info))
+        print(render(info, tool_format))
+        if proj is not None:
+            print("\n" + "\n".join(f"{k:<16}  {fmt.safe(v)}" for k, v in projector_rows(proj)))
     return 0

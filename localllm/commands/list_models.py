@@ -26,6 +26,7 @@ class Row:
     fits: bool | None
     fit: str  # the verdict in words, or why the file could not be read
     repo: str | None
+    projector: str | None = None  # a vision model: the projector beside it (vision.projector.beside)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,12 +53,29 @@ def rows(hw: Any) -> list[Row]:
             header = read_header(e.path)
             info = describe(header)
             v = verdict.judge(planner.ModelShape.from_header(header), info.context_length, hw.gpu_budget, ram)
+            near = _projector(e.path, header)
             out.append(
-                Row(e.name, e.source, e.owner, str(e.path), info.architecture, info.file_type, info.size_bytes, info.context_length, v.full_gpu, v.text, e.repo)
+                Row(e.name, e.source, e.owner, str(e.path), info.architecture, info.file_type, info.size_bytes, info.context_length, v.full_gpu, v.text, e.repo,
+                    str(near) if near is not None else None)
             )
         except LocalLLMError as exc:
             out.append(Row(e.name, e.source, e.owner, str(e.path), None, e.quant, None, None, False, f"unreadable: {exc}", e.repo))
     return out
+
+
+def _projector(path: Any, header: Any) -> Any:
+    """The projector beside the model that fits it (vision.projector), else None: a stray or another model's is no mark."""
+    # lazy: loads gguf (~200 ms here), which list_models does not load at import
+    from localllm.vision.projector import beside, check_pair, read_projector
+
+    near = beside(path)
+    if near is None:
+        return None
+    try:
+        check_pair(header, read_projector(near))
+    except LocalLLMError:
+        return None
+    return near
 
 
 MIN_PATH = 20  # narrower than this, each path goes on a line of its own under its row
@@ -75,7 +93,7 @@ def render(table: list[Row], budget_note: str, columns: int | None = None) -> st
     head = ("NAME", *(("SOURCE", "ARCH") if wide else ()), "QUANT", "SIZE", "CTX", "FITS " + budget_note)
     body = [
         (
-            r.name,
+            r.name + (" (vision)" if r.projector else ""),
             *((r.source, r.architecture or "-") if wide else ()),
             r.quant or "-",
             fmt.size(r.size_bytes) if r.size_bytes else "-",

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from localllm.chat.speculative import DraftModel, PromptLookup, generate
+from localllm.commands import files_cli, vision_cli
 from localllm.commands._common import apply_template, device_table, fit_config, load_lora, model_path, placement_for, sampling_config, say
 from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig
 from localllm.errors import InputError, UsageError
@@ -37,6 +38,7 @@ def stats_block(s: GenerationStats) -> str:
         ("eval count", f"{s.generated_tokens} token(s)"),
         ("eval duration", fmt.ms(s.decode_ms)),
         ("eval rate", f"{fmt.num(s.decode_tokens_per_s)} tokens/s"),
+        *([("image encode", f"{s.images} image(s), {fmt.ms(s.encode_ms)} ({fmt.num(s.images_per_s)} images/s)")] if s.images else []),
         ("time to first token", fmt.ms(s.ttft_ms)),
         ("inter-token latency", f"p50 {fmt.ms(s.itl_ms.p50)}, p95 {fmt.ms(s.itl_ms.p95)}, max {fmt.ms(s.itl_ms.max)}"),
         ("total duration", fmt.ms(s.total_ms)),
@@ -60,8 +62,10 @@ def threads_lines(threads: dict | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    prompt = read_prompt(args)
+    attachments = files_cli.read_all(args.file, quiet=args.json)  # a refused file: one line before the model is even resolved
+    prompt = files_cli.compose(read_prompt(args), attachments)
     path = model_path(args)
+    images, mmproj = vision_cli.prepare(args, path)  # a projector as the model, a bad image: one line before any load
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
 
     if args.ignore_eos and args.n_predict < 0:
@@ -78,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     fitted = fit_config(args, path, args.ctx, n_outputs=args.draft_k + 1 if args.speculate else None)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
+    if mmproj is not None:
+        vision_cli.check_fit(fitted, mmproj)
     if fitted.fit.outcome is not fitting.Outcome.FITS_AS_ASKED or args.vram is not None:
         c = fitted.config
         say(
@@ -88,14 +94,22 @@ def run(args: argparse.Namespace) -> int:
         cfg = fitted.config
         _, memory_check = load_checked(backend, path, cfg, placement_for(fitted, path, cfg), fitted.plan)
         load_lora(backend, args)
+        if mmproj is not None:
+            vision_cli.attach(backend, mmproj, quiet=args.json)
         if getattr(args, "verbose", False) and not args.json:
             for line in memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]:
                 say(line)
+            for line in vision_cli.memory_lines(backend):
+                say(line)
         apply_template(backend, args)
+        if attachments:  # the prompt's tokens against the context, before anything is sent
+            attachments = files_cli.check_run(backend, fitted, prompt, attachments, args)
         if getattr(args, "tools", None):
             return _run_tools(backend, prompt, sampling, args)
         pieces: list[str] = []
-        with _speculative(backend, prompt, args) if args.speculate else backend.stream(prompt, sampling, chat=not args.raw) as gen:
+        with (_speculative(backend, prompt, args) if args.speculate
+              else backend.stream_images(prompt, images, sampling, chat=not args.raw) if images
+              else backend.stream(prompt, sampling, chat=not args.raw)) as gen:
             for event in gen:
                 pieces.append(event.text)
                 if not args.json:
@@ -112,7 +126,10 @@ def run(args: argparse.Namespace) -> int:
                 "plan": fitted.to_dict(),  # the figures the load was budgeted with, each with its source
                 "devices": device_table(fitted, path, backend.logged_buffers),
                 "lora": [{"id": i, "path": str(p), "scale": sc} for i, (p, sc) in enumerate(backend.adapters)],  # --lora, by id
+                "projector": vision_cli.json_block(backend) if mmproj is not None else None,
             }
+            if attachments:
+                out["attachments"] = files_cli.to_json(attachments)
             if spec is not None:
                 out["speculative"] = {"mode": args.speculate, "drafted": spec.drafted, "accepted": spec.accepted, "acceptance": spec.acceptance}
             fmt.print_json(out)

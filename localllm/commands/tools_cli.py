@@ -17,10 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from localllm.chat.session import ChatSession
-from localllm.errors import UsageError
 from localllm.mcp.agent import CallDone, CallRun, Decision, Notice, TextOut, ToolCall, ToolChat
-from localllm.mcp.config import load_settings
-from localllm.mcp.hub import Hub
+from localllm.mcp.hub import Hub, start_configured
 from localllm.util import fmt
 from localllm.util.fmt import safe
 
@@ -33,19 +31,7 @@ def say(line: str) -> None:
 
 def start_hub(spec: str) -> Hub:
     """The servers ``--tools NAME,...`` (or ``all``) names, started; a line for each that fails."""
-    settings = load_settings()
-    names = None if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
-    if names == [] or (names is None and not settings.servers):
-        raise UsageError(f"--tools: no MCP servers are configured in {settings.source} (localllm mcp import FILE adds Claude "
-                         "Desktop's or Cursor's)")
-    hub = Hub.from_settings(settings, names)
-    try:
-        for failed in hub.start():
-            say(f"MCP server {failed.error}")
-    except BaseException:
-        hub.close()
-        raise
-    return hub
+    return start_configured(spec, say)[0]
 
 
 def approver(args: argparse.Namespace) -> Callable[[ToolCall], Decision]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from localllm.engine.kvcache import KVCache
 from localllm.engine.model import ModelHandle
@@ -19,17 +19,23 @@ from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import Generation, SamplingConfig, TokenEvent
 from localllm.engine_api.stats import ShiftRecord, compute_stats
 
+# Evaluates a prompt's leading pieces (text and images, engine.mtmd) before ``tokens``:
+# called with n_keep and the shift list, returns (prefill_ns, encode_ns, images, tokens).
+Prologue = Callable[[int, list[ShiftRecord]], tuple[int, int, int, int]]
+
 
 def generate(handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[int], sampling: SamplingConfig, *,
-             n_keep: int, start: int, shift: bool = True) -> Generation:
+             n_keep: int, start: int, shift: bool = True, prologue: Prologue | None = None) -> Generation:
     """Evaluate ``tokens`` after the cache and generate. With ``max_tokens`` set
     a full context shifts (keeping ``n_keep`` tokens); with -1, or ``shift``
-    off, the generation stops at a full context (``stop_reason='context'``)."""
-    return Generation(lambda out: _run(out, handle, tok, cache, tokens, sampling, n_keep, start, shift))
+    off, the generation stops at a full context (``stop_reason='context'``).
+    ``prologue``: evaluates what comes before ``tokens`` (a prompt's images), inside
+    the generation's clock, so TTFT and the stats count it."""
+    return Generation(lambda out: _run(out, handle, tok, cache, tokens, sampling, n_keep, start, shift, prologue))
 
 
 def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[int],
-         sampling: SamplingConfig, n_keep: int, start: int, shift: bool) -> Iterator[TokenEvent]:
+         sampling: SamplingConfig, n_keep: int, start: int, shift: bool, prologue: Prologue | None = None) -> Iterator[TokenEvent]:
     handle.reset_perf()
     steer = handle.steer
     mark = len(steer.controller.changes) if steer is not None else 0  # this generation's thread changes start here
@@ -41,8 +47,11 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
     first_text_ns: int | None = None
     shifts: list[ShiftRecord] = []
     stop = "length"
+    encode_ns, images, pre_tokens = 0, 0, 0
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     try:
+        if prologue is not None:
+            prefill_ns, encode_ns, images, pre_tokens = prologue(n_keep, shifts)
         for chunk in handle.prompt_chunks(tokens):
             cache.make_room(len(chunk), n_keep, shifts)
             prefill_ns += cache.append(chunk)
@@ -75,7 +84,7 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
         out.finish(compute_stats(
             start_ns=start,
             token_ns=token_ns,
-            prompt_tokens=len(tokens),
+            prompt_tokens=pre_tokens + len(tokens),
             prefill_ns=prefill_ns,
             decode_ns=decode_ns,
             decode_evals=decode_evals,
@@ -87,4 +96,6 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
             shifts=shifts,
             first_text_ns=first_text_ns,
             threads=steer.controller.report(since=mark, start_ns=start) if steer is not None else None,
+            images=images,
+            encode_ns=encode_ns if images else None,
         ))

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localllm.engine import generator, scorer
 from localllm.engine.kvcache import KVCache
@@ -31,6 +32,12 @@ from localllm.engine_api.errors import InvalidSetting
 from localllm.errors import EngineError, UsageError
 from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.threads import ThreadController
+from localllm.vision.image import RGBImage
+from localllm.vision.marker import strip_marker, with_images
+from localllm.vision.projector import ProjectorInfo
+
+if TYPE_CHECKING:
+    from localllm.engine.mtmd import MediaPrompt, Projector
 
 
 def _round_up(n: int, k: int) -> int:
@@ -46,6 +53,7 @@ class LlamaCppBackend:
         self._cache: KVCache | None = None
         self._adapters: Adapters | None = None  # LoRA adapters of the loaded model (load_adapters)
         self._template = TemplateChoice()  # outlives a reload: --template stays chosen
+        self._projector: Projector | None = None  # a vision model's mmproj (load_projector), freed with the model
 
     # -- load / close -----------------------------------------------------------
     def load(self, path: Path, config: LoadConfig) -> LoadInfo:
@@ -57,6 +65,9 @@ class LlamaCppBackend:
         return handle.info
 
     def close(self) -> None:
+        if self._projector is not None:
+            self._projector.close()  # before the model it was loaded for
+            self._projector = None
         if self._adapters is not None:
             self._adapters.free()  # before the model (llama_adapter_lora_free unregisters from it)
             self._adapters = None
@@ -136,17 +147,6 @@ class LlamaCppBackend:
         h = self._handle
         return h.steer.controller if h is not None and h.steer is not None else None
 
-    def perf_counters(self) -> dict[str, float]:
-        """llama.cpp's own counters for the last generation (llama_perf_context)."""
-        return self._parts()[0].perf_counters()
-
-    # -- text <-> tokens --------------------------------------------------------
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        return self._parts()[1].tokenize(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
-        return self._parts()[1].token_bytes(token, special=special)
-
     @contextmanager
     def pinned_threads(self, n: int) -> Iterator[None]:
         """Every step on ``n`` threads for the block, then the controller as it was:
@@ -161,6 +161,17 @@ class LlamaCppBackend:
             yield
         finally:
             steer.controller = before
+
+    def perf_counters(self) -> dict[str, float]:
+        """llama.cpp's own counters for the last generation (llama_perf_context)."""
+        return self._parts()[0].perf_counters()
+
+    # -- text <-> tokens --------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self._parts()[1].tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        return self._parts()[1].token_bytes(token, special=special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._parts()[1].detokenize(tokens)
@@ -285,3 +296,101 @@ class LlamaCppBackend:
         """Logits at every position of ``tokens`` from an empty cache ([n, n_vocab] float32)."""
         handle, _, cache = self._parts()
         return scorer.logits(handle, cache, tokens)
+
+    # -- images (a vision model: engine.mtmd) -------------------------------------
+    def load_projector(self, path: Path) -> ProjectorInfo:
+        """Load a projector (mmproj) for the loaded model; checked against its
+        header first (one line naming both files). Replaces one loaded before."""
+        from localllm.engine.mtmd import Projector  # lazy: libmtmd's bindings (~13 ms), only for a vision model
+
+        handle, _, _ = self._parts()
+        proj = Projector(handle, Path(path))
+        if self._projector is not None:
+            self._projector.close()
+        self._projector = proj
+        return proj.info
+
+    @property
+    def projector(self) -> Projector | None:
+        """The loaded projector (its ``encoded`` count: images the vision encoder ran on)."""
+        return self._projector
+
+    def last_logits(self):
+        """The logits after the last evaluated position (``engine.mtmd.last_logits``)."""
+        from localllm.engine.mtmd import last_logits  # lazy: as in load_projector
+
+        return last_logits(self._parts()[0])
+
+    def _media(self, text: str, images: Sequence[RGBImage], *, add_special: bool, parse_special: bool) -> MediaPrompt:
+        if self._projector is None:
+            raise UsageError("images need a vision model's projector: add --mmproj FILE")
+        return self._projector.tokenize(text, images, add_special=add_special, parse_special=parse_special)
+
+    def stream_images(self, prompt: str, images: Sequence[RGBImage], sampling: SamplingConfig, *, chat: bool = True,
+                      start_ns: int | None = None) -> Generation:
+        """``stream`` with ``images`` before the prompt's text (as Ollama and LM
+        Studio place them); the cache is cleared first."""
+        handle, tok, cache = self._parts()
+        start = start_ns if start_ns is not None else time.perf_counter_ns()
+        typed = strip_marker(prompt)
+        if tok.tokenize(typed, add_special=False, parse_special=True) != tok.tokenize(typed, add_special=False, parse_special=False):
+            raise UsageError("the prompt holds special-token text, which cannot be kept as plain text beside images")
+        body = with_images(typed, len(images))
+        if chat and tok.has_chat_template:
+            mp = self._media(tok.render_chat([{"role": "user", "content": body}]), images, add_special=False, parse_special=True)
+        else:
+            mp = self._media(body, images, add_special=True, parse_special=False)
+        n_ctx = handle.n_ctx
+        total = mp.n_tokens
+        if total >= n_ctx:
+            mp.close()
+            raise InvalidSetting(f"the prompt and its images are {total} tokens but the context holds {n_ctx}: try {{n_ctx}} {_round_up(total + 256, 256)}")
+        first = mp.pieces[0].tokens[:1] if mp.pieces and not mp.pieces[0].is_image else []
+        bos = 1 if first and first[0] == handle.header.get("tokenizer.ggml.bos_token_id") else 0
+        n_keep = total if total <= n_ctx // 2 else bos
+        cache.reset()
+        return self._generate_media(mp, sampling, n_keep=n_keep, shift=True, start=start)
+
+    def extend_images(self, text: str, images: Sequence[RGBImage], sampling: SamplingConfig, *, n_keep: int,
+                      shift: bool = True, start_ns: int | None = None) -> Generation:
+        """``extend`` with the rendered ``text`` (a chat turn's new part, one
+        ``MARKER`` where each of ``images`` goes): what the cache holds stays,
+        its images included, and only this turn's images are encoded."""
+        handle, _, cache = self._parts()
+        start = start_ns if start_ns is not None else time.perf_counter_ns()
+        mp = self._media(text, images, add_special=False, parse_special=True)
+        n_ctx = handle.n_ctx
+        if mp.n_tokens > n_ctx - n_keep - 1:
+            mp.close()
+            raise InvalidSetting(f"the message and its images are {mp.n_tokens} tokens; the context holds {n_ctx} with {n_keep} kept: try a larger {{n_ctx}}")
+        if not shift and len(cache) + mp.n_tokens >= n_ctx:
+            mp.close()
+            raise EngineError(f"the context is full ({len(cache)} of {n_ctx} tokens): clear the chat, or turn the sliding window on")
+        return self._generate_media(mp, sampling, n_keep=n_keep, shift=shift, start=start)
+
+    def _generate_media(self, mp: MediaPrompt, sampling: SamplingConfig, *, n_keep: int, shift: bool, start: int) -> Generation:
+        """Generate after ``mp``: its pieces but the last text one in the prologue (images
+        encoded there, timed apart), the last through the generator as any prompt."""
+        handle, tok, cache = self._parts()
+        proj = self._projector
+        assert proj is not None  # _media checked
+        pieces = list(mp.pieces)
+        if not pieces or pieces[-1].is_image or not pieces[-1].tokens:
+            mp.close()
+            raise UsageError("a prompt may not end with an image: put text after it")
+        head, tail = pieces[:-1], pieces[-1].tokens
+        # a cache that cannot shift (sliding-window, recurrent) re-reads its kept tokens as text, and an image's
+        # cells are no text: with images such a cache stops full instead (the chat says to clear it)
+        shift = shift and cache.can_shift
+        if not shift and len(cache) + mp.n_tokens >= handle.n_ctx:
+            mp.close()
+            raise EngineError(f"the context is full ({len(cache)} of {handle.n_ctx} tokens, images included): clear the chat, or load it with a larger context")
+
+        def prologue(keep: int, shifts: list) -> tuple[int, int, int, int]:
+            try:
+                done = proj.evaluate(cache, head, keep, shifts)
+            finally:
+                mp.close()
+            return done.prefill_ns, done.encode_ns, done.images, done.tokens
+
+        return generator.generate(handle, tok, cache, list(tail), sampling, n_keep=n_keep, start=start, shift=shift, prologue=prologue)

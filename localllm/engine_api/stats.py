@@ -105,6 +105,11 @@ class GenerationStats:
     # mode, start, the count per kind of step now, the changes during this
     # generation. None: the engine chose none (the scripted fake).
     threads: dict[str, Any] | None = None
+    # Images in the prompt (a vision model, engine.mtmd): TTFT's third phase. encode_ms is the vision
+    # encoder alone (the embeddings' decode counts in prefill_ms); None when no image was encoded.
+    images: int = 0
+    encode_ms: float | None = None
+    images_per_s: float | None = None
 
     def to_dict(self, with_token_times: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -129,6 +134,8 @@ def compute_stats(
     shifts: Sequence[ShiftRecord] = (),
     first_text_ns: int | None = None,
     threads: dict[str, Any] | None = None,
+    images: int = 0,
+    encode_ns: int | None = None,
 ) -> GenerationStats:
     """Build the stats from raw monotonic stamps (``time.perf_counter_ns``).
     ``first_text_ns``: when the first token that prints text came (a token that
@@ -159,4 +166,7 @@ def compute_stats(
         context_shifts=list(shifts),
         token_times_ms=times_ms,
         threads=threads,
+        images=images,
+        encode_ms=encode_ns / 1e6 if images and encode_ns is not None else None,
+        images_per_s=images / encode_ns * 1e9 if images and encode_ns else None,
     )

@@ -95,13 +95,15 @@ class ToolChat:
     """``session``'s chat with ``hub``'s tools offered to its model."""
 
     def __init__(self, session: ChatSession, hub: Hub, *, approve: Callable[[ToolCall], Decision],
-                 max_steps: int = DEFAULT_MAX_STEPS, choice: str = "auto", allowed: Iterable[str] = ()) -> None:
+                 max_steps: int = DEFAULT_MAX_STEPS, choice: str = "auto", allowed: Iterable[str] = (),
+                 off: Iterable[str] = ()) -> None:
         self.session, self.hub, self.approve, self.max_steps = session, hub, approve, max_steps
         self.fmt = formats.detect(session.backend.template_source)
         self.notices: list[str] = []  # one line per tool left out
         self.always: set[str] = set(allowed) | {f"{s.config.name}/{t}" for s in hub.servers.values() for t in s.config.allow}
         self.running: PendingCall | None = None  # the call in flight, for ``cancel``
-        self.tools = self._offer(hub.tools, choice)
+        off = set(off)  # "server/tool": switched off by the user (the cockpit's settings), not offered
+        self.tools = self._offer([t for t in hub.tools if f"{t.server}/{t.name}" not in off], choice)
 
     def cancel(self) -> None:
         """Stop the call in flight (from another thread: the cockpit's Esc): the

@@ -21,13 +21,14 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from localllm.errors import UsageError
-from localllm.mcp.config import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, ServerConfig, Settings
+from localllm.mcp.config import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, ServerConfig, Settings, load_settings
 from localllm.mcp.tools import MAX_RESULT_BYTES, MAX_TOOLS, Tool, ToolResult, check, result_text
 from localllm.util.fmt import safe
 
@@ -349,3 +350,21 @@ def _describe(exc: BaseException) -> str:
     if name in ("ClosedResourceError", "BrokenResourceError", "EndOfStream") or "Connection closed" in text:
         return "the server closed the connection"
     return f"{text}" if text else name
+
+
+def start_configured(spec: str, tell: Callable[[str], None]) -> tuple[Hub, Path | None]:
+    """The servers ``spec`` names, started (a line each through ``tell`` for those
+    that fail), and the config file they came from (the cockpit shows it)."""
+    settings = load_settings()
+    names = None if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    if names == [] or (names is None and not settings.servers):
+        raise UsageError(f"--tools: no MCP servers are configured in {settings.source} (localllm mcp import FILE adds Claude "
+                         "Desktop's or Cursor's)")
+    hub = Hub.from_settings(settings, names)
+    try:
+        for failed in hub.start():
+            tell(f"MCP server {failed.error}")
+    except BaseException:
+        hub.close()
+        raise
+    return hub, settings.source

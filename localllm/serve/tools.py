@@ -1,34 +1,38 @@
 """Tool calling for ``localllm serve``: OpenAI's ``tools``/``tool_choice`` in,
 ``tool_calls`` out, in the format the model's chat template speaks.
 
-A model calls a tool by writing text its template taught it; which text is
-read from the template (as llama-server's common/chat.cpp does):
-
-- ``hermes`` (Qwen 2.5, Hermes): ``<tool_call>{"name", "arguments"}</tool_call>``;
-- ``llama3`` (Llama 3.1, 3.2): the reply is ``{"name", "parameters"}``;
-- ``mistral`` (Mistral v0.3, Nemo): ``[TOOL_CALLS][{"name", "arguments"}, ...]``;
-- ``generic``: any other template (SmolLM2, Gemma, Phi-3.5 have no tool
-  calling): the tools are described in a system message and the reply is
-  ``{"name", "arguments"}``, as llama-server's generic format does.
+Which format, and how a reply is parsed, is ``localllm.toolcalls``'s (the
+families llama.cpp's common/chat.cpp reads: Hermes, Llama 3, Mistral,
+Qwen3-Coder, gpt-oss, DeepSeek, Kimi K2, GLM, ...; ``generic`` for any other
+template: the tools are described in a system message and the reply is
+``{"name", "arguments"}``, as llama-server's generic format does). This
+module is the OpenAI side: the request's tools checked, the grammar a call
+is held to, the messages as the template gets them, the calls in OpenAI's shape.
 
 ``tool_choice`` ``required`` or a named function holds the reply to a
 grammar of a valid call from its first token; ``auto`` leaves it free until
 the format's marker appears, then holds it (llama.cpp's lazy grammar);
-``none`` shows the model no tools. Pure Python but for the schema converter.
+``none`` shows the model no tools. The formats whose arguments are XML-ish
+parameters (Qwen3-Coder, GLM, MiniMax, Seed-OSS, LFM2) have no grammar here:
+``auto`` is free text, and a forced call is held to the generic JSON object,
+which their parsers also read. Pure Python but for the schema converter.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
-import string
 from dataclasses import dataclass, replace
 from typing import Any
 
+from localllm.toolcalls import GENERIC, HERMES, LLAMA3, MISTRAL, Call, Format, Stream, collect, detect
+
+__all__ = ["GENERIC", "HERMES", "LLAMA3", "MAX_TOOLS", "MISTRAL", "NAME", "Format", "ReplySplitter", "ToolRequest", "ToolsError",
+           "detect", "for_template", "message_extras", "parse_reply", "parse_request", "split_reply"]
+
 MAX_TOOLS = 128
 NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's function names
-_ALNUM = string.ascii_letters + string.digits
+_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 
 
 class ToolsError(Exception):
@@ -40,65 +44,12 @@ class ToolsError(Exception):
 
 
 @dataclass(frozen=True)
-class Format:
-    """How one template family writes a call: the grammar's top rule around a
-    call object, the lazy grammar's trigger, and the keys of a call."""
-
-    name: str
-    args_key: str  # "arguments", or Llama 3's "parameters"
-    root_one: str  # GBNF of the whole reply holding one call (rule tool-call is one call object)
-    root_many: str  # ... holding one or more calls
-    trigger: str  # a regex ending in $ over the reply so far; its capture is where the grammar starts (tool_choice "auto")
-    id_len: int = 0  # Mistral's templates want 9 alphanumerics as a call id; 0: OpenAI's call_...
-    system_role: bool = True  # generic: whether the template takes a system message (Gemma 2's refuses one)
-
-    def call_id(self) -> str:
-        if self.id_len:
-            return "".join(secrets.choice(_ALNUM) for _ in range(self.id_len))
-        return "call_" + secrets.token_hex(12)
-
-    @property
-    def native(self) -> bool:
-        """Whether the chat template renders the tools itself (else a system message says them)."""
-        return self.name != "generic"
-
-
-# The lazy grammar's triggers: each ends at the end of the reply so far ($), so
-# llama.cpp replays into the grammar only the capture, text it accepts. None
-# holds an unbounded run: llama.cpp tries them after every token on all the
-# reply so far (std::regex, which recurses per character of such a run).
-_JSON_START = r'^[ \t\n]{0,16}(\{[ \t\n]{0,8}"name"[ \t\n]{0,8}:[ \t\n]{0,8}"?)$'
-_HERMES_BLOCK = 'tool-block ::= "<tool_call>" [ \\n]{0,2} tool-call [ \\n]{0,2} "</tool_call>"\n'
-HERMES = Format("hermes", "arguments", "root ::= tool-block\n" + _HERMES_BLOCK,
-                'root ::= tool-block ("\\n" tool-block)*\n' + _HERMES_BLOCK, r'(<tool_call>[ \n]{0,2}(?:\{[ \t\n]{0,8}"?)?)$')
-LLAMA3 = Format("llama3", "parameters", "root ::= tool-call\n", "root ::= tool-call\n", r"^(?:<\|python_tag\|>)?" + _JSON_START[1:])
-MISTRAL = Format("mistral", "arguments", 'root ::= "[TOOL_CALLS]" "[" tool-call "]"\n',
-                 'root ::= "[TOOL_CALLS]" "[" tool-call ("," " "? tool-call)* "]"\n', r'(\[TOOL_CALLS\](?:\[(?:\{[ \t\n]{0,8}"?)?)?)$', id_len=9)
-GENERIC = Format("generic", "arguments", "root ::= tool-call\n", "root ::= tool-call\n", _JSON_START)
-
-
-def detect(template: str | None) -> Format:
-    """The call format a chat template's text teaches (``generic`` when none)."""
-    if not template:
-        return GENERIC
-    if "[TOOL_CALLS]" in template:
-        return MISTRAL
-    if "<tool_call>" in template:
-        return HERMES
-    if "<|start_header_id|>" in template and "tools" in template and "ipython" in template:
-        return LLAMA3
-    if "System role not supported" in template:
-        return replace(GENERIC, system_role=False)
-    return GENERIC
-
-
-@dataclass(frozen=True)
 class ToolRequest:
     """A request's validated tools and what follows from them."""
 
     functions: tuple[dict[str, Any], ...]  # {"name", "description"?, "parameters"} of each tool offered
     choice: str  # "auto", "required" or "function"
-    grammar: str  # GBNF of the reply: valid calls only
+    grammar: str | None  # GBNF of the reply: valid calls only; None: free (``auto`` where the format has no grammar here)
     triggers: tuple[str, ...]  # empty: the grammar holds from the first token; else lazy (tool_choice "auto")
     fmt: Format
 
@@ -134,8 +85,16 @@ def parse_request(body: dict, fmt: Format) -> ToolRequest | None:
             raise ToolsError("tool_choice", f"is {choice!r} but no 'tools' are given")
         return None
     called = [f for f in functions if named is None or f["name"] == named]
-    root = fmt.root_many if parallel is not False and fmt.root_many != fmt.root_one and choice != "function" else fmt.root_one
-    return ToolRequest(functions=functions, choice=choice, grammar=root + _call_rules(called, fmt), fmt=fmt,
+    reading = replace(fmt, schemas={f["name"]: f["parameters"] for f in functions})  # the parser types XML-ish values by these
+    if fmt.json_fallback:  # no grammar of its own: auto is free text; a forced call is the generic JSON object, read as well
+        if choice == "auto":
+            _call_rules(called, GENERIC)  # the schemas are checked all the same
+            return ToolRequest(functions=functions, choice=choice, grammar=None, fmt=reading, triggers=())
+        return ToolRequest(functions=functions, choice=choice, grammar=GENERIC.root_one + _call_rules(called, GENERIC),
+                           fmt=replace(reading, bare="{"), triggers=())
+    many = parallel is not False and fmt.parallel and fmt.root_many != fmt.root_one and choice != "function"
+    root = fmt.root_many if many else fmt.root_one
+    return ToolRequest(functions=functions, choice=choice, grammar=root + _call_rules(called, fmt), fmt=reading,
                        triggers=(fmt.trigger,) if choice == "auto" else ())
 
 
@@ -189,6 +148,9 @@ def _call_rules(functions: list[dict[str, Any]], fmt: Format) -> str:
     assert root is not None  # the converter always writes its root rule
     refs = root.group(1).split(" | ")  # one rule an alternative, in order
     gbnf = gbnf.replace(root.group(0) + "\n", "", 1)
+    if fmt.call_gbnf:  # the name in the format's markup, the arguments JSON
+        alts = " | ".join("(" + fmt.call_gbnf.replace("@NAME@", f["name"]).replace("@ARGS@", ref) + ")" for f, ref in zip(functions, refs))
+        return f"tool-call ::= {alts}\n" + gbnf
     alts = " | ".join(f'"\\"{f["name"]}\\"" tool-ws "," tool-ws "\\"{fmt.args_key}\\"" tool-ws ":" tool-ws {ref}'
                       for f, ref in zip(functions, refs))
     return (f'tool-call ::= "{{" tool-ws "\\"name\\"" tool-ws ":" tool-ws ({alts}) tool-ws "}}"\n'
@@ -274,100 +236,62 @@ def parse_reply(text: str, fmt: Format, names: set[str]) -> tuple[str, list[dict
     """(content, calls) of a reply: calls in OpenAI's shape, content what is left.
     A reply whose calls do not all parse, or name a function not offered, is
     all content (no calls), as llama-server leaves it."""
-    calls: list[tuple[str, Any]] = []
-    content = text
-    stripped = text.strip()
-    if fmt is HERMES:
-        blocks = list(re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S))
-        if blocks:
-            for b in blocks:
-                call = _call(b.group(1), "arguments")
-                if call is None:
-                    return text, []
-                calls.append(call)
-            content = text[:blocks[0].start()] + text[blocks[-1].end():]
-            if "<tool_call>" in content:  # a block left open: cut short
-                return text, []
-        else:
-            call = _call(stripped, "arguments")  # <tool_call> a control token in this vocabulary: not in the text
-            if call is not None:
-                calls, content = [call], ""
-    elif fmt is MISTRAL:
-        body = stripped.removeprefix("[TOOL_CALLS]").strip()  # the control token is not in the text; its letters may be
-        try:
-            items = json.loads(body, strict=False) if body.startswith("[") else None
-        except ValueError:
-            items = None
-        if isinstance(items, list) and items:
-            for it in items:
-                call = _call(json.dumps(it), "arguments")
-                if call is None:
-                    return text, []
-                calls.append(call)
-            content = ""
-    else:  # llama3 (after <|python_tag|>, a control token not in the text, or none) and generic: the reply is the call
-        stripped = stripped.removeprefix("<|python_tag|>") if fmt is LLAMA3 else stripped
-        call = _call(stripped, fmt.args_key) or _call(stripped, "arguments")
-        if call is not None:
-            calls, content = [call], ""
-    if any(name not in names for name, _ in calls):
+    return split_reply(text, fmt, names)[1:]
+
+
+def split_reply(text: str, fmt: Format, names: set[str]) -> tuple[str | None, str, list[dict[str, Any]]]:
+    """(reasoning, content, calls): ``parse_reply`` with the thinking a format
+    writes in its own markup (gpt-oss's analysis channel), which
+    ``parse_reply`` leaves out; a reply left all content keeps it in its text."""
+    s = Stream(fmt)
+    parsed = collect(s.feed(text) + s.finish(), s)
+    content, calls = _openai(text, parsed, fmt, names)
+    return (parsed.reasoning if content is not text else None), content, calls
+
+
+def _openai(text: str, parsed: Any, fmt: Format, names: set[str]) -> tuple[str, list[dict[str, Any]]]:
+    if parsed.broken and parsed.calls or any(c.name not in names for c in parsed.calls):
         return text, []
-    return content, [{"id": fmt.call_id(), "type": "function",
-                      "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}} for name, args in calls]
+    return parsed.content, [_call(c, fmt) for c in parsed.calls]
 
 
-def _call(text: str, args_key: str) -> tuple[str, Any] | None:
-    try:
-        obj = json.loads(text, strict=False)  # the grammar's strings, as llama.cpp's converter writes them, allow control characters
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(obj.get(args_key, {}), dict):
-        return None
-    if set(obj) - {"name", args_key}:
-        return None
-    return obj["name"], obj.get(args_key, {})
+def _call(c: Call, fmt: Format) -> dict[str, Any]:
+    """A parsed call as OpenAI's ``tool_calls`` item: the model's own id where
+    it wrote a usable one (Kimi's, Mistral's), else a new one."""
+    ok = c.id is not None and _ID.match(c.id) and (not fmt.id_len or (len(c.id) == fmt.id_len and c.id.isalnum()))
+    return {"id": c.id if ok else fmt.call_id(), "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
 
 
 class ReplySplitter:
     """Streams the content of a reply that may hold calls: text that cannot
     begin a call goes out at once; from where a call may begin it is held,
-    and ``finish`` parses the whole reply."""
+    and ``finish`` gives the calls (all at the end: a reply whose calls do
+    not all parse is all content, which only its end can tell)."""
 
     def __init__(self, req: ToolRequest) -> None:
         self.req = req
         self.text = ""
-        self.sent = 0
+        self.sent = ""
+        self.stream = Stream(req.fmt)
+        self.parts: list[Any] = []
 
     def feed(self, piece: str) -> str:
         """Add a piece of the reply; the content now safe to send ("" for none)."""
         self.text += piece
-        if self.req.choice != "auto":
-            return ""  # the grammar makes the whole reply calls
-        end = self._hold_from()
-        out = self.text[self.sent:end] if end > self.sent else ""
-        self.sent = max(self.sent, end)
+        got = self.stream.feed(piece)
+        self.parts += got
+        if self.req.choice != "auto" or any(isinstance(p, Call) for p in self.parts):
+            return ""  # the grammar makes the whole reply calls; or calls came: what follows waits for the verdict
+        out = "".join(p[1] for p in got if not isinstance(p, Call) and p[0] == "content")
+        self.sent += out
         return out
-
-    def _hold_from(self) -> int:
-        t = self.text
-        if self.req.fmt is HERMES:
-            at = t.find("<tool_call>")
-            if at >= 0:
-                return at
-            for k in range(min(len("<tool_call>") - 1, len(t)), 0, -1):
-                if "<tool_call>".startswith(t[-k:]):
-                    return len(t) - k
-            return len(t)
-        s = t.lstrip()  # the JSON formats: a call is the whole reply, so the first character decides
-        if not s or s[0] in "{[":
-            return 0
-        return len(t)
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """(content not yet sent, calls) once the reply is whole."""
-        content, calls = parse_reply(self.text, self.req.fmt, {f["name"] for f in self.req.functions})
-        if not calls:
-            return self.text[self.sent:], []
-        done = self.text[:self.sent]
-        rest = content[len(done):] if content.startswith(done) else ""
+        self.parts += self.stream.finish()
+        content, calls = _openai(self.text, collect(self.parts, self.stream), self.req.fmt, {f["name"] for f in self.req.functions})
+        if not calls and not self.stream.called:
+            return content[len(self.sent):] if content.startswith(self.sent) else "", []
+        rest = content[len(self.sent):] if content.startswith(self.sent) else ""
         return rest, calls

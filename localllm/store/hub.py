@@ -29,7 +29,7 @@ from typing import Any, Literal
 from localllm import paths
 from localllm.errors import InputError, LocalLLMError
 from localllm.store import hf_cache, registry
-from localllm.store.modelname import is_projector, quant_of, split_names, split_part
+from localllm.store.modelname import is_projector, pick_projector, quant_of, split_names, split_part
 from localllm.util import atomic, fmt
 from localllm.util.progress import Bar
 
@@ -59,6 +59,7 @@ class PullResult:
     verified: bool  # the checksum was computed and matched
     from_cache: bool
     reason: str  # why this file (asked for, --quant, the largest that fits --vram)
+    projector: str | None = None  # the vision projector pulled beside it (pull_all), where the repo has one
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +92,7 @@ def offline(flag: bool) -> bool:
 # -- choosing a file ---------------------------------------------------------------
 
 
-def list_ggufs(repo_id: str, revision: str) -> list[RemoteFile]:
+def list_ggufs(repo_id: str, revision: str, *, projectors: bool = False) -> list[RemoteFile]:
     """The GGUF models in a repo (no vision projectors), from the Hub's tree API.
     Asked directly, without huggingface_hub's retry back-off (23 s when the Hub is
     unreachable): one try, one line."""
@@ -121,7 +122,8 @@ def list_ggufs(repo_id: str, revision: str) -> list[RemoteFile]:
         if not isinstance(it, dict):
             continue
         name = it.get("path")
-        if not isinstance(name, str) or it.get("type") != "file" or not name.lower().endswith(".gguf") or is_projector(name):
+        # the models, or with ``projectors`` the vision projectors (pull_all fetches the model's beside it)
+        if not isinstance(name, str) or it.get("type") != "file" or not name.lower().endswith(".gguf") or is_projector(name) != projectors:
             continue
         size = it.get("size")
         if hf_cache.unsafe_filename(name) is not None or not isinstance(size, int) or size < 0:
@@ -174,9 +176,30 @@ def pull_all(repo_id: str, filename: str, revision: str, *, progress: bool, reas
     results = [pull(repo_id, name, revision, progress=progress, reason=reason, offline_mode=offline_mode, on_progress=on_progress)
                for name in split_names(filename)]
     first = results[0]
+    proj = _pull_projector(repo_id, filename, revision, progress=progress, offline_mode=offline_mode, on_progress=on_progress)
     return replace(first, size=sum(r.size for r in results), downloaded_bytes=sum(r.downloaded_bytes for r in results),
                    resumed_from=sum(r.resumed_from for r in results), verified=all(r.verified for r in results),
-                   from_cache=all(r.from_cache for r in results))
+                   from_cache=all(r.from_cache for r in results), projector=proj.path if proj is not None else None)
+
+
+def _pull_projector(repo_id: str, filename: str, revision: str, *, progress: bool, offline_mode: bool,
+                    on_progress: OnProgress | None) -> PullResult | None:
+    """The vision projector beside ``filename`` in the repo (``pick_projector``), pulled
+    as any file (resumed, its sha256 checked) into the same snapshot, where
+    ``vision.projector.beside`` finds it; None for a repo without one."""
+    if is_projector(filename):
+        return None
+    if offline_mode:
+        cache = paths.hf_hub_cache()
+        commit = hf_cache.commit_for(cache, repo_id, revision)
+        files = [(f.filename, f.size) for f in hf_cache.scan(cache, repo_id) if (commit is None or f.commit == commit)]
+    else:
+        files = [(f.filename, f.size) for f in list_ggufs(repo_id, revision, projectors=True)]
+    name = pick_projector(filename, files)
+    if name is None:
+        return None
+    return pull(repo_id, name, revision, progress=progress, reason=f"the vision projector of {filename}", offline_mode=offline_mode,
+                on_progress=on_progress)
 
 
 def pick_by_budget(files: list[RemoteFile], judge_of: Callable[[RemoteFile], Any], gpu_budget: int) -> tuple[RemoteFile, str]:

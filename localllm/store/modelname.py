@@ -54,8 +54,32 @@ def split_names(filename: str) -> list[str]:
 
 
 def is_projector(filename: str) -> bool:
-    """Vision projectors (``mmproj-*.gguf``) are not language models on their own."""
+    """Vision projectors (``mmproj-*.gguf``) are not language models on their own:
+    never listed as a model, but attached to the model beside them (``pick_projector``)."""
     return "mmproj" in filename.rsplit("/", 1)[-1].lower()
+
+
+def pick_projector(model: str, candidates: list[tuple[str, int]]) -> str | None:
+    """The projector for ``model`` among a repo's ``(filename, size)`` files, as
+    llama-server's ``-hf`` picks one (common/arg.cpp: an ``mmproj`` GGUF in the
+    model's folder): the name sharing the longest start with the model's once
+    ``mmproj-`` is dropped, then F16 before other types (llama.cpp's converters
+    write f16 by default), then the smallest. None when the folder has none."""
+    folder = model.rsplit("/", 1)[0] if "/" in model else ""
+    base = model.rsplit("/", 1)[-1].lower()
+
+    def common(name: str) -> int:
+        n = 0
+        for a, b in zip(name.rsplit("/", 1)[-1].lower().replace("mmproj-", ""), base):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    here = [(n, size) for n, size in candidates if is_projector(n) and (n.rsplit("/", 1)[0] if "/" in n else "") == folder]
+    if not here:
+        return None
+    return min(here, key=lambda c: (-common(c[0]), "f16" not in c[0].lower(), c[1], c[0]))[0]
 
 
 def short_repo(repo: str) -> str:

@@ -100,6 +100,11 @@ QUICK = {
         ["--quick"],
         [r"PASS slowloris: 511 half-sent", r"PASS SIGTERM then SIGINT mid-stream", r"hostile requests: (\d+)/\1 passed"],
     ),
+    "bench_forecast": (
+        ["--quick"],
+        [r"forecast / measured TTFT at 64 tokens: [\d.]+", r"forecast / measured TTFT at 256 tokens: [\d.]+",
+         r"median forecast / measured TTFT over 6 runs \(target 0.75-1.25\): [\d.]+"],
+    ),
 }
 
 

@@ -206,3 +206,51 @@ def test_llama3_and_mistral_templates_call_and_continue(template: str, synth_mod
         assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
     finally:
         s.stop()
+
+
+# -- formats beyond Hermes (issue 48, item 1): the same synthetic model under other families' templates -------------
+
+TOOLCALL_TEMPLATES = Path(__file__).parents[1] / "toolcalls" / "templates"
+
+
+@pytest.fixture(scope="module", params=["deepseek-ai-DeepSeek-V3.1.jinja", "Qwen3-Coder.jinja"])
+def other(request, synth_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """DeepSeek V3.1 (the name in markup, JSON arguments: its own grammar) and Qwen3-Coder
+    (XML parameters: a forced call is held to the generic JSON object, which its parser reads)."""
+    tmp = tmp_path_factory.mktemp("tools-other")
+    source = (TOOLCALL_TEMPLATES / request.param).read_text(encoding="utf-8")
+    model = mutated(synth_model, tmp, "synth-other-template.gguf",
+                    lambda m: _replace_kv(m, "tokenizer.chat_template", STR, enc(STR, source), add=True))
+    s = Server(str(model), "--ctx", "4096", "--threads", "1", "--api-key", KEY, env={"LOCALLLM_HOME": str(tmp / "home")})
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_other_families_forced_calls_come_back_as_tool_calls_whole_and_streamed(other) -> None:
+    """Thinking off: with it on, DeepSeek's prompt opens the thinking and a call forced from the
+    first token is read as thinking (the grammar does not yet let the model close it first)."""
+    client = _openai(other)
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    r = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, NOW], tool_choice="required", parallel_tool_calls=False,
+                                       temperature=1.0, seed=1, max_tokens=200, extra_body=off)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert len(choice.message.tool_calls) == 1
+    _well_formed(choice.message.tool_calls[0])
+    stream = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], temperature=1.0, seed=2, max_tokens=200,
+                                            tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True,
+                                            extra_body=off)
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in stream:
+        if chunk.choices:
+            for d in chunk.choices[0].delta.tool_calls or []:
+                c = calls.setdefault(d.index, {"name": d.function.name, "arguments": ""})
+                c["arguments"] += d.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and [c["name"] for c in calls.values()] == ["get_weather"]
+    args = json.loads(calls[0]["arguments"])
+    assert set(args) == {"city", "unit"}

@@ -8,6 +8,7 @@ them in models/templates/."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 from pathlib import Path
 
@@ -210,3 +211,178 @@ def test_bad_tool_values_are_400s_naming_the_field(body: dict, field: str) -> No
     with pytest.raises(RequestError) as info:
         parse_gen(body, chat=True, n_vocab=100, tool_format=tools.HERMES)
     assert info.value.status == 400 and info.value.param == field, info.value.message
+
+
+# -- the formats of localllm.toolcalls, as serve uses them (issue 48, item 1) ---------------
+
+def test_templates_that_share_tool_call_are_told_apart() -> None:
+    """``<tool_call>`` alone no longer means Hermes: Qwen3-Coder's XML and GLM's key/values are their own."""
+    from localllm import toolcalls
+
+    assert tools.detect(_template("Qwen-Qwen2.5-7B-Instruct.jinja")) is tools.HERMES
+    coder = (Path(__file__).parents[1] / "toolcalls" / "templates" / "Qwen3-Coder.jinja").read_text(encoding="utf-8")
+    assert tools.detect(coder) is toolcalls.QWEN3_CODER
+    glm = (Path(__file__).parents[1] / "reasoning" / "templates" / "GLM-4.6.jinja").read_text(encoding="utf-8")
+    assert tools.detect(glm) is toolcalls.GLM
+
+
+def _every_format() -> list[tools.Format]:
+    from localllm import toolcalls
+
+    return list(toolcalls.FORMATS)
+
+
+@pytest.fixture(scope="module")
+def vocab(smollm2: Path):
+    """SmolLM2's vocabulary alone (llama.cpp's vocab_only): what a grammar is parsed and walked against."""
+    import llama_cpp
+
+    from localllm.engine.tokenizer import Tokenizer
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(smollm2).encode(), params)
+    assert model
+    try:
+        yield Tokenizer(llama_cpp.llama_model_get_vocab(model), None)
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def _grammar_takes(tok, gbnf: str, text: str) -> bool:
+    """Whether llama.cpp's grammar sampler lets ``text`` through, token by token (SmolLM2's tokens)."""
+    import llama_cpp
+
+    from localllm.engine import grammar
+
+    sampler = grammar.init(tok.vocab, gbnf)
+    try:
+        for t in tok.tokenize(text, add_special=False):
+            one = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(t, 0.0, 0.0))
+            arr = llama_cpp.llama_token_data_array(one, 1, -1, False)
+            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(arr))
+            if one[0].logit == float("-inf"):
+                return False
+            llama_cpp.llama_sampler_accept(sampler, t)
+        return True
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+
+
+_ARGS = '{"city": "Paris"}'
+_J = '{"name": "get_weather", "arguments": ' + _ARGS + "}"
+# each format's call as its grammar (tool_choice required) writes it: the grammar takes it, the parser reads it back
+WRITTEN = {
+    "hermes": f"<tool_call>\n{_J}\n</tool_call>", "llama3": '{"name": "get_weather", "parameters": ' + _ARGS + "}",
+    "mistral": f"[TOOL_CALLS][{_J}]", "generic": _J, "nemotron-v2": f"<TOOLCALL>[{_J}]</TOOLCALL>", "granite": f"<|tool_call|>[{_J}]",
+    "command-r7b": '<|START_ACTION|>[{"name": "get_weather", "parameters": ' + _ARGS + "}]<|END_ACTION|>",
+    "command-r-plus": 'Action:\n```json\n[{"name": "get_weather", "parameters": ' + _ARGS + "}]\n```",
+    "apertus": '<|tools_prefix|>[{"get_weather": ' + _ARGS + "}]<|tools_suffix|>", "apriel": f"<tool_calls>[{_J}]</tool_calls>",
+    "firefunction-v2": f" functools[{_J}]", "gigachat3": f"<|message_sep|>\n\nfunction call<|role_sep|>\n{_J}",
+    "gigachat3.1": f"<|function_call|>{_J}", "functionary-v3.1": f"<function=get_weather>{_ARGS}</function>",
+    "ministral": f"[TOOL_CALLS]get_weather[ARGS]{_ARGS}",
+    "kimi-k2": f"<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{_ARGS}"
+               "<|tool_call_end|><|tool_calls_section_end|>",
+    "deepseek": f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{_ARGS}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "gpt-oss": f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{_ARGS}",
+    "functionary-v3.2": f"get_weather\n{_ARGS}",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", _every_format(), ids=lambda f: f.name)
+def test_every_formats_grammar_parses_in_llama_cpp_and_its_call_parses_back(fmt: tools.Format, vocab) -> None:
+    """tool_choice auto (lazy, from the trigger), required (one or parallel calls) and
+    named: llama.cpp's GBNF parser takes each grammar (SmolLM2's vocabulary); the
+    call the required grammar lets through parses back into the call."""
+    import llama_cpp
+
+    from localllm.engine import grammar
+
+    for body in ({}, {"tool_choice": "required"}, {"tool_choice": "required", "parallel_tool_calls": False},
+                 {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}):
+        req = _request(fmt, **body)
+        if req.grammar is None:  # no grammar of its own (XML-ish arguments): auto is free text
+            assert fmt.json_fallback and req.choice == "auto" and req.triggers == ()
+            continue
+        llama_cpp.llama_sampler_free(grammar.init(vocab.vocab, req.grammar, req.triggers))
+    req = _request(fmt, tool_choice="required")
+    text = _J if fmt.json_fallback else WRITTEN[fmt.name]  # a forced call of an XML-ish format: the generic JSON object
+    assert _grammar_takes(vocab, req.grammar, text)
+    assert not _grammar_takes(vocab, req.grammar, text.replace("get_weather", "get_wether"))  # the walk can fail
+    content, calls = tools.parse_reply(text, req.fmt, NAMES)
+    assert content == "" and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"})]
+
+
+_NOW = '{"name": "now", "arguments": {}}'
+PARALLEL = {
+    "hermes": f"<tool_call>\n{_J}\n</tool_call>\n<tool_call>\n{_NOW}\n</tool_call>", "mistral": f"[TOOL_CALLS][{_J}, {_NOW}]",
+    "nemotron-v2": f"<TOOLCALL>[{_J}, {_NOW}]</TOOLCALL>", "ministral": f"[TOOL_CALLS]get_weather[ARGS]{_ARGS}[TOOL_CALLS]now[ARGS]{{}}",
+    "kimi-k2": f"<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{_ARGS}<|tool_call_end|>"
+               "<|tool_call_begin|>functions.now:0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
+    "deepseek": f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{_ARGS}<｜tool▁call▁end｜>"
+                "<｜tool▁call▁begin｜>now<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PARALLEL))
+def test_parallel_calls_pass_the_grammar_and_parse_back(name: str, vocab) -> None:
+    from localllm import toolcalls
+
+    fmt = next(f for f in toolcalls.FORMATS if f.name == name)
+    text = PARALLEL[name]
+    assert _grammar_takes(vocab, _request(fmt, tool_choice="required").grammar, text)
+    _, calls = tools.parse_reply(text, fmt, NAMES)
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "now"]
+
+
+def test_parallel_calls_follow_the_format_and_the_request() -> None:
+    from localllm import toolcalls
+
+    for fmt in (toolcalls.HERMES, toolcalls.MISTRAL, toolcalls.KIMI_K2, toolcalls.DEEPSEEK, toolcalls.NEMOTRON_V2):
+        assert _request(fmt, tool_choice="required").grammar.startswith(fmt.root_many)
+        assert _request(fmt, tool_choice="required", parallel_tool_calls=False).grammar.startswith(fmt.root_one)
+    for fmt in (toolcalls.LLAMA3, toolcalls.GENERIC):  # one call a reply
+        assert _request(fmt, tool_choice="required").grammar.startswith("root ::= tool-call\n")
+
+
+@pytest.mark.parametrize("fmt_name, reply, content, calls, ids", [
+    ("QWEN3_CODER", "Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n1984\n</parameter>\n</function>\n</tool_call>",
+     "Let me look.\n", [("get_weather", {"city": "1984"})], None),  # a string by the schema, though it spells a number
+    ("KIMI_K2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.now:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+     "<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{\"city\": \"Oslo\"}<|tool_call_end|>"
+     "<|tool_calls_section_end|>", "", [("now", {}), ("get_weather", {"city": "Oslo"})], ["functions.now:0", "functions.get_weather:1"]),
+    ("MINISTRAL", '[TOOL_CALLS]now[CALL_ID]abcDEF123[ARGS]{}', "", [("now", {})], ["abcDEF123"]),
+    ("HARMONY", "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+     "<|constrain|>json<|message|>{\"city\": \"Rome\"}<|call|>", "", [("get_weather", {"city": "Rome"})], None),
+    ("GLM", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Lima</arg_value>\n</tool_call>", "",
+     [("get_weather", {"city": "Lima"})], None),
+    ("QWEN3_CODER", "<tool_call>\n<function=launch>\n</function>\n</tool_call>", None, [], None),  # not offered: all content
+])
+def test_new_families_parse_into_openai_calls(fmt_name: str, reply: str, content: str | None, calls: list, ids: list | None) -> None:
+    from localllm import toolcalls
+
+    req = _request(getattr(toolcalls, fmt_name))
+    got_content, got = tools.parse_reply(reply, req.fmt, NAMES)
+    assert got_content == (reply if content is None else content)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == calls
+    if ids is not None:
+        assert [c["id"] for c in got] == ids
+    # streamed a character at a time through the splitter, the same
+    s = tools.ReplySplitter(req)
+    sent = "".join(s.feed(ch) for ch in reply)
+    rest, streamed = s.finish()
+    assert sent + rest == got_content
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in streamed] == [(c["function"]["name"], c["function"]["arguments"])
+                                                                                        for c in got]
+
+
+def test_gpt_oss_thinking_is_kept_apart_from_the_answer() -> None:
+    from localllm import toolcalls
+
+    reply = "<|channel|>analysis<|message|>Weather, so a call.<|end|><|start|>assistant<|channel|>final<|message|>Sunny."
+    assert tools.split_reply(reply, toolcalls.HARMONY, NAMES) == ("Weather, so a call.", "Sunny.", [])
+    assert tools.parse_reply(reply, toolcalls.HARMONY, NAMES) == ("Sunny.", [])
+    bad = "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>commentary to=functions.launch<|message|>{}"
+    assert tools.split_reply(bad, toolcalls.HARMONY, NAMES) == (None, bad, [])  # a function not offered: all text, as it came

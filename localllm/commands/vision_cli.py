@@ -1,0 +1,137 @@
+"""A vision model on the command line: ``--mmproj``, ``--image`` and chat's ``/image``.
+
+What can be checked without llama.cpp is checked before the model loads: the
+model is not a projector, every image reads and is within bounds, the projector
+fits the model (``vision.projector``); each failure is one line. The projector
+is the one given, else one found beside the model (``vision.projector.beside``,
+as llama-server's ``-hf`` finds it), unless ``--no-mmproj``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from localllm.commands._common import say
+from localllm.errors import InputError, LocalLLMError, UsageError
+from localllm.modelfile.gguf_file import read_header
+from localllm.vision.image import RGBImage, load_image
+from localllm.vision.projector import ProjectorInfo, beside, check_pair, read_projector, refuse_projector_as_model
+
+
+def projector_path(args: argparse.Namespace, model: Path, *, quiet: bool = False) -> Path | None:
+    """The projector for ``model``: ``--mmproj``, else one beside it; checked against its header.
+    A given one that is wrong is an error; a found one that is wrong (another model's, in a
+    shared folder) is a notice, and the model runs text-only."""
+    header = read_header(model)
+    given = Path(args.mmproj).expanduser() if getattr(args, "mmproj", None) else None
+    refuse_projector_as_model(model, header, given)
+    if given is not None and getattr(args, "no_mmproj", False):
+        raise UsageError("--mmproj and --no-mmproj contradict each other")
+    if given is not None:
+        check_pair(header, read_projector(given))
+        return given
+    found = None if getattr(args, "no_mmproj", False) else beside(model)
+    if found is None:
+        return None
+    try:
+        check_pair(header, read_projector(found))
+    except LocalLLMError as exc:
+        if not quiet and not getattr(args, "json", False):
+            say(f"not using the projector beside the model ({exc}): text only; --mmproj FILE names one")
+        return None
+    return found
+
+
+def prepare(args: argparse.Namespace, model: Path) -> tuple[list[RGBImage], Path | None]:
+    """``run``'s images (decoded, bounded) and projector, before any load."""
+    images = [load_image(f) for f in getattr(args, "image", None) or []]
+    proj = projector_path(args, model)
+    if images and proj is None:
+        raise UsageError(f"--image needs a vision model: no projector beside {model.name}; pass --mmproj FILE")
+    if images and (getattr(args, "speculate", None) or getattr(args, "tools", None)):
+        raise UsageError("--image goes without --speculate and --tools")
+    return images, proj
+
+
+def attach(backend: Any, path: Path, *, quiet: bool = False) -> ProjectorInfo:
+    """Load the projector on the loaded model and say what it is."""
+    info = backend.load_projector(path)
+    if not quiet:
+        say(f"vision: {describe(info)}")
+    return info
+
+
+def describe(info: ProjectorInfo) -> str:
+    """One line: the projector's file, type, image size and tokens an image."""
+    size = f"{info.image_size} px" if info.image_size else "n/a"
+    tokens = str(info.tokens_per_image) if info.tokens_per_image is not None else "by picture size"
+    return f"projector {info.path.name} ({info.projector_type}, images at {size}, {tokens} tokens an image)"
+
+
+def image_command(arg: str, backend: Any, attached: list[RGBImage]) -> None:
+    """chat's ``/image FILE``: the picture, read and bounded now, goes with the next
+    message. A bad file or no projector is one line on stderr; the chat goes on."""
+    if not arg:
+        say("usage: /image FILE (a PNG, JPEG, WebP or GIF, sent with your next message)")
+        return
+    if backend.projector is None:
+        say("error: /image needs a vision model: start chat with --mmproj FILE (none was found beside the model)")
+        return
+    try:
+        im = load_image(arg)
+    except LocalLLMError as exc:
+        say(f"error: {exc}")
+        return
+    attached.append(im)
+    n = backend.projector.info.tokens_per_image
+    say(f"attached {im.label}, {im.file_bytes / 1024:.0f} KiB, {n if n is not None else 'n/a'} image tokens: sent with your next message")
+
+
+def memory_lines(backend: Any) -> list[str]:
+    """``run -v``: the projector's memory as planned (vision.memory) beside what clip.cpp logged."""
+    proj = backend.projector
+    if proj is None:
+        return []
+    plan, logged = proj.planned_memory, proj.logged_memory
+
+    def mib(n: int | None) -> str:
+        return f"{n / 2**20:.2f} MiB" if n is not None else "n/a"
+
+    compute = ", ".join(f"{dev} {mib(n)}" for dev, n in logged.compute_bytes.items()) or "n/a"
+    return [
+        f"projector memory: weights {mib(plan.weights_bytes)} on the {plan.device} (from its tensors),"
+        f" logged {mib(logged.weights_bytes)} on {logged.device or 'n/a'}",
+        f"projector memory: compute buffer ≈ {mib(plan.compute_bytes)} (estimate), logged {compute}",
+    ]
+
+
+def json_block(backend: Any) -> dict[str, Any] | None:
+    """``run --json``'s ``projector``: what it is, its memory planned and logged."""
+    proj = backend.projector
+    if proj is None:
+        return None
+    return {**proj.info.to_dict(), "memory": {"planned": proj.planned_memory.to_dict(), "logged": proj.logged_memory.to_dict()}}
+
+
+def check_fit(fitted: Any, path: Path) -> None:
+    """The projector counted against what the model's fit leaves: its weights and
+    (estimated) compute buffer on the device clip.cpp puts them (vision.memory).
+    Not fitting is one line naming the shortfall; the model's own fit is not redone."""
+    from localllm.util import fmt  # lazy: only with a projector
+    from localllm.vision.memory import planned
+
+    fit = fitted.fit
+    mem = planned(read_projector(path), gpu=fit.gpu_budget is not None)
+    need = mem.weights_bytes + (mem.compute_bytes or 0)
+    if mem.device == "GPU":
+        free = fit.gpu_budget - fit.plan.total_gpu_bytes - fit.margin
+    elif fit.ram is not None:
+        free = fit.ram - fit.plan.total_cpu_bytes
+    else:
+        return
+    if free < need:
+        raise InputError(f"does not fit with the projector {path.name}: it needs {fmt.size(need)} on the {mem.device} (weights "
+                         f"{fmt.size(mem.weights_bytes)}, compute ≈ {fmt.size(mem.compute_bytes or 0)}, an estimate), "
+                         f"{fmt.size(max(free, 0))} is left after the model: try --no-mmproj, a smaller --ctx or a smaller quant")
