@@ -355,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_load_options(p, ctx_default=None)
     _add_lora(p)
+    _add_vision(p, image=False)
     p.add_argument("--json", action="store_true", help="one JSON object")
 
     p = sub.add_parser("completion", help="a shell completion script (bash, zsh, fish), model names included")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own tools from the llama.cpp vendored in the pinned
 # llama-cpp-python sdist, for the tests' and benchmarks' anchors (llama-bench,
-# llama-server, llama-perplexity, llama-quantize; the RPC server runs from Python:
+# llama-server, llama-perplexity, llama-quantize, llama-mtmd-cli; the RPC server runs from Python:
 # localllm worker). Same source as localllm's engine, same AMX-off flags as
 # scripts/install.sh, so a side-by-side figure compares code with code and not
 # two llama.cpp versions. scripts/install.sh --test runs it.
@@ -20,7 +20,7 @@ set -euo pipefail
 
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 root="${XDG_CACHE_HOME:-$HOME/.cache}/localllm/llama.cpp-tools/$version"
-tools=(llama-bench llama-server llama-perplexity llama-quantize)
+tools=(llama-bench llama-server llama-perplexity llama-quantize llama-mtmd-cli)
 src="$root/llama_cpp_python-$version/vendor/llama.cpp"
 
 flags=""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from localllm.commands import vision_cli
 from localllm.commands._common import Fitted, fit_config
 from localllm.errors import EXIT_ERROR
 from localllm.measure.predict import Prediction, predict
@@ -15,6 +16,8 @@ from localllm.plan.placement import experts_rule
 from localllm.plan.planner import ModelShape, layers_phrase
 from localllm.store import names, resolver
 from localllm.util import fmt
+from localllm.vision.memory import ProjectorMemory
+from localllm.vision.projector import read_projector
 
 
 def fit_line(r) -> str:
@@ -24,7 +27,7 @@ def fit_line(r) -> str:
     return r.sentence if r.sentence.startswith("fits") else "fits: " + r.sentence
 
 
-def render(f: Fitted, architecture: str = "") -> str:
+def render(f: Fitted, architecture: str = "", projector: ProjectorMemory | None = None) -> str:
     r = f.fit
     p = r.plan
     shown = f
@@ -46,7 +49,8 @@ def render(f: Fitted, architecture: str = "") -> str:
                 *([("recurrent", fmt.size(p.rs_gpu_bytes), fmt.size(p.rs_bytes - p.rs_gpu_bytes))] if p.rs_bytes else []),
                 (f"compute ({shown.compute_source})", fmt.size(shown.compute[0]), fmt.size(shown.compute[1])),
                 (f"output ({shown.output_source})", fmt.size(shown.output[0]), fmt.size(shown.output[1])),
-                ("total", fmt.size(shown.total[0]), fmt.size(shown.total[1])),
+                *_projector_rows(projector),
+                ("total", *(fmt.size(t) for t in _total(shown.total, projector))),
             ],
             right=(1, 2),
         ),
@@ -56,7 +60,7 @@ def render(f: Fitted, architecture: str = "") -> str:
         lines.append(experts_rule(p.experts_ram_layers, r.n_layers - 1, p.experts_ram_bytes))
     if r.gpu_budget is not None:
         src = {"--vram": "--vram", "nvml": hw.gpu_name, "apple-unified": "unified memory share"}.get(hw.gpu_source, hw.gpu_source)
-        left = r.gpu_budget - r.margin - shown.total[0]
+        left = r.gpu_budget - r.margin - _total(shown.total, projector)[0]
         # one meaning for "head-room": the margin kept free (the planner's, as in its messages)
         lines.append(f"GPU budget {fmt.size(r.gpu_budget)} ({src}), {fmt.size(r.margin)} of it kept free as head-room, "
                      + (f"{fmt.size(left)} left over" if left >= 0 else f"{fmt.size(-left)} short"))
@@ -79,6 +83,35 @@ def render(f: Fitted, architecture: str = "") -> str:
         )
     lines.append("largest context that fits: " + ", ".join(f"{k} {v:,}" if v else f"{k} none" for k, v in r.max_ctx_by_kv_type.items()))
     return "\n".join(lines)
+
+
+def _on(mem: ProjectorMemory, n: int | None) -> tuple[str, str]:
+    cell = fmt.size(n) if n is not None else "n/a"
+    return (cell, "") if mem.device == "GPU" else ("", cell)
+
+
+def _projector_rows(mem: ProjectorMemory | None) -> list[tuple[str, str, str]]:
+    """The projector's weights and compute buffer, in the column of the device clip.cpp puts them on (vision.memory)."""
+    if mem is None:
+        return []
+    return [("projector weights", *_on(mem, mem.weights_bytes)), ("projector compute (estimate)", *_on(mem, mem.compute_bytes))]
+
+
+def _total(total: tuple[int, int], mem: ProjectorMemory | None) -> tuple[int, int]:
+    if mem is None:
+        return total
+    need = vision_cli.projector_need(mem)
+    return (total[0] + need, total[1]) if mem.device == "GPU" else (total[0], total[1] + need)
+
+
+def projector_line(path: Path, mem: ProjectorMemory, free: int | None) -> str:
+    """Whether the projector fits beside the model: what it needs, and what is left or short."""
+    need = vision_cli.projector_need(mem)
+    head = f"projector {path.name}: {fmt.size(need)} on the {mem.device} (compute an estimate)"
+    if free is None:
+        return head + "; RAM available is not known"
+    return head + (f", fits with {fmt.size(free - need)} to spare" if free >= need else
+                   f", does not fit: {fmt.size(need - free)} short (try --no-mmproj, a smaller --ctx or a smaller quant)")
 
 
 def render_devices(f: Fitted) -> str:
@@ -146,14 +179,25 @@ def _predicted(args: argparse.Namespace, f: Fitted, path: Path) -> Prediction | 
 
 
 def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> int:
+    # a vision model's projector (given, or beside the model; a stub of a remote model has none)
+    proj = vision_cli.projector_path(args, path, quiet=args.json) if remote is None or args.mmproj else None
     f = fit_config(args, path, args.ctx, cross_check=True)
     predicted = _predicted(args, f, path)
     info = inspect_model(path)
+    mem, free = vision_cli.projector_fit(f, proj) if proj is not None else (None, None)
     if args.json:
-        fmt.print_json(as_dict(f, info, predicted, remote))
+        d = as_dict(f, info, predicted, remote)
+        d["projector"] = None if proj is None or mem is None else {
+            **read_projector(proj).to_dict(), "memory": mem.to_dict(),
+            "left_bytes": None if free is None else free - vision_cli.projector_need(mem),
+            "fits": None if free is None else free >= vision_cli.projector_need(mem)}
+        fmt.print_json(d)
     else:
-        print(as_text(f, info, predicted, remote))
-    return 0 if f.fit.fits else EXIT_ERROR
+        print(as_text(f, info, predicted, remote, mem))
+        if proj is not None and mem is not None:
+            print(projector_line(proj, mem, free))
+    fits_projector = mem is None or free is None or free >= vision_cli.projector_need(mem)
+    return 0 if f.fit.fits and fits_projector else EXIT_ERROR
 
 
 def as_dict(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None) -> dict:
@@ -181,13 +225,13 @@ def as_dict(f: Fitted, info, predicted: Prediction | None, remote: names.Remote 
     return d
 
 
-def as_text(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None) -> str:
+def as_text(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None, projector: ProjectorMemory | None = None) -> str:
     """``plan``'s table and lines."""
     out = []
     if remote is not None:
         out.append(f"{fmt.safe(remote.label)} ({fmt.size(remote.file.size)}): not downloaded; its header was read from the Hub, nothing stored "
                    f"(localllm pull {fmt.safe(remote.name.pull_arg)} gets it)\n")
-    out.append(render_devices(f) if f.placement is not None else render(f, info.architecture))
+    out.append(render_devices(f) if f.placement is not None else render(f, info.architecture, projector))
     if predicted is not None:
         out.append(predicted.line())
     return "\n".join(out)

@@ -17,6 +17,7 @@ from localllm.commands._common import say
 from localllm.errors import InputError, LocalLLMError, UsageError
 from localllm.modelfile.gguf_file import read_header
 from localllm.vision.image import RGBImage, load_image
+from localllm.vision.memory import ProjectorMemory, planned
 from localllm.vision.projector import ProjectorInfo, beside, check_pair, read_projector, refuse_projector_as_model
 
 
@@ -115,23 +116,28 @@ def json_block(backend: Any) -> dict[str, Any] | None:
     return {**proj.info.to_dict(), "memory": {"planned": proj.planned_memory.to_dict(), "logged": proj.logged_memory.to_dict()}}
 
 
-def check_fit(fitted: Any, path: Path) -> None:
-    """The projector counted against what the model's fit leaves: its weights and
-    (estimated) compute buffer on the device clip.cpp puts them (vision.memory).
-    Not fitting is one line naming the shortfall; the model's own fit is not redone."""
-    from localllm.util import fmt  # lazy: only with a projector
-    from localllm.vision.memory import planned
-
+def projector_fit(fitted: Any, path: Path) -> tuple[ProjectorMemory, int | None]:
+    """The projector's memory (vision.memory: weights derived, compute estimated) on the
+    device clip.cpp puts it, and what the model's fit leaves there (None: no RAM figure)."""
     fit = fitted.fit
     mem = planned(read_projector(path), gpu=fit.gpu_budget is not None)
-    need = mem.weights_bytes + (mem.compute_bytes or 0)
     if mem.device == "GPU":
-        free = fit.gpu_budget - fit.plan.total_gpu_bytes - fit.margin
-    elif fit.ram is not None:
-        free = fit.ram - fit.plan.total_cpu_bytes
-    else:
-        return
-    if free < need:
+        return mem, fit.gpu_budget - fit.plan.total_gpu_bytes - fit.margin
+    return mem, None if fit.ram is None else fit.ram - fit.plan.total_cpu_bytes
+
+
+def projector_need(mem: ProjectorMemory) -> int:
+    return mem.weights_bytes + (mem.compute_bytes or 0)
+
+
+def check_fit(fitted: Any, path: Path) -> None:
+    """The projector counted against what the model's fit leaves (``projector_fit``).
+    Not fitting is one line naming the shortfall; the model's own fit is not redone."""
+    from localllm.util import fmt  # lazy: only with a projector
+
+    mem, free = projector_fit(fitted, path)
+    need = projector_need(mem)
+    if free is not None and free < need:
         raise InputError(f"does not fit with the projector {path.name}: it needs {fmt.size(need)} on the {mem.device} (weights "
                          f"{fmt.size(mem.weights_bytes)}, compute ≈ {fmt.size(mem.compute_bytes or 0)}, an estimate), "
                          f"{fmt.size(max(free, 0))} is left after the model: try --no-mmproj, a smaller --ctx or a smaller quant")

@@ -323,7 +323,7 @@ class LlamaCppBackend:
 
     def _media(self, text: str, images: Sequence[RGBImage], *, add_special: bool, parse_special: bool) -> MediaPrompt:
         if self._projector is None:
-            raise UsageError("images need a vision model's projector: add --mmproj FILE")
+            raise UsageError("images need a vision model's projector, and none is loaded")
         return self._projector.tokenize(text, images, add_special=add_special, parse_special=parse_special)
 
     def stream_images(self, prompt: str, images: Sequence[RGBImage], sampling: SamplingConfig, *, chat: bool = True,

@@ -92,6 +92,9 @@ def offline(flag: bool) -> bool:
 # -- choosing a file ---------------------------------------------------------------
 
 
+_LISTED_PROJECTORS: dict[tuple[str, str], list[RemoteFile]] = {}  # (repo, revision): the last listing's projectors, taken once
+
+
 def list_ggufs(repo_id: str, revision: str, *, projectors: bool = False) -> list[RemoteFile]:
     """The GGUF models in a repo (no vision projectors), from the Hub's tree API.
     Asked directly, without huggingface_hub's retry back-off (23 s when the Hub is
@@ -116,23 +119,26 @@ def list_ggufs(repo_id: str, revision: str, *, projectors: bool = False) -> list
         url = resp.links.get("next", {}).get("url")
     if not isinstance(items, list):
         raise InputError(f"{endpoint_name()} sent a file list for {repo_id} that is not a list")
-    out = []
+    models: list[RemoteFile] = []
+    projs: list[RemoteFile] = []
     skipped = 0
     for it in items:
         if not isinstance(it, dict):
             continue
         name = it.get("path")
-        # the models, or with ``projectors`` the vision projectors (pull_all fetches the model's beside it)
-        if not isinstance(name, str) or it.get("type") != "file" or not name.lower().endswith(".gguf") or is_projector(name) != projectors:
+        if not isinstance(name, str) or it.get("type") != "file" or not name.lower().endswith(".gguf"):
             continue
         size = it.get("size")
         if hf_cache.unsafe_filename(name) is not None or not isinstance(size, int) or size < 0:
             skipped += 1  # the server's listing is untrusted: such a name never becomes a path
             continue
-        out.append(RemoteFile(name, size, quant_of(name)))
+        (projs if is_projector(name) else models).append(RemoteFile(name, size, quant_of(name)))
     if skipped:
         print(f"localllm: skipped {skipped} file(s) of {repo_id} whose names or sizes are unsafe", file=sys.stderr)
-    return out
+    # the vision projectors, or the models and, kept for the pull that follows, the projectors (pull_all fetches
+    # the model's beside it without listing the repo a second time)
+    _LISTED_PROJECTORS[(repo_id, revision)] = projs
+    return projs if projectors else models
 
 
 def cached_ggufs(repo_id: str, revision: str) -> list[RemoteFile]:
@@ -194,7 +200,8 @@ def _pull_projector(repo_id: str, filename: str, revision: str, *, progress: boo
         commit = hf_cache.commit_for(cache, repo_id, revision)
         files = [(f.filename, f.size) for f in hf_cache.scan(cache, repo_id) if (commit is None or f.commit == commit)]
     else:
-        files = [(f.filename, f.size) for f in list_ggufs(repo_id, revision, projectors=True)]
+        listed = _LISTED_PROJECTORS.pop((repo_id, revision), None)  # the listing that chose the model, moments ago
+        files = [(f.filename, f.size) for f in (listed if listed is not None else list_ggufs(repo_id, revision, projectors=True))]
     name = pick_projector(filename, files)
     if name is None:
         return None

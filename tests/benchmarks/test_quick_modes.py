@@ -100,6 +100,11 @@ QUICK = {
         ["--quick"],
         [r"PASS slowloris: 511 half-sent", r"PASS SIGTERM then SIGINT mid-stream", r"hostile requests: (\d+)/\1 passed"],
     ),
+    "bench_vision": (
+        ["--quick"],
+        [r"encode, large projector, 1 thread\(s\), median of 1: localllm \d+ ms, llama-mtmd-cli \d+ ms, ratio [\d.]+x",
+         r"second turn TTFT / first turn's \(image kept in the cache\): [\d.]+"],
+    ),
     "bench_forecast": (
         ["--quick"],
         [r"forecast / measured TTFT at 64 tokens: [\d.]+", r"forecast / measured TTFT at 256 tokens: [\d.]+",

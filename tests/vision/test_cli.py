@@ -128,3 +128,23 @@ def test_run_verbose_and_json_carry_the_projector_memory(vision_model, pictures)
     out = json.loads(_run(model, "--image", str(pictures[0])).stdout)["projector"]
     assert out["memory"]["planned"]["weights_bytes"] == out["weight_bytes"]
     assert out["memory"]["logged"]["device"] == "CPU" and out["memory"]["logged"]["compute_bytes"]["CPU"] > 0
+
+
+def test_plan_counts_the_projector_where_clip_puts_it(vision_model) -> None:
+    import gguf
+
+    model, proj = vision_model
+    tensors = sum(int(t.n_bytes) for t in gguf.GGUFReader(proj).tensors)  # what clip.cpp logs as "model size"
+    out = cli("plan", str(model), "--ctx", "256", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)["projector"]
+    assert d["memory"]["device"] == "CPU" and d["memory"]["weights_bytes"] == tensors
+    assert d["memory"]["compute_bytes"] > 0 and "estimate" in d["memory"]["compute_source"] and d["fits"] is True
+    text = cli("plan", str(model), "--ctx", "256")
+    assert "projector weights" in text.stdout and "projector compute (estimate)" in text.stdout
+    assert f"projector {proj.name}: " in text.stdout and "fits with" in text.stdout
+    assert "projector" not in cli("plan", str(model), "--ctx", "256", "--no-mmproj").stdout
+    # a GPU budget too small for it: clip.cpp would put it on the GPU; one line says the shortfall, exit non-zero
+    short = cli("plan", str(model), "--ctx", "256", "--vram", "64M")
+    assert short.returncode != 0 and "does not fit:" in short.stdout.splitlines()[-1]
+    assert json.loads(cli("plan", str(model), "--ctx", "256", "--vram", "64M", "--json").stdout)["projector"]["fits"] is False
