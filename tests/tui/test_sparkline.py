@@ -58,13 +58,15 @@ async def test_a_redraw_costs_a_fraction_of_textuals() -> None:
     rng = random.Random(1)
     async with app.run_test(size=(60, 10)) as pilot:
         await pilot.pause()
-        cost = {}
-        for name in ("textual", "ours"):
-            widget = app.query_one(f"#{name}", Sparkline)
-            t = time.thread_time()
-            for _ in range(20):
-                widget.data = [rng.uniform(8, 40) for _ in range(200)]
-                widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))
-            cost[name] = (time.thread_time() - t) / 20
+        rounds: dict[str, list[float]] = {"textual": [], "ours": []}
+        for _ in range(5):  # alternated, the cheapest round of each: a busy machine's stalls land on either
+            for name in ("textual", "ours"):
+                widget = app.query_one(f"#{name}", Sparkline)
+                t = time.thread_time()
+                for _ in range(10):
+                    widget.data = [rng.uniform(8, 40) for _ in range(200)]
+                    widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))
+                rounds[name].append((time.thread_time() - t) / 10)
+        cost = {k: min(v) for k, v in rounds.items()}
         print(f"ms per redraw: {({k: round(v * 1000, 2) for k, v in cost.items()})}")
         assert cost["ours"] < cost["textual"] / 2, cost
