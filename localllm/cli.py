@@ -22,6 +22,7 @@ from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localllm.engine_api.records import MAX_SEED, SamplingConfig
 from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, LocalLLMError, UsageError
 from localllm.plan.workers import parse_endpoints
+from localllm.tune.choose import MAX_KL
 from localllm.util.fmt import safe
 from localllm.util.units import parse_size
 
@@ -284,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(p)
     _add_load_options(p, ctx_default=None)
     _add_lora(p)
+    _add_vision(p, image=False)  # a vision model: pictures attached on screen (Ctrl+F, or a path pasted)
     p.add_argument("--tools", default=None, metavar="NAME[,NAME]|all",
                    help="offer the model these MCP servers' tools (the config file's [mcp.servers]); each call is approved on screen")
 
@@ -419,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve /v1/rerank with the model's classification head (llama-server's flag: rank pooling; a reranker GGUF is needed)")
     _add_load_options(p, ctx_default=None)
     _add_lora(p)
+    _add_vision(p, image=False)  # requests' images (serve/media.py)
     _add_sampling(p)  # the defaults of a request's omitted fields, as llama-server's --temp, --seed, -n ...
     _add_template(p)
     serve_flags.add(p)
@@ -452,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=_int_list, default=None, metavar="N,N", help="prompt lengths (default: 128,512,2048; 128 with --url)")
     p.add_argument("--gen-tokens", type=_int_at_least(1, "--gen-tokens"), default=128, metavar="N", help="tokens to generate per run (default: 128)")
     p.add_argument("--reps", type=_int_at_least(1, "--reps"), default=3, metavar="N", help="repetitions per prompt length (default: 3)")
+    _add_vision(p, image=True)  # --image: the vision encoder timed too (a vision model's TTFT has a third phase)
     _add_load_options(p, ctx_default=None, fit=False)
     u = p.add_argument_group("server options (--url)")
     u.add_argument("--url", default=None, metavar="URL", help="measure this OpenAI-compatible server instead, e.g. http://127.0.0.1:8080/v1")
@@ -462,6 +466,23 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--api-key", default=None, metavar="KEY", help="sent as 'Authorization: Bearer KEY' (also: OPENAI_API_KEY)")
     u.add_argument("--timeout", type=_nonneg_float, default=300.0, metavar="S", help="seconds per request (default: 300)")
     p.add_argument("--json", action="store_true", help="a JSON list of rows")
+
+    p = sub.add_parser("tune", help="measure ubatch, flash attention, KV cache type and threads on this machine; keep the fastest in the config file",
+        description="Each setting is measured on prefill and decode, alternated with the others, at the context you run; the "
+        "fastest the memory plan allows goes into the model's [models.\"NAME\"] table of the config file, where run, chat, "
+        "serve and the cockpit read it (a flag typed still wins; localllm plan shows what came from tune). Ctrl+C keeps "
+        "what was measured.")
+    _add_model(p)
+    p.add_argument("--ctx", "-c", "--ctx-size", type=_int_at_least(1, "--ctx", MAX_CTX), default=None, metavar="N",
+                   help="the context to tune at (default: the one run uses: the model's, at most 4096)")
+    p.add_argument("--threads", "-t", type=_threads, default=None, metavar="N", help="fix the thread count: it is then not tuned")
+    p.add_argument("--vram", type=_size, default=None, metavar="SIZE", help="GPU memory budget for the plan (default: detected)")
+    p.add_argument("--quick", action="store_true", help="a short run: few tokens, two candidates a setting (the test suite's)")
+    p.add_argument("--force", action="store_true", help="measure even when another program keeps the CPU busy (the figures will be off)")
+    p.add_argument("--max-kl", type=_float_in(0.0, None, "--max-kl", above=True), default=MAX_KL, metavar="X",
+                   help="the most mean KL divergence against an f16 cache a quantized KV cache may cost to be chosen (default: %(default)s)")
+    p.add_argument("--no-write", action="store_true", help="measure and show; leave the config file as it is")
+    p.add_argument("--json", action="store_true", help="one JSON object: every figure, null where not measured")
 
     p = sub.add_parser("mcp", help="MCP servers for chat --tools: import Claude Desktop's or Cursor's, list their tools")
     msub = p.add_subparsers(dest="mcp_command", metavar="ACTION", parser_class=_Parser, required=True)
@@ -585,8 +606,9 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     if args.command is None:
         return args
     final = parser.parse_args(with_config(parser, argv, args.command))
-    if args.command == "serve":  # the router applies each model's table under what was typed (commands/serve_models.py)
-        final.typed_argv = argv[argv.index("serve") + 1:] if "serve" in argv else []
+    if args.command in ("serve", "tune"):  # the router applies each model's table under what was typed (commands/serve_models.py);
+        # tune tunes what the file set and leaves what was typed
+        final.typed_argv = argv[argv.index(args.command) + 1:] if args.command in argv else []
     return final
 
 
@@ -610,7 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"localllm: error: {safe(exc)}", file=sys.stderr)
             return EXIT_USAGE
 
-    if args.command in ("config", "completion", "serve"):  # serve: its router passes its options on to each model's process
+    if args.command in ("config", "completion", "serve", "tune"):  # serve: its router passes its options on to each model's process
         args.subparsers = subparsers(parser)
     try:
         _model_flag(args)

@@ -45,6 +45,9 @@ class ScriptedEngine:
         # called with a reply's last token's time (perf_counter_ns: CLOCK_MONOTONIC on Linux, comparable
         # across processes) once the UI has taken it: scripts/bench_tui.py times the final frame from it
         self.on_last_token: Callable[[int], None] | None = None
+        # told (tokens done, total) as the prompt is "read", one n_batch chunk at a time spread over the TTFT (the engine's
+        # generator.Progress): the cockpit's progress line
+        self.prefill_progress: Callable[[int, int], None] | None = None
         self.config: LoadConfig | None = None
         self.sampling: SamplingConfig | None = None  # what the last reply was asked to sample with
         self.loads = 0
@@ -221,6 +224,7 @@ class ScriptedEngine:
         try:
             self._make_room(len(tokens), n_keep, shifts)
             self._cache.extend(tokens)
+            self._report_prefill(len(tokens), start)
             for i in range(n):
                 if self.fail_at is not None and i == self.fail_at:
                     raise RuntimeError(f"scripted failure at token {i}")
@@ -245,6 +249,20 @@ class ScriptedEngine:
                 decode_ns=int(self.itl_ms * 1e6) * max(len(stamps) - 1, 0), decode_evals=max(len(stamps) - 1, 0),
                 load_ms=1.0, end_ns=end, stop_reason=stop, n_ctx=self.n_ctx, context_used=len(self._cache), shifts=shifts,
             ))
+
+    def _report_prefill(self, total: int, start: int) -> None:
+        """``prefill_progress`` before each n_batch chunk, at its share of the TTFT, and after the last."""
+        report = self.prefill_progress
+        if report is None:
+            return
+        n_batch = max(1, self.config.n_batch if self.config is not None else 512)
+        starts = range(0, total, n_batch)
+        for k, done in enumerate(starts):
+            t = start + int(self.ttft_ms * 1e6 * k / max(len(starts), 1))
+            while time.perf_counter_ns() < t:
+                time.sleep(min(0.005, max((t - time.perf_counter_ns()) / 1e9, 0)))
+            report(done, total)
+        report(total, total)
 
     def verify(self, tokens: Sequence[int]) -> Verification:
         """Greedy by rule: after token ``t`` comes ``t + 1``."""

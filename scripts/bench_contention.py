@@ -21,7 +21,9 @@ Ratios (geometric mean of the rounds' pairs, with the 95% interval of
 - localllm adaptive / llama-bench at the best fixed count of that condition >= 0.97;
 - localllm adaptive / llama-bench at its default threads, one core busy >= 1.4;
 - and, not a target, localllm adaptive / localllm fixed at the best count: the
-  cost of exploring without the two programs' other differences.
+  cost of exploring without the two programs' other differences;
+- serve (adaptive) / llama-server at its default threads, one core busy, at 1
+  and 8 clients >= 1.3 (scripts/contention_serve.py; ``--no-serve`` skips it).
 
 On a shared machine the other load hits both sides of a pair alike; the
 figures are still noisy: read the intervals. ``--quick``: one round of 32
@@ -133,6 +135,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="rounds per condition, the order flipped each (default 5)")
     ap.add_argument("--period", type=float, default=3.0, help="the on-off hog's seconds on, then off (default 3)")
     ap.add_argument("--no-local-fixed", action="store_true", help="skip localllm at fixed counts (the exploring cost line)")
+    ap.add_argument("--no-serve", action="store_true", help="skip serve against llama-server with one core busy")
     args = ap.parse_args()
     if args.quick:
         args.tokens, args.rounds, args.period, args.no_local_fixed = 16, 1, 0.5, True
@@ -214,6 +217,14 @@ def main() -> int:
         adaptive.close()
         for b in fixed_local.values():
             b.close()
+    if not args.no_serve:
+        from scripts.contention_serve import serve_rows
+
+        print("\none core busy, serve against llama-server: aggregate tokens/s", flush=True)
+        if args.quick:  # it runs and prints its line: 8 clients, short prompts and replies, no warm-up
+            lines += serve_rows(path, tool("llama-server"), lambda: Hog(None), rounds=1, gen_tokens=4, clients=(8,), prompt_tokens=16, warmup=False)
+        else:
+            lines += serve_rows(path, tool("llama-server"), lambda: Hog(None), rounds=max(2, args.rounds), gen_tokens=args.tokens)
     print("\nRatios, geometric mean of the rounds' pairs with their 95% interval:")
     for line in lines:
         print(line)

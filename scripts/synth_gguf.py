@@ -58,6 +58,10 @@ class SynthSpec:
     # fill-in-the-middle roles ("pre", "suf", "mid", "rep", "sep", "pad"): each a control token (Qwen's spelling,
     # FIM_TOKENS) after the vocabulary, named by tokenizer.ggml.fim_<role>_token_id; () writes none (the file is unchanged)
     fim: tuple[str, ...] = ()
+    # more control tokens after those (a chat template's markers, as a real vocabulary holds [TOOL_CALLS] or <|im_end|>),
+    # and the chat template (tokenizer.chat_template); () and None write neither
+    controls: tuple[str, ...] = ()
+    chat_template: str | None = None
 
 
 # Architectures write_gguf can write; the tensors each needs follow its
@@ -116,6 +120,9 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     tokens += [FIM_TOKENS[role] for role in spec.fim]
     scores += [0.0] * len(spec.fim)
     types += [int(gguf.TokenType.CONTROL)] * len(spec.fim)
+    tokens += list(spec.controls)
+    scores += [0.0] * len(spec.controls)
+    types += [int(gguf.TokenType.CONTROL)] * len(spec.controls)
     n_vocab = len(tokens)
     a = spec.arch
     E = spec.n_embd
@@ -189,6 +196,8 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     w.add_add_eos_token(False)
     for role, tid in fim_ids.items():
         w.add_uint32(f"tokenizer.ggml.fim_{role}_token_id", tid)
+    if spec.chat_template is not None:
+        w.add_chat_template(spec.chat_template)
 
     # numpy shapes are (rows, cols); GGUF stores ne reversed: {cols, rows}.
     w.add_tensor("token_embd.weight", mat(n_vocab, E))

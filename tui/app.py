@@ -12,7 +12,7 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +33,7 @@ from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
 from localllm.engine_api import Engine, GenerationStats, LoadConfig
 from localllm.errors import InputError, LocalLLMError
+from localllm.forecast import Forecast, Forecaster, reply_room
 from localllm.mcp.hub import Hub
 from localllm.measure.diagnose import verdict
 from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
@@ -44,6 +45,22 @@ from localllm.plan.hardware import Hardware, gpu_memory_bandwidth, physical_core
 from localllm.plan.memcheck import load_checked
 from localllm.plan.workers import Endpoint, probe_all
 from localllm.store import resolver
+from localllm.tui.attachments import (
+    AttachBar,
+    AttachScreen,
+    Count,
+    ForecastLine,
+    Pending,
+    ReloadConfirm,
+    count_file,
+    is_image,
+    restore_images,
+    shown_saved,
+)
+from localllm.tui.attachments import count as count_prompt
+from localllm.tui.attachments import message as attach_message
+from localllm.tui.attachments import read as read_attachment
+from localllm.tui.attachments import shown as shown_message
 from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.controls import BINDINGS as CONTROL_BINDINGS
 from localllm.tui.controls import ConversationControls, ThinkClock
@@ -58,12 +75,18 @@ from localllm.tui.settings import Settings
 from localllm.tui.settings_screen import SettingsScreen
 from localllm.tui.tools import ToolControls
 from localllm.tui.widgets import LatencyPanel, MemoryPanel, StatusLine
+from localllm.vision import choice as projector_choice
+from localllm.vision.image import RGBImage
+from localllm.vision.marker import MARKER, with_images
+from localllm.vision.projector import ProjectorInfo
 
 # Redraws cost CPU that the decode threads need (on 2 cores, a 20 fps chat cost
 # 25% of decode speed, measured by scripts/bench_tui.py). So tokens reach the
 # screen in batches, and the number panels refresh less often than the text.
 PLACEHOLDER = "Message (Enter sends · Ctrl+J new line · Up: earlier ones · Esc stops)"
 PANEL_NS = int(float(os.environ.get("LOCALLLM_TUI_PANEL_MS", "1000")) * 1e6)  # number panels: once a second
+COUNT_DELAY_S = 0.2  # the prompt's tokens are counted once typing pauses this long (on the engine thread)
+PROGRESS_NS = 100_000_000  # a long prefill's progress line: at most ten redraws a second
 
 
 def _settle_heap() -> None:
@@ -104,6 +127,30 @@ class EngineLost(Message):
         self.text = text
 
 
+class PrefillProgress(Message):
+    """The engine read ``done`` of the prompt's ``total`` tokens (at ``t_ns``): a long prefill's progress."""
+
+    def __init__(self, done: int, total: int, t_ns: int) -> None:
+        super().__init__()
+        self.done, self.total, self.t_ns = done, total, t_ns
+
+
+class AttachRead(Message):
+    """A file read to attach (off the UI thread), its tokens counted or not yet; or the line refusing it."""
+
+    def __init__(self, pending: Pending | None, error: str | None = None) -> None:
+        super().__init__()
+        self.pending, self.error = pending, error
+
+
+class Counted(Message):
+    """The next message's tokens, counted on the engine thread (None: the count failed)."""
+
+    def __init__(self, count: Count | None, key: tuple) -> None:
+        super().__init__()
+        self.count, self.key = count, key
+
+
 @dataclass
 class Footprint:
     shape: planner.ModelShape
@@ -111,6 +158,8 @@ class Footprint:
     budget_label: str
     budget: int
     placement: object = None  # placement.Placement, with --rpc: per device
+    max_ctx_by_kv_type: Mapping[str, int] | None = None  # the fit's largest context per KV cache type (what would hold a message)
+    trained_ctx: int | None = None
 
 
 @dataclass
@@ -128,6 +177,10 @@ class LoadRequest:
     previous: tuple[Engine, Path, LoadConfig] | None = None  # the loaded model, closed first and reloaded on failure
     bandwidth: float | None = None  # the RAM bandwidth measured before (None: measure it)
     gpu_bandwidth: float | None = None
+    # a vision model's projector: (--mmproj, the model it was given for, --no-mmproj), decided on the engine thread
+    mmproj: tuple[Path | None, Path | None, bool] = (None, None, False)
+    images: Mapping[str, RGBImage] | None = None  # the conversation's images at hand (by sha256: a reload with other settings)
+    image_refs: list[dict[str, Any]] | None = None  # where each of the conversation's images was read from, in marker order
 
 
 class ModelLoaded(Message):
@@ -136,12 +189,23 @@ class ModelLoaded(Message):
 
     def __init__(self, request: LoadRequest, *, backend: Engine | None = None, config: LoadConfig | None = None, note: str = "",
                  footprint: Footprint | None = None, bandwidth: float | None = None, error: str | None = None,
-                 kept: bool = False, gpu_bandwidth: float | None = None, memory_check: object = None) -> None:
+                 kept: bool = False, gpu_bandwidth: float | None = None, memory_check: object = None,
+                 projector: ProjectorInfo | None = None, notes: list[str] | None = None,
+                 messages: list[dict[str, str]] | None = None, images: list[RGBImage] | None = None) -> None:
         super().__init__()
         self.request, self.backend, self.config, self.note = request, backend, config, note
         self.footprint, self.bandwidth, self.error, self.kept = footprint, bandwidth, error, kept
         self.gpu_bandwidth = gpu_bandwidth  # the GPU's memory bandwidth, where it is known
         self.memory_check = memory_check  # memcheck.MemoryCheck of this load, or None
+        self.projector = projector  # the vision projector loaded with it, or None
+        self.notes = notes or []  # lines for the log: a projector not loaded, an image not read again
+        self.messages = messages if messages is not None else request.messages  # the conversation, its lost images' markers replaced
+        self.images = images or []  # its images, in marker order
+
+
+def _dur(ms: float) -> str:
+    """A TTFT for the forecast line: ``340 ms``, ``1.2 s``, ``13 s``."""
+    return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.1f} s" if ms < 10_000 else f"{ms / 1000:.0f} s"
 
 
 def shown(path: Path) -> str:
@@ -167,6 +231,8 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         Binding("f3", "settings", "Settings"),
         Binding("f4", "sessions", "Sessions"),
         Binding("ctrl+l", "clear_chat", "New chat"),
+        Binding("ctrl+f", "attach", "Attach a file", show=False,
+                tooltip="Attach a file or a picture to the next message (a path pasted or dropped in the box attaches too)"),
         Binding("ctrl+q", "quit", "Quit"),
         *CONTROL_BINDINGS,
     ]
@@ -213,6 +279,26 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         self._said_stop = False  # Esc wrote "(stopped)" on the log
         self.first_answer_ms: float | None = None  # Enter to the first token after </think> (or TTFT's token)
         self._starve = StarveWatch()  # each model's best decode rate here, for the starved-decode advice
+        # images and files (attachments.py): the projector asked for, the chips, the prompt's count and forecast
+        self.mmproj: Path | None = None  # --mmproj, or the projector found beside the first model
+        self.mmproj_model: Path | None = None  # the model it goes with
+        self.no_mmproj = False
+        self.mmproj_notice: str | None = None  # a projector found beside the model that does not fit it
+        self.projector_info: ProjectorInfo | None = None  # the projector loaded with the model, or None (text only)
+        self.chips: list[Pending] = []  # attached, going with the next message
+        self.forecaster = Forecaster()  # this model's measured prefills and encodes (new at each load)
+        self.count: Count | None = None  # the box's message, counted
+        self._count_timer: Any = None
+        self._sent_forecast: Forecast | None = None  # the reply in flight's forecast, for "forecast against measured"
+        self._sent_images = 0
+        self._sent_count: Count | None = None
+        self._said_after = False  # the forecast line shows the last reply's forecast against its measured TTFT
+        self._wrap: list[int] = []  # what the template added to a typed message's tokens, measured on the last turns
+        self._progress_ns = 0  # the last prefill progress posted (engine thread)
+        self._reply_start_ns = 0
+        self._reply_prefix = 0  # tokens the cache held when the reply in flight was sent
+        self._image_refs: dict[str, dict[str, Any]] = {}  # each attached picture's path and pixels' sha256, by sha256
+        self._last_sent: tuple[str, list[Pending], str] | None = None  # (typed, chips, content) of the last message: Ctrl+G restores them
 
     # -- layout ------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -225,6 +311,9 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
             with Vertical(id="chat-pane"):
                 yield self._view
                 yield self._status
+                self._chips, self._forecast = AttachBar(id="attachments"), ForecastLine(id="forecast")
+                yield self._forecast  # above the chips: a line that comes and goes moves the log, not the chips under a click
+                yield self._chips
                 self._prompt = PromptBox(placeholder=PLACEHOLDER, id="prompt")
                 yield self._prompt
             with Vertical(id="side"):
@@ -234,6 +323,8 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
 
     def on_mount(self) -> None:
         self._prompt.focus()
+        if self.mmproj_notice:
+            self._view.add("note", printable(self.mmproj_notice))
         self.reload_model()
         self.read_tool_config()  # the config file's MCP servers, for the settings' Tools tab
 
@@ -253,18 +344,23 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
     # -- loading -----------------------------------------------------------------
     def reload_model(self, path: Path | None = None, settings: Settings | None = None, *,
                      messages: list[dict[str, str]] | None = None, saved: sessions.SavedSession | None = None,
-                     redraw: bool = False) -> None:
+                     redraw: bool = False, image_refs: list[dict[str, Any]] | None = None) -> None:
         """Load ``path`` with ``settings`` (by default the current ones) in the
-        engine thread; they become current only once llama.cpp has loaded it."""
+        engine thread; they become current only once llama.cpp has loaded it.
+        The conversation's images go with ``messages``: those at hand (a reload
+        with other settings), else read again from ``image_refs`` (a saved session)."""
         previous = (self.backend, self.model_path, self.load_config) if self.backend is not None and self.load_config is not None else None
+        have = {im.sha256: im for im in self.chat.images} if self.chat is not None and messages is not None else {}
+        if messages is not None and image_refs is None and self.chat is not None:
+            image_refs = self._refs(self.chat.images)
         req = LoadRequest(path or self.model_path, settings or self.settings, messages, saved, redraw, previous,
-                          self.bandwidth, self.gpu_bandwidth)
+                          self.bandwidth, self.gpu_bandwidth, (self.mmproj, self.mmproj_model, self.no_mmproj), have, image_refs)
         self.busy = True
         gc.unfreeze()  # the model being replaced can be collected once it is closed
         self.query_one(ChatView).add("note", f"loading {shown(req.path)} …")
         self._load(req)
 
-    def _choose_config(self, path: Path, s: Settings) -> tuple[LoadConfig, str, Footprint]:
+    def _choose_config(self, path: Path, s: Settings, projector: Path | None = None) -> tuple[LoadConfig, str, Footprint]:
         """Ask the fitting service, as the CLI does: the settings' cache types
         are kept, blank GPU layers are fitted, the context shrinks (or layers
         move to the CPU, by the policy) when the budget is short. With --rpc,
@@ -289,12 +385,16 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         fit = lp.fit
         if not fit.fits:
             raise InputError(f"does not fit: {fit.sentence}")
+        short = projector_choice.shortfall(fit, projector) if projector is not None else None
+        if short:
+            raise InputError(short)
         note = "" if fit.outcome is fitting.Outcome.FITS_AS_ASKED else f"auto-fit: {fit.sentence}"
         if hw.gpu_budget is not None:
             label = {"--vram": "GPU budget (--vram)", "nvml": f"GPU {hw.gpu_name}", "apple-unified": "unified memory"}.get(hw.gpu_source, "GPU")
             fp = Footprint(shape, lp.plan, label, hw.gpu_budget)
         else:
             fp = Footprint(shape, lp.plan, "RAM", hw.ram_available_bytes)
+        fp.max_ctx_by_kv_type, fp.trained_ctx = fit.max_ctx_by_kv_type, fit.trained_ctx
         return fit.config, note, fp
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
@@ -338,12 +438,15 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         """Load the requested model. The previous one is closed first (two models
         at once may not fit); if the new one fails, the previous one is loaded
         again as it was, so a bad file or an absurd setting costs nothing."""
+        notes: list[str] = []
         try:
             ensure_built_in(req.path)  # gemma3-270m chosen on F2 before its first use: assembled here, off the UI thread
-            cfg, note, fp = self._choose_config(req.path, req.settings)
+            projector = self._projector_for(req, notes)
+            cfg, note, fp = self._choose_config(req.path, req.settings, projector)
         except Exception as exc:  # noqa: BLE001 - a bad file must not end the app
             return ModelLoaded(req, error=reason(exc), kept=req.previous is not None)
         old, old_path, old_cfg = req.previous or (None, req.path, None)
+        old_projector = getattr(getattr(old, "projector", None), "path", None)  # loaded again with the old model, if it comes back
         if old is not None:
             old.close()
         try:
@@ -367,6 +470,10 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
                     kept = True
                 except Exception as again:  # noqa: BLE001
                     error += f"; reloading {shown(old_path)} failed too: {reason(again)}"
+                if kept and old_projector is not None:
+                    lost: list[str] = []
+                    if self._load_projector(old, old_projector, lost) is None:
+                        error += f"; {lost[-1]}" if lost else ""
             return ModelLoaded(req, error=error, kept=kept)
 
         bandwidth = req.bandwidth
@@ -377,8 +484,46 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
             except Exception:  # noqa: BLE001 - the roofline line is then left out
                 bandwidth = None
         gpu_bandwidth = req.gpu_bandwidth if req.bandwidth is not None else gpu_memory_bandwidth()
+        info = self._load_projector(backend, projector, notes) if projector is not None else None
+        messages, images = req.messages, []
+        if messages and any(MARKER in m["content"] for m in messages):  # the conversation's images, read again where not at hand
+            have = req.images or {}
+            messages, images, lost = restore_images(messages, req.image_refs or [], can_see=info is not None, have=have)
+            notes += lost
         return ModelLoaded(req, backend=backend, config=cfg, note=note, footprint=fp, bandwidth=bandwidth, gpu_bandwidth=gpu_bandwidth,
-                           memory_check=check)
+                           memory_check=check, projector=info, notes=notes, messages=messages, images=images)
+
+    @staticmethod
+    def _projector_for(req: LoadRequest, notes: list[str]) -> Path | None:
+        """The projector to load with ``req.path`` (engine thread): --mmproj for the model
+        it was given with, else one found beside the model (checked against it), unless
+        --no-mmproj. One found that does not match is a note, and the model runs text only."""
+        given, given_for, no_mmproj = req.mmproj
+        if no_mmproj:
+            return None
+        if given is not None and given_for is not None and req.path == given_for:
+            return given
+        found, notice = projector_choice.choose(req.path, None)
+        if notice:
+            notes.append(notice)
+        return found
+
+    @staticmethod
+    def _load_projector(backend: Engine, path: Path, notes: list[str]) -> ProjectorInfo | None:
+        """Load the projector on the loaded model (engine thread); one that fails is a note, and the chat goes on text only."""
+        load = getattr(backend, "load_projector", None)  # the llama.cpp engine's; the scripted fake takes no images
+        if load is None:
+            notes.append(f"this engine takes no images: the projector {shown(path)} is not loaded")
+            return None
+        try:
+            info: ProjectorInfo = load(path)
+        except Exception as exc:  # noqa: BLE001 - the model is loaded; a projector llama.cpp refuses leaves it text only
+            notes.append(f"the projector {shown(path)} was not loaded: {reason(exc)} · text only")
+            return None
+        size = f"{info.image_size} px" if info.image_size else "n/a"
+        tokens = f"{info.tokens_per_image} tokens an image" if info.tokens_per_image is not None else "tokens by picture size"
+        notes.append(f"vision: projector {shown(path)} ({printable(info.projector_type)}, images at {size}, {tokens}) · Ctrl+F attaches")
+        return info
 
     @on(ModelLoaded)
     def _loaded(self, msg: ModelLoaded) -> None:
@@ -408,27 +553,45 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         self.model_path, self.settings, self.load_config = req.path, req.settings, msg.config
         self.model_name = shown(req.path)
         self._reset_latency()  # the figures shown were measured on the model (or settings) replaced
+        self.forecaster = Forecaster()  # another model, or other settings: other rates
+        self._wrap = []
+        self.count = None
+        self.projector_info = msg.projector
+        if hasattr(self.backend, "prefill_progress"):  # an engine that says how far a prompt's read has got
+            self.backend.prefill_progress = self._prefill_progress  # type: ignore[union-attr]
         if req.redraw:
             view.clear_messages()
-            for m in req.messages or []:
-                if m["role"] in ("user", "assistant"):
+            names = iter([im.name for im in msg.images])  # the markers left are the images had again, in order
+            for m in msg.messages or []:
+                if m["role"] == "user":
+                    n = m["content"].count(MARKER)
+                    view.add("user", shown_saved(m["content"], bool(m.get("data")), [next(names, "image") for _ in range(n)]))
+                elif m["role"] == "assistant":
                     view.add(m["role"], m["content"])
                 elif m["role"] == "tool":  # a saved session's tool result, folded as it was shown
                     view.add("tool", f"↳ {printable(m.get('name', 'tool'))} result\n{m['content']}",
                              folded=f"↳ {printable(m.get('name', 'tool'))} result · {len(m['content'].encode())} bytes  [Enter/click: whole]")
             self.saved = req.saved
         try:
-            self.chat = self._new_chat(req.messages)
+            self.chat = self._new_chat(msg.messages)
         except Exception as exc:  # noqa: BLE001
             self.chat = None
             view.add("note", f"{shown(req.path)} loaded, but the chat could not start: {reason(exc)}")
             return
+        self.chat.images = list(msg.images)
+        for im in msg.images:  # where each came from, for the next save
+            ref = next((r for r in req.image_refs or [] if r.get("sha256") == im.sha256), None)
+            if ref is not None and ref.get("path"):
+                self._image_refs[im.sha256] = dict(ref)
         c = msg.config
         assert c is not None
         mode = " · completion mode: no chat template, so your text is continued" if self.chat.completion else ""
         view.add("note", f"{shown(req.path)} · context {c.n_ctx} · KV {c.type_k}/{c.type_v}" + (f" · {msg.note}" if msg.note else "") + mode)
+        for line in msg.notes:
+            view.add("note", printable(line))
         self._prompt.placeholder = PLACEHOLDER.replace("Message", "Text to continue") if self.chat.completion else PLACEHOLDER
         self._show_plan()
+        self._chips_after_load()
 
     def _new_chat(self, messages: list[dict[str, str]] | None) -> ChatSession:
         """A chat on the loaded model. A model without a chat template (a base
@@ -485,7 +648,8 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         """Send the box's text; refused with the reason while a reply streams or
         a model loads (the text stays in the box)."""
         text = event.text.strip()
-        if not text:
+        chips = list(self.chips)
+        if not text and not chips:
             return
         if self.busy:
             doing = ("a model is loading" if self._reply is None else
@@ -496,17 +660,44 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         if self.chat is None:
             view.add("note", "no model is loaded: F2 picks one")
             return
+        if any(c.file is not None and c.tokens is None for c in chips):
+            self.notify("not sent: a file is still being read or counted; Enter again in a moment", severity="warning")
+            return
+        if chips and self.hub is not None and not self.chat.completion:  # the tool loop sends text turns
+            if any(c.image is not None for c in chips):
+                view.add("note", "not sent: images do not go with tools yet (✕ removes the image, or start without --tools)")
+                return
+            if any(c.special for c in chips):
+                view.add("note", "not sent: a file holds the text of the model's control tokens: with tools it cannot be kept as data")
+                return
         if self._editing:
             self._take_back_for_edit()
+        message = attach_message(text, chips)
+        images = [c.image for c in chips if c.image is not None]
+        count = self._count_now(message, chips) if chips or self.count is None or self.count.key != self._count_key() else self.count
+        if count is not None and count.line:  # the message does not fit: said, and a reload offered; the box and chips stay
+            view.add("note", count.line)
+            if count.fix is not None:
+                self._offer_reload(count.line, *count.fix)
+            return
         event.box.take()
-        view.add("user", text)
-        self._start_reply(text)
+        self._set_chips([])
+        view.add("user", shown_message(text, chips) if chips else text)
+        self._last_sent = (text, chips, message["content"]) if chips else None
+        self._start_reply(message, images, count)
 
-    def _start_reply(self, text: str) -> None:
-        """Stream the reply to ``text`` (the user's message is on the log)."""
+    def _start_reply(self, message: dict[str, str], images: list[RGBImage] | None = None, count: Count | None = None) -> None:
+        """Stream the reply to ``message`` (the user's message is on the log) with
+        ``images``; ``count``: its tokens, counted before (else now), for the forecast."""
         assert self.chat is not None
+        if count is None:
+            count = self._count_now(message, [], images=len(images or []))
+        self._sent_forecast = self.forecaster.predict(count.new_tokens, prefix=self.chat.context_used, images=count.images) \
+            if count is not None else None
+        self._sent_images = len(images or [])
+        self._sent_count = count
         self._reply = self._view.add("assistant", "")
-        self._persist(extra_user=text)
+        self._persist(extra_user=message, images=images or [])
         self._reset_latency()
         self._gaps = []
         self._last_stamp = None
@@ -517,14 +708,20 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         submitted = time.perf_counter_ns()
         self._think = ThinkClock(submitted)
         self._tool_steps = 0
-        self._generate(self.chat, text, submitted)
+        self._reply_start_ns = submitted
+        self._reply_prefix = self.chat.context_used
+        self._progress_ns = 0
+        self._generate(self.chat, message, images or [], submitted)
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
-    def _generate(self, chat: ChatSession, text: str, submitted_ns: int) -> None:
-        run = self._generate_tools_on_engine_thread if self.hub is not None and not chat.completion else self._generate_on_engine_thread
-        self._wait_engine(self._engine.submit(run, chat, text, submitted_ns))
+    def _generate(self, chat: ChatSession, message: dict[str, str], images: list[RGBImage], submitted_ns: int) -> None:
+        if self.hub is not None and not chat.completion:  # the tool loop: text turns (_submit refused images)
+            self._wait_engine(self._engine.submit(self._generate_tools_on_engine_thread, chat, message["content"], submitted_ns))
+        else:
+            self._wait_engine(self._engine.submit(self._generate_on_engine_thread, chat, message, submitted_ns, images))
 
-    def _generate_on_engine_thread(self, chat: ChatSession, text: str, submitted_ns: int) -> None:
+    def _generate_on_engine_thread(self, chat: ChatSession, message: dict[str, str], submitted_ns: int,
+                                   images: list[RGBImage] | None = None) -> None:
         """TTFT runs from Enter (``submitted_ns``) to the first token that prints
         text, on the same clock for the live figure and the final stats. What
         it learns goes back in messages (TokenBatch, ReplyDone): the stats are
@@ -538,7 +735,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         error = None
         reply = None
         try:
-            reply = chat.send(text, start_ns=start)
+            reply = chat.send_messages([message], start_ns=start, images=images or None)
             for event in reply:
                 pieces.append(event.text)
                 stamps.append(event.t_ns)
@@ -595,6 +792,249 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
             latency.gaps_ms = self._gaps
             self._update_footprint()
 
+    def _after_reply(self, s: GenerationStats | None) -> None:
+        """The reply's TTFT in its three phases (image encode, prefill, the first
+        token), measured against its forecast; its prefill (and encode) join the
+        forecaster's measurements."""
+        if s is None or s.ttft_ms is None:
+            self._forecast.say("")
+            self._said_after = False
+            self._schedule_count()
+            return
+        encode = s.encode_ms if s.images else None
+        self._latency.split = (encode, s.images_per_s if s.images else None, s.prefill_ms,
+                               max(s.ttft_ms - (encode or 0.0) - s.prefill_ms, 0.0))
+        f = self._sent_forecast
+        self.forecaster.observe_stats(s)
+        sent = self._sent_count
+        if sent is not None and sent.text_tokens >= 0 and not s.images and not s.context_shifts and s.prompt_tokens >= sent.text_tokens:
+            self._wrap = [*self._wrap[-7:], s.prompt_tokens - sent.text_tokens]  # the template's turn markers, as chat learns them
+        if f is None:
+            said = "forecast n/a"
+        elif f.ttft_ms is None:
+            said = "forecast n/a (all in the cache)" if f.new_tokens == 0 else f"forecast n/a ({f.source})"
+        else:
+            said = f"forecast {_dur(f.ttft_ms)}"
+        self._forecast.say(f"{said}, measured {_dur(s.ttft_ms)}")
+        self._said_after = True
+        if self._prompt.text.strip() or self.chips:  # typed meanwhile: its forecast, with this reply measured
+            self._schedule_count()
+
+    # -- the next message: attachments, its count and forecast, a long prefill's progress ------------------------
+    def _prefill_progress(self, done: int, total: int) -> None:
+        """On the engine thread (``prefill_progress``): a long prompt's read, at most ten times a second."""
+        now = time.perf_counter_ns()
+        if 0 < done < total and now - self._progress_ns < PROGRESS_NS:
+            return
+        self._progress_ns = now
+        self.post_message(PrefillProgress(done, total, now))
+
+    @on(PrefillProgress)
+    def _prefill_progressed(self, msg: PrefillProgress) -> None:
+        """Tokens read of the prompt and the time left (the forecaster's shape, scaled
+        by how this read is going): shown for a prompt of more than one batch, or with images."""
+        if self._gone() or self._reply is None or self._latency.ttft_ms is not None:
+            return
+        n_batch = self.load_config.n_batch if self.load_config is not None else 512
+        if msg.total <= n_batch and not self._sent_images:
+            return
+        p = self.forecaster.progress(msg.done, msg.total, (msg.t_ns - self._reply_start_ns) / 1e6, prefix=self._reply_prefix)
+        self._said_after = False
+        self._forecast.say(p.line() + (" (the images are encoded first)" if self._sent_images and not msg.done else ""))
+
+    def _count_key(self) -> tuple:
+        """What the box's message depends on: its text, the chips, the chat's state."""
+        chat = self.chat
+        return (self._prompt.text.strip(), tuple((c.id, c.tokens) for c in self.chips), id(chat),
+                len(chat.messages) if chat is not None else 0, chat.context_used if chat is not None else 0, id(self.backend))
+
+    def _count_args(self, message: dict[str, str], chips: list[Pending], images: int | None = None) -> tuple:
+        assert self.chat is not None and self.load_config is not None
+        fp = self.footprint
+        n_ctx = self.chat.n_ctx or self.load_config.n_ctx
+        return (self.chat, self._count_key(), message, chips,
+                dict(tokens_per_image=self.projector_info.tokens_per_image if self.projector_info is not None else None,
+                     reply=reply_room(self.settings.max_tokens, n_ctx), images=images,
+                     wrap=sorted(self._wrap)[len(self._wrap) // 2] if self._wrap else 0,
+                     max_ctx_by_kv_type=fp.max_ctx_by_kv_type if fp is not None else None,
+                     trained_ctx=fp.trained_ctx if fp is not None else None))
+
+    @staticmethod
+    def _count_on_engine_thread(chat: ChatSession, key: tuple, message: dict[str, str], chips: list[Pending],
+                                kw: dict[str, Any]) -> Count | None:
+        try:
+            return count_prompt(chat, key, message, chips, **kw)
+        except Exception:  # noqa: BLE001 - a template that cannot render it, a model closed meanwhile: the forecast is n/a
+            return None
+
+    def _schedule_count(self) -> None:
+        """Count the box's message once typing pauses (``COUNT_DELAY_S``)."""
+        if self._count_timer is not None:
+            self._count_timer.stop()
+        self._count_timer = self.set_timer(COUNT_DELAY_S, self._recount)
+
+    def _recount(self) -> None:
+        self._count_timer = None
+        if self.busy or self.chat is None or self.load_config is None:
+            return  # counted again when the reply (or the load) ends
+        text = self._prompt.text.strip()
+        if not text and not self.chips:
+            self.count = None
+            if not self._said_after:  # the last reply's forecast against measured stays until something is typed
+                self._forecast.say("")
+            return
+        self._count_worker(self._count_args(attach_message(text, self.chips), list(self.chips)))
+
+    @work(thread=True, exclusive=True, group="count", exit_on_error=False)
+    def _count_worker(self, args: tuple) -> None:
+        counted = self._wait_engine(self._engine.submit(self._count_on_engine_thread, *args))
+        self.post_message(Counted(counted, args[1]))
+
+    def _count_now(self, message: dict[str, str], chips: list[Pending], images: int | None = None) -> Count | None:
+        """The message counted now, on the engine thread (idle: no reply streams), waited for (a few ms)."""
+        if self.chat is None or self.load_config is None:
+            return None
+        fut = self._engine.submit(self._count_on_engine_thread, *self._count_args(message, chips, images))
+        wait([fut, self._lost], timeout=60, return_when=FIRST_COMPLETED)
+        return fut.result() if fut.done() else None
+
+    @on(Counted)
+    def _counted(self, msg: Counted) -> None:
+        if self._gone() or self.busy or msg.key != self._count_key():
+            return  # the box, the chips or the chat changed meanwhile: counted again
+        self.count = msg.count
+        self._said_after = False
+        c = msg.count
+        if c is None:
+            self._forecast.say("≈ n/a new tokens: the prompt could not be counted")
+        elif c.line:
+            self._forecast.say(c.line + (" · Enter offers to reload" if c.fix else ""), warn=True)
+        else:
+            f = self.forecaster.predict(c.new_tokens, prefix=self.chat.context_used if self.chat else 0, images=c.images)
+            self._forecast.say(f.line() + ("" if c.image_tokens_known else " (images' tokens: by picture size, not counted)"))
+
+    @on(PromptBox.Changed, "#prompt")
+    def _prompt_changed(self) -> None:
+        self._schedule_count()
+
+    def _set_chips(self, chips: list[Pending]) -> None:
+        self.chips = chips
+        self._chips.show(chips)
+        self._schedule_count()
+
+    def _chips_after_load(self) -> None:
+        """Another model (or the same one reloaded): pictures need its projector, files its tokenizer."""
+        if not self.chips:
+            self._schedule_count()
+            return
+        kept: list[Pending] = []
+        for c in self.chips:
+            if c.image is not None and self.projector_info is None:
+                self._view.add("note", f"{printable(c.name)} is no longer attached: this model has no projector")
+                continue
+            if c.image is not None:
+                c.tokens = self.projector_info.tokens_per_image if self.projector_info is not None else None
+            elif c.file is not None:
+                c.tokens = None
+                self._count_chip(c)
+            kept.append(c)
+        self._set_chips(kept)
+
+    def action_attach(self) -> None:
+        """Ctrl+F: a path, asked for; attached as a pasted path is."""
+        if self.chat is None:
+            self._view.add("note", "no model is loaded: F2 picks one")
+            return
+
+        def chosen(paths: list[str] | None) -> None:
+            if paths:
+                self._attach_paths([Path(p) for p in paths])
+
+        self.push_screen(AttachScreen(self.projector_info is not None), chosen)
+
+    @on(PromptBox.Dropped, "#prompt")
+    def _dropped(self, event: PromptBox.Dropped) -> None:
+        self._attach_paths(event.paths)
+
+    @on(PromptBox.RemoveLast)
+    def _remove_last(self) -> None:
+        if self.chips:
+            self._set_chips(self.chips[:-1])
+
+    @on(AttachBar.Remove)
+    def _remove_chip(self, event: AttachBar.Remove) -> None:
+        self._set_chips([c for c in self.chips if c.id != event.chip_id])
+        self._prompt.focus()
+
+    def _attach_paths(self, paths: list[Path]) -> None:
+        if self.chat is None:
+            self._view.add("note", "no model is loaded: F2 picks one")
+            return
+        tpi = self.projector_info.tokens_per_image if self.projector_info is not None else None
+        self._read_attachments(paths, self.projector_info is not None, tpi)
+
+    @work(thread=True, group="attach", exit_on_error=False)
+    def _read_attachments(self, paths: list[Path], vision: bool, tokens_per_image: int | None) -> None:
+        """Read ``paths`` in order off the UI thread (Pillow, pypdf), then count each file's tokens on the engine thread."""
+        for path in paths:
+            try:
+                if not vision and is_image(path):
+                    raise InputError(f"{path.name} is a picture, and this model has no projector: start localllm tui with --mmproj FILE "
+                                     f"(none was found beside {self.model_path.name})")
+                pending = read_attachment(path, tokens_per_image=tokens_per_image)
+            except Exception as exc:  # noqa: BLE001 - a bad file is one line; the chat goes on
+                self.post_message(AttachRead(None, reason(exc)))
+                continue
+            self.post_message(AttachRead(pending))
+            if pending.file is not None:
+                self._count_on_engine(pending)
+
+    def _count_on_engine(self, pending: Pending) -> None:
+        """A file's block counted by the model's tokenizer (engine thread), then the chip updated (worker thread)."""
+        def run() -> Pending | None:
+            try:
+                return count_file(self.backend, pending) if self.backend is not None else None
+            except Exception:  # noqa: BLE001 - the model closed meanwhile: counted again after the load
+                return None
+
+        if self._wait_engine(self._engine.submit(run)) is not None:
+            self.post_message(AttachRead(pending))
+
+    @work(thread=True, group="attach", exit_on_error=False)
+    def _count_chip(self, pending: Pending) -> None:
+        self._count_on_engine(pending)
+
+    @on(AttachRead)
+    def _attach_read(self, msg: AttachRead) -> None:
+        if self._gone():
+            return
+        if msg.pending is None:
+            self._view.add("note", f"not attached: {msg.error or 'unreadable'}")
+            return
+        p = msg.pending
+        if p.image is not None:
+            self._image_refs[p.image.sha256] = p.ref()
+        known = any(c.id == p.id for c in self.chips)
+        if not known and p.file is not None:
+            for note in p.file.notes:
+                self._view.add("note", f"{printable(p.name)}: {printable(note)}")
+        self._set_chips([p if c.id == p.id else c for c in self.chips] if known else [*self.chips, p])
+
+    def _offer_reload(self, line: str, n_ctx: int, kv: str) -> None:
+        """The message does not fit: reload with a context and KV cache type that hold it (asked first)."""
+
+        def answered(yes: bool | None) -> None:
+            if yes and not self.busy:
+                new = dataclasses.replace(self.settings, n_ctx=n_ctx, type_k=kv, type_v=kv)
+                self._view.add("note", f"reloading with a context of {n_ctx:,} and the KV cache in {kv}")
+                self.reload_model(settings=new, messages=self.chat.messages if self.chat else None, saved=self.saved)
+
+        self.push_screen(ReloadConfirm(line, n_ctx, kv), answered)
+
+    def _refs(self, images: list[RGBImage]) -> list[dict[str, Any]]:
+        """The images as a saved session keeps them: path and pixels' sha256 (a name only, where it is not known)."""
+        return [dict(self._image_refs.get(im.sha256) or {"name": im.name}) for im in images]
+
     def _threads_text(self) -> str:
         """The decode thread count as the engine chose it, and its last move (issue 50)."""
         ctl = getattr(self.backend, "threads", None)  # the llama.cpp engine's; the scripted fake has none
@@ -622,6 +1062,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         s = msg.stats
         latency.threads = self._threads_text()
         latency.gaps_ms = self._gaps
+        self._after_reply(s)
         if s is not None:
             latency.ttft_ms = s.ttft_ms
             latency.prefill_tps = s.prefill_tokens_per_s
@@ -714,6 +1155,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
             if command.title != "Keys":
                 yield command
         yield SystemCommand("Keys", "The cockpit's keys, and what each figure means (F1)", self.action_help)
+        yield SystemCommand("Attach a file", "A picture, a text file or a PDF for the next message (Ctrl+F)", self.action_attach)
 
     def action_stop(self) -> None:
         """Esc: the reply stops at its next token, and the log says so now; with
@@ -731,6 +1173,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         elif self._editing:
             self._editing = False
             self._prompt.value = ""
+            self._set_chips([])
             self.notify("edit dropped: your last message stays as it was")
 
     def action_clear_chat(self) -> None:
@@ -743,6 +1186,8 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         view.add("note", "new chat")
         self._reset_latency()  # its figures were the old chat's last reply
         self._update_footprint()
+        self._said_after = False
+        self._schedule_count()  # the box's message, forecast on an empty cache
 
     def _reset_latency(self) -> None:
         latency = self._latency
@@ -750,19 +1195,26 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         latency.gaps_ms = []
         latency.prefill_tps = latency.decode_tps = latency.ceiling_tps = None
         latency.verdict = ("", "")
+        latency.split = None
         latency.threads = self._threads_text()
 
     # -- sessions ----------------------------------------------------------------
-    def _persist(self, extra_user: str | None = None) -> None:
-        """Save the chat atomically: after the user's message, and after each reply."""
+    def _persist(self, extra_user: dict[str, str] | None = None, images: list[RGBImage] | None = None) -> None:
+        """Save the chat atomically: after the user's message (``extra_user``, with
+        ``images``), and after each reply. Images are kept as their paths and the
+        sha256 of their pixels (``sessions.image_refs``), never as pixels."""
         if self.chat is None:
             return
         if self.saved is None:
             self.saved = sessions.SavedSession.new(str(self.model_path), self.settings.system_prompt, self.settings.to_dict())
         msgs = list(self.chat.messages)
+        pictures = list(self.chat.images)
         if extra_user is not None:
-            msgs.append({"role": "user", "content": extra_user})
+            content = with_images(extra_user["content"], len(images or [])) if images or pictures else extra_user["content"]
+            msgs.append({**extra_user, "content": content})
+            pictures += images or []
         self.saved.messages = msgs
+        self.saved.images = self._refs(pictures)
         self.saved.settings = self.settings.to_dict()
         self._save(self.saved)
 
@@ -771,7 +1223,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         which a slow disk can hold for longer than a frame. One thread, so the
         saves land in the order they were made; a failed one (disk full, a
         read-only folder) is a line in the chat log, and the chat goes on."""
-        snapshot = dataclasses.replace(saved, messages=list(saved.messages), settings=dict(saved.settings or {}))
+        snapshot = dataclasses.replace(saved, messages=list(saved.messages), settings=dict(saved.settings or {}), images=list(saved.images))
         self._disk.submit(self._save_on_disk_thread, snapshot)
 
     def wait_for_saves(self) -> None:
@@ -804,7 +1256,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         if msgs and msgs[-1]["role"] == "user":
             msgs.pop()
         settings = Settings.from_dict(saved.settings) if saved.settings else self.settings
-        self.reload_model(Path(saved.model), settings, messages=msgs, saved=saved, redraw=True)
+        self.reload_model(Path(saved.model), settings, messages=msgs, saved=saved, redraw=True, image_refs=list(saved.images))
 
     def action_sessions(self) -> None:
 
@@ -876,16 +1328,22 @@ def create_app(
     rpc: list[Endpoint] | None = None,
     hub: Hub | None = None,
     tools_config: Path | None = None,
+    mmproj: str | Path | None = None,
+    no_mmproj: bool = False,
 ) -> LocalLLMApp:
     """The one app factory: the CLI and the tests build the cockpit here.
     ``bandwidth`` (bytes/s) skips measuring it, for reproducible screens.
     ``rpc`` (rpc.Endpoint): workers whose devices join this machine's; each is
     probed here, so one that is down is one line before the screen opens.
     ``hub``: started MCP servers (``localllm.mcp.Hub``, tools.py) whose tools the
-    chat offers; ``tools_config``: the config file "always allow" writes to."""
+    chat offers; ``tools_config``: the config file "always allow" writes to.
+    ``mmproj``: a vision model's projector (``--mmproj``); without it, one found
+    beside the model is loaded, unless ``no_mmproj``. A projector given as the
+    model, or one that does not match it, is one line before the screen opens."""
 
     path = resolver.resolve(model)
-    read_header(path)  # a bad file is a one-line error before the screen opens
+    header = read_header(path)  # a bad file is a one-line error before the screen opens
+    projector, notice = projector_choice.choose(path, mmproj, no_mmproj=no_mmproj, header=header)
     if rpc:
 
         probe_all(list(rpc))
@@ -897,6 +1355,7 @@ def create_app(
     app = LocalLLMApp(model_path=path, backend_factory=backend_factory, hardware=hardware.detect(vram), settings=settings or Settings())
     app.bandwidth = bandwidth
     app.hub, app.tools_config = hub, tools_config
+    app.mmproj, app.mmproj_model, app.no_mmproj, app.mmproj_notice = projector, path, no_mmproj, notice
     if rpc:
         app.rpc = list(rpc)
         # a worker that dies mid-reply: llama.cpp aborts; the cockpit says so and stays up

@@ -48,7 +48,8 @@ def app_from_args(args: argparse.Namespace, **kw: Any) -> LocalLLMApp:
     from localllm.tui.app import create_app
 
     return create_app(getattr(args, "model", None), vram=getattr(args, "vram", None), settings=settings_from_args(args),
-                      rpc=getattr(args, "rpc", None), **kw)
+                      rpc=getattr(args, "rpc", None), mmproj=getattr(args, "mmproj", None), no_mmproj=bool(getattr(args, "no_mmproj", False)),
+                      **kw)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,12 +15,16 @@ from textual.app import App
 from textual.binding import Binding
 from textual.reactive import reactive
 
+from localllm.tui.attachments import typed_part, without_markers
 from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.markdown import answer_of, code_blocks
+from localllm.vision.marker import MARKER
 
 if TYPE_CHECKING:
     from localllm.chat.session import ChatSession
+    from localllm.tui.attachments import Count, Pending
     from localllm.tui.prompt import PromptBox
+    from localllm.vision.image import RGBImage
 
 BINDINGS = [
     Binding("ctrl+o", "copy_reply", "Copy reply", show=False),
@@ -79,7 +83,11 @@ class ConversationControls(App):
         _prompt: PromptBox
         _editing: bool
 
-        def _start_reply(self, text: str) -> None: ...
+        _last_sent: tuple[str, list[Pending], str] | None
+
+        def _start_reply(self, message: dict[str, str], images: list[RGBImage] | None = None, count: Count | None = None) -> None: ...
+
+        def _set_chips(self, chips: list[Pending]) -> None: ...
 
     def _replies(self) -> list[MessageView]:
         return [m for m in reversed(self._view.messages) if m.role == "assistant" and m.text.strip()]
@@ -124,20 +132,34 @@ class ConversationControls(App):
         user = self._last_exchange("regenerate")
         if user is None or self.chat is None:
             return
+        last = self.chat.messages[-2]
+        n = last["content"].count(MARKER)
+        images = self.chat.images[-n:] if n else []  # sent again with it: rewind takes them off the conversation
         text = self.chat.rewind()
         if text is None:
             return
         later = self._view.messages[self._view.messages.index(user) + 1:]
         if later:
             self._view.truncate(later[0])
-        self._start_reply(text)
+        self._start_reply({"role": "user", "content": without_markers(text), **({"data": last["data"]} if last.get("data") else {})},
+                          images)
 
     def action_edit_last(self) -> None:
         """Put the last message in the box; Enter sends it in place of the old
         exchange (which stays until then), Esc keeps the old one."""
         if self._last_exchange("edit") is None or self.chat is None:
             return
-        self._prompt.value = self.chat.messages[-2]["content"]
+        last = self.chat.messages[-2]
+        content, data = last["content"], bool(last.get("data"))
+        sent = self._last_sent
+        if sent is not None and without_markers(content) == sent[2]:  # its files and images go back on the chips
+            self._prompt.value = sent[0]
+            self._set_chips(list(sent[1]))
+        elif data or MARKER in content:  # a message from before (a saved session): its text only
+            self._prompt.value = typed_part(content, data)
+            self.notify("its attachments are not carried into the edit: attach them again (Ctrl+F)", severity="warning")
+        else:
+            self._prompt.value = content
         self._editing = True
         self.notify("editing your last message: Enter sends it in place of the old one, Esc cancels")
 

@@ -21,6 +21,12 @@ FIGURES: tuple[tuple[str, str], ...] = (
      "TTFT (time to first token) runs from Enter to the first token of the reply: llama.cpp first reads the whole "
      "prompt, the chat so far included (prefill, in prompt tokens/s), which is bound by compute. A long chat or system "
      "prompt raises it: start a new chat (Ctrl+L), shorten the system prompt, or put more layers on the GPU."),
+    ("TTFT's split and the forecast",
+     "Under TTFT, its three phases: image encode (a vision model's pictures, with their rate in images/s), prefill, and the "
+     "first token (the template, tokenizing and the first sample); above the message box, the next message's new tokens "
+     "(typed text, attached files and images, history not in the cache) and its TTFT forecast from this chat's measured "
+     "prefill (n/a until one is measured), a long prompt's progress while it is read, then the forecast against the measured TTFT. "
+     "Ctrl+F attaches a file or a picture, as does a path pasted or dropped into the box; ✕ or Backspace in an empty box removes one."),
     ("ITL and decode",
      "ITL (inter-token latency) is the time between two tokens as they reach you: p50 is the typical gap, p95 the "
      "slow one in twenty. Decode t/s is tokens per second inside llama.cpp, bound by memory bandwidth: a smaller "

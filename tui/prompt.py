@@ -6,13 +6,22 @@ and all), and a newline can be typed: Ctrl+J always (every terminal sends it as
 a line feed), Shift+Enter where the terminal reports it (kitty's keyboard
 protocol, some others). Up in an empty box recalls the earlier prompts, as a
 shell does; Down walks back.
+
+A paste that is nothing but the paths of existing files (a file dropped on the
+terminal, which pastes its path) is not typed: ``Dropped`` tells the app, which
+attaches them (``attachments.py``). Backspace in an empty box removes the last
+attachment (``RemoveLast``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
+
+from localllm.tui.attachments import dropped_paths
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter")
 REISSUE_S = 0.002  # keys closer than this came in one read: a "^" among them was an Esc
@@ -36,6 +45,20 @@ class PromptBox(TextArea):
         @property
         def control(self) -> PromptBox:
             return self.box
+
+    class Dropped(Message):
+        """A paste that names files: attach them."""
+
+        def __init__(self, box: PromptBox, paths: list[Path]) -> None:
+            super().__init__()
+            self.box, self.paths = box, paths
+
+        @property
+        def control(self) -> PromptBox:
+            return self.box
+
+    class RemoveLast(Message):
+        """Backspace in an empty box: the last attachment goes."""
 
     def __init__(self, *, placeholder: str = "", id: str | None = None) -> None:  # noqa: A002 - Textual's name
         super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus", placeholder=placeholder,
@@ -76,12 +99,22 @@ class PromptBox(TextArea):
             event.prevent_default()
             self.insert("\n")
             return
+        if event.key == "backspace" and not self.text:
+            self.post_message(self.RemoveLast())
         if event.key in ("up", "down") and self._recall(-1 if event.key == "up" else 1):
             event.stop()
             event.prevent_default()
             return
         self._recalled = None
         await super()._on_key(event)
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        """A paste of file paths becomes attachments; any other is typed (TextArea's own handler, next in line)."""
+        paths = dropped_paths(event.text)
+        if paths:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Dropped(self, paths))
 
     def _drop_reissued_escape(self, event: events.Key) -> bool:
         """Take back a ``^`` that was an Esc. Textual's parser, given Esc and the

@@ -74,10 +74,12 @@ def check(data: Any, name: str) -> sessions.SavedSession:
         created=sessions.stamp(created),
         updated=sessions.stamp(updated),
         system_prompt=system if isinstance(system, str) else None,
-        messages=[{"role": m["role"], "content": m["content"], **{k: m[k] for k in TOOL_KEYS if m["role"] == "tool" and isinstance(m.get(k), str)}}
+        messages=[{"role": m["role"], "content": m["content"], **sessions.data_mark(m),
+                   **{k: m[k] for k in TOOL_KEYS if m["role"] == "tool" and isinstance(m.get(k), str)}}
                   for m in messages],
         settings=settings if isinstance(settings, dict) else {},
         name=called if isinstance(called, str) else None,
+        images=sessions.image_refs(data.get("images")),
     )
 
 

@@ -198,9 +198,12 @@ class LatencyPanel(Vertical):
     (``measure.diagnose``), and the figures that decided it."""
     threads: reactive[str] = reactive("threads n/a", repaint=False)
     """The decode thread count now and its last move with why (``ThreadController.short``), or "threads n/a"."""
+    split: reactive[tuple[float | None, float | None, float, float] | None] = reactive(None, repaint=False)
+    """TTFT in its three phases, once the reply has ended: (image encode ms, images/s, prefill ms, first token ms);
+    encode is None without an image. None: no reply measured yet."""
 
     def compose(self) -> ComposeResult:
-        yield Lines(3, id="latency-top")
+        yield Lines(4, id="latency-top")
         yield ItlSparkline([], id="spark")
         yield Lines(6, id="latency-bottom")
 
@@ -215,7 +218,7 @@ class LatencyPanel(Vertical):
         itl = f"ITL p50 {percentile(gaps, 50):.1f} ms · p95 {percentile(gaps, 95):.1f} ms" if gaps else "ITL p50 n/a · p95 n/a"
         pre = "n/a" if self.prefill_tps is None else f"{self.prefill_tps:.1f} t/s"
         dec = "n/a" if self.decode_tps is None else f"{self.decode_tps:.1f} t/s"
-        self.query_one("#latency-top", Lines).lines = (Text("Latency", style="bold"), ttft, itl)
+        self.query_one("#latency-top", Lines).lines = (Text("Latency", style="bold"), ttft, split_line(self.split), itl)
         headline, detail = self.verdict
         roof = ""
         if self.ceiling_tps and self.decode_tps:
@@ -247,6 +250,19 @@ class LatencyPanel(Vertical):
 
     def watch_threads(self, _: str) -> None:
         self._paint()
+
+    def watch_split(self, _: object) -> None:
+        self._paint()
+
+
+def split_line(split: tuple[float | None, float | None, float, float] | None) -> str:
+    """``encode n/a · prefill 299.8 ms · first 0.2 ms``: TTFT's three phases (the
+    seeds' split, with a vision model's image encode and its rate in images/s)."""
+    if split is None:
+        return "encode n/a · prefill n/a · first n/a"
+    encode, rate, prefill, first = split
+    enc = "n/a" if encode is None else f"{encode:.1f} ms" + (f" ({rate:.1f} images/s)" if rate else "")
+    return f"encode {enc} · prefill {prefill:.1f} ms · first {first:.1f} ms"
 
 
 class BudgetBar(Widget):

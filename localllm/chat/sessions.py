@@ -20,6 +20,7 @@ from typing import Any
 from localllm import paths
 from localllm.errors import InputError
 from localllm.util import atomic
+from localllm.vision.marker import MARKER
 
 
 @dataclass
@@ -32,6 +33,9 @@ class SavedSession:
     messages: list[dict[str, str]] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     name: str | None = None  # the user's name for it; None: titled by its first message
+    # the conversation's images (a vision model), in the order of their markers in the messages: where each was
+    # read from and the sha256 of its pixels (``image_refs``), never the pixels; reopened, each is read again and checked
+    images: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def new(cls, model: str, system_prompt: str | None, settings: dict[str, Any]) -> SavedSession:
@@ -52,7 +56,8 @@ class SavedSession:
     @property
     def title(self) -> str:
         """The name given, else the first message's first line; past 80 characters, elided with "…"."""
-        text = (self.name or "").strip() or next((m["content"] for m in self.messages if m["role"] == "user"), "").strip()
+        first = next((m["content"] for m in self.messages if m["role"] == "user"), "")
+        text = (self.name or "").strip() or first.replace(MARKER + "\n", "").replace(MARKER, "").strip()
         line = text.splitlines()[0] if text else "(empty)"
         return line if len(line) <= 80 else line[:79] + "…"
 
@@ -88,7 +93,7 @@ def from_dict(data: Any, source: Path) -> SavedSession:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise InputError(f"{source}: message {i + 1} has no role or no content")
-        clean.append({"role": m["role"], "content": m["content"]})
+        clean.append({"role": m["role"], "content": m["content"], **data_mark(m)})
     try:
         mtime = source.stat().st_mtime
     except OSError:
@@ -107,7 +112,37 @@ def from_dict(data: Any, source: Path) -> SavedSession:
         messages=clean,
         settings=settings if isinstance(settings, dict) else {},
         name=name if isinstance(name, str) else None,
+        images=image_refs(data.get("images")),
     )
+
+
+def data_mark(message: dict[str, Any]) -> dict[str, str]:
+    """A user's message that holds attached files keeps its ``"data"`` mark (the
+    chat session reads its text as data, ``localllm.attach``): ``{}`` otherwise."""
+    mark = message.get("data")
+    return {"data": mark} if message.get("role") == "user" and isinstance(mark, str) and mark else {}
+
+
+_IMAGE_TEXT = ("name", "path", "sha256")
+_IMAGE_INTS = ("width", "height", "bytes")
+
+
+def image_refs(value: Any) -> list[dict[str, Any]]:
+    """A saved session's ``images``, each entry checked (outside data): text
+    name, path and a 64-digit hex sha256, whole-number sizes. A malformed entry
+    is kept as a name only, so the markers still pair with their images in
+    order; reopening it says that image cannot be read back."""
+    if not isinstance(value, list):
+        return []
+    out: list[dict[str, Any]] = []
+    for entry in value:
+        e = entry if isinstance(entry, dict) else {}
+        ok = all(isinstance(e.get(k), str) for k in _IMAGE_TEXT) and all(type(e.get(k)) is int and e[k] >= 0 for k in _IMAGE_INTS)
+        sha = e.get("sha256")
+        ok = ok and isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)
+        name = e.get("name") if isinstance(e.get("name"), str) else "image"
+        out.append({k: e[k] for k in (*_IMAGE_TEXT, *_IMAGE_INTS)} if ok else {"name": name})
+    return out
 
 
 def stamp(value: Any) -> float:
@@ -186,8 +221,12 @@ def to_markdown(session: SavedSession) -> str:
     """The chat as Markdown: a heading per message, its text as it was (Markdown already)."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(session.updated or session.created))
     out = [f"# {session.title}", "", f"- model: {Path(session.model).name}", f"- saved: {when}", f"- turns: {session.turns}", ""]
+    names = iter(str(ref.get("name") or "image") for ref in session.images)
     for m in session.messages:
-        out += [f"## {ROLE_HEADINGS.get(m['role'], m['role'])}", "", m["content"].rstrip(), ""]
+        text = m["content"]
+        if MARKER in text:  # a picture the chat saw: named, at its place
+            text = "".join(part if i == 0 else f"[image: {next(names, 'image')}]" + part for i, part in enumerate(text.split(MARKER)))
+        out += [f"## {ROLE_HEADINGS.get(m['role'], m['role'])}", "", text.rstrip(), ""]
     return "\n".join(out)
 
 

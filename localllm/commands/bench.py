@@ -7,7 +7,7 @@ import sys
 
 from localllm.commands._common import load_config
 from localllm.errors import UsageError
-from localllm.measure.bench import BenchRow, run_bench
+from localllm.measure.bench import BenchRow, ImageRow, run_bench, run_image_bench
 from localllm.measure.loadtest import run_url
 from localllm.modelfile.model_info import inspect_model
 from localllm.store import resolver
@@ -24,12 +24,24 @@ def table(rows: list[BenchRow], header: str) -> str:
     return "\n".join(lines)
 
 
+def image_table(r: ImageRow) -> str:
+    return "\n".join([
+        "", "| images | prompt | encode | images/s | prefill | TTFT | tg t/s |", "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {r.images} | {r.prompt_tokens} | {fmt.mean_pm(r.encode_ms, r.encode_std)} ms | "
+        f"{f'{r.images_per_s:.2f}' if r.images_per_s is not None else 'n/a'} | {fmt.ms(r.prefill_ms)} | {fmt.ms(r.ttft_ms)} | "
+        f"{f'{r.tg_tokens_per_s:.1f}' if r.tg_tokens_per_s is not None else 'n/a'} |",
+    ])
+
+
 def run(args: argparse.Namespace) -> int:
     if args.url:
 
         return run_url(args)
     args.prompt_tokens = args.prompt_tokens or [128, 512, 2048]
     path = resolver.resolve(args.model)
+    from localllm.commands import vision_cli  # lazy: only bench --image reads pictures
+
+    images, mmproj = vision_cli.prepare(args, path) if args.image else ([], None)
     info = inspect_model(path)
     need = max(args.prompt_tokens) + args.gen_tokens
     n_ctx = args.ctx or (need + 255) // 256 * 256
@@ -51,10 +63,15 @@ def run(args: argparse.Namespace) -> int:
             bos=bos,
             progress=progress,
         )
+        image_row = None
+        if images:
+            assert mmproj is not None
+            vision_cli.attach(backend, mmproj, quiet=args.json)
+            image_row = run_image_bench(backend, images, gen_tokens=args.gen_tokens, reps=args.reps, progress=progress)
     if args.json:
-        fmt.print_json([r.to_dict() for r in rows])
+        fmt.print_json([r.to_dict() for r in rows] + ([image_row.to_dict()] if image_row is not None else []))
     else:
         header = (f"{fmt.safe(info.name)} · {info.file_type} · {fmt.size(info.size_bytes)} · {fmt.count(info.n_params)} params · "
                   f"{li.n_threads} threads · ctx {li.n_ctx} · KV {li.type_k}/{li.type_v}")
-        print(table(rows, header))
+        print(table(rows, header) + ("\n" + image_table(image_row) if image_row is not None else ""))
     return 0

@@ -9,7 +9,9 @@ flag it names, inserted before the command line's own, so a flag typed wins
 and every value goes through the same checks as a typed one. The file is
 untrusted: bad TOML, an unknown key or a bad value is one line naming the file
 and the key, exit 2. ``[mcp.servers.NAME]`` tables are MCP servers, checked by
-``localllm.mcp.config``.
+``localllm.mcp.config``. A model table's ``tuned`` key is ``localllm tune``'s
+record of the settings it wrote there (``localllm.tune.section``): checked,
+never a flag.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from localllm import paths
 from localllm.errors import UsageError
 from localllm.mcp import config as mcp_config
+from localllm.tune import section
 from localllm.util import config_toml
 
 
@@ -79,23 +82,20 @@ def tokens(table: dict[str, Any], command: str, subparsers: dict[str, argparse.A
 
 def model_table(table: dict[str, Any], model: str | None, opts: dict[str, argparse.Action]) -> dict[str, Any]:
     """``[models."NAME"]``'s settings for ``model`` (the name as given, or a path's
-    file name without .gguf; case does not matter), those ``opts`` has: ``parallel``
-    applies to serve, not to run, as a top-level key applies where the flag exists."""
-    models = table.get(MODELS)
-    if not model or not isinstance(models, dict):
-        return {}
-    wanted = {model.lower(), Path(model).name.lower().removesuffix(".gguf")}
-    for name, settings in models.items():
-        if name.lower() in wanted and isinstance(settings, dict):
-            return {k: v for k, v in settings.items() if k in opts}
-    return {}
+    file name without .gguf; case does not matter: ``tune.section.model_entry``),
+    those ``opts`` has: ``parallel`` applies to serve, not to run, as a top-level
+    key applies where the flag exists; ``tune``'s record is no flag."""
+    found = section.model_entry(table, model)
+    return {k: v for k, v in found[1].items() if k in opts} if found else {}
 
 
 def _check_models(models: dict[str, Any], known: set[str], path: Path) -> None:
     for name, settings in models.items():
         if not isinstance(settings, dict):
             raise UsageError(f'{path}: models.{name!r} must be a table: [models."{name}"] with flag names, e.g. ctx = 8192')
-        unknown = [k for k in settings if k not in known or k in _NOT_PER_MODEL]
+        if section.TUNED in settings:  # what localllm tune wrote: checked, never a flag
+            section.check_record(settings[section.TUNED], f'{path}: [models."{name}"]')
+        unknown = [k for k in settings if (k not in known or k in _NOT_PER_MODEL) and k != section.TUNED]
         if unknown:
             raise UsageError(f'{path}: [models."{name}"] has no option \'{unknown[0]}\' (a model\'s table takes load and sampling options, e.g. ctx)')
 

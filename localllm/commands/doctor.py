@@ -8,10 +8,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from localllm.commands._common import fit_config, placement_for
-from localllm.engine_api import LoadConfig
 from localllm.errors import InputError, UsageError
 from localllm.measure.doctor import examine, measure, measure_speculation
-from localllm.measure.quality import compare, eval_text
+from localllm.measure.quality import eval_text, kv_cache_quality
 from localllm.measure.roofline import measure_by_threads
 from localllm.measure.starved import contention
 from localllm.measure.thread_counts import decode_by_threads, thread_action
@@ -37,21 +36,7 @@ def _prompt(args: argparse.Namespace) -> str:
 
 def _kv_kl(path: Path, threads: int | None) -> dict[str, float]:
     """Mean KL of q8_0 and q4_0 caches against f16 on one 256-token chunk of the shipped text."""
-    # lazy: loads llama.cpp (~155 ms here), which doctor does not load at import
-    from localllm.engine import LlamaCppBackend
-
-    backends = []
-    try:
-        for kv in ("f16", "q8_0", "q4_0"):
-            b = LlamaCppBackend()
-            b.load(path, LoadConfig(n_ctx=256, n_batch=256, n_ubatch=256, n_outputs_max=0, type_k=kv, type_v=kv, flash_attn="on", n_threads=threads))
-            backends.append(b)
-        tokens = backends[0].tokenize(eval_text())[:256]
-        rows = compare(backends[0].logits, {"q8_0": backends[1].logits, "q4_0": backends[2].logits}, tokens, chunk=256, bos=backends[0].bos_token())
-        return {r.name: r.kl_mean for r in rows}
-    finally:
-        for b in backends:
-            b.close()
+    return {r.name: r.kl_mean for r in kv_cache_quality(path, ("q8_0", "q4_0"), threads=threads)}
 
 
 def _roofline_line(r) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from localllm.commands import vision_cli
+from localllm.commands import config_file, vision_cli
 from localllm.commands._common import Fitted, fit_config
 from localllm.errors import EXIT_ERROR
 from localllm.measure.predict import Prediction, predict
@@ -15,6 +15,8 @@ from localllm.plan.hardware import gpu_memory_bandwidth, physical_cores
 from localllm.plan.placement import experts_rule
 from localllm.plan.planner import ModelShape, layers_phrase
 from localllm.store import names, resolver
+from localllm.store.builtin import DEFAULT_MODEL
+from localllm.tune import section
 from localllm.util import fmt
 from localllm.vision.memory import ProjectorMemory
 from localllm.vision.projector import read_projector
@@ -191,13 +193,24 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
             **read_projector(proj).to_dict(), "memory": mem.to_dict(),
             "left_bytes": None if free is None else free - vision_cli.projector_need(mem),
             "fits": None if free is None else free >= vision_cli.projector_need(mem)}
+        tuned = _from_tune(args)
+        d["from_tune"] = tuned.to_dict() if tuned is not None else None
         fmt.print_json(d)
     else:
         print(as_text(f, info, predicted, remote, mem))
+        tuned = _from_tune(args)
+        if tuned is not None:
+            print(f"settings {tuned.line()}")
         if proj is not None and mem is not None:
             print(projector_line(proj, mem, free))
     fits_projector = mem is None or free is None or free >= vision_cli.projector_need(mem)
     return 0 if f.fit.fits and fits_projector else EXIT_ERROR
+
+
+def _from_tune(args: argparse.Namespace) -> section.FromTune | None:
+    """The settings planned with that ``localllm tune`` chose (its record in the model's
+    config table), less any a flag typed or an edit since changed."""
+    return section.from_tune(config_file.load(), args.model or DEFAULT_MODEL, section.flag_values(args))
 
 
 def as_dict(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None) -> dict:

@@ -18,13 +18,13 @@ import sys
 from dataclasses import replace
 
 from localllm import api, reasoning
-from localllm.commands import serve_flags
+from localllm.commands import serve_flags, vision_cli
 from localllm.commands._common import fit_config, fit_request, lora_specs, model_path, sampling_config, say
 from localllm.commands.serve_models import PerModel, preset_of
-from localllm.errors import InputError, UsageError
+from localllm.errors import InputError, LocalLLMError, UsageError
 from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting, hardware, planner
-from localllm.serve import thinking, tools
+from localllm.serve import media, thinking, tools
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.prompt_cache import PromptCache
 from localllm.serve.protocol import RequestError
@@ -73,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
     rerank = args.rerank or args.pooling == "rank"
     if rerank:
         _check_reranker(path)
+        if getattr(args, "mmproj", None):
+            raise UsageError("--mmproj goes with a model that generates, not with --rerank")
+    # --mmproj, else a projector beside the model (as run finds it; --no-mmproj: none): checked against the model now,
+    # one line naming both files, before anything listens
+    mmproj = None if rerank else vision_cli.projector_path(args, path)
     parallel = args.parallel
     if parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h)
         raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")
@@ -85,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     fitted = fit_config(args, path, ctx_seq * parallel, n_seq=parallel)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
+    if mmproj is not None:
+        vision_cli.check_fit(fitted, mmproj)
     n_ctx_seq = fitted.config.n_ctx // parallel
     if n_ctx_seq < 16:
         raise InputError(f"{parallel} sequences leave {n_ctx_seq} tokens each: lower --parallel or raise --vram")
@@ -120,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         models.append(model)
         info = model.load(path, replace(fitted.config, n_ctx=n_ctx_seq * parallel), parallel)
         adapters = model.load_adapters(lora_specs(args))  # --lora: checked by fit_config already, against this model
+        if mmproj is not None:
+            _load_projector(model, mmproj)
         if switch.stopped:  # stopped by a signal while loading
             return
         if args.template is not None:
@@ -142,7 +151,10 @@ def run(args: argparse.Namespace) -> int:
                            tool_format=tools.detect(model.tok.template.source(model.tok.header)),
                            reasoning=reasoning.markers(model.tok.template.source(model.tok.header))[0],
                            reasoning_format="deepseek" if args.reasoning_format == "auto" else args.reasoning_format,
-                           prompt_tail=lambda tokens: b"".join(model.tok.token_bytes(t, special=True) for t in tokens[-8:]).decode("utf-8", "replace"),
+                           # the prompt's last text tokens (an image's filler ids are no tokens)
+                           prompt_tail=lambda tokens: b"".join(model.tok.token_bytes(t, special=True) for t in [t for t in tokens[-40:] if t >= 0][-8:])
+                           .decode("utf-8", "replace"),
+                           vision=mmproj is not None, **({"max_body": media.MEDIA_BODY} if mmproj is not None else {}),
                            tokenize=_tokenizer(model, template_defaults(args, model)), api_key=api_key, json_log=args.json,
                            defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template, n_batch=args.batch,
                                                                                    spm_infill=args.spm_infill),
@@ -151,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request, "
             f"KV pool {info.n_ctx} cells {info.type_k}/{info.type_v}, prefix reuse {'on' if info.prefix_reuse else 'off'}"
             f"{_cache_words(cache)}{', reranking on /v1/rerank' if rerank else ''}"
+            f"{f', images through {mmproj.name}' if mmproj is not None else ''}"
             f"{', API key required' if api_key else ''}); Ctrl+C stops")
 
     def abort(reason: str) -> int:
@@ -195,6 +208,9 @@ def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> i
         raise UsageError("--alias names the one model of serve MODEL: with no MODEL each model is served by its name in localllm list")
     if getattr(args, "lora", None) or getattr(args, "lora_init_without_apply", False):
         raise UsageError("--lora adapters are for one base model: give serve a MODEL with them")
+    if getattr(args, "mmproj", None):
+        raise UsageError("--mmproj names one model's projector: give serve a MODEL with it (with no MODEL, each model's own "
+                         "projector beside it is found; --no-mmproj turns that off)")
     if args.parallel > 256:  # LLAMA_MAX_SEQ (src/llama-cparams.h); checked here too, so a bad value is found now, not per model
         raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")
     if args.batch < args.parallel:
@@ -418,11 +434,31 @@ def template_defaults(args: argparse.Namespace, model) -> dict:
         raise UsageError(str(exc)) from None
 
 
+def _load_projector(model, path) -> None:
+    """The projector on the loaded model; refused at start when an image would not fit
+    one ubatch where libmtmd decodes it whole (Gemma 3's: every request would fail)."""
+    from localllm.vision.image import RGBImage  # lazy: as the projector, only for a vision model
+
+    info = model.load_projector(path)
+    mp = model.image_prompt(RGBImage(name="probe", width=8, height=8, rgb=bytes(8 * 8 * 3), file_bytes=0, sha256="probe"))
+    try:
+        for piece in mp.pieces:
+            n_ubatch = model.image_too_large(piece) if piece.is_image else None
+            if n_ubatch is not None:
+                raise UsageError(f"an image is {piece.n_tokens} tokens through {path.name}, decoded in one ubatch, but --ubatch is {n_ubatch}: "
+                                 f"serve it with --ubatch {piece.n_tokens} (and --batch at least that)")
+    finally:
+        mp.close()
+    say(f"vision: {vision_cli.describe(info)}")
+
+
 def _tokenizer(model, extra: dict):
 
     tok = model.tok
 
     def tokenize(params) -> list[int]:
+        if params.images:
+            return _image_tokens(model, params, runs)
         if params.chat:
             if tok.has_chat_template:
                 # a message's text cannot forge a turn; tools reach the template as Transformers passes them
@@ -436,4 +472,54 @@ def _tokenizer(model, extra: dict):
             raise RequestError(400, "no prompt")
         return tok.tokenize(params.prompt, add_special=True, parse_special=False)
 
+    def runs(params, marks: list[str]) -> tuple[list[list[int]], list[int]]:
+        """The prompt's text, cut where the images' marks stand (as ``tokenize`` reads it)."""
+        if tok.has_chat_template:
+            return tok.chat_runs(params.messages, marks, tools=params.tools.template_tools if params.tools else None,
+                                 extra=thinking.merged(extra, params.template_kwargs))
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in params.messages) + "assistant:"
+        return tok.text_runs(text, marks)
+
     return tokenize
+
+
+def _image_tokens(model, params, runs) -> media.MediaTokens:
+    """A prompt with images (in a worker thread): each picture decoded and bounded
+    (``vision.image``), placed where its part was, and split into libmtmd's chunks;
+    each problem a 400 naming the part."""
+    from localllm.vision.image import decode_image  # lazy: Pillow, only for a request with images
+
+    first = params.images[0]
+    if model.projector is None:
+        raise RequestError(400, f"'{first.where}' is an image, but this server's model reads text only: start serve with --mmproj FILE "
+                           "(the model's vision projector; one beside the model is found without it)", param=first.where)
+    marks = [im.mark for im in params.images]
+    text, order = runs(params, marks)
+    lost = [im.where for k, im in enumerate(params.images) if order.count(k) != 1]
+    if lost:
+        raise RequestError(400, f"the chat template dropped or repeated the image '{lost[0]}': it has no single place in the prompt",
+                           param=lost[0])
+    pictures = {}
+    for k in order:
+        im = params.images[k]
+        try:
+            pictures[k] = decode_image(media.picture_bytes(im), name=im.where)
+        except media.ImageError as exc:
+            raise RequestError(400, str(exc), param=im.where) from None
+        except LocalLLMError as exc:  # damaged, truncated, too many pixels, an SVG, not a picture: one line naming it
+            raise RequestError(400, str(exc), param=im.where) from None
+    try:
+        tokens = media.assemble(text, order, pictures, model.image_prompt)
+    except LocalLLMError as exc:  # libmtmd could not preprocess a picture
+        raise RequestError(400, str(exc)) from None
+    for span in tokens.media.spans:
+        n_ubatch = model.image_too_large(span.piece)
+        if n_ubatch is not None:
+            tokens.media.close()
+            where = params.images[span.image].where
+            raise RequestError(400, f"'{where}' is {span.n_tokens} tokens, decoded in one ubatch, but this server's --ubatch "
+                               f"is {n_ubatch}: restart it with --ubatch {span.n_tokens} (and --batch at least that)", param=where)
+    if not tokens or tokens[-1] < 0:
+        tokens.media.close()
+        raise RequestError(400, "the prompt ends with an image: put text after it")
+    return tokens

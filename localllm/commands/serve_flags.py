@@ -12,7 +12,7 @@ from typing import NoReturn
 # llama-server's flags that serve does not do, and why (a usage error naming the flag)
 UNSUPPORTED = {
     ("--control-vector", "--control-vector-scaled", "--control-vector-layer-range"): "control vectors are not supported",
-    ("--mmproj", "-mm", "--mmproj-url", "-mmu"): "multimodal projectors are not supported (text models only)",
+    ("--mmproj-url", "-mmu"): "this tool is offline: give the projector's file with --mmproj FILE (localllm pull fetches it beside the model)",
     ("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"): "give a model name or a .gguf path (localllm pulls Hub models itself)",
     ("-md", "--model-draft", "-hfd", "--hf-repo-draft", "--draft", "--draft-max", "--draft-min"): "speculative decoding is not supported in serve",
     ("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor",

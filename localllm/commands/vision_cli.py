@@ -15,33 +15,19 @@ from typing import Any
 
 from localllm.commands._common import say
 from localllm.errors import InputError, LocalLLMError, UsageError
-from localllm.modelfile.gguf_file import read_header
+from localllm.vision import choice
 from localllm.vision.image import RGBImage, load_image
-from localllm.vision.memory import ProjectorMemory, planned
-from localllm.vision.projector import ProjectorInfo, beside, check_pair, read_projector, refuse_projector_as_model
+from localllm.vision.memory import ProjectorMemory
+from localllm.vision.projector import ProjectorInfo
 
 
 def projector_path(args: argparse.Namespace, model: Path, *, quiet: bool = False) -> Path | None:
-    """The projector for ``model``: ``--mmproj``, else one beside it; checked against its header.
-    A given one that is wrong is an error; a found one that is wrong (another model's, in a
-    shared folder) is a notice, and the model runs text-only."""
-    header = read_header(model)
-    given = Path(args.mmproj).expanduser() if getattr(args, "mmproj", None) else None
-    refuse_projector_as_model(model, header, given)
-    if given is not None and getattr(args, "no_mmproj", False):
-        raise UsageError("--mmproj and --no-mmproj contradict each other")
-    if given is not None:
-        check_pair(header, read_projector(given))
-        return given
-    found = None if getattr(args, "no_mmproj", False) else beside(model)
-    if found is None:
-        return None
-    try:
-        check_pair(header, read_projector(found))
-    except LocalLLMError as exc:
-        if not quiet and not getattr(args, "json", False):
-            say(f"not using the projector beside the model ({exc}): text only; --mmproj FILE names one")
-        return None
+    """The projector for ``model``: ``--mmproj``, else one beside it; checked against its header
+    (``vision.choice.choose``). A given one that is wrong is an error; a found one that is wrong
+    (another model's, in a shared folder) is a notice, and the model runs text-only."""
+    found, notice = choice.choose(model, getattr(args, "mmproj", None), no_mmproj=bool(getattr(args, "no_mmproj", False)))
+    if notice and not quiet and not getattr(args, "json", False):
+        say(notice)
     return found
 
 
@@ -119,25 +105,16 @@ def json_block(backend: Any) -> dict[str, Any] | None:
 def projector_fit(fitted: Any, path: Path) -> tuple[ProjectorMemory, int | None]:
     """The projector's memory (vision.memory: weights derived, compute estimated) on the
     device clip.cpp puts it, and what the model's fit leaves there (None: no RAM figure)."""
-    fit = fitted.fit
-    mem = planned(read_projector(path), gpu=fit.gpu_budget is not None)
-    if mem.device == "GPU":
-        return mem, fit.gpu_budget - fit.plan.total_gpu_bytes - fit.margin
-    return mem, None if fit.ram is None else fit.ram - fit.plan.total_cpu_bytes
+    return choice.room(fitted.fit, path)
 
 
 def projector_need(mem: ProjectorMemory) -> int:
-    return mem.weights_bytes + (mem.compute_bytes or 0)
+    return choice.need(mem)
 
 
 def check_fit(fitted: Any, path: Path) -> None:
     """The projector counted against what the model's fit leaves (``projector_fit``).
     Not fitting is one line naming the shortfall; the model's own fit is not redone."""
-    from localllm.util import fmt  # lazy: only with a projector
-
-    mem, free = projector_fit(fitted, path)
-    need = projector_need(mem)
-    if free is not None and free < need:
-        raise InputError(f"does not fit with the projector {path.name}: it needs {fmt.size(need)} on the {mem.device} (weights "
-                         f"{fmt.size(mem.weights_bytes)}, compute ≈ {fmt.size(mem.compute_bytes or 0)}, an estimate), "
-                         f"{fmt.size(max(free, 0))} is left after the model: try --no-mmproj, a smaller --ctx or a smaller quant")
+    line = choice.shortfall(fitted.fit, path)
+    if line:
+        raise InputError(line)

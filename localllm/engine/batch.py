@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llama_cpp
 
@@ -43,8 +44,14 @@ from localllm.engine.threadctl import Steered, controller_for
 from localllm.engine.tokenizer import Tokenizer
 from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.errors import EngineError
+from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.modelfile.model_info import describe
 from localllm.threads import ThreadController
+from localllm.vision.image import RGBImage
+from localllm.vision.projector import ProjectorInfo
+
+if TYPE_CHECKING:
+    from localllm.engine.mtmd import MediaPrompt, Piece, Projector
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class BatchModel:
         self._on_cpu = True
         self._adapters: Adapters | None = None  # serve --lora (load_adapters)
         self.steer: Steered | None = None  # the thread counts, chosen per kind of step (engine.threadctl)
+        self._projector: Projector | None = None  # a vision model's mmproj (load_projector)
 
     def load(self, path: Path, config: LoadConfig, n_seq: int) -> BatchLoadInfo:
         """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences."""
@@ -162,7 +170,51 @@ class BatchModel:
         if self._adapters is not None:
             self._adapters.apply(self.ctx, scales)
 
+    # -- images (a vision model's projector: engine.mtmd) ---------------------------
+    def load_projector(self, path: Path) -> ProjectorInfo:
+        """serve's ``--mmproj``: the projector for this model, checked against its header
+        first (one line naming both files). Loaded before the engine thread starts."""
+        from localllm.engine.mtmd import Projector  # lazy: libmtmd's bindings (~13 ms), only for a vision model
+
+        assert self.model and self.tok.header is not None, "loaded"
+        proj = Projector(_Host(self), Path(path))
+        if self._projector is not None:
+            self._projector.close()
+        self._projector = proj
+        return proj.info
+
+    @property
+    def projector(self) -> Projector | None:
+        return self._projector
+
+    def image_prompt(self, image: RGBImage) -> MediaPrompt:
+        """``image``'s pieces (libmtmd's text around it, e.g. Gemma 3's ``<start_of_image>``,
+        and its image chunks), owned by the ``MediaPrompt`` (freed with it). Called from a
+        worker thread, as llama-server tokenizes in its HTTP threads: ``mtmd_tokenize`` only
+        reads the projector (resizes and normalizes the picture), nothing is decoded."""
+        from localllm.vision.marker import MARKER  # lazy: as load_projector
+
+        if self._projector is None:
+            raise EngineError("no projector is loaded")
+        return self._projector.tokenize(MARKER, [image], add_special=False, parse_special=True)
+
+    def image_too_large(self, piece: Piece) -> int | None:
+        """The context's n_ubatch when ``piece`` (an image decoded whole) does not fit one ubatch, else None."""
+        assert self._projector is not None
+        return self._projector.too_large(piece)
+
+    def decode_image(self, seq: int, pos: int, piece: Piece) -> tuple[int | None, int]:
+        """Image ``piece`` into sequence ``seq`` at positions ``pos`` on, on the engine
+        thread: encoded unless its embeddings were kept, then decoded whole (never cut by
+        the scheduler's prefill chunks). Returns (encode ns, None when kept; decode ns)."""
+        if self._projector is None:
+            raise EngineError("no projector is loaded")
+        return self._projector.decode_piece(piece, seq, pos)
+
     def close(self) -> None:
+        if self._projector is not None:
+            self._projector.close()  # before the model it was loaded for
+            self._projector = None
         if self._adapters is not None:
             self._adapters.free()  # before the model (llama_adapter_lora_free unregisters from it)
             self._adapters = None
@@ -270,7 +322,9 @@ class BatchModel:
         return self.tok.is_eog(token)
 
     def piece(self, token: int) -> bytes:
-        return self.tok.token_bytes(token)
+        """A generated token's text as the reply shows it: the chat template's
+        tool-call and thinking control tokens as their text, others as nothing (``Tokenizer.reply_bytes``)."""
+        return self.tok.reply_bytes(token)
 
     # -- one step ------------------------------------------------------------------
     def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None:
@@ -312,3 +366,32 @@ class BatchModel:
         """log p of ``token`` at batch entry ``i``, and the ``n_top`` likeliest
         tokens': the model's distribution before sampling (``engine.logprobs``)."""
         return row_logprobs(self.ctx, i, self.tok.n_vocab, token, n_top)
+
+
+class _Host:
+    """What a projector reads of the model it feeds (``engine.mtmd.Host``), for the batch context."""
+
+    def __init__(self, owner: BatchModel) -> None:
+        self._owner = owner
+
+    @property
+    def model(self) -> object:
+        return self._owner.model
+
+    @property
+    def ctx(self) -> object:
+        return self._owner.ctx
+
+    @property
+    def header(self) -> GGUFHeader:
+        header = self._owner.tok.header
+        assert header is not None  # loaded
+        return header
+
+    @property
+    def n_batch(self) -> int:
+        return int(llama_cpp.llama_n_batch(self._owner.ctx))
+
+    def require(self) -> None:
+        if not self._owner.ctx:
+            raise EngineError("no model is loaded")

@@ -18,13 +18,21 @@ the model's fault:
 The environment matches llama-cpp-python's ``Jinja2ChatFormatter`` (trim and
 lstrip blocks, loop controls, ``{% generation %}`` ignored, ``tojson`` like
 Transformers, ``raise_exception`` and ``strftime_now``), so templates render
-the same text.
+the same text. Where that sandbox refuses what llama.cpp's own Jinja engine
+(common/jinja) runs, the templates llama.cpp tests render here as there:
+``list.append`` and ``list.pop`` (Kimi K2 queues its call ids; the template
+gets its own copy of the messages and tools, so the caller's are never
+changed), ``tojson`` of a ``map`` (DeepSeek R1's), and text ``+`` none or an
+undefined value, which is the text (llama.cpp's ``workaround_concat_null_with_str``:
+Command R+ with a parameter that has no description, FireFunction's ``functions``).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import re
 import sys
 from typing import Any
 
@@ -44,7 +52,7 @@ def _environment(limits: Limits):
     import jinja2
     import jinja2.ext
     from jinja2.compiler import CodeGenerator
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
     class IgnoreGenerationTags(jinja2.ext.Extension):
         """Pass-through for Hugging Face's ``{% generation %}`` tag."""
@@ -58,8 +66,15 @@ def _environment(limits: Limits):
     class LimitedEnvironment(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset(["*", "**", "+", "%"])
 
+        def is_safe_attribute(self, obj, attr, value):
+            if isinstance(obj, list) and attr in _LIST_CHANGES:  # llama.cpp's Jinja has them; the inputs are the template's copies
+                return SandboxedEnvironment.is_safe_attribute(self, obj, attr, value)
+            return super().is_safe_attribute(obj, attr, value)
+
         def call_binop(self, context, operator, left, right):
             limits.tick()
+            if operator == "+" and (isinstance(left, str) and _nothing(right) or isinstance(right, str) and _nothing(left)):
+                left, right = ("" if _nothing(left) else left), ("" if _nothing(right) else right)  # llama.cpp's concat workaround
             limits.binop(operator, left, right)
             return super().call_binop(context, operator, left, right)
 
@@ -96,8 +111,50 @@ def _environment(limits: Limits):
     return env
 
 
+_LIST_CHANGES = frozenset({"append", "pop"})
+
+
+def _nothing(x: Any) -> bool:
+    import jinja2
+
+    return x is None or isinstance(x, jinja2.Undefined)
+
+
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys, default=_listed)
+
+
+def _listed(x: Any) -> list[Any]:
+    """A ``map``/``select`` filter's generator as the list llama.cpp's Jinja makes of it (for ``tojson``), bounded."""
+    import types
+
+    if not isinstance(x, (types.GeneratorType, map, filter, itertools.islice)):
+        raise TypeError(f"Object of type {type(x).__name__} is not JSON serializable")
+    items = list(itertools.islice(x, _MAX_LISTED + 1))
+    if len(items) > _MAX_LISTED:
+        raise TypeError(f"a sequence of more than {_MAX_LISTED:,} items given to tojson")
+    return items
+
+
+_MAX_LISTED = 100_000
+
+
+def _fresh(value: Any) -> Any:
+    """``value`` with every dict and list in it copied (other values shared): a
+    template's ``list.append`` changes its own copy, never the caller's messages.
+    Walked without recursion (a call's arguments may nest deep)."""
+    root = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        v = parent[key]
+        if isinstance(v, dict):
+            parent[key] = d = dict(v)
+            stack.extend((d, k) for k in d)
+        elif isinstance(v, list):
+            parent[key] = items = list(v)
+            stack.extend((items, i) for i in range(len(items)))
+    return root[0]
 
 
 def _bounded(name: str, f: Any, limits: Limits) -> Any:
@@ -126,6 +183,9 @@ class ChatTemplate:
         self.seconds = seconds
         self._limits = Limits(seconds, MIN_OUTPUT_LIMIT)
         self._env = _environment(self._limits)
+        # FireFunction v2 joins ``functions`` (the tools' JSON) to its system prompt, as llama.cpp's
+        # firefunction handler gave it; other templates get llama-cpp-python's None
+        self._functions_text = bool(re.search(r"[+~]\s*functions\b", source))
         try:
             self._template = self._env.from_string(source)
         except Exception as exc:  # a syntax error, or anything Jinja raises while compiling
@@ -142,7 +202,7 @@ class ChatTemplate:
         # the messages' own text, a few copies of it in UCS-4, is allowed on top
         self._limits.start(self.seconds, max(MIN_OUTPUT_LIMIT, 8 * chars), MIN_MEMORY_BYTES + 16 * chars)
         ctx = {
-            "messages": messages,
+            "messages": _fresh(messages),
             "bos_token": bos_token,
             "eos_token": eos_token,
             "add_generation_prompt": add_generation_prompt,
@@ -152,8 +212,8 @@ class ChatTemplate:
             # common_chat_extra_context): Llama 3.1/3.3 templates read date_string
             # and fall back to "26 Jul 2024" without it
             **_extra_context(),
-            "tools": tools,
-            "functions": None,
+            "tools": _fresh(tools),
+            "functions": (json.dumps(tools, ensure_ascii=False, indent=2) if tools else "") if self._functions_text else None,
         }
         ctx.update({k: v for k, v in (extra or {}).items() if k not in TEMPLATE_RESERVED})
         pieces: list[str] = []

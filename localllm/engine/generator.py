@@ -22,20 +22,26 @@ from localllm.engine_api.stats import ShiftRecord, compute_stats
 # Evaluates a prompt's leading pieces (text and images, engine.mtmd) before ``tokens``:
 # called with n_keep and the shift list, returns (prefill_ns, encode_ns, images, tokens).
 Prologue = Callable[[int, list[ShiftRecord]], tuple[int, int, int, int]]
+# Told the prompt's tokens evaluated so far and their total, before each n_batch chunk and after the last
+# (the cockpit's prefill progress, as llama-server's return_progress); called on the decoding thread.
+Progress = Callable[[int, int], None]
 
 
 def generate(handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[int], sampling: SamplingConfig, *,
-             n_keep: int, start: int, shift: bool = True, prologue: Prologue | None = None) -> Generation:
+             n_keep: int, start: int, shift: bool = True, prologue: Prologue | None = None,
+             progress: Progress | None = None) -> Generation:
     """Evaluate ``tokens`` after the cache and generate. With ``max_tokens`` set
     a full context shifts (keeping ``n_keep`` tokens); with -1, or ``shift``
     off, the generation stops at a full context (``stop_reason='context'``).
     ``prologue``: evaluates what comes before ``tokens`` (a prompt's images), inside
-    the generation's clock, so TTFT and the stats count it."""
-    return Generation(lambda out: _run(out, handle, tok, cache, tokens, sampling, n_keep, start, shift, prologue))
+    the generation's clock, so TTFT and the stats count it. ``progress``: told
+    the prefill's progress (``Progress``)."""
+    return Generation(lambda out: _run(out, handle, tok, cache, tokens, sampling, n_keep, start, shift, prologue, progress))
 
 
 def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, tokens: list[int],
-         sampling: SamplingConfig, n_keep: int, start: int, shift: bool, prologue: Prologue | None = None) -> Iterator[TokenEvent]:
+         sampling: SamplingConfig, n_keep: int, start: int, shift: bool, prologue: Prologue | None = None,
+         progress: Progress | None = None) -> Iterator[TokenEvent]:
     handle.reset_perf()
     steer = handle.steer
     mark = len(steer.controller.changes) if steer is not None else 0  # this generation's thread changes start here
@@ -52,9 +58,15 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
     try:
         if prologue is not None:
             prefill_ns, encode_ns, images, pre_tokens = prologue(n_keep, shifts)
+        done, total = pre_tokens, pre_tokens + len(tokens)
         for chunk in handle.prompt_chunks(tokens):
+            if progress is not None:
+                progress(done, total)
             cache.make_room(len(chunk), n_keep, shifts)
             prefill_ns += cache.append(chunk)
+            done += len(chunk)
+        if progress is not None:
+            progress(done, total)
         i = 0
         while sampling.max_tokens < 0 or i < sampling.max_tokens:
             t = sample(sampler, handle.ctx)
@@ -65,7 +77,7 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
             token_ns.append(now)
             last = i == sampling.max_tokens - 1
             # A character split across tokens is emitted whole, with the token that completes it.
-            text = utf8.decode(tok.token_bytes(t), final=last)
+            text = utf8.decode(tok.reply_bytes(t), final=last)  # the format's control tokens as text (Tokenizer.shown)
             if first_text_ns is None and text:
                 first_text_ns = now
             yield TokenEvent(i, t, text, now)

@@ -54,6 +54,8 @@ class LlamaCppBackend:
         self._adapters: Adapters | None = None  # LoRA adapters of the loaded model (load_adapters)
         self._template = TemplateChoice()  # outlives a reload: --template stays chosen
         self._projector: Projector | None = None  # a vision model's mmproj (load_projector), freed with the model
+        # told (tokens done, total) as a prompt is read, chunk by chunk (generator.Progress): the cockpit's progress line
+        self.prefill_progress: generator.Progress | None = None
 
     # -- load / close -----------------------------------------------------------
     def load(self, path: Path, config: LoadConfig) -> LoadInfo:
@@ -266,7 +268,7 @@ class LlamaCppBackend:
             bos = 1 if tokens[0] == handle.header.get("tokenizer.ggml.bos_token_id") else 0
             n_keep = len(tokens) if len(tokens) <= n_ctx // 2 else bos
         cache.reset()
-        return generator.generate(handle, tok, cache, tokens, sampling, n_keep=n_keep, start=start)
+        return generator.generate(handle, tok, cache, tokens, sampling, n_keep=n_keep, start=start, progress=self.prefill_progress)
 
     def extend(
         self, tokens: Sequence[int], sampling: SamplingConfig, *, n_keep: int, shift: bool = True, start_ns: int | None = None
@@ -283,7 +285,8 @@ class LlamaCppBackend:
         if not shift and len(cache) + len(tokens) >= n_ctx:
             raise EngineError(f"the context is full ({len(cache)} of {n_ctx} tokens): clear the chat, or turn the sliding window on")
         start = start_ns if start_ns is not None else time.perf_counter_ns()
-        return generator.generate(handle, tok, cache, list(tokens), sampling, n_keep=n_keep, start=start, shift=shift)
+        return generator.generate(handle, tok, cache, list(tokens), sampling, n_keep=n_keep, start=start, shift=shift,
+                                  progress=self.prefill_progress)
 
     # -- scoring ----------------------------------------------------------------
     def verify(self, tokens: Sequence[int]) -> Verification:
@@ -386,11 +389,16 @@ class LlamaCppBackend:
             mp.close()
             raise EngineError(f"the context is full ({len(cache)} of {handle.n_ctx} tokens, images included): clear the chat, or load it with a larger context")
 
+        total, progress = mp.n_tokens, self.prefill_progress
+
         def prologue(keep: int, shifts: list) -> tuple[int, int, int, int]:
             try:
+                if progress is not None:
+                    progress(0, total)  # the images are encoded first: nothing read yet
                 done = proj.evaluate(cache, head, keep, shifts)
             finally:
                 mp.close()
             return done.prefill_ns, done.encode_ns, done.images, done.tokens
 
-        return generator.generate(handle, tok, cache, list(tail), sampling, n_keep=n_keep, start=start, shift=shift, prologue=prologue)
+        return generator.generate(handle, tok, cache, list(tail), sampling, n_keep=n_keep, start=start, shift=shift, prologue=prologue,
+                                  progress=progress)

@@ -16,6 +16,10 @@ media marker stands) and each chunk is evaluated after what the cache holds:
 The cache's token mirror (``KVCache``) gets ``IMAGE_FILLER`` for each of an
 image's positions, so its length stays the cache's length and a later turn
 appends after the image: nothing is encoded twice while the cache holds it.
+
+``serve``'s batch engine (``engine.batch``) drives the same projector on its
+own context: ``decode_piece`` puts an image into any sequence at any position
+(llama-server's ``mtmd_helper_eval_chunk_single`` with the slot's seq id).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import llama_cpp
 from llama_cpp import mtmd_cpp as mtmd
@@ -39,6 +43,7 @@ from localllm.engine.native import gpu_offload_supported, install_log_router
 from localllm.engine_api.errors import InvalidSetting
 from localllm.engine_api.stats import ShiftRecord
 from localllm.errors import EngineError, InputError, UsageError
+from localllm.modelfile.gguf_file import GGUFHeader
 from localllm.vision.image import RGBImage
 from localllm.vision.marker import MARKER
 from localllm.vision.memory import LoggedMemory, ProjectorMemory, parse_log, planned
@@ -103,10 +108,25 @@ class MediaPrompt:
         self.close()
 
 
+class Host(Protocol):
+    """What a projector reads of the model it feeds: ``ModelHandle`` (run, chat), or
+    the batch engine's context (``engine.batch``, serve)."""
+
+    @property
+    def model(self) -> object: ...
+    @property
+    def ctx(self) -> object: ...
+    @property
+    def header(self) -> GGUFHeader: ...
+    @property
+    def n_batch(self) -> int: ...
+    def require(self) -> None: ...
+
+
 class Projector:
     """A projector loaded for one text model (``mtmd_init_from_file``); ``close`` frees it."""
 
-    def __init__(self, handle: ModelHandle, path: Path, *, use_gpu: bool | None = None) -> None:
+    def __init__(self, handle: Host, path: Path, *, use_gpu: bool | None = None) -> None:
         handle.require()
         info = read_projector(path)
         check_pair(handle.header, info)  # one line naming both files, before libmtmd prints its own
@@ -152,6 +172,12 @@ class Projector:
         if self._ctx:
             mtmd.mtmd_free(self._ctx)
             self._ctx = None
+
+    def forget(self) -> None:
+        """Drop the kept encodings, so that the next prompt's images are encoded
+        again (``bench --image`` times the encoder on each repetition)."""
+        self._kept.clear()
+        self._kept_bytes = 0
 
     def _require(self) -> object:
         if not self._ctx or not self._handle.ctx:
@@ -230,12 +256,29 @@ class Projector:
         return out
 
     def _eval_image(self, cache: KVCache, piece: Piece) -> tuple[int | None, int]:
-        ctx, handle = self._require(), self._handle
-        n_ubatch = int(llama_cpp.llama_n_ubatch(handle.ctx))
-        if mtmd.mtmd_decode_use_non_causal(ctx, piece.chunk) and piece.n_tokens > n_ubatch:
-            # its tokens attend to each other both ways: one ubatch must hold them all (mtmd-helper.cpp)
+        n_ubatch = self.too_large(piece)
+        if n_ubatch is not None:
             raise InvalidSetting(f"an image here is {piece.n_tokens} tokens, decoded whole, but {{n_ubatch}} is {n_ubatch}: "
                                  f"raise it (and {{n_batch}}) to at least {piece.n_tokens}")
+        out = self.decode_piece(piece, 0, len(cache))
+        cache.record([IMAGE_FILLER] * piece.n_tokens)
+        return out
+
+    def too_large(self, piece: Piece) -> int | None:
+        """The context's n_ubatch when ``piece`` is an image whose tokens attend to each
+        other both ways (Gemma 3's) and do not fit one ubatch (mtmd-helper.cpp decodes
+        such an image in one: llama.cpp would refuse it); None when it can be decoded."""
+        ctx = self._require()
+        n_ubatch = int(llama_cpp.llama_n_ubatch(self._handle.ctx))
+        if piece.is_image and mtmd.mtmd_decode_use_non_causal(ctx, piece.chunk) and piece.n_tokens > n_ubatch:
+            return n_ubatch
+        return None
+
+    def decode_piece(self, piece: Piece, seq_id: int, n_past: int) -> tuple[int | None, int]:
+        """Image ``piece`` into sequence ``seq_id`` at positions ``n_past`` on: encoded
+        (unless its embeddings were kept), then decoded, whole where it attends both ways.
+        Returns (encode ns, or None when kept; decode ns)."""
+        ctx, handle = self._require(), self._handle
         mark = ROUTER.mark()
         embd = self._kept.get(piece.key) if piece.key else None
         enc_ns: int | None = None
@@ -250,15 +293,13 @@ class Projector:
             t1 = time.perf_counter_ns()
             enc_ns = t1 - t0
             self.encoded += 1
-        n_past = len(cache)
         new_n_past = llama_cpp.llama_pos(0)
-        rc = mtmd.mtmd_helper_decode_image_chunk(ctx, handle.ctx, piece.chunk, embd, n_past, 0, handle.n_batch,
+        rc = mtmd.mtmd_helper_decode_image_chunk(ctx, handle.ctx, piece.chunk, embd, n_past, seq_id, handle.n_batch,
                                                  ctypes.byref(new_n_past), mtmd.mtmd_helper_post_decode_callback(), None)
         llama_cpp.llama_synchronize(handle.ctx)
         t2 = time.perf_counter_ns()
         if rc != 0:
             raise EngineError(f"the image's embeddings could not be decoded ({rc}): {ROUTER.first_error_since(mark) or 'no reason given'}")
-        cache.record([IMAGE_FILLER] * piece.n_tokens)
         return enc_ns, t2 - t1
 
     def _keep(self, piece: Piece, out: Any) -> ctypes.Array:

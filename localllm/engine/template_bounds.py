@@ -117,9 +117,11 @@ class Limits:
 
     # -- calls and filters --------------------------------------------------------------
     def call(self, obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A string method whose result may be far larger than its inputs."""
+        """A string method whose result may be far larger than its inputs; a list grown past ``max_items``."""
         obj = getattr(obj, "__wrapped__", obj)  # the sandbox wraps str.format
         owner = getattr(obj, "__self__", None)
+        if isinstance(owner, list) and getattr(obj, "__name__", "") == "append":
+            self.items(len(owner) + 1, "list.append")
         if isinstance(owner, str):
             self._str_method(owner, getattr(obj, "__name__", ""), args, kwargs)
 

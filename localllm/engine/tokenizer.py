@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,8 @@ class Tokenizer:
         # serve's on its engine thread's serial path between two decodes.
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._eog: dict[int, bool] = {}
+        self._shown: frozenset[int] = frozenset()
+        self._shown_for: object = self  # the template source ``_shown`` was read from (self: none yet)
 
     def _require(self) -> None:
         if not self.vocab:
@@ -62,6 +65,29 @@ class Tokenizer:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
+
+    def shown(self) -> frozenset[int]:
+        """The control tokens a reply shows as their text: those of the chat
+        template's tool-call format and thinking markers that are one token of
+        this vocabulary (``toolcalls.preserved``; llama.cpp's ``preserved_tokens``,
+        kept where ``common_tokenize`` gives one id, tools/server/server-schema.cpp).
+        Read again when the template in use changes (``--template``)."""
+        source = self.template.source(self.header) if self.vocab else None
+        if source != self._shown_for:
+            from localllm import toolcalls  # lazy: the tool-call formats, read once per template; an engine that never generates skips them
+
+            ids = (self.tokenize(t, add_special=False, parse_special=True) for t in toolcalls.preserved(source))
+            self._shown, self._shown_for = frozenset(i[0] for i in ids if len(i) == 1), source
+        return self._shown
+
+    def reply_bytes(self, token: int) -> bytes:
+        """A generated token's bytes as a reply shows them: a ``shown`` control
+        token as its text, any other (end of generation, ``<|im_end|>``) as
+        nothing, as llama-server renders a generated token (server-context.cpp,
+        ``accept_special_token``). Without it a model whose call opens with a
+        control token (``[TOOL_CALLS]``, ``<|tool_calls_section_begin|>``) writes
+        calls the parser never sees."""
+        return self.token_bytes(token, special=token in self.shown())
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
@@ -115,6 +141,17 @@ class Tokenizer:
         re-encodes, where no marker survives: one holding special-token text is
         an ``InputError`` naming it instead; so is such text in ``extra``'s values
         (a request's ``chat_template_kwargs``: the template writes them raw)."""
+        runs, _ = self.chat_runs(messages, (), add_generation_prompt=add_generation_prompt, tools=tools, extra=extra)
+        return runs[0]
+
+    def chat_runs(self, messages: list[dict[str, Any]], marks: Sequence[str], *, add_generation_prompt: bool = True,
+                  tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> tuple[list[list[int]], list[int]]:
+        """``chat_tokens``, the rendered prompt cut where ``marks`` stand (serve's images:
+        each mark was put in a message's text where its picture goes). Returns the token
+        runs between the marks and, for each cut, which mark stood there, in prompt
+        order (a mark the template drops is not there; one it repeats is there twice).
+        Each run is tokenized apart, as libmtmd tokenizes the text between its media
+        markers; without ``marks``, one run: exactly ``chat_tokens``."""
         self._no_special_in("tools", tools)
         self._no_special_in("chat_template_kwargs", extra)
         for i, m in enumerate(messages):
@@ -122,22 +159,45 @@ class Tokenizer:
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools, extra=extra)
         forged = [i for i, m in enumerate(messages) if self._holds_special(m.get("content", ""))]
         if not forged:
-            return self.tokenize(text, add_special=False, parse_special=True)
+            return self._cut([(text, True)], marks)
         nonce = secrets.token_hex(8)
-        marks = {i: f"\x1e{nonce}:{i}\x1e" for i in forged}
-        marked = self.render_chat([dict(m, content=marks[i]) if i in marks else m for i, m in enumerate(messages)],
+        stand_in = {i: f"\x1e{nonce}:{i}\x1e" for i in forged}
+        marked = self.render_chat([dict(m, content=stand_in[i]) if i in stand_in else m for i, m in enumerate(messages)],
                                   add_generation_prompt=add_generation_prompt, tools=tools, extra=extra)
-        found = sorted((marked.find(mark), i) for i, mark in marks.items() if marked.count(mark) == 1)
+        found = sorted((marked.find(mark), i) for i, mark in stand_in.items() if marked.count(mark) == 1)
         if len(found) != len(forged):
             raise InputError("a message holds special-token text, and this chat template repeats or drops it: "
                              "it cannot be kept apart from the template's own tokens")
-        out: list[int] = []
+        segments: list[tuple[str, bool]] = []  # (text, parse special tokens)
         pos = 0
         for at, i in found:
-            out += self.tokenize(marked[pos:at], add_special=False, parse_special=True)
-            out += self.tokenize(messages[i]["content"], add_special=False, parse_special=False)
-            pos = at + len(marks[i])
-        return out + self.tokenize(marked[pos:], add_special=False, parse_special=True)
+            segments += [(marked[pos:at], True), (messages[i]["content"], False)]
+            pos = at + len(stand_in[i])
+        return self._cut([*segments, (marked[pos:], True)], marks)
+
+    def _cut(self, segments: Sequence[tuple[str, bool]], marks: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+        """``segments`` tokenized one by one (special tokens parsed or not), cut where ``marks`` stand."""
+        runs: list[list[int]] = [[]]
+        order: list[int] = []
+        split = re.compile("(" + "|".join(re.escape(m) for m in marks) + ")") if marks else None
+        index = {m: k for k, m in enumerate(marks)}
+        for text, special in segments:
+            for k, part in enumerate(split.split(text) if split is not None else [text]):
+                if k % 2:  # a mark (re.split keeps the captured separators at odd places)
+                    order.append(index[part])
+                    runs.append([])
+                else:
+                    runs[-1] += self.tokenize(part, add_special=False, parse_special=special)
+        return runs, order
+
+    def text_runs(self, text: str, marks: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+        """A plain prompt (no chat template) as ``tokenize(text)`` reads it, cut at ``marks``
+        as ``chat_runs`` cuts: the BOS token first where the vocabulary adds one."""
+        runs, order = self._cut([(text, False)], marks)
+        bos = self.bos_token()
+        if bos is not None:
+            runs[0].insert(0, bos)
+        return runs, order
 
     def _no_special_in(self, field: str, value: object) -> None:
         if value and self._holds_special(json.dumps(value, ensure_ascii=False)):

@@ -12,7 +12,7 @@ figures: the cockpit calls it on every keystroke, so it takes microseconds.
 
 from localllm.forecast.model import Forecast, Forecaster, Point, Progress, format_line
 from localllm.forecast.prompt import check_message, count, new_tokens, reply_room
-from localllm.forecast.room import Room, advice, check
+from localllm.forecast.room import Room, advice, check, suggestion
 
 __all__ = ["Forecast", "Forecaster", "Point", "Progress", "Room", "advice", "check", "check_message", "count", "format_line", "new_tokens",
-           "reply_room"]
+           "reply_room", "suggestion"]

@@ -38,6 +38,24 @@ class Room:
                 f"the context holds {self.n_ctx:,}")
 
 
+def suggestion(needed: int, max_ctx_by_kv_type: Mapping[str, int], *, trained_ctx: int | None = None) -> tuple[int, str] | None:
+    """The context (rounded up to the planner's step) and the KV cache type, best
+    quality first, that hold ``needed`` tokens on this device; None when none does
+    (or ``needed`` is past what the model was trained on). What ``advice`` says,
+    for a front end that offers to reload with it (the cockpit)."""
+    ctx = -(-needed // planner.CTX_PAD) * planner.CTX_PAD
+    if trained_ctx and needed > trained_ctx:
+        return None
+    for kv in _order(max_ctx_by_kv_type):
+        if max_ctx_by_kv_type[kv] >= ctx:
+            return ctx, kv
+    return None
+
+
+def _order(table: Mapping[str, int]) -> list[str]:
+    return [kv for kv in planner.KV_LADDER if kv in table] + [kv for kv in table if kv not in planner.KV_LADDER]
+
+
 def advice(needed: int, max_ctx_by_kv_type: Mapping[str, int], *, trained_ctx: int | None = None) -> str:
     """The ``--ctx`` and KV cache type that hold ``needed`` tokens on this device,
     best quality first; or why none does."""
@@ -45,12 +63,12 @@ def advice(needed: int, max_ctx_by_kv_type: Mapping[str, int], *, trained_ctx: i
     if trained_ctx and needed > trained_ctx:
         return f"that is past the {trained_ctx:,} tokens this model was trained on: shorten the prompt"
     table = {kv: n for kv, n in max_ctx_by_kv_type.items()}
-    order = [kv for kv in planner.KV_LADDER if kv in table] + [kv for kv in table if kv not in planner.KV_LADDER]
-    for kv in order:
-        if table[kv] >= ctx:
-            return f"load with --ctx {ctx} --kv-type {kv} (fits this device)"
+    found = suggestion(needed, table)
+    if found is not None:
+        return f"load with --ctx {found[0]} --kv-type {found[1]} (fits this device)"
     if not table:
         return f"load with --ctx {ctx} or more"
+    order = _order(table)
     best = max(order, key=lambda k: table[k])
     return (f"no KV cache type holds {ctx:,} tokens on this device (the most: {table[best]:,} with --kv-type {best}): "
             "shorten the prompt")

@@ -5,6 +5,11 @@ them, seeded), then ``gen_tokens`` greedy tokens past end-of-generation. pp t/s
 is prompt tokens over llama.cpp's prompt-evaluation time, tg t/s is
 single-token evaluations over their time; both as mean ± sample stddev over
 ``reps`` runs, after one warm-up run.
+
+With images (``bench --image``, a vision model): TTFT's third phase, the
+vision encoder, timed on its own (``encode_ms``, images per second) beside the
+prefill that reads the images' embeddings and the prompt; each repetition
+encodes the pictures again (``Projector.forget``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,47 @@ class BenchRow:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class ImageRow:
+    images: int
+    prompt_tokens: int  # the images' tokens included
+    gen_tokens: int
+    reps: int
+    encode_ms: float | None
+    encode_std: float | None
+    images_per_s: float | None
+    prefill_ms: float | None
+    ttft_ms: float | None
+    tg_tokens_per_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case": "image", **asdict(self)}
+
+
+def run_image_bench(backend: Any, images: Sequence[Any], *, gen_tokens: int, reps: int,
+                    progress: Callable[[str], None] | None = None) -> ImageRow:
+    """``reps`` runs of a short question after ``images`` (a warm-up first), each encoding them anew."""
+    sampling = SamplingConfig(temperature=0.0, max_tokens=gen_tokens, ignore_eos=True)
+    stats = []
+    for r in range(reps + 1):
+        if progress:
+            progress("image warm-up" if r == 0 else f"{len(images)} image(s) tg{gen_tokens} rep {r}/{reps}")
+        backend.projector.forget()
+        with backend.stream_images("Describe the picture.", list(images), sampling, chat=False) as gen:
+            for _ in gen:
+                pass
+        if r:
+            stats.append(gen.stats)
+    enc = [s.encode_ms for s in stats if s.encode_ms is not None]
+    enc_m, enc_s = mean_std(enc) if enc else (None, None)
+    ips = [s.images_per_s for s in stats if s.images_per_s is not None]
+    tg = [s.decode_tokens_per_s for s in stats if s.decode_tokens_per_s is not None]
+    return ImageRow(images=len(images), prompt_tokens=stats[-1].prompt_tokens, gen_tokens=gen_tokens, reps=reps, encode_ms=enc_m,
+                    encode_std=enc_s, images_per_s=mean_std(ips)[0] if ips else None,
+                    prefill_ms=mean_std([s.prefill_ms for s in stats])[0], ttft_ms=mean_std([s.ttft_ms for s in stats if s.ttft_ms is not None])[0],
+                    tg_tokens_per_s=mean_std(tg)[0] if tg else None)
 
 
 def random_prompt(n_tokens: int, n_vocab: int, bos: int | None, seed: int) -> list[int]:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,3 +107,31 @@ def compare(
             )
         )
     return out
+
+
+KV_CHUNK = 256  # tokens a chunk: quantize --eval's, doctor's and tune's
+
+
+def kv_cache_quality(path: Path, types: Sequence[str] = ("q8_0", "q4_0"), *, max_tokens: int = KV_CHUNK, threads: int | None = None,
+                     on_chunk: Callable[[int, int], None] | None = None) -> list[QualityReport]:
+    """What a quantized KV cache costs: the same weights loaded with an f16 cache
+    and with each of ``types``, scored by ``compare`` on the first ``max_tokens``
+    tokens of the shipped text (``quantize --eval``'s method, one 256-token chunk
+    a context). One place for it: ``doctor`` shows the q8_0 figure, ``tune`` each
+    cache type's next to its speed, ``scripts/kv_cache_quality.py`` the table."""
+    from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp, which the scoring maths does not need
+    from localllm.engine_api import LoadConfig  # lazy: with the engine
+
+    backends: dict[str, LlamaCppBackend] = {}
+    try:
+        for kv in ("f16", *types):
+            b = LlamaCppBackend()
+            backends[kv] = b  # closed below even when the load fails
+            b.load(path, LoadConfig(n_ctx=KV_CHUNK, n_batch=KV_CHUNK, n_ubatch=KV_CHUNK, n_outputs_max=0, type_k=kv, type_v=kv,
+                                    flash_attn="on", n_threads=threads))
+        ref = backends["f16"]
+        tokens = ref.tokenize(eval_text())[:max(max_tokens, KV_CHUNK)]
+        return compare(ref.logits, {kv: backends[kv].logits for kv in types}, tokens, chunk=KV_CHUNK, bos=ref.bos_token(), on_chunk=on_chunk)
+    finally:
+        for b in backends.values():
+            b.close()

@@ -133,6 +133,24 @@ class Contention:
         return bool((self.run_queue is not None and self.run_queue > self.cores)
                     or (self.steal_percent or 0) >= 10 or (self.busiest is not None and self.busiest.cpu_percent >= 50))
 
+    @property
+    def taken(self) -> bool:
+        """Whether another program (half a core or more) or the hypervisor (steal) takes CPU
+        now: ``busy`` less the load average, which a measuring process's own threads
+        raise for a minute after it ran (``tune`` asks this between its stages)."""
+        return bool((self.steal_percent or 0) >= 10 or (self.busiest is not None and self.busiest.cpu_percent >= 50))
+
+    def cause(self) -> str:
+        """What makes it ``busy``, in a few words: the busiest program first, as the one to close."""
+        b = self.busiest
+        if b is not None and b.cpu_percent >= 50:
+            return f"{b.name} (pid {b.pid}) is using {b.cpu_percent:.0f}% of a core"
+        if (self.steal_percent or 0) >= 10:
+            return f"the hypervisor gives {self.steal_percent:.0f}% of this VM's CPU time to others (steal)"
+        if self.run_queue is not None and self.run_queue > self.cores:
+            return f"the run queue is {self.run_queue:.1f} on {self.cores} CPUs"
+        return "nothing"
+
     def words(self) -> str:
         """``run queue 2.4 on 2 CPUs, 1 runnable now, 63% busy, steal 0%; busiest: yes (pid 12) 98% of a core``."""
         queue = "n/a" if self.run_queue is None else f"{self.run_queue:.1f}"

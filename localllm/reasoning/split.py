@@ -6,7 +6,8 @@ format): ``<think>``/``</think>`` (DeepSeek R1 and V3.1, Qwen3, GLM 4.5+,
 Granite, Hunyuan, SmolLM3, MiniMax), Command R7B's
 ``<|START_THINKING|>``/``<|END_THINKING|>``, Magistral's ``[THINK]``/``[/THINK]``,
 Seed-OSS's ``<seed:think>``/``</seed:think>`` and Kimi's ``◁think▷``/``◁/think▷``.
-gpt-oss's harmony channels are not text markers: the tools issue's parser owns them.
+gpt-oss's harmony channels (``HARMONY``) are messages rather than markers:
+``harmony.Channels`` splits them, behind the same ``Splitter``.
 
 As llama.cpp does (``--reasoning-format deepseek``): thinking is only read at
 the start of a reply (leading white space aside); a marker later in the answer
@@ -16,8 +17,9 @@ all of it as reasoning.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
+
+from localllm.reasoning.harmony import Channels, merged
 
 REASONING, CONTENT = "reasoning", "content"
 
@@ -26,6 +28,10 @@ REASONING, CONTENT = "reasoning", "content"
 class Markers:
     open: str
     close: str
+    channels: bool = False  # gpt-oss's harmony messages: split by harmony.Channels, not by the two markers
+
+
+HARMONY = Markers("<|channel|>analysis<|message|>", "<|end|>", channels=True)  # llama.cpp's thinking tags for gpt-oss
 
 
 MARKERS = (
@@ -42,6 +48,8 @@ def markers(template: str | None, generation_prompt: str = "") -> tuple[Markers 
     generation prompt (what the template appends for the assistant's turn) leaves
     the thinking open; (None, False) for a template that does not think in text."""
     source = template or ""
+    if "<|channel|>" in source and "<|message|>" in source:  # gpt-oss (toolcalls.detect reads the same markers)
+        return HARMONY, generation_prompt.rstrip().endswith(HARMONY.open)
     for m in MARKERS:
         if m.open in source or m.close in source:
             return m, generation_prompt.rstrip().endswith(m.open)
@@ -56,12 +64,17 @@ class Splitter:
         self.marks = marks
         self.state = "think" if (marks is not None and started_open) else ("start" if marks is not None else "answer")
         self._held = ""
+        self._channels = Channels(started_open=started_open) if marks is not None and marks.channels else None
 
     def feed(self, piece: str) -> list[tuple[str, str]]:
+        if self._channels is not None:
+            return self._channels.feed(piece)
         self._held += piece
         return self._drain(final=False)
 
     def finish(self) -> list[tuple[str, str]]:
+        if self._channels is not None:
+            return self._channels.finish()
         return self._drain(final=True)
 
     def _drain(self, *, final: bool) -> list[tuple[str, str]]:
@@ -101,7 +114,7 @@ class Splitter:
                     out.append((REASONING, text[: len(text) - keep]))
                 self._held = text[len(text) - keep:]
                 break
-        return _merged(out)
+        return merged(out)
 
 
 def split(text: str, marks: Markers | None, *, started_open: bool = False) -> tuple[str | None, str]:
@@ -118,13 +131,3 @@ def _partial_suffix(text: str, marker: str) -> int:
         if marker.startswith(text[-n:]):
             return n
     return 0
-
-
-def _merged(parts: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    for kind, text in parts:
-        if out and out[-1][0] == kind:
-            out[-1] = (kind, out[-1][1] + text)
-        elif text:
-            out.append((kind, text))
-    return out

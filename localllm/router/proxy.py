@@ -2,7 +2,7 @@
 the child serving the model the request names.
 
 Per request: the API key is checked first (before anything can load), the
-body read (bounded as serve bounds it, ``serve.app.MAX_BODY``), the model taken
+body read (bounded as a vision model's serve bounds it, ``serve.media.MEDIA_BODY``), the model taken
 from its ``model`` field (``?model=`` on a GET; a request that names none goes
 to the only loaded model, else it is a 400), the child acquired from the pool
 (loading it if need be) and the request sent to it with ``httpx2``: method,
@@ -34,7 +34,8 @@ from localllm.router.catalog import BadName, Catalog, Unknown
 from localllm.router.children import Child
 from localllm.router.pool import DEFAULT, Busy, DoesNotFit, LoadFailed, Pool
 from localllm.serve import anthropic
-from localllm.serve.app import ENDPOINTS, MAX_BODY, authorized
+from localllm.serve.app import ENDPOINTS, authorized
+from localllm.serve.media import MEDIA_BODY as MAX_BODY
 from localllm.serve.protocol import RequestError, error_body, parse_json
 from localllm.store.registry import ModelEntry
 from localllm.util.fmt import safe
@@ -278,7 +279,9 @@ class Router:
 
 
 async def _read_body(request: Request) -> bytes:
-    """The body, at most ``MAX_BODY`` bytes (413 past it), as serve reads it."""
+    """The body, at most ``MAX_BODY`` bytes (413 past it), as serve reads it. The
+    bound is a vision model's (``serve.media.MEDIA_BODY``: its images come as base64):
+    the child that serves a text model holds its requests to serve's own 1 MiB."""
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
         raise RequestError(413 if length.isdigit() else 400, f"the body is over {MAX_BODY} bytes" if length.isdigit() else "bad Content-Length")

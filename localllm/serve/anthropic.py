@@ -28,7 +28,9 @@ Choices where Anthropic's API says nothing for a local server (llama-server's
   ``MAX_BLOCKS`` content blocks in all, so a body of tiny blocks is refused
   before it costs a template render.
 - Anthropic's server tools (a ``tools`` entry with a ``type`` such as
-  ``web_search_20250305``), images and documents are refused by name.
+  ``web_search_20250305``) and documents are refused by name. ``image`` blocks
+  with a ``base64`` source go to a vision model (serve ``--mmproj``) at their
+  place among the turn's text; a ``url`` source is a 400 (this tool is offline).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def _result_text(raw: object, where: str) -> str:
         parts = []
         for k, b in enumerate(raw):
             if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-                raise _bad(f"{where}.content[{k}]", "may hold only text blocks (this is a text model)")
+                raise _bad(f"{where}.content[{k}]", "may hold only text blocks (an image in a tool result is not supported)")
             parts.append(b["text"])
         return "\n\n".join(parts)
     raise _bad(f"{where}.content", "must be a string or a list of text blocks")
@@ -134,6 +136,8 @@ def _messages(raw: object) -> list[dict]:
         texts: list[str] = []
         calls: list[dict] = []
         results: list[dict] = []
+        images: list[dict] = []
+        order: list[dict] = []  # OpenAI's parts: the text blocks and the images, in the turn's order
         for j, b in enumerate(content):
             where = f"messages[{i}].content[{j}]"
             kind = b.get("type") if isinstance(b, dict) else None
@@ -142,7 +146,13 @@ def _messages(raw: object) -> list[dict]:
             if kind == "text":
                 if not isinstance(b.get("text"), str):
                     raise _bad(f"{where}.text", "must be a string")
+                if order and order[-1]["type"] == "text":
+                    order.append({"type": "text", "text": "\n\n"})  # text blocks joined as without images
                 texts.append(b["text"])
+                order.append({"type": "text", "text": b["text"]})
+            elif kind == "image":
+                images.append(_image(b, where, role))
+                order.append(images[-1])
             elif kind in ("thinking", "redacted_thinking"):
                 continue  # accepted and dropped: see the module's docstring
             elif kind == "tool_use":
@@ -160,18 +170,39 @@ def _messages(raw: object) -> list[dict]:
                 if not isinstance(cid, str) or cid not in called:
                     raise _bad(f"{where}.tool_use_id", f"({str(cid)[:64]!r}) answers no tool_use of an earlier assistant turn")
                 results.append({"role": "tool", "tool_call_id": cid, "content": _result_text(b.get("content"), where)})
-            elif kind in ("image", "document"):
-                raise _bad(where, f"is a {kind} block: not supported (a text model)")
+            elif kind == "document":
+                raise _bad(where, "is a document block: not supported (send its text as a text block)")
             else:
                 raise _bad(f"{where}.type", f"{kind[:40]!r} is not a content block this server takes (text, tool_use, tool_result, thinking)")
         text = "\n\n".join(texts)
         if role == "user":
             out.extend(results)
-            if texts or not results:
+            if images:
+                out.append({"role": "user", "content": order})
+            elif texts or not results:
                 out.append({"role": "user", "content": text})
         elif texts or calls or not content:
             out.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
     return out
+
+
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # what Anthropic's API takes
+
+
+def _image(b: dict, where: str, role: str) -> dict:
+    """An ``image`` block as OpenAI's ``image_url`` part (a data URI), for a vision model."""
+    if role != "user":
+        raise _bad(where, "is an image block: only a user turn takes images")
+    src = b.get("source")
+    kind = src.get("type") if isinstance(src, dict) else None
+    if kind == "url":
+        raise _bad(f"{where}.source", "is a URL: this server is offline and fetches no URLs; send the picture itself "
+                   '({"type": "base64", "media_type": "image/png", "data": ...})')
+    if not isinstance(src, dict) or kind != "base64" or not isinstance(src.get("data"), str) or not src["data"]:
+        raise _bad(f"{where}.source", 'must be {"type": "base64", "media_type": "image/png", "data": ...}')
+    if src.get("media_type") not in IMAGE_TYPES:
+        raise _bad(f"{where}.source.media_type", f"must be one of {', '.join(IMAGE_TYPES)}")
+    return {"type": "image_url", "image_url": {"url": f"data:{src['media_type']};base64,{src['data']}"}, "_where": where}
 
 
 def _tools(raw: object) -> list[dict] | None:
@@ -339,8 +370,12 @@ class MessagesShaper(Shaper):
 
     @staticmethod
     def usage(job: Finished) -> dict:
-        return {"input_tokens": len(job.tokens) - job.n_cached, "cache_creation_input_tokens": 0, "cache_read_input_tokens": job.n_cached,
-                "output_tokens": job.n_gen}
+        out = {"input_tokens": len(job.tokens) - job.n_cached, "cache_creation_input_tokens": 0, "cache_read_input_tokens": job.n_cached,
+               "output_tokens": job.n_gen}
+        t = job.timings()
+        if "images" in t:  # the prompt held images: how many, how many the vision encoder ran on, its time (null: none ran)
+            out.update(image_count=t["images"], image_encode_count=t["encode_n"], image_encode_ms=t["encode_ms"])
+        return out
 
     def full(self, text: str, job: Finished, calls: list[dict] | None = None, *, index: int = 0, logprobs: dict | None = None) -> dict:
         text = text.strip() if calls else text

@@ -12,7 +12,7 @@ import hmac
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -31,7 +31,7 @@ from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import DEFAULTS, OPENAI, Dialect, RequestError, Shaper, error_body, parse_json
 from localllm.serve.rerank import Rerank
 from localllm.serve.scheduler import Job, Refused, Scheduler
-from localllm.serve.tools import GENERIC, Format, ReplySplitter
+from localllm.serve.tools import GENERIC, Format, ReplySplitter, thinking_first
 
 MAX_BODY = 1024 * 1024
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/embeddings", "/v1/models", "/health", "/metrics",
@@ -66,6 +66,7 @@ class ServeState:
     reasoning_format: str = "deepseek"  # --reasoning-format: deepseek (thinking apart), deepseek-legacy (also left in the text), none
     prompt_tail: Callable[[list[int]], str] | None = None  # the text of a prompt's last tokens: did the template open the thinking?
     mcp: object | None = None  # --mcp-servers-config: a started localllm.mcp.Hub, for /tools (serve/mcp_routes.py); None: off
+    vision: bool = False  # a projector is loaded (--mmproj): requests may hold images (serve/media.py)
 
     def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
         """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
@@ -73,6 +74,9 @@ class ServeState:
         if job is not None:
             fields.update(prompt_tokens=len(job.tokens), cached_tokens=job.n_cached, generated_tokens=job.n_gen,
                           ttft_ms=job.ttft_ms, itl_p50_ms=job.itl_p50_ms, finish_reason=job.finish_reason)
+            if job.media is not None:  # the prompt's images, and the vision encoder's part of the TTFT
+                fields.update(images=job.media.images, images_encoded=job.images_encoded,
+                              encode_ms=job.encode_ns / 1e6 if job.images_encoded else None)
         if note:
             fields["note"] = note[:300]
         if self.json_log:
@@ -84,6 +88,9 @@ class ServeState:
                 line += (f" prompt={len(job.tokens)} cached={job.n_cached} gen={job.n_gen} "
                          f"ttft={'n/a' if ttft is None else f'{ttft:.1f}ms'} itl_p50={'n/a' if itl is None else f'{itl:.1f}ms'} "
                          f"finish={job.finish_reason or '-'}")
+                if job.media is not None:
+                    line += f" images={job.media.images} encoded={job.images_encoded}" + (
+                        f" encode={job.encode_ns / 1e6:.1f}ms" if job.images_encoded else "")
             if note:
                 line += f" {fields['note']}"
         print(f"localllm: {line}" if not self.json_log else line, file=sys.stderr, flush=True)
@@ -168,6 +175,10 @@ def build_app(state: ServeState) -> Guard:
                 raise RequestError(400, f"the chat template refused these messages: {type(exc).__name__}: {exc}"[:500]) from None
             if not tokens:
                 raise RequestError(400, "the prompt is empty")
+            if params.tools is not None and params.grammar is not None and not params.tools.triggers and _thinking_open(state, tokens):
+                assert state.reasoning is not None  # _thinking_open: the template has thinking markers
+                if not state.reasoning.channels:  # (gpt-oss's prompt never ends inside its analysis channel but to continue it)
+                    params = replace(params, grammar=thinking_first(params.grammar, state.reasoning))  # a forced call after the thinking
             if params.grammar is not None and state.check_grammar is not None:
                 try:
                     await run_in_threadpool(state.check_grammar, params.grammar)
@@ -201,8 +212,7 @@ def build_app(state: ServeState) -> Guard:
         job = choices.jobs[0]
         shaper = dialect.shaper(chat, state.model_name, params)
         if chat and shaper.splits_reasoning and state.reasoning is not None and state.reasoning_format != "none":
-            tail = state.prompt_tail(tokens) if state.prompt_tail is not None else ""
-            choices.think = (state.reasoning, tail.rstrip().endswith(state.reasoning.open), state.reasoning_format == "deepseek-legacy")
+            choices.think = (state.reasoning, _thinking_open(state, tokens), state.reasoning_format == "deepseek-legacy")
         if not all(state.scheduler.submit(j) for j in choices.jobs):
             _cancel(state, choices)
             request.scope["localllm.logged"] = True
@@ -274,7 +284,10 @@ def build_app(state: ServeState) -> Guard:
         return JSONResponse(out, headers={"X-Ignored-Fields": header} if header else {})
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "localllm"}]})
+        # capabilities: as llama-server lists them (its /v1/models "models" entries): "multimodal" with a projector
+        caps = ["completion", "multimodal"] if state.vision else ["completion"]
+        return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "localllm",
+                                                         "capabilities": caps}]})
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -405,6 +418,13 @@ async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shap
         if not finished:
             status = "499"
         log_done(status)
+
+
+def _thinking_open(state: ServeState, tokens: list[int]) -> bool:
+    """Whether the prompt ends inside the thinking (the template's generation prompt opened it: DeepSeek R1, QwQ)."""
+    if state.reasoning is None or state.prompt_tail is None:
+        return False
+    return state.prompt_tail(tokens).rstrip().endswith(state.reasoning.open)
 
 
 def _failure(payload: str) -> RequestError:

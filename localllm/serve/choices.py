@@ -17,6 +17,7 @@ from typing import cast
 from localllm.engine_api import SamplingConfig
 from localllm.reasoning import Markers, split
 from localllm.serve import logprobs
+from localllm.serve.media import media_of
 from localllm.serve.protocol import GenParams, Shaper
 from localllm.serve.scheduler import Job
 from localllm.serve.tools import parse_reply
@@ -28,6 +29,7 @@ class Choices:
         self.params = params
         self.jobs: list[Job] = []
         top = logprobs.top_needed(params.logprobs, params.n_probs)
+        media = media_of(tokens)  # the prompt's images, read by choice 0 (the others share its cells)
         for i in range(params.n):
             seed = None if sampling.seed is None else (sampling.seed + i) & 0xFFFFFFFF
 
@@ -37,7 +39,7 @@ class Choices:
             self.jobs.append(Job(tokens=tokens, sampling=replace(sampling, seed=seed), max_tokens=max_tokens, emit=emit,
                                  stop=params.stop, logprobs=top, cache_prompt=params.cache_prompt,
                                  n_indent=params.n_indent, t_max_predict_ms=params.t_max_predict_ms,
-                                 after=self.jobs[0] if self.jobs else None, lora=params.lora))
+                                 after=self.jobs[0] if self.jobs else None, lora=params.lora, media=media))
         self.texts: list[list[str]] = [[] for _ in self.jobs]
         self.pending: list[list[logprobs.Raw]] = [[] for _ in self.jobs]  # log-probabilities not yet sent
         self.sent: list[list[logprobs.Raw]] = [[] for _ in self.jobs]

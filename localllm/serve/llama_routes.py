@@ -24,6 +24,7 @@ from starlette.routing import Route
 from localllm.errors import InputError
 from localllm.serve.protocol import DEFAULTS, FINGERPRINT, OPENAI, Dialect, Finished, GenParams, RequestError, Shaper, error_body, parse_gen
 from localllm.serve.tools import GENERIC, Format
+from localllm.vision.marker import MARKER
 
 if TYPE_CHECKING:
     from localllm.engine.fim import FimTokens
@@ -124,6 +125,8 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
             prompt = await run_in_threadpool(facts().render, params.messages or [])
         except (InputError, ValueError) as exc:  # no template, or one that refuses these messages
             raise RequestError(400, f"the chat template refused these messages: {exc}"[:500]) from None
+        for image in params.images:  # an image's place shown with libmtmd's marker, as llama-server shows its own
+            prompt = prompt.replace(image.mark, MARKER)
         return JSONResponse({"prompt": prompt})
 
     async def props(request: Request) -> Response:
@@ -134,7 +137,7 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
             "model_alias": state.model_name,
             "model_ftype": f.file_type,
             "model_path": f.path,
-            "modalities": {"vision": False, "video": False, "audio": False},
+            "modalities": {"vision": state.vision, "video": False, "audio": False},
             "endpoint_slots": state.slots_endpoint,
             "endpoint_props": False,
             "endpoint_metrics": state.metrics_endpoint,

@@ -24,13 +24,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localllm import __version__
+from localllm.serve import media
 from localllm.serve.protocol import DEFAULTS, Dialect, Finished, GenParams, RequestError, Shaper, parse_gen
 
 # Ollama's options mapped onto the request fields parse_gen knows
 OPTION_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
                  "stop": "stop", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
                  "frequency_penalty": "frequency_penalty"}
-REFUSED = {"images": "are not supported (a text model)", "suffix": "is not supported", "template": "cannot be changed per request",
+REFUSED = {"suffix": "is not supported", "template": "cannot be changed per request",
            "context": "(a token context from an earlier reply) is not supported: send the conversation to /api/chat",
            "tools": "are not supported by this server yet"}
 NO_EFFECT = {"model", "keep_alive", "stream", "options", "format", "system", "raw", "messages", "prompt", "think"}
@@ -46,7 +47,29 @@ def _bad(field: str, why: str) -> RequestError:
     return RequestError(400, f"'{field}' {why}", param=field)
 
 
-def _translate(body: dict, *, chat: bool, n_ctx: int | None) -> tuple[dict, list[str], int | None]:
+def _with_images(m: dict, where: str) -> dict:
+    """An Ollama message with ``images`` (base64 pictures) as OpenAI's: an ``image_url``
+    part each, then the text (images first, one a line, as Ollama places them)."""
+    images = m.get("images")
+    if images in (None, []):
+        return {"role": m.get("role"), "content": m.get("content")}
+    if not isinstance(images, list):
+        raise _bad(where, "must be a list of pictures as base64 text")
+    parts: list[dict] = []
+    for k, b64 in enumerate(images):
+        try:
+            data = media.base64_payload(b64, f"{where}[{k}]")
+        except media.ImageError as exc:
+            raise RequestError(400, str(exc), param=exc.where) from None
+        parts += [{"type": "image_url", "image_url": {"url": "data:image/unknown;base64," + data}, "_where": f"{where}[{k}]"},
+                  {"type": "text", "text": "\n"}]
+    content = m.get("content")
+    if content not in (None, "") and not isinstance(content, str):
+        raise _bad(where.replace(".images", ".content").replace("images", "prompt"), "must be a string")
+    return {"role": m.get("role"), "content": [*parts, {"type": "text", "text": content or ""}]}
+
+
+def _translate(body: dict, *, chat: bool, n_ctx: int | None, generate: bool = False) -> tuple[dict, list[str], int | None]:
     """(an OpenAI body, the fields and options ignored, num_predict) for an Ollama body."""
     for field, why in REFUSED.items():
         if body.get(field) not in (None, "", []):
@@ -63,10 +86,8 @@ def _translate(body: dict, *, chat: bool, n_ctx: int | None) -> tuple[dict, list
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise _bad("messages", "must be a list")
-        for i, m in enumerate(messages):
-            if isinstance(m, dict) and m.get("images"):
-                raise _bad(f"messages[{i}].images", "are not supported (a text model)")
-        out["messages"] = [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in messages]
+        where = "images" if generate else "messages[{}].images"  # /api/generate's images are its prompt's
+        out["messages"] = [_with_images(m, where.format(i)) if isinstance(m, dict) else m for i, m in enumerate(messages)]
     fmt = body.get("format")
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}
@@ -78,7 +99,7 @@ def _translate(body: dict, *, chat: bool, n_ctx: int | None) -> tuple[dict, list
     if not isinstance(opts, dict):
         raise _bad("options", "must be an object")
     ignored = [f"options.{k}"[:40] for k in opts if k not in OPTION_FIELDS and k not in ("num_predict", "num_ctx")]
-    ignored += [k for k in body if k not in NO_EFFECT and k not in REFUSED]
+    ignored += [k for k in body if k not in NO_EFFECT and k not in REFUSED and not (generate and k == "images")]
     for k, field in OPTION_FIELDS.items():
         if opts.get(k) is not None:
             out[field] = opts[k]
@@ -103,10 +124,13 @@ def _parse(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, generate:
         system = body.get("system")
         if system is not None and not isinstance(system, str):
             raise _bad("system", "must be a string")
-        body = {**body, "messages": ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]}
+        user = {"role": "user", "content": prompt, "images": body.get("images")}
+        body = {**body, "messages": ([{"role": "system", "content": system}] if system else []) + [user]}
         if body.get("raw") not in (None, False, True):
             raise _bad("raw", "must be true or false")
-    out, ignored, num_predict = _translate(body, chat=True, n_ctx=n_ctx)
+        if body.get("raw") is True and body.get("images") not in (None, []):
+            raise _bad("images", "cannot go with raw: true here: leave raw out, and the chat template places them")
+    out, ignored, num_predict = _translate(body, chat=True, n_ctx=n_ctx, generate=generate)
     if not chat:  # /api/generate with raw: the prompt as it is, no template
         out["prompt"] = body["prompt"]
         del out["messages"]
@@ -162,6 +186,7 @@ class OllamaShaper(Shaper):
             "eval_count": job.n_gen,
             # the mean measured gap between tokens, times the tokens: the decode time of eval_count tokens
             "eval_duration": None if gap is None else int(gap * 1e6 * job.n_gen),
+            **_image_fields(t),
         }
 
     def tail(self, job: Finished, include_usage: bool, *, index: int = 0, logprobs: dict | None = None, usage: dict | None = None) -> list[dict | str]:
@@ -169,6 +194,15 @@ class OllamaShaper(Shaper):
 
     def failure(self, message: str) -> list[dict | str]:
         return [{"error": message}]
+
+
+def _image_fields(t: dict) -> dict:
+    """With images in the prompt: how many, how many the vision encoder ran on, and its time
+    (ns; null when every one came from the cache). prompt_eval_duration is then the rest."""
+    if "images" not in t:
+        return {}
+    enc = t["encode_ms"]
+    return {"image_count": t["images"], "image_encode_count": t["encode_n"], "image_encode_duration": None if enc is None else int(enc * 1e6)}
 
 
 class GenerateShaper(OllamaShaper):
@@ -246,7 +280,7 @@ def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Calla
         info = {} if f is None else {"general.architecture": f.architecture, "general.parameter_count": f.n_params,
                                      f"{f.architecture}.context_length": f.n_ctx_train, f"{f.architecture}.embedding_length": f.n_embd}
         return JSONResponse({"modelfile": "", "parameters": "", "template": f.chat_template if f else "", "details": details(),
-                             "model_info": info, "capabilities": ["completion"]})
+                             "model_info": info, "capabilities": ["completion", "vision"] if state.vision else ["completion"]})
 
     async def version(request: Request) -> Response:
         return JSONResponse({"version": __version__})

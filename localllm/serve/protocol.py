@@ -18,7 +18,7 @@ from typing import Protocol
 from localllm import __version__
 from localllm.engine_api import SamplingConfig
 from localllm.errors import InputError
-from localllm.serve import thinking
+from localllm.serve import media, thinking
 from localllm.serve import tools as tool_calls
 
 DEFAULTS = SamplingConfig()  # a field the request omits samples as run, chat and the cockpit do (llama-server does the same)
@@ -78,6 +78,7 @@ class GenParams:
     t_max_predict_ms: int = 0  # llama-server's: past this many ms of generating, a new line ends the reply; 0: off
     lora: dict[int, float] | None = None  # llama-server's per-request adapter scales by id (the others 0); None: the server's
     template_kwargs: dict | None = None  # chat_template_kwargs, reasoning_effort (serve/thinking.py), over serve's; None: serve's
+    images: tuple[media.ImagePart, ...] = ()  # image parts, each marked in its message's text (serve/media.py)
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -169,19 +170,40 @@ def _bad_text(s: str) -> bool:
     return False
 
 
-def _content(v: object, i: int) -> str:
+MAX_IMAGES = 64  # image parts in one request (llama-server sets none; each is decoded and encoded)
+
+
+def _content(v: object, i: int, role: str, images: list[media.ImagePart], nonce: str) -> str:
+    """A message's text; an ``image_url`` part (a data URI) is appended to ``images``
+    and leaves its mark at its place in the text, as llama-server's media marker."""
     if v is None:
         return ""
     if isinstance(v, str):
         return v
     if isinstance(v, list):
         parts = []
-        for part in v:
+        for j, part in enumerate(v):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                label = part.get("_where")  # a translated dialect's own name for the part (Ollama's messages[0].images[0])
+                where = label[:80] if isinstance(label, str) else f"messages[{i}].content[{j}]"
+                if role != "user":
+                    raise _bad(where, "is an image: only a user's message takes images")
+                if len(images) >= MAX_IMAGES:
+                    raise _bad(where, f"is an image past the {MAX_IMAGES} a request may hold")
+                url = part.get("image_url")
+                try:
+                    data = media.data_uri(url.get("url") if isinstance(url, dict) else url, where)
+                except media.ImageError as exc:
+                    raise RequestError(400, str(exc), param=where) from None
+                images.append(media.ImagePart(where, data, media.mark(nonce, len(images))))
+                parts.append(images[-1].mark)
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"messages[{i}].content", "may hold only text parts ({\"type\": \"text\", \"text\": ...})")
+                raise _bad(f"messages[{i}].content", "may hold only text parts ({\"type\": \"text\", \"text\": ...}) "
+                           "and image_url parts ({\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,...\"}})")
             parts.append(part["text"])
         return "".join(parts)
-    raise _bad(f"messages[{i}].content", "must be a string or a list of text parts")
+    raise _bad(f"messages[{i}].content", "must be a string or a list of text and image_url parts")
 
 
 def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig = DEFAULTS,
@@ -197,18 +219,20 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig 
 def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig, tool_format: tool_calls.Format, max_n: int) -> GenParams:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
+    images: list[media.ImagePart] = []
     if chat:
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
             raise _bad("messages", "must be a non-empty list")
         messages = []
+        nonce = media.new_nonce()
         for i, m in enumerate(raw):
             if not isinstance(m, dict):
                 raise _bad(f"messages[{i}]", "must be an object")
             role = m.get("role")
             if role not in ROLES:
                 raise _bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
-            messages.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), i),
+            messages.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), i, role, images, nonce),
                              **tool_calls.message_extras(m, i)})
     else:
         p = body.get("prompt")
@@ -289,6 +313,7 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         raise _bad("cache_prompt", "must be true or false")
     lora = parse_lora(body["lora"]) if body.get("lora") is not None else None
     return GenParams(
+        images=tuple(images),
         template_kwargs=thinking.from_request(body) if chat else None,
         lora=lora or None,  # an empty list: the server's scales, as llama-server's
         tools=tools,

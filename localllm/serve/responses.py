@@ -63,22 +63,39 @@ def _bad(field_: str, why: str) -> RequestError:
 
 def _text(content: object, where: str, kinds: tuple[str, ...]) -> str:
     """A message's content, a string or parts of ``kinds``, as one text."""
+    out = _content(content, where, kinds, images=False)
+    assert isinstance(out, str)  # no images asked for
+    return out
+
+
+def _content(content: object, where: str, kinds: tuple[str, ...], *, images: bool) -> str | list[dict]:
+    """A message's content as one text; with ``images`` (a user's message), one holding
+    ``input_image`` parts is OpenAI's list of text and ``image_url`` parts instead."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise _bad(f"{where}.content", "must be a string or a list of content parts")
-    parts = []
+    parts: list[dict] = []
     for k, p in enumerate(content):
         kind = p.get("type") if isinstance(p, dict) else None
+        if kind == "input_image" and images:
+            assert isinstance(p, dict)
+            if p.get("file_id") is not None:
+                raise _bad(f"{where}.content[{k}].file_id", "is not supported: this server stores no files (send image_url as a data URI)")
+            parts.append({"type": "image_url", "image_url": {"url": p.get("image_url")}, "_where": f"{where}.content[{k}]"})
+            continue
         if kind in ("input_image", "input_file", "input_audio"):
-            raise _bad(f"{where}.content[{k}]", f"is {kind}: not supported (a text model)")
+            why = "only a user's message takes images" if kind == "input_image" else "not supported"
+            raise _bad(f"{where}.content[{k}]", f"is {kind}: {why}")
         if kind == "refusal" and isinstance(p.get("refusal"), str):
-            parts.append(p["refusal"])
+            parts.append({"type": "text", "text": p["refusal"]})
             continue
         if kind not in kinds or not isinstance(p.get("text"), str):
             raise _bad(f"{where}.content[{k}]", f"must be a text part (type {' or '.join(kinds)}, with its text)")
-        parts.append(p["text"])
-    return "".join(parts)
+        parts.append({"type": "text", "text": p["text"]})
+    if any(q["type"] == "image_url" for q in parts):
+        return parts
+    return "".join(q["text"] for q in parts)
 
 
 def _input(raw: object, instructions: object) -> list[dict]:
@@ -104,7 +121,8 @@ def _input(raw: object, instructions: object) -> list[dict]:
         if kind == "message":
             role = item.get("role")
             if role in ("user", "system", "developer"):
-                out.append({"role": "system" if role == "developer" else role, "content": _text(item.get("content"), where, ("input_text",))})
+                out.append({"role": "system" if role == "developer" else role,
+                            "content": _content(item.get("content"), where, ("input_text",), images=role == "user")})
             elif role == "assistant":
                 text = _text(item.get("content"), where, ("output_text", "input_text"))
                 if out and out[-1]["role"] == "assistant":

@@ -17,6 +17,15 @@ then move to RAM, so that only running sequences widen each decode's
 attention; a later prompt that shares more with a stored one than with the KV
 cache gets its state put back.
 
+A prompt with images (``serve/media.py``: a vision model, ``--mmproj``) holds
+filler ids at each image's positions, so prefix reuse and the prompt cache
+match the same picture and not another. When a sequence's prompt reaches an
+image, the image is read whole at the start of the step, into that sequence
+(``BatchModel.decode_image``: encoded by the projector unless its embeddings
+were kept, then decoded in one ubatch where its tokens attend both ways, as
+Gemma 3's do), never cut by ``prefill_chunk``; the text after it goes into the
+step's batch. A reused prefix never ends inside an image (``Media.snap``).
+
 Other llama.cpp work of the process (the embedding context's decodes) runs on
 the engine thread too, between two steps (``Scheduler.run``): libgomp gives
 each thread that starts a parallel region a team of its own, and once the
@@ -46,6 +55,7 @@ from typing import Any, Protocol
 from localllm.engine_api import SamplingConfig
 from localllm.engine_api.stats import percentile
 from localllm.errors import EngineError
+from localllm.serve.media import ImageSpan, Media
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.prompt_cache import PromptCache, common_prefix
 
@@ -85,6 +95,10 @@ class Job:
     lora: dict[int, float] | None = None
     lora_scales: tuple[float, ...] = ()  # what it runs with, set when a slot takes it
     ended: bool = False  # released by the scheduler (done, failed or dropped)
+    media: Media | None = None  # the prompt's images (serve/media.py); None: text only
+    images_read: int = 0  # image chunks decoded into its sequence (not reused from a cached prefix)
+    images_encoded: int = 0  # of those, the ones the vision encoder ran on (the others' embeddings were kept)
+    encode_ns: int = 0  # the vision encoder's time for them
 
     @property
     def prompt_read(self) -> bool:
@@ -113,9 +127,15 @@ class Job:
         the request to its first token, generation from the first token to the
         last (its gaps); a span not measured (no token, one token) is null."""
         prompt_n = len(self.tokens) - self.n_cached
-        prompt_ms = (self.token_ns[0] - self.start_ns) / 1e6 if self.token_ns and self.start_ns else None
+        prompt_ms = (self.token_ns[0] - self.start_ns - self.encode_ns) / 1e6 if self.token_ns and self.start_ns else None
         gen_ms = (self.token_ns[-1] - self.token_ns[0]) / 1e6 if len(self.token_ns) > 1 else None
         gaps = len(self.token_ns) - 1
+        if self.media is not None:  # a third phase: the vision encoder (prompt_ms is then the rest: the prefill)
+            enc = self.encode_ns / 1e6 if self.images_encoded else None
+            images = {"images": self.media.images, "encode_n": self.images_encoded, "encode_ms": enc,
+                      "encode_per_second": 1e3 * self.images_encoded / enc if enc else None}
+        else:
+            images = {}
         return {
             "cache_n": self.n_cached,
             "prompt_n": prompt_n,
@@ -126,6 +146,7 @@ class Job:
             "predicted_ms": gen_ms,
             "predicted_per_token_ms": gen_ms / gaps if gen_ms is not None else None,
             "predicted_per_second": 1e3 * gaps / gen_ms if gen_ms else None,
+            **images,
         }
 
 
@@ -169,6 +190,8 @@ class BatchModel(Protocol):
     def is_eog(self, token: int) -> bool: ...
     def piece(self, token: int) -> bytes: ...
     def decode(self, entries: Sequence[tuple[int, int, int, bool]]) -> None: ...
+    def decode_image(self, seq: int, pos: int, piece: Any) -> tuple[int | None, int]:
+        """An image chunk (``ImageSpan.piece``) into ``seq`` at ``pos`` on, whole: (encode ns or None when kept, decode ns)."""
     def set_lora(self, scales: Sequence[float]) -> None:
         """The LoRA adapters' scales for the next decode (only called when the server loaded adapters)."""
 
@@ -394,6 +417,7 @@ class Scheduler:
             src = max(self.slots, key=shared)
             best = shared(src)
             stored, m = self.prompt_cache.best(toks) if self.prompt_cache else (None, 0)
+            snap = job.media.snap if job.media is not None else (lambda k: k)  # never half an image
             if stored is not None and m > max(best, own[target.id]):
                 target = min(free, key=lambda s: (bool(s.cache), s.used_at))  # an empty slot, else the least recently used
                 if target.cache:
@@ -402,16 +426,16 @@ class Scheduler:
                 if self.model.seq_load(target.id, stored.state):
                     assert self.prompt_cache is not None
                     self.prompt_cache.take(stored)
-                    n = min(m, limit)
+                    n = snap(min(m, limit))
                     if not self.model.seq_rm(target.id, n, -1):
                         self.model.seq_rm(target.id)
                         n = 0
             elif best > own[target.id] and src is not target:
-                n = min(best, limit)
+                n = snap(min(best, limit))
                 self.model.seq_rm(target.id)
                 self.model.seq_cp(src.id, target.id, n)
             else:
-                n = min(own[target.id], limit)
+                n = snap(min(own[target.id], limit))
                 if not self.model.seq_rm(target.id, n, -1):
                     self.model.seq_rm(target.id)
                     n = 0
@@ -422,7 +446,9 @@ class Scheduler:
         target.cache = toks[:n]
         target.lora = job.lora_scales
         target.job = job
-        target.sampler = self.model.new_sampler(job.sampling, job.tokens)  # penalties see the prompt, as in llama-server
+        # penalties see the prompt, as in llama-server (its text: an image's filler ids are no tokens)
+        prompt = job.tokens if job.media is None else [t for t in job.tokens if t >= 0]
+        target.sampler = self.model.new_sampler(job.sampling, prompt)
         target.last = None
         target.text, target.emitted = "", 0
         target.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -463,14 +489,22 @@ class Scheduler:
         for s in sorted((s for s in active if s.last is None), key=_submitted):
             if cap <= 0:
                 break
-            rest = _job(s).tokens[len(s.cache):]
-            s.chunk = rest[:cap]
+            job = _job(s)
+            end = len(job.tokens)
+            if job.media is not None:
+                cap = self._images(s, job.media, cap)  # the images that start here, each whole
+                if s.job is None or cap <= 0:  # failed (released), or the images took the step's share
+                    continue
+                end = job.media.text_end(len(s.cache), end)
             pos = len(s.cache)
+            s.chunk = job.tokens[pos:min(end, pos + cap)]
             entries.extend((t, pos + k, s.id, False) for k, t in enumerate(s.chunk))
-            if len(s.chunk) == len(rest):
+            if pos + len(s.chunk) == len(job.tokens):
                 entries[-1] = (entries[-1][0], entries[-1][1], s.id, True)
                 outputs.append((s, len(entries) - 1))
             cap -= len(s.chunk)
+        if not entries:  # only images were read this step
+            return
         try:
             self._decode(entries, active)
         except Exception as exc:
@@ -493,6 +527,44 @@ class Scheduler:
         ctl = getattr(self.model, "threads", None)  # the engine's thread counts (a fake model has none)
         if ctl is not None:
             self.metrics.set_threads(ctl.current(), len(ctl.changes), ctl.fixed)
+
+    def _images(self, s: Slot, media: Media, cap: int) -> int:
+        """Read the images that start where ``s``'s cache ends, each whole (before the
+        step's batch: the text before them is in the cache already); ``cap`` less their
+        tokens. A failure ends this request alone."""
+        span = media.at(len(s.cache))
+        while span is not None and cap > 0:
+            try:
+                self._read_image(s, span)
+            except Exception as exc:
+                self._release(s, drop=True, error=str(exc))
+                return cap
+            cap -= span.n_tokens
+            span = media.at(len(s.cache))
+        return cap
+
+    def _read_image(self, s: Slot, span: ImageSpan) -> None:
+        job = _job(s)
+        pos = len(s.cache)
+        if self.handoff is not None:
+            self.handoff.flush()  # what others' streams have waiting goes out before the encoder holds the step
+        try:
+            enc, _ = self.model.decode_image(s.id, pos, span.piece)
+        except Exception:
+            # no room for it: drop the prefixes idle slots keep for reuse and try once more (as _decode)
+            idle = [x for x in self.slots if x.job is None and x.cache]
+            if not idle:
+                raise
+            for x in idle:
+                self.model.seq_rm(x.id)
+                x.cache = []
+            self.model.seq_rm(s.id, pos, -1)
+            enc, _ = self.model.decode_image(s.id, pos, span.piece)
+        s.cache.extend(job.tokens[pos:span.end])
+        job.images_read += 1
+        if enc is not None:
+            job.images_encoded += 1
+            job.encode_ns += enc
 
     def _lora_group(self, active: list[Slot]) -> list[Slot]:
         """The slots this step decodes, all under one set of adapter scales: one

@@ -25,10 +25,11 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from localllm.reasoning import Markers
 from localllm.toolcalls import GENERIC, HERMES, LLAMA3, MISTRAL, Call, Format, Stream, collect, detect
 
 __all__ = ["GENERIC", "HERMES", "LLAMA3", "MAX_TOOLS", "MISTRAL", "NAME", "Format", "ReplySplitter", "ToolRequest", "ToolsError",
-           "detect", "for_template", "message_extras", "parse_reply", "parse_request", "split_reply"]
+           "detect", "for_template", "message_extras", "parse_reply", "parse_request", "split_reply", "thinking_first"]
 
 MAX_TOOLS = 128
 NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's function names
@@ -155,6 +156,34 @@ def _call_rules(functions: list[dict[str, Any]], fmt: Format) -> str:
                       for f, ref in zip(functions, refs))
     return (f'tool-call ::= "{{" tool-ws "\\"name\\"" tool-ws ":" tool-ws ({alts}) tool-ws "}}"\n'
             "tool-ws ::= [ \\t\\n]{0,8}\n" + gbnf)
+
+
+def thinking_first(grammar: str, marks: Markers) -> str:
+    """A forced call's grammar (``tool_choice`` required or named) for a prompt
+    that opened the thinking: DeepSeek R1's and QwQ's templates, and others with
+    ``enable_thinking``, end the generation prompt inside ``<think>``, so the
+    reply is thinking first. Held to the call from its first token, the call
+    would be written inside the thinking and read as thinking. As llama.cpp's
+    grammar for such a prompt (common/chat-auto-parser-generator.cpp: the
+    reasoning parser before the calls, from where the generation prompt left
+    it), the reply is held to text without the closing marker, the marker, then
+    the calls; the split knows the thinking was open (``Splitter(started_open)``)."""
+    root = re.search(r"^root ::= ", grammar, re.M)
+    assert root is not None  # every format's grammar is rooted at root
+    close = marks.close
+    text = " | ".join([f"[^{_char(close[0])}]"] + [f"{_lit(close[:k])} [^{_char(close[k])}]" for k in range(1, len(close))])
+    return (f"root ::= thinking {_lit(close)} [ \\t\\r\\n]{{0,4}} tool-root\nthinking ::= ({text})*\n"
+            + grammar[:root.start()] + "tool-root ::= " + grammar[root.end():])
+
+
+def _lit(text: str) -> str:
+    """``text`` as a GBNF string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _char(c: str) -> str:
+    """``c`` inside a GBNF character class."""
+    return "\\" + c if c in "]^-\\" else c
 
 
 # -- messages ------------------------------------------------------------------------

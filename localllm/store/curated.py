@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from localllm.plan import planner, verdict
@@ -45,6 +46,29 @@ class CatalogFile:
 
 
 @dataclass(frozen=True)
+class CatalogProjector:
+    """A vision model's projector (mmproj), as the catalog writes it down: its file,
+    its approximate size, and the ViT's shape that sizes clip.cpp's compute buffer."""
+
+    file: str
+    size_gb: float
+    image_size: int
+    patch_size: int
+    n_embd: int
+    n_ff: int
+
+    def reserved_bytes(self) -> int:
+        """What it takes beside the model: its weights and the compute buffer
+        estimated as ``vision.memory.compute_estimate`` estimates a real one's."""
+        from localllm.vision.memory import compute_estimate  # lazy: only for a vision model's verdict
+        from localllm.vision.projector import ProjectorInfo
+
+        info = ProjectorInfo(Path(self.file), "", True, False, self.image_size, self.patch_size, self.n_embd, None, None, self.n_ff, None, None,
+                             int(self.size_gb * GB))
+        return info.weight_bytes + (compute_estimate(info) or 0)
+
+
+@dataclass(frozen=True)
 class CatalogModel:
     name: str
     repo: str
@@ -68,6 +92,7 @@ class CatalogModel:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     n_ff_shexp: int = 0
+    mmproj: CatalogProjector | None = None  # a vision model: the projector pull fetches beside it, counted in the verdicts
 
 
 def load(text: str | None = None) -> list[CatalogModel]:
@@ -84,10 +109,16 @@ def load(text: str | None = None) -> list[CatalogModel]:
                 int(m["n_embd"]), int(m["n_head"]), int(m["n_head_kv"]), int(m["head_dim"]), int(m["n_ff"]),
                 int(m["n_vocab"]), bool(m.get("tied", False)), int(m.get("sliding_window", 0)),
                 int(m.get("swa_pattern", 0)), fs, int(m.get("n_expert", 0)), int(m.get("n_expert_used", 0)),
-                int(m.get("n_ff_exp", 0)), int(m.get("n_ff_shexp", 0)),
+                int(m.get("n_ff_exp", 0)), int(m.get("n_ff_shexp", 0)), _projector(m.get("mmproj")),
             )
         )
     return out
+
+
+def _projector(p: dict[str, Any] | None) -> CatalogProjector | None:
+    if p is None:
+        return None
+    return CatalogProjector(p["file"], float(p["size_gb"]), int(p["image_size"]), int(p["patch_size"]), int(p["n_embd"]), int(p["n_ff"]))
 
 
 def catalog_text() -> str:
@@ -140,10 +171,12 @@ def judge(m: CatalogModel, f: CatalogFile, budget_key: str) -> verdict.Verdict:
     ~30 ms a verdict, and list --catalog, the cockpit's catalog and the catalog
     check each want all of them)."""
     key = repr((m.architecture, m.n_layer, m.n_embd, m.n_ff, m.n_head, m.n_head_kv, m.head_dim, m.n_vocab, m.sliding_window,
-                m.swa_pattern, m.tied, m.n_expert, m.n_expert_used, m.n_ff_exp, m.n_ff_shexp, m.context, f.size_gb, budget_key))
+                m.swa_pattern, m.tied, m.n_expert, m.n_expert_used, m.n_ff_exp, m.n_ff_shexp, m.context, f.size_gb, budget_key, m.mmproj))
     found = _JUDGED.get(key)
     if found is None:
-        found = _JUDGED[key] = verdict.judge(shape(m, int(f.size_gb * GB)), m.context, BUDGETS[budget_key], None)
+        # a vision model's projector goes on the GPU beside it (clip.cpp's device): the model fits what it leaves
+        budget = BUDGETS[budget_key] - (m.mmproj.reserved_bytes() if m.mmproj is not None else 0)
+        found = _JUDGED[key] = verdict.judge(shape(m, int(f.size_gb * GB)), m.context, budget, None)
     return found
 
 
@@ -156,6 +189,8 @@ def rows() -> list[dict[str, Any]]:
             out.append({
                 "name": m.name, "repo": m.repo, "quant": f.quant, "file": f.file, "size_bytes": int(f.size_gb * GB),
                 "context": m.context, "architecture": m.architecture, "license": m.license,
+                "vision": m.mmproj is not None, "mmproj_file": m.mmproj.file if m.mmproj else None,
+                "mmproj_size_bytes": int(m.mmproj.size_gb * GB) if m.mmproj else None,
                 **{f"fits_{k}": v.text for k, v in verdicts.items()},
                 **{f"full_gpu_{k}": v.full_gpu for k, v in verdicts.items()},
             })

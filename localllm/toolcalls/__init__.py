@@ -13,7 +13,7 @@ forced call needs is serve's (``serve/tools.py``), from each format's hints.
 
 from localllm.toolcalls.base import Call, Format
 from localllm.toolcalls.channels import FUNCTIONARY_V3_2, HARMONY
-from localllm.toolcalls.detect import detect
+from localllm.toolcalls.detect import detect, preserved
 from localllm.toolcalls.jsonish import (
     APERTUS,
     APRIEL,
@@ -42,4 +42,4 @@ FORMATS = (HERMES, LLAMA3, MISTRAL, GENERIC, NEMOTRON_V2, GRANITE, COMMAND_R7B, 
 __all__ = ["APERTUS", "APRIEL", "COMMAND_R7B", "COMMAND_R_PLUS", "DEEPSEEK", "DEEPSEEK_DSML", "FIREFUNCTION", "FORMATS",
            "FUNCTIONARY_V3_1", "FUNCTIONARY_V3_2", "GEMMA4", "GENERIC", "GIGACHAT3", "GIGACHAT31", "GLM", "GRANITE", "HARMONY",
            "HERMES", "KIMI_K2", "LFM2", "LLAMA3", "MINICPM5", "MINIMAX", "MINIMAX_M3", "MINISTRAL", "MISTRAL", "NEMOTRON_V2",
-           "QWEN3_CODER", "SEED_OSS", "Call", "Format", "Parsed", "Stream", "collect", "detect", "parse"]
+           "QWEN3_CODER", "SEED_OSS", "Call", "Format", "Parsed", "Stream", "collect", "detect", "parse", "preserved"]

@@ -77,6 +77,13 @@ class Format:
     ``block``), ``bare`` (the characters a call may begin with at the very
     start of a reply, where the marker is a control token the text lacks),
     ``scan`` (a format that is not marker-driven: gpt-oss, Functionary v3.2).
+
+    ``preserved``: the texts the format's calls are made of that a model's
+    vocabulary may hold as control tokens (llama.cpp's ``preserved_tokens``,
+    from common/chat.cpp and its parsers). A generated control token is shown
+    as empty text unless it is one of these (engine/tokenizer.Tokenizer.shown):
+    without them a real model's ``[TOOL_CALLS]`` or ``<|tool_calls_section_begin|>``
+    never reaches the parser, and its call is read as content.
     """
 
     name: str
@@ -89,6 +96,7 @@ class Format:
     call_gbnf: str = ""
     json_fallback: bool = False
     parallel: bool = True  # whether the format can write more than one call in a reply
+    preserved: tuple[str, ...] = ()
     markers: tuple[str, ...] = ()
     bare: str = ""
     block: Block | None = field(default=None, compare=False, repr=False)

@@ -174,6 +174,7 @@ def functionary_v3_2_scan(fmt: Format, text: str, start: int, final: bool) -> tu
 
 HARMONY = Format("gpt-oss", trigger=r"(<\|channel\|>commentary to=functions\.|<\|start\|>assistant to=functions\.| to=functions\.)$",
                  call_gbnf='"<|channel|>commentary to=functions.@NAME@ <|constrain|>json<|message|>" @ARGS@',
-                 root_many='root ::= tool-call ("<|call|>" "<|start|>assistant" tool-call)*\n', scan=harmony_scan)
+                 root_many='root ::= tool-call ("<|call|>" "<|start|>assistant" tool-call)*\n', scan=harmony_scan,
+                 preserved=("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>"))
 FUNCTIONARY_V3_2 = Format("functionary-v3.2", call_gbnf='"@NAME@\\n" @ARGS@', root_many='root ::= tool-call (">>>" tool-call)*\n',
-                          scan=functionary_v3_2_scan)
+                          scan=functionary_v3_2_scan, preserved=(">>>all", ">>>"))

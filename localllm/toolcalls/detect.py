@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from localllm.reasoning import markers
 from localllm.toolcalls.base import Format
 from localllm.toolcalls.channels import FUNCTIONARY_V3_2, HARMONY
 from localllm.toolcalls.jsonish import (
@@ -84,3 +85,13 @@ def detect(template: str | None) -> Format:
     if "System role not supported" in template:
         return replace(GENERIC, system_role=False)
     return GENERIC
+
+
+def preserved(template: str | None) -> tuple[str, ...]:
+    """The texts a reply must show even where the model's vocabulary holds them
+    as control tokens: the tool-call format's (``Format.preserved``) and the
+    thinking markers the template writes (llama.cpp preserves ``<think>``,
+    ``[THINK]``... with them). Those that are one token of the vocabulary are
+    rendered as text when generated (engine/tokenizer.Tokenizer.shown)."""
+    marks, _ = markers(template)
+    return tuple(dict.fromkeys(detect(template).preserved + ((marks.open, marks.close) if marks is not None else ())))

@@ -95,45 +95,47 @@ _HERMES_BLOCK = 'tool-block ::= "<tool_call>" [ \\n]{0,2} tool-call [ \\n]{0,2} 
 HERMES = Format("hermes", root_one="root ::= tool-block\n" + _HERMES_BLOCK,
                 root_many='root ::= tool-block ("\\n" tool-block)*\n' + _HERMES_BLOCK,
                 trigger=r'(<tool_call>[ \n]{0,2}(?:\{[ \t\n]{0,8}"?)?)$',
-                markers=("<tool_call>",), bare="{", block=_block("<tool_call>", "</tool_call>", False))
+                markers=("<tool_call>",), bare="{", block=_block("<tool_call>", "</tool_call>", False), preserved=("<tool_call>", "</tool_call>"))
 LLAMA3 = Format("llama3", args_key="parameters", trigger=r"^(?:<\|python_tag\|>)?" + _JSON_START[1:], parallel=False,
-                markers=("<|python_tag|>",), bare="{", block=_block("<|python_tag|>", "", False))
+                markers=("<|python_tag|>",), bare="{", block=_block("<|python_tag|>", "", False), preserved=("<|python_tag|>",))
 MISTRAL = Format("mistral", root_one='root ::= "[TOOL_CALLS]" "[" tool-call "]"\n',
                  root_many='root ::= "[TOOL_CALLS]" "[" tool-call ("," " "? tool-call)* "]"\n',
                  trigger=r'(\[TOOL_CALLS\](?:\[(?:\{[ \t\n]{0,8}"?)?)?)$', id_len=9,
-                 markers=("[TOOL_CALLS]",), bare="[", block=_block("[TOOL_CALLS]", "", True))
+                 markers=("[TOOL_CALLS]",), bare="[", block=_block("[TOOL_CALLS]", "", True), preserved=("[TOOL_CALLS]",))
 GENERIC = Format("generic", trigger=_JSON_START, parallel=False, bare="{", block=_block("", "", False))
 NEMOTRON_V2 = Format("nemotron-v2", root_one='root ::= "<TOOLCALL>[" tool-call "]</TOOLCALL>"\n',
                      root_many='root ::= "<TOOLCALL>[" tool-call ("," " "? tool-call)* "]</TOOLCALL>"\n',
                      trigger=r"(<TOOLCALL>(?:\[(?:\{[ \t\n]{0,8}\"?)?)?)$",
-                     markers=("<TOOLCALL>",), block=_block("<TOOLCALL>", "</TOOLCALL>", True))
+                     markers=("<TOOLCALL>",), block=_block("<TOOLCALL>", "</TOOLCALL>", True), preserved=("<TOOLCALL>", "</TOOLCALL>"))
 GRANITE = Format("granite", root_one='root ::= "<|tool_call|>[" tool-call "]"\n',
                  root_many='root ::= "<|tool_call|>[" tool-call ("," " "? tool-call)* "]"\n',
                  trigger=r"(<\|tool_call\|>(?:\[(?:\{[ \t\n]{0,8}\"?)?)?)$",
-                 markers=("<|tool_call|>",), block=_block("<|tool_call|>", "", True))
+                 markers=("<|tool_call|>",), block=_block("<|tool_call|>", "", True), preserved=("<|tool_call|>",))
 COMMAND_R7B = Format("command-r7b", args_key="parameters", root_one='root ::= "<|START_ACTION|>[" tool-call "]<|END_ACTION|>"\n',
                      root_many='root ::= "<|START_ACTION|>[" tool-call ("," " "? tool-call)* "]<|END_ACTION|>"\n',
                      trigger=r"(<\|START_ACTION\|>(?:\[(?:[ \t\n]{0,8}\{[ \t\n]{0,8}\"?)?)?)$",
-                     markers=("<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"), block=_command_r7b)
+                     markers=("<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"), block=_command_r7b,
+                     preserved=("<|START_ACTION|>", "<|END_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"))
 APERTUS = Format("apertus", root_one='root ::= "<|tools_prefix|>[" tool-call "]<|tools_suffix|>"\n',
                  root_many='root ::= "<|tools_prefix|>[" tool-call ("," " "? tool-call)* "]<|tools_suffix|>"\n',
                  trigger=r"(<\|tools_prefix\|>(?:\[(?:\{[ \t\n]{0,8}\"?)?)?)$", call_gbnf='"{\\"@NAME@\\": " @ARGS@ "}"',
-                 markers=("<|tools_prefix|>",), block=_apertus)
+                 markers=("<|tools_prefix|>",), block=_apertus, preserved=("<|tools_prefix|>", "<|tools_suffix|>"))
 APRIEL = Format("apriel", root_one='root ::= "<tool_calls>[" tool-call "]</tool_calls>"\n',
                 root_many='root ::= "<tool_calls>[" tool-call ("," " "? tool-call)* "]</tool_calls>"\n',
                 trigger=r"(<tool_calls>(?:\[(?:\{[ \t\n]{0,8}\"?)?)?)$",
-                markers=("<tool_calls>",), block=_block("<tool_calls>", "</tool_calls>", True))
+                markers=("<tool_calls>",), block=_block("<tool_calls>", "</tool_calls>", True), preserved=("<tool_calls>", "</tool_calls>"))
 GIGACHAT3 = Format("gigachat3", root_one='root ::= "<|message_sep|>\\n\\nfunction call<|role_sep|>\\n" tool-call\n',
                    root_many='root ::= "<|message_sep|>\\n\\nfunction call<|role_sep|>\\n" tool-call\n', parallel=False,
-                   trigger=r"(<\|message_sep\|>\s*function call<\|role_sep\|>)$", markers=("<|message_sep|>",), block=_gigachat)
+                   trigger=r"(<\|message_sep\|>\s*function call<\|role_sep\|>)$", markers=("<|message_sep|>",), block=_gigachat,
+                   preserved=("<|message_sep|>\n\n", "<|role_sep|>\n", "<|message_sep|>", "<|role_sep|>"))
 GIGACHAT31 = Format("gigachat3.1", root_one='root ::= "<|function_call|>" tool-call\n', root_many='root ::= "<|function_call|>" tool-call\n',
                     parallel=False, trigger=r"(<\|function_call\|>)$", markers=("<|function_call|>",),
-                    block=_block("<|function_call|>", "", False))
+                    block=_block("<|function_call|>", "", False), preserved=("<|function_call|>",))
 COMMAND_R_PLUS = Format("command-r-plus", args_key="parameters", root_one='root ::= "Action:\\n```json\\n[" tool-call "]\\n```"\n',
                         root_many='root ::= "Action:\\n```json\\n[" tool-call ("," " "? tool-call)* "]\\n```"\n',
                         trigger=r"(Action:\n```json\n)$", markers=("Action:", "<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
-                        block=_command_r_plus)
+                        block=_command_r_plus, preserved=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>"))
 FIREFUNCTION = Format("firefunction-v2", root_one='root ::= " functools[" tool-call "]"\n',
                       root_many='root ::= " functools[" tool-call ("," " "? tool-call)* "]"\n',
                       trigger=r"( functools(?:\[(?:\{[ \t\n]{0,8}\"?)?)?)$",
-                      markers=(" functools",), block=_block(" functools", "", True))
+                      markers=(" functools",), block=_block(" functools", "", True), preserved=(" functools[",))

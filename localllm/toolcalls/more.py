@@ -150,7 +150,8 @@ def _ws(text: str, i: int) -> int:
 
 
 MINIMAX_M3 = Format("minimax-m3", trigger=r"(\]<\]minimax\[>\[<tool_call>)$", json_fallback=True,
-                    markers=(_M + "<tool_call>",), block=or_json(_minimax_m3))
+                    markers=(_M + "<tool_call>",), block=or_json(_minimax_m3), preserved=(_M, "<tool_call>", "</tool_call>"))
 DEEPSEEK_DSML = Format("deepseek-dsml", trigger=r"(<｜DSML｜(?:function|tool)_calls>)$", json_fallback=True,
-                       markers=(_D + "function_calls>", _D + "tool_calls>"), block=or_json(_dsml))
-GEMMA4 = Format("gemma4", trigger=r"(<\|tool_call>)$", json_fallback=True, markers=("<|tool_call>",), block=or_json(_gemma4))
+                       markers=(_D + "function_calls>", _D + "tool_calls>"), block=or_json(_dsml), preserved=("｜DSML｜",))
+GEMMA4 = Format("gemma4", trigger=r"(<\|tool_call>)$", json_fallback=True, markers=("<|tool_call>",), block=or_json(_gemma4),
+                preserved=("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|turn>", _Q))

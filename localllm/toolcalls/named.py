@@ -115,16 +115,20 @@ def _deepseek(text: str, at: int, final: bool) -> tuple[list[Segment], int]:
 
 
 FUNCTIONARY_V3_1 = Format("functionary-v3.1", trigger=r"(<function=)$", call_gbnf='"<function=@NAME@>" @ARGS@ "</function>"',
-                          root_many='root ::= tool-call ("\\n"? tool-call)*\n', markers=("<function=",), block=_functionary_v3_1)
+                          root_many='root ::= tool-call ("\\n"? tool-call)*\n', markers=("<function=",), block=_functionary_v3_1,
+                          preserved=("<function=", "</function>"))
 MINISTRAL = Format("ministral", trigger=r"(\[TOOL_CALLS\])$", call_gbnf='"[TOOL_CALLS]@NAME@[ARGS]" @ARGS@', id_len=9,
-                   root_many="root ::= tool-call+\n", markers=("[TOOL_CALLS]",), block=_ministral)
+                   root_many="root ::= tool-call+\n", markers=("[TOOL_CALLS]",), block=_ministral,
+                   preserved=("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
 KIMI_K2 = Format("kimi-k2", trigger=r"(<\|tool_calls_section_begin\|>)$",
                  call_gbnf='"<|tool_call_begin|>functions.@NAME@:0<|tool_call_argument_begin|>" @ARGS@ "<|tool_call_end|>"',
                  root_one='root ::= "<|tool_calls_section_begin|>" tool-call "<|tool_calls_section_end|>"\n',
                  root_many='root ::= "<|tool_calls_section_begin|>" tool-call+ "<|tool_calls_section_end|>"\n',
-                 markers=("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), block=_kimi)
+                 markers=("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), block=_kimi,
+                 preserved=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                            "<|tool_call_argument_begin|>", "<|tool_call_end|>"))
 DEEPSEEK = Format("deepseek", trigger=r"(<｜tool▁calls▁begin｜>)$",
                   call_gbnf='"<｜tool▁call▁begin｜>@NAME@<｜tool▁sep｜>" @ARGS@ "<｜tool▁call▁end｜>"',
                   root_one='root ::= "<｜tool▁calls▁begin｜>" tool-call "<｜tool▁calls▁end｜>"\n',
                   root_many='root ::= "<｜tool▁calls▁begin｜>" tool-call+ "<｜tool▁calls▁end｜>"\n',
-                  markers=("<｜tool▁calls▁begin｜>",), block=_deepseek)
+                  markers=("<｜tool▁calls▁begin｜>",), block=_deepseek, preserved=_DS)

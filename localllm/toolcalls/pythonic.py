@@ -44,4 +44,5 @@ def _lfm2(text: str, at: int, final: bool) -> tuple[list[Segment], int]:
     return calls, end + len(_END)
 
 
-LFM2 = Format("lfm2", trigger=r"(<\|tool_call_start\|>)$", markers=(_START,), block=or_json(_lfm2), json_fallback=True)
+LFM2 = Format("lfm2", trigger=r"(<\|tool_call_start\|>)$", markers=(_START,), block=or_json(_lfm2), json_fallback=True,
+              preserved=(_START, _END, "<|tool_list_start|>", "<|tool_list_end|>"))

@@ -146,8 +146,12 @@ def _minicpm5(text: str, at: int, final: bool) -> tuple[list[Segment], int]:
 
 
 QWEN3_CODER = Format("qwen3-coder", trigger=r"(<tool_call>|<function=)$", markers=("<tool_call>", "<function="),
-                     block=or_json(_qwen3_coder), json_fallback=True)
-SEED_OSS = Format("seed-oss", trigger=r"(<seed:tool_call>)$", markers=("<seed:tool_call>",), block=or_json(_seed_oss), json_fallback=True)
-MINIMAX = Format("minimax", trigger=r"(<minimax:tool_call>)$", markers=("<minimax:tool_call>",), block=or_json(_minimax), json_fallback=True)
-MINICPM5 = Format("minicpm5", trigger=r'(<function name=")$', markers=('<function name="',), block=or_json(_minicpm5), json_fallback=True)
-GLM = Format("glm-4.5", trigger=r"(<tool_call>)$", markers=("<tool_call>",), block=or_json(_glm), json_fallback=True)
+                     block=or_json(_qwen3_coder), json_fallback=True, preserved=("<tool_call>", "</tool_call>"))
+SEED_OSS = Format("seed-oss", trigger=r"(<seed:tool_call>)$", markers=("<seed:tool_call>",), block=or_json(_seed_oss), json_fallback=True,
+                   preserved=("<seed:tool_call>", "</seed:tool_call>"))
+MINIMAX = Format("minimax", trigger=r"(<minimax:tool_call>)$", markers=("<minimax:tool_call>",), block=or_json(_minimax), json_fallback=True,
+                  preserved=("<minimax:tool_call>", "</minimax:tool_call>"))
+MINICPM5 = Format("minicpm5", trigger=r'(<function name=")$', markers=('<function name="',), block=or_json(_minicpm5), json_fallback=True,
+                   preserved=("<function", "<param", "</function>", "</param>"))
+GLM = Format("glm-4.5", trigger=r"(<tool_call>)$", markers=("<tool_call>",), block=or_json(_glm), json_fallback=True,
+             preserved=("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"))

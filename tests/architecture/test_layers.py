@@ -35,6 +35,7 @@ RANKS = {
     "engine": 5, "store": 5, "chat": 5,
     "measure": 6, "testing": 6,
     "quantize": 7, "serve": 7,
+    "tune": 7,  # tune's search, choice and config section: on measure's figures and the planner's, under the command
     "api": 8, "router": 8, "mcp": 8,  # mcp: the tool loop reads serve's tool-call formats
     "tui": 9, "commands": 9,
     "cli": 10, "__init__": 10, "__main__": 11, "spare": 11,

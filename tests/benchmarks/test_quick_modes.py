@@ -62,7 +62,8 @@ QUICK = {
         ["--quick"],
         [r"idle: localllm adaptive / llama-bench at the best fixed count .*\(target >= 0.97\): (?:[\d.]+|n/a)",
          r"one core busy: localllm adaptive / llama-bench at its default threads \(target >= 1.4\): (?:[\d.]+|n/a)",
-         r"hog on and off: localllm adaptive / llama-bench at the best fixed count .*\(target >= 0.97\): (?:[\d.]+|n/a)"],
+         r"hog on and off: localllm adaptive / llama-bench at the best fixed count .*\(target >= 0.97\): (?:[\d.]+|n/a)",
+         r"one core busy: serve adaptive / llama-server default threads, 8 client\(s\) \(target >= 1.3\): (?:[\d.]+|n/a)"],
     ),
     "bench_context_shift": (
         ["--quick"],
@@ -104,6 +105,12 @@ QUICK = {
         ["--quick"],
         [r"encode, large projector, 1 thread\(s\), median of 1: localllm \d+ ms, llama-mtmd-cli \d+ ms, ratio [\d.]+x",
          r"second turn TTFT / first turn's \(image kept in the cache\): [\d.]+"],
+    ),
+    "bench_tools": (
+        ["--quick", "--threads", "1"],
+        [r"\| question \| [\d.]+ \| \d+ \(\d+\) \| [\d.]+ \| \d+ \(\d+\) \|",
+         r"tool round trip's extra TTFT \(question \+ result\) against the same turns without tools: [+-][\d.]+ ms",
+         r"round trip: evaluated \d+ new tokens of \d+ \(cache_n \d+\); history re-prefilled: 0 of the first request's \d+ tokens"],
     ),
     "bench_forecast": (
         ["--quick"],

@@ -81,3 +81,32 @@ def test_llama_3_templates_get_todays_date_as_llama_cpp_gives_it(name: str) -> N
     after = time.strftime("%d %b %Y")
     assert f"Today Date: {before}\n" in text or f"Today Date: {after}\n" in text, text[:200]
     assert "26 Jul 2024" not in text
+
+
+def test_what_llama_cpps_jinja_runs_renders_here_too() -> None:
+    """Kimi K2's list.append/pop, DeepSeek R1's ``tojson`` of a ``map``, text + none or an
+    undefined value (Command R+, FireFunction): rendered as llama.cpp's own Jinja engine
+    renders them (common/jinja), never changing the caller's messages, and bounded."""
+    from localllm.engine.chat_template import ChatTemplate, TemplateError
+
+    msgs = [{"role": "user", "content": "hi", "tool_calls": []}]
+    kw = {"bos_token": "", "eos_token": "", "add_generation_prompt": False}
+    queue = "{% set q = namespace(ids=[]) %}{% set _ = q.ids.append('a') %}{% set _ = q.ids.append('b') %}{{ q.ids.pop(0) }}{{ q.ids }}"
+    assert ChatTemplate(queue, "t").render(msgs, **kw) == "a['b']"
+    # the template's own copy: the caller's lists stay as they were
+    assert ChatTemplate("{% set _ = messages[0].tool_calls.append(1) %}{% set _ = messages.append(2) %}{{ messages|length }}",
+                        "t").render(msgs, **kw) == "2"
+    assert msgs == [{"role": "user", "content": "hi", "tool_calls": []}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert ChatTemplate("{{ tools | map(attribute='function') | tojson }}", "t").render(msgs, tools=tools, **kw) == '[{"name": "f"}]'
+    assert ChatTemplate("{{ 'a' + none + 'b' + messages[0].nothing }}", "t").render(msgs, **kw) == "ab"
+    # FireFunction joins the tools' JSON to its prompt (as llama.cpp's firefunction handler gave it); with none, nothing
+    fire = ChatTemplate("{{ 'Available functions:\\n' + functions }}", "t")
+    assert json.loads(fire.render(msgs, tools=tools, **kw).split("\n", 1)[1]) == tools
+    assert fire.render(msgs, **kw) == "Available functions:\n"
+    for source, needle in (("{% set q = namespace(l=range(100000)|list * 10) %}{% set _ = q.l.append(1) %}", "list.append would make"),
+                           ("{{ (range(100000)|list * 2) | map('string') | tojson }}", "more than 100,000"),
+                           ("{{ 1 + none }}", "TypeError"), ("{% set _ = messages[0].update({}) %}", "SecurityError")):
+        with pytest.raises(TemplateError) as info:
+            ChatTemplate(source, "t", seconds=5.0).render(msgs, **kw)
+        assert needle in str(info.value), (source, str(info.value))

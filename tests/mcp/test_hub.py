@@ -60,6 +60,22 @@ def test_a_running_call_is_cancelled(hub: Hub) -> None:
     assert hub.call("add", {"a": 2, "b": 2}).text == "4"
 
 
+def test_a_tool_that_ignores_cancellation_is_cut_off() -> None:
+    """Esc (``PendingCall.cancel``): the server is told, and a tool that goes on
+    regardless is not waited for; one never cancelled ends at the call's bound."""
+    with Hub([rogue("deaf"), rogue("chatty")], limits=Limits(call_timeout=2, start_timeout=20)) as h:
+        assert h.start() == []
+        pending = h.submit("go", {}, server="deaf")
+        time.sleep(0.3)
+        t0 = time.perf_counter()
+        pending.cancel()
+        r = pending.result()
+        assert r.failed and "cancelled" in r.text and time.perf_counter() - t0 < 1
+        r = h.call("go", {}, server="deaf")
+        assert r.failed and "timed out after 2 s" in r.text
+        assert h.call("go", {}, server="chatty").text == "went"  # the other server goes on
+
+
 def test_a_server_sees_only_the_default_variables_and_its_own(hub: Hub) -> None:
     seen = json.loads(hub.call("environment", {}).text)
     assert seen["key"] is None

@@ -92,3 +92,50 @@ def test_the_markers_of_llama_cpps_templates(name: str) -> None:
     assert found == EXPECTED[name]
     # R1's template opens <think> and, unless enable_thinking is set, closes it at once: the reply is all answer
     assert opened is False
+
+
+# gpt-oss's harmony replies, as llama.cpp's tests/test-chat.cpp writes them
+HARMONY_CASES = [
+    ("<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant<|channel|>final<|message|>Hello, world!\nWhat's up?",
+     "I'm\nthinking", "Hello, world!\nWhat's up?"),
+    ("<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant<|channel|>commentary<|message|>Hi", "I'm\nthinking", "Hi"),
+    ("Hello", None, "Hello"),
+    # a call is the tool parser's: it goes on as harmony text, behind <|start|>assistant, ended by <|call|>
+    ("<|channel|>analysis<|message|>Thinking<|end|><|start|>assistant<|channel|>commentary to=functions.edit <|constrain|>json<|message|>"
+     '{"a": 1}', "Thinking", '<|start|>assistant<|channel|>commentary to=functions.edit <|constrain|>json<|message|>{"a": 1}<|call|>'),
+    (' to=functions.f<|channel|>analysis<|message|>{"a": 1}', None, '<|start|>assistant to=functions.f<|channel|>analysis<|message|>{"a": 1}<|call|>'),
+    # thinking cut by max_tokens is all reasoning
+    ("<|channel|>analysis<|message|>still thinking", "still thinking", ""),
+]
+
+
+@pytest.mark.parametrize("text, reasoning, answer", HARMONY_CASES)
+def test_harmony_channels_split_whole_and_streamed(text: str, reasoning: str | None, answer: str) -> None:
+    from localllm.reasoning import HARMONY
+
+    assert split(text, HARMONY) == (reasoning, answer)
+    s = Splitter(HARMONY)
+    parts = [p for ch in text for p in s.feed(ch)] + s.finish()
+    assert ("".join(t for k, t in parts if k == "reasoning") or None, "".join(t for k, t in parts if k == "content")) == (reasoning, answer)
+
+
+def test_gpt_oss_template_gives_the_harmony_split() -> None:
+    from localllm.reasoning import HARMONY
+
+    source = (Path(__file__).parent.parent / "toolcalls" / "templates" / "openai-gpt-oss-120b.jinja").read_text()
+    assert markers(source, "<|start|>assistant") == (HARMONY, False)
+    assert markers(source, "<|start|>assistant<|channel|>analysis<|message|>") == (HARMONY, True)
+    assert split("more thought<|end|><|start|>assistant<|channel|>final<|message|>Hi", HARMONY, started_open=True) == ("more thought", "Hi")
+
+
+def test_a_megabyte_harmony_call_streamed_in_small_pieces_is_quick() -> None:
+    import time
+
+    from localllm.reasoning import HARMONY
+
+    text = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>" + '{"blob": "' + "a" * (1 << 20)
+    t0 = time.perf_counter()
+    s = Splitter(HARMONY)
+    parts = [p for i in range(0, len(text), 256) for p in s.feed(text[i:i + 256])] + s.finish()
+    assert parts == [("content", "<|start|>assistant" + text + "<|call|>")]
+    assert time.perf_counter() - t0 < 5

@@ -130,7 +130,9 @@ def test_bad_input_is_anthropics_4xx_and_the_server_stays_up(server) -> None:
         ({"messages": ASK, "tools": [{**WEATHER, "input_schema": {"$ref": "https://example.com/x"}}]}, "tools[0].input_schema"),
         ({"messages": ASK, "output_config": {"format": {"type": "json_schema", "schema": {"$ref": "https://example.com/x"}}}}, "output_config.format"),
         ({"messages": ASK, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}]}, "text model"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}]}, "offline"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}}]}]},
+         "--mmproj"),  # a text-only server
         ({"messages": [{"role": "system", "content": "x"}]}, "system prompt"),
         ({"messages": ASK, "tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, "tool_choice"),
     ]

@@ -111,7 +111,8 @@ def test_ollama_errors_are_ollamas_shape(server) -> None:
     import ollama
 
     with _http(server) as c:
-        for body, field in (({"model": "m", "prompt": "Hi", "images": ["aGk="]}, "images"),
+        for body, field in (({"model": "m", "prompt": "Hi", "images": ["aGk="]}, "'images[0]' is an image, but this server's model reads text only: "
+                                                                                  "start serve with --mmproj FILE"),
                             ({"model": "m", "prompt": "Hi", "options": {"num_ctx": 100000}}, "num_ctx"),
                             ({"model": "m", "prompt": "Hi", "options": {"temperature": "hot"}}, "temperature"),
                             ({"model": "m", "prompt": "Hi", "options": {"num_predict": 0}}, "num_predict"),
@@ -125,7 +126,7 @@ def test_ollama_errors_are_ollamas_shape(server) -> None:
         assert r.status_code == 400 and set(r.json()) == {"error"}
     with pytest.raises(ollama.ResponseError) as exc:
         _ollama(server).chat(model="m", messages=[{"role": "user", "content": "x", "images": ["aGk="]}])
-    assert exc.value.status_code == 400 and "images" in exc.value.error
+    assert exc.value.status_code == 400 and "'messages[0].images[0]' is an image" in exc.value.error and "--mmproj" in exc.value.error
 
 
 @pytest.mark.slow

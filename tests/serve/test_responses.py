@@ -120,7 +120,8 @@ def test_refused_and_bad_input_are_4xx_and_the_server_stays_up(server) -> None:
         ({"store": True}, "store"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"$ref": "https://example.com/x"}}}}, "text.format"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "item_reference"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]}, "text model"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]}, "offline"),  # a remote URL
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,aGk="}]}]}, "--mmproj"),  # text only
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
     ]

@@ -232,6 +232,23 @@ def test_test_chat_outputs_parse_whole_and_streamed(name: str, text: str, think:
     assert _streamed(fmt, text, think) == whole
 
 
+HARMONY_CASES = [c for c in CASES if c[0] == "openai-gpt-oss-120b.jinja"]
+
+
+@pytest.mark.parametrize("name, text, think, reasoning, content, calls", HARMONY_CASES)
+def test_gpt_oss_replies_parse_the_same_behind_the_harmony_split(name: str, text: str, think: None, reasoning: str | None,
+                                                                 content: str, calls: list[Call]) -> None:
+    """Serve splits the thinking first (the analysis channel: localllm.reasoning's
+    HARMONY), then parses the rest for calls: the same reasoning, content and calls."""
+    from localllm.reasoning import HARMONY
+
+    fmt = detect(template(name))
+    assert markers(template(name))[0] == HARMONY
+    whole = parse(text, fmt, HARMONY)
+    assert (whole.reasoning, whole.content, whole.calls, whole.broken) == (reasoning, content, calls, False)
+    assert _streamed(fmt, text, (HARMONY, False)) == whole
+
+
 TOOL = {"type": "function", "function": {"name": "special_function", "description": "I'm special",
                                          "parameters": {"type": "object", "properties": {"arg1": {"type": "integer"}}, "required": ["arg1"]}}}
 USER = {"role": "user", "content": "Hey there!"}
@@ -248,11 +265,8 @@ def _render(name: str, messages: list[dict], prompt: bool) -> str:
 NATIVE = sorted(n for n, f in DETECTED.items() if f != "generic")
 # templates that write no call in an assistant turn of the history (the call is only ever the model's own output)
 NO_CALL_HISTORY = {"LFM2-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "ibm-granite-granite-3.3-2B-Instruct.jinja"}
-# templates the project's renderer refuses (its sandbox: list.append, a generator given to tojson; FireFunction reads
-# ``functions``, a name the renderer keeps to itself): serve cannot render them either (engine/chat_template.py)
-# Command R+'s wants Cohere's own tool shape (parameter_definitions), not OpenAI's
-SANDBOX_REFUSES = {"Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "llama-cpp-deepseek-r1.jinja",
-                   "fireworks-ai-llama-3-firefunction-v2.jinja", "CohereForAI-c4ai-command-r-plus-tool_use.jinja"}
+# every one renders here (engine/chat_template.py runs what llama.cpp's Jinja runs for them: Kimi K2's list.append,
+# DeepSeek R1's tojson of a map, Command R+'s and FireFunction's text + none)
 
 
 def _call_turn(name: str) -> str:
@@ -271,18 +285,29 @@ def _call_turn(name: str) -> str:
             except TemplateError as exc:  # this variant is not the template's
                 refused = exc
                 continue
-            cut = len(prompt) if turn.startswith(prompt) else len(_render(name, [USER], False))
-            if "special_function" in turn[cut:]:
-                return turn[cut:]
+            added = turn[len(prompt):] if turn.startswith(prompt) else _inserted(_render(name, [USER], False), turn)
+            if "special_function" in added:
+                return added
             rendered = True
     if refused is not None and not rendered:
         raise refused  # no variant rendered at all
     return ""
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=TemplateError,
-                                                                          reason="the project's renderer refuses it"))
-                                  if n in SANDBOX_REFUSES else n for n in NATIVE])
+def _inserted(before: str, after: str) -> str:
+    """What rendering one more message put into the text, as llama.cpp's diff analyzer
+    finds it: ``after`` less the prefix and suffix it shares with ``before`` (Command R+
+    writes its instructions after the last turn, so the call is in the middle)."""
+    head = 0
+    while head < min(len(before), len(after)) and before[head] == after[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(before), len(after)) - head and before[-1 - tail] == after[-1 - tail]:
+        tail += 1
+    return after[head:len(after) - tail]
+
+
+@pytest.mark.parametrize("name", NATIVE)
 def test_a_call_and_its_result_render_through_the_template_and_parse_back(name: str) -> None:
     """As llama.cpp's autoparser reads a template: the assistant's turn is what
     rendering the call adds to the conversation before it; it parses back to the call."""

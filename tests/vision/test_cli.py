@@ -148,3 +148,21 @@ def test_plan_counts_the_projector_where_clip_puts_it(vision_model) -> None:
     short = cli("plan", str(model), "--ctx", "256", "--vram", "64M")
     assert short.returncode != 0 and "does not fit:" in short.stdout.splitlines()[-1]
     assert json.loads(cli("plan", str(model), "--ctx", "256", "--vram", "64M", "--json").stdout)["projector"]["fits"] is False
+
+
+def test_bench_image_times_the_encoder_on_every_repetition(vision_model, pictures) -> None:
+    model, _ = vision_model
+    args = ("bench", str(model), "--prompt-tokens", "16", "--gen-tokens", "2", "--reps", "2", "--threads", "1")
+    out = cli(*args, "--image", str(pictures[0]), "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    image = rows[-1]
+    assert image["case"] == "image" and image["images"] == 1 and image["reps"] == 2
+    # encoded on each repetition (a kept encoding would leave encode_ms null): both measured, so a spread exists
+    assert image["encode_ms"] > 0 and image["encode_std"] is not None and image["images_per_s"] > 0
+    assert image["ttft_ms"] >= image["encode_ms"] and image["prompt_tokens"] >= 4
+    text = cli(*args, "--image", str(pictures[0]))
+    assert "| images | prompt | encode | images/s |" in text.stdout
+    assert all("case" not in r for r in json.loads(cli(*args, "--json").stdout))  # no image, no image row
+    bad = cli(*args, "--image", str(pictures[0]), "--no-mmproj")
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "--mmproj" in bad.stderr

@@ -92,7 +92,7 @@ def test_marker_count_and_missing_projector(vision_model) -> None:
         b.load(model, LoadConfig(n_ctx=128, n_threads=1))
         from localllm.errors import UsageError
 
-        with pytest.raises(UsageError, match="--mmproj"):
+        with pytest.raises(UsageError, match="projector, and none is loaded"):
             b.stream_images("x", [decode_image(noise_png(1))], GREEDY, chat=False)
     finally:
         b.close()

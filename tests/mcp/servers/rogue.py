@@ -13,6 +13,7 @@ many      10,000 tools
 badnames  tools named with control characters, one good tool
 recursive a tool whose schema's $ref is recursive
 special   a tool whose description holds <|im_end|>
+deaf      never answers tools/call, and ignores the cancellation it is sent
 """
 
 import json
@@ -71,6 +72,8 @@ for line in sys.stdin:
             piece = "y" * (1 << 20)
             while True:
                 sys.stdout.write(piece)
+        elif MODE == "deaf":
+            continue
         elif MODE == "garbage":
             send({"id": mid, "answer": 42})
         elif MODE == "crash":

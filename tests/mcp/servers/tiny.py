@@ -1,11 +1,13 @@
 """A real MCP server over stdio, on the SDK's MCPServer (FastMCP in mcp 1.x):
-the tools the tests call. Run as a script: ``python tiny.py``."""
+the tools the tests call. Run as a script: ``python tiny.py``; ``python tiny.py
+--http PORT`` serves the same tools over streamable HTTP on 127.0.0.1:PORT/mcp."""
 
 import asyncio
 import json
 import os
+import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 app = MCPServer("tiny")
 
@@ -47,5 +49,14 @@ def environment() -> str:
     return json.dumps({"names": sorted(os.environ), "key": os.environ.get("LOCALLLM_API_KEY")})
 
 
+def header(name: str, ctx: Context) -> str:
+    """The value of the request's header ``name`` (offered over HTTP only: the stdio tests count six tools)."""
+    return (ctx.headers or {}).get(name.lower(), "")
+
+
 if __name__ == "__main__":
-    app.run()
+    if sys.argv[1:2] == ["--http"]:
+        app.tool()(header)
+        app.run("streamable-http", port=int(sys.argv[2]))
+    else:
+        app.run()

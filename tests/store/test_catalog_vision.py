@@ -1,0 +1,34 @@
+"""The catalog's vision models: their projector is listed, pulled beside them
+and counted against the GPU budget in their verdicts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from localllm.store import curated
+from localllm.util.units import GB
+
+
+def _model(name: str) -> curated.CatalogModel:
+    return next(m for m in curated.load() if m.name == name)
+
+
+def test_vision_models_carry_a_projector_that_the_verdict_counts() -> None:
+    vision = [m for m in curated.load() if m.mmproj is not None]
+    assert len(vision) >= 2 and all(m.architecture != "qwen2vl" for m in vision)  # M-RoPE projectors are not driven
+    gemma = _model("gemma-3-4b-it")
+    assert gemma.mmproj is not None
+    reserved = gemma.mmproj.reserved_bytes()
+    # the weights plus a compute buffer for 896 px / 14 px patches: tens of MiB at least, less than the weights
+    assert int(gemma.mmproj.size_gb * GB) + 50 * 2**20 < reserved < 2 * int(gemma.mmproj.size_gb * GB)
+    q8 = next(f for f in gemma.files if f.quant == "Q8_0")
+    with_projector = curated.judge(gemma, q8, "4gib")
+    text_only = curated.judge(dataclasses.replace(gemma, mmproj=None), q8, "4gib")
+    assert with_projector.text != text_only.text  # the projector's GiB leave fewer layers (or less context) on a 4 GiB GPU
+
+
+def test_list_catalog_marks_vision_models() -> None:
+    rows = [r for r in curated.rows() if r["vision"]]
+    assert {r["name"] for r in rows} >= {"gemma-3-4b-it", "smolvlm2-2.2b-instruct"}
+    assert all(r["mmproj_file"].startswith("mmproj") and r["mmproj_size_bytes"] > 0 for r in rows)
+    assert not any(r["mmproj_file"] for r in curated.rows() if not r["vision"])
