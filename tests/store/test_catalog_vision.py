@@ -32,3 +32,9 @@ def test_list_catalog_marks_vision_models() -> None:
     assert {r["name"] for r in rows} >= {"gemma-3-4b-it", "smolvlm2-2.2b-instruct"}
     assert all(r["mmproj_file"].startswith("mmproj") and r["mmproj_size_bytes"] > 0 for r in rows)
     assert not any(r["mmproj_file"] for r in curated.rows() if not r["vision"])
+
+
+def test_the_cockpits_tool_hint_names_catalog_models() -> None:
+    from localllm.tui.tools import BETTER
+
+    assert set(BETTER) <= {m.name for m in curated.load()}
