@@ -18,6 +18,7 @@ from localllm.store import names, resolver
 from localllm.store.builtin import DEFAULT_MODEL
 from localllm.tune import section
 from localllm.util import fmt
+from localllm.vision import choice
 from localllm.vision.memory import ProjectorMemory
 from localllm.vision.projector import read_projector
 
@@ -102,13 +103,13 @@ def _projector_rows(mem: ProjectorMemory | None) -> list[tuple[str, str, str]]:
 def _total(total: tuple[int, int], mem: ProjectorMemory | None) -> tuple[int, int]:
     if mem is None:
         return total
-    need = vision_cli.projector_need(mem)
+    need = choice.need(mem)
     return (total[0] + need, total[1]) if mem.device == "GPU" else (total[0], total[1] + need)
 
 
 def projector_line(path: Path, mem: ProjectorMemory, free: int | None) -> str:
     """Whether the projector fits beside the model: what it needs, and what is left or short."""
-    need = vision_cli.projector_need(mem)
+    need = choice.need(mem)
     head = f"projector {path.name}: {fmt.size(need)} on the {mem.device} (compute an estimate)"
     if free is None:
         return head + "; RAM available is not known"
@@ -186,13 +187,13 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
     f = fit_config(args, path, args.ctx, cross_check=True)
     predicted = _predicted(args, f, path)
     info = inspect_model(path)
-    mem, free = vision_cli.projector_fit(f, proj) if proj is not None else (None, None)
+    mem, free = choice.room(f.fit, proj) if proj is not None else (None, None)
     if args.json:
         d = as_dict(f, info, predicted, remote)
         d["projector"] = None if proj is None or mem is None else {
             **read_projector(proj).to_dict(), "memory": mem.to_dict(),
-            "left_bytes": None if free is None else free - vision_cli.projector_need(mem),
-            "fits": None if free is None else free >= vision_cli.projector_need(mem)}
+            "left_bytes": None if free is None else free - choice.need(mem),
+            "fits": None if free is None else free >= choice.need(mem)}
         tuned = _from_tune(args)
         d["from_tune"] = tuned.to_dict() if tuned is not None else None
         fmt.print_json(d)
@@ -203,7 +204,7 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
             print(f"settings {tuned.line()}")
         if proj is not None and mem is not None:
             print(projector_line(proj, mem, free))
-    fits_projector = mem is None or free is None or free >= vision_cli.projector_need(mem)
+    fits_projector = mem is None or free is None or free >= choice.need(mem)
     return 0 if f.fit.fits and fits_projector else EXIT_ERROR
 
 

@@ -17,7 +17,6 @@ from localllm.commands._common import say
 from localllm.errors import InputError, LocalLLMError, UsageError
 from localllm.vision import choice
 from localllm.vision.image import RGBImage, load_image
-from localllm.vision.memory import ProjectorMemory
 from localllm.vision.projector import ProjectorInfo
 
 
@@ -102,18 +101,8 @@ def json_block(backend: Any) -> dict[str, Any] | None:
     return {**proj.info.to_dict(), "memory": {"planned": proj.planned_memory.to_dict(), "logged": proj.logged_memory.to_dict()}}
 
 
-def projector_fit(fitted: Any, path: Path) -> tuple[ProjectorMemory, int | None]:
-    """The projector's memory (vision.memory: weights derived, compute estimated) on the
-    device clip.cpp puts it, and what the model's fit leaves there (None: no RAM figure)."""
-    return choice.room(fitted.fit, path)
-
-
-def projector_need(mem: ProjectorMemory) -> int:
-    return choice.need(mem)
-
-
 def check_fit(fitted: Any, path: Path) -> None:
-    """The projector counted against what the model's fit leaves (``projector_fit``).
+    """The projector counted against what the model's fit leaves (``vision.choice.room``).
     Not fitting is one line naming the shortfall; the model's own fit is not redone."""
     line = choice.shortfall(fitted.fit, path)
     if line:

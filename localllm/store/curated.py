@@ -60,12 +60,13 @@ class CatalogProjector:
     def reserved_bytes(self) -> int:
         """What it takes beside the model: its weights and the compute buffer
         estimated as ``vision.memory.compute_estimate`` estimates a real one's."""
-        from localllm.vision.memory import compute_estimate  # lazy: only for a vision model's verdict
-        from localllm.vision.projector import ProjectorInfo
+        from localllm.vision import choice  # lazy: only for a vision model's verdict
+        from localllm.vision.memory import planned  # lazy: as choice
+        from localllm.vision.projector import ProjectorInfo  # lazy: as choice
 
         info = ProjectorInfo(Path(self.file), "", True, False, self.image_size, self.patch_size, self.n_embd, None, None, self.n_ff, None, None,
                              int(self.size_gb * GB))
-        return info.weight_bytes + (compute_estimate(info) or 0)
+        return choice.need(planned(info, gpu=True))
 
 
 @dataclass(frozen=True)
