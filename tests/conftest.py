@@ -51,19 +51,60 @@ def _pin_xdist_worker() -> None:
     os.environ["TMUX_TMPDIR"] = tempfile.mkdtemp(prefix=f"localllm-tmux-{worker}-")
 
 
+def _cpu_locks() -> tuple[Path, Path] | None:
+    """This run's two lock files (``_all_cpus``), shared by its xdist workers; None outside xdist."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if _ALL_CPUS is None or not run or not run.isalnum():
+        return None
+    base = Path(tempfile.gettempdir()) / f"localllm-cpus-{run}"
+    return base.with_suffix(".intent"), base.with_suffix(".lock")
+
+
 @pytest.fixture(autouse=True)
 def _all_cpus(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test marked ``all_cpus`` (it measures how llama.cpp uses several CPUs) gets
-    every CPU back for its duration, for the processes it starts."""
-    if _ALL_CPUS is None or request.node.get_closest_marker("all_cpus") is None:
+    every CPU back for its duration, for the processes it starts, and has them to
+    itself: the other workers' tests wait. Each test holds a shared lock on the run's
+    lock file, an ``all_cpus`` test an exclusive one; it first takes an "intent" lock
+    that every test passes through before its shared lock, so the other worker's next
+    test waits behind it instead of overtaking it (flock has no writer preference).
+    Without this, the other worker's test held a core through the whole test, and
+    the real-load thread test could not show the count rise again (it skipped)."""
+    import fcntl
+
+    locks = _cpu_locks()
+    alone = request.node.get_closest_marker("all_cpus") is not None
+    if locks is None:
         yield
         return
-    mine = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, _ALL_CPUS)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, mine)
+    intent_path, lock_path = locks
+    with open(intent_path, "a") as intent, open(lock_path, "a") as lock:
+        fcntl.flock(intent, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(intent, fcntl.LOCK_UN)
+            yield
+            return
+        mine = os.sched_getaffinity(0)
+        _pin_threads(_ALL_CPUS)  # type: ignore[arg-type]  # not None: _cpu_locks checked
+        try:
+            yield
+        finally:
+            _pin_threads(mine)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(intent, fcntl.LOCK_UN)
+
+
+def _pin_threads(cpus: set[int]) -> None:
+    """Every thread of this process onto ``cpus``. An affinity is per thread: llama.cpp's
+    OpenMP team, started by an earlier test while the worker was pinned, kept its one CPU
+    when only the main thread was given all of them, and 2 threads then ran slower than 1
+    on an idle machine (the real-load thread test saw it)."""
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except (OSError, ValueError):  # a thread that ended meanwhile
+            pass
 
 
 @pytest.fixture(autouse=True)

@@ -29,7 +29,7 @@ from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
 from localllm import api
-from localllm.chat import sessions
+from localllm.chat import resume, sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
 from localllm.engine_api import Engine, GenerationStats, LoadConfig
 from localllm.errors import InputError, LocalLLMError
@@ -116,6 +116,15 @@ class SaveFailed(Message):
     def __init__(self, text: str | None) -> None:
         super().__init__()
         self.text = text
+
+
+class Resumed(Message):
+    """A reopened conversation's kept KV cache was loaded (None), or why it was not."""
+
+    def __init__(self, text: str | None, images: int) -> None:
+        super().__init__()
+        self.text = text
+        self.images = images
 
 
 class EngineLost(Message):
@@ -579,6 +588,8 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
             view.add("note", f"{shown(req.path)} loaded, but the chat could not start: {reason(exc)}")
             return
         self.chat.images = list(msg.images)
+        if req.saved is not None and req.saved.kv is not None and self.chat.images:
+            self._engine.submit(self._resume_kv, self.chat, req.saved)
         for im in msg.images:  # where each came from, for the next save
             ref = next((r for r in req.image_refs or [] if r.get("sha256") == im.sha256), None)
             if ref is not None and ref.get("path"):
@@ -1135,6 +1146,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
             rpc.drop_keep_alive(self._abort_hook)
         try:
             if self.backend is not None:
+                self._engine.submit(self._keep_kv, self.chat, self.saved).result()
                 self._engine.submit(self.backend.close).result()
             self._engine.shutdown(wait=True)
         finally:
@@ -1179,6 +1191,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
     def action_clear_chat(self) -> None:
         if self.busy or self.chat is None:
             return
+        self._engine.submit(self._keep_kv, self.chat, self.saved).result()  # before the cache is emptied
         self.chat.clear()
         self.saved = None
         view = self.query_one(ChatView)
@@ -1215,6 +1228,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
             pictures += images or []
         self.saved.messages = msgs
         self.saved.images = self._refs(pictures)
+        self.saved.kv = None  # the conversation moved on from a kept cache (its file is written over at the next leave)
         self.saved.settings = self.settings.to_dict()
         self._save(self.saved)
 
@@ -1248,6 +1262,40 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         if not self._gone():
             self._view.add("note", "the session is saved again" if msg.text is None else f"the session could not be saved: {msg.text}")
 
+    def _keep_kv(self, chat: ChatSession | None, saved: sessions.SavedSession | None) -> None:
+        """Engine thread: as the cockpit leaves a conversation with images, keep
+        its KV cache beside its saved session (``chat.resume``), so reopening it
+        encodes no image again. A failed write only loses that saving."""
+        if chat is None or saved is None or not chat.images or self.backend is None:
+            return
+        try:
+            mark = resume.keep(chat, sessions.state_path(saved.id))
+        except (OSError, LocalLLMError):
+            mark = None
+        if mark is not None:
+            saved.kv = mark
+            self._save(saved)
+
+    def _resume_kv(self, chat: ChatSession, saved: sessions.SavedSession) -> None:
+        """Engine thread: a reopened conversation's kept KV cache, loaded when it stands for the conversation."""
+        assert saved.kv is not None
+        try:
+            why = resume.resume(chat, sessions.state_path(saved.id), saved.kv)
+        except (OSError, LocalLLMError) as exc:
+            why = reason(exc)
+        self.post_message(Resumed(why, len(chat.images)))
+
+    @on(Resumed)
+    def _resumed(self, msg: Resumed) -> None:
+        if self._gone():
+            return
+        if msg.text is None:
+            self._view.add("note", f"the conversation's KV cache was kept: its {msg.images} image(s) are not encoded again")
+        else:
+            self._view.add("note", f"the kept KV cache is not used ({msg.text}): the next message reads the conversation again")
+        self._update_footprint()
+        self._schedule_count()
+
     def open_session(self, saved: sessions.SavedSession) -> None:
         """Load the session's model with its settings and show its messages (once
         the model is loaded: a session whose model is gone changes nothing)."""
@@ -1256,6 +1304,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         if msgs and msgs[-1]["role"] == "user":
             msgs.pop()
         settings = Settings.from_dict(saved.settings) if saved.settings else self.settings
+        self._engine.submit(self._keep_kv, self.chat, self.saved)  # the conversation left behind, as at quit
         self.reload_model(Path(saved.model), settings, messages=msgs, saved=saved, redraw=True, image_refs=list(saved.images))
 
     def action_sessions(self) -> None:

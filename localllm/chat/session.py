@@ -87,6 +87,26 @@ class ChatSession:
         self.turns.clear()
         self.images = []
 
+    def held_text(self) -> str:
+        """The rendered conversation the KV cache stands for ('' when it holds nothing)."""
+        return self._cached_text if self.backend.context_used else ""
+
+    def text_after_reply(self) -> str | None:
+        """What the cache stands for once the last reply is in it: the messages
+        before it rendered for a reply, then its text (as ``_turn`` leaves it);
+        None when the conversation does not end with a reply."""
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            return None
+        return self._render(self.messages[:-1], add_generation_prompt=True) + self.messages[-1]["content"]
+
+    def adopt_cache(self, text: str) -> None:
+        """The cache was loaded holding ``text`` (a saved session's state,
+        ``chat.resume``): the next turn extends it, the system prompt kept at a
+        shift as ``_media_reply`` keeps it."""
+        self._cached_text = text
+        head = self._render(self.messages[:1], add_generation_prompt=False) if self.system_prompt else ""
+        self.n_keep = len(self._tok(head)) if head and text.startswith(head) else 0
+
     def _tok(self, text: str) -> list[int]:
         # A template writes special tokens as text; typed text continued by a base model stays text.
         return self.backend.tokenize(text, add_special=False, parse_special=not self.completion)
@@ -264,7 +284,7 @@ class ChatSession:
         """The reply in a conversation that holds images: only what the cache
         lacks goes to the engine, so an image already in the cache is not encoded
         again; a fresh start reads the whole conversation, its images included
-        (no prompt cache: a state file does not carry images)."""
+        (unless a reopened saved session loaded its kept cache first: chat.resume)."""
         engine: Any = self.backend  # only the llama.cpp engine takes images (extend_images)
         keep = self.keep_override
         if self._cached_text and self.backend.context_used and rendered.startswith(self._cached_text):

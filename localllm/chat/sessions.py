@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm import paths
+from localllm.chat import resume
 from localllm.errors import InputError
 from localllm.util import atomic
 from localllm.vision.marker import MARKER
@@ -36,6 +37,8 @@ class SavedSession:
     # the conversation's images (a vision model), in the order of their markers in the messages: where each was
     # read from and the sha256 of its pixels (``image_refs``), never the pixels; reopened, each is read again and checked
     images: list[dict[str, Any]] = field(default_factory=list)
+    # the KV cache kept beside the file (``<id>.state``, ``chat.resume``): the sha256 of the text it stands for, its cells
+    kv: dict[str, Any] | None = None
 
     @classmethod
     def new(cls, model: str, system_prompt: str | None, settings: dict[str, Any]) -> SavedSession:
@@ -113,6 +116,7 @@ def from_dict(data: Any, source: Path) -> SavedSession:
         settings=settings if isinstance(settings, dict) else {},
         name=name if isinstance(name, str) else None,
         images=image_refs(data.get("images")),
+        kv=resume.mark_of(data.get("kv")),
     )
 
 
@@ -192,8 +196,14 @@ def list_sessions(on_skip: Callable[[Path, str], None] | None = None) -> list[Sa
 
 
 def delete(session_id: str) -> None:
-    """Remove a saved session's file (the user confirmed); gone already is fine."""
+    """Remove a saved session's file and its kept KV cache (the user confirmed); gone already is fine."""
     _path(session_id).unlink(missing_ok=True)
+    state_path(session_id).unlink(missing_ok=True)
+
+
+def state_path(session_id: str) -> Path:
+    """Where a session's KV cache is kept (``chat.resume``): beside its file."""
+    return _path(session_id).with_suffix(".state")
 
 
 def _path(session_id: str) -> Path:

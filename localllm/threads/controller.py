@@ -65,6 +65,18 @@ one that lost by 3.5 ms (on an idle machine) waits only for its gap in steps."""
 DRIFT = 1.25
 """Recent steps this much slower (or faster) than the settled time: the load changed."""
 DRIFT_STEPS = 3
+OTHERS_S = 0.5
+"""How often (seconds of one-token steps) the cores other programs use are read
+(``threads.others``), where the engine can read them: a core freed while the
+count is below the most is seen within this, where step times at the lower count
+do not show it (a step at 1 thread of 2 is as long with the other core taken as
+with it free), and the probe the budget would hold back runs at once."""
+OTHERS_MAX_S = 8.0
+"""...doubled after each such probe that lost (a machine where fewer threads are
+simply faster), up to this."""
+FREE = 0.6
+"""Cores neither this count nor other programs use, for a core to count as free;
+other programs using this many cores were using one (the reason said for a drop)."""
 
 
 @dataclass(frozen=True)
@@ -109,16 +121,19 @@ class _Lane:
         self.credit_ns = 0.0  # what probes may still cost (BUDGET); below 0 none starts but for a change of load
         self.urgent = False  # the load changed: probe now, whatever the credit
         self.capped_from: int | None = None  # lowered with the one-token count when a core was taken; back up when freed
+        self.hinted = False  # the probe running was started because a core was seen free (OTHERS_S)
 
 
 class ThreadController:
     """Thread counts per kind of step, between ``lo`` and ``hi``, starting at ``start``.
 
     ``fixed``: the count never moves (``--threads N``, the cockpit's setting).
-    ``clock``: nanoseconds, for the changes' timestamps (a simulation passes its own)."""
+    ``clock``: nanoseconds, for the changes' timestamps (a simulation passes its own).
+    ``others``: the cores other programs kept busy since its last call, or None
+    when unknown (``threads.others.sampler``; a simulation passes its own)."""
 
     def __init__(self, start: int, *, lo: int = 1, hi: int | None = None, fixed: bool = False, why: str = "",
-                 clock: Callable[[], int] | None = None) -> None:
+                 clock: Callable[[], int] | None = None, others: Callable[[], float | None] | None = None) -> None:
         hi = max(start, 1) if hi is None else hi
         self.lo, self.hi = max(1, lo), max(1, hi)
         self.start = min(max(start, self.lo), self.hi)
@@ -130,6 +145,10 @@ class ThreadController:
         self.changes: list[Change] = []
         self.steps = 0
         self.probes = 0
+        self._others = others
+        self._others_ns = 0.0  # one-token step time since the others were last read
+        self._others_gap = OTHERS_S
+        self.others_busy: float | None = None  # cores other programs used over the last read's span
 
     # -- the engine's two calls ------------------------------------------------------
     def choose(self, kind: str, size: int = 1) -> int:
@@ -171,6 +190,11 @@ class ThreadController:
         lane.steps += 1
         lane.warm_ns += ns
         t = ns / max(size, 1)
+        if self._others is not None and kind == "token":
+            self._others_ns += ns
+            if self._others_ns >= self._others_gap * 1e9:
+                self._others_ns = 0.0
+                self._read_others(lane)
         if lane.probe is not None and n == lane.probe:
             self._probed(lane, t, size)
         elif n == lane.n:
@@ -228,6 +252,18 @@ class ThreadController:
         self._latest[kind] = lane
         return lane
 
+    def _read_others(self, lane: _Lane) -> None:
+        """Read the cores other programs used; with a core free and the count
+        below the most, probe one thread more now (whatever the budget says)."""
+        assert self._others is not None
+        busy = self._others()
+        self.others_busy = busy
+        if busy is None or lane.probe is not None or lane.n >= self.hi:
+            return
+        if self.hi - lane.n - busy >= FREE:
+            lane.urgent, lane.direction, lane.hinted = True, 1, True
+            lane.credit_ns = max(lane.credit_ns, 0.0)
+
     def _max_gap(self, lane: _Lane) -> int:
         ref = statistics.median(lane.recent) if lane.recent else 0.0
         return max(MIN_MAX_GAP, int(MAX_GAP_S * 1e9 / ref) if ref > 0 else MIN_MAX_GAP)
@@ -272,17 +308,24 @@ class ThreadController:
         if t > ref * (1 - MARGIN):  # lost: back to the current count, and wait longer before trying this way again
             lane.credit_ns -= max(0.0, t - ref) * size
             lane.gap[d] = min(lane.gap[d] * 2, self._max_gap(lane))
+            if lane.hinted:  # a free core that did not make more threads faster: read the others less often
+                self._others_gap = min(self._others_gap * 2, OTHERS_MAX_S)
+            lane.hinted = False
             self._end_probe(lane, d)
             return
         if len(lane.probe_times) < 2:
             return  # one more step at the probed count confirms it
         old, new = lane.n, lane.probe
         assert new is not None
+        taken = self.others_busy is not None and self.others_busy >= FREE
         if d < 0:
-            reason = "another process is using a core" if lane.contended else "fewer threads measured faster"
+            reason = "another process is using a core" if lane.contended or taken else "fewer threads measured faster"
+            lane.contended = lane.contended or taken
         else:
-            reason = "a core is free again" if lane.contended else "more threads measured faster"
+            reason = "a core is free again" if lane.contended or lane.hinted else "more threads measured faster"
             lane.contended = False
+            self._others_gap = OTHERS_S
+        lane.hinted = False
         self.changes.append(Change(lane.kind, old, new, reason, self._clock(),
                                    statistics.mean(lane.probe_times) / 1e6, ref / 1e6))
         lane.n = new

@@ -302,18 +302,26 @@ async def test_an_image_on_a_vision_model_splits_ttft_and_saves_its_path(vision_
         await wait_idle(app, pilot)
         assert app.backend.projector.encoded == encoded  # the image stayed in the KV cache
         assert "encode n/a · prefill" in panel_text(app)
-    # reopened in a new cockpit: the image is read again from its path and checked
-    again = _vision_app(model)
-    async with again.run_test(size=(140, 40)) as pilot:
-        await wait_idle(again, pilot)
-        again.open_session(saved)
-        await until(pilot, lambda: again.saved is not None and again.chat is not None and again.chat.images and not again.busy,
-                    "reopened the chat with its image", detail=lambda: _notes(again))
-        assert ("user", "What is it?\n↳ image pic one.png") in chat_text(again)
-        await wait_idle(again, pilot)
-        await pilot.press(*"more", "enter")
-        await wait_idle(again, pilot)
-        assert again.backend.projector.encoded == 1 and chat_text(again)[-1][0] == "assistant"  # read again: encoded once
+    # reopened in a new cockpit: the KV cache kept as it quit (chat.resume) is loaded, and no image is encoded again
+    saved = sessions.load(saved.id)
+    assert saved.kv is not None and sessions.state_path(saved.id).stat().st_size > 0
+    kept = {p: p.read_bytes() for p in (sessions.state_path(saved.id), sessions.state_path(saved.id).with_suffix(".json"))}
+    for damaged in (False, True):  # (that the kept cache gives the logits reading again gives: tests/vision/test_mtmd.py)
+        for path, data in kept.items():  # the same conversation each time (the first cockpit's quit wrote over it)
+            path.write_bytes(data[:-4096] if damaged and path.suffix == ".state" else data)
+        again = _vision_app(model)
+        async with again.run_test(size=(140, 40)) as pilot:
+            await wait_idle(again, pilot)
+            again.open_session(sessions.load(saved.id))
+            said = "the kept KV cache is not used" if damaged else "the conversation's KV cache was kept: its 1 image(s) are not encoded again"
+            await until(pilot, lambda said=said, again=again: any(said in n for n in _notes(again)), "said whether the kept cache was used",
+                        detail=lambda again=again: _notes(again))
+            assert ("user", "What is it?\n↳ image pic one.png") in chat_text(again)
+            await wait_idle(again, pilot)
+            await pilot.press(*"more", "enter")
+            await wait_idle(again, pilot)
+            # kept: nothing encoded; damaged: read again, the image encoded once
+            assert again.backend.projector.encoded == int(damaged) and chat_text(again)[-1][0] == "assistant"
     _png(pic, 7)  # the picture changed on disk: the reopened chat says so and goes on without it
     third = _vision_app(model)
     async with third.run_test(size=(140, 40)) as pilot:

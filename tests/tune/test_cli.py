@@ -16,6 +16,7 @@ import pytest
 
 from localllm.measure import starved
 from localllm.threads import topology
+from scripts.synth_gguf import SynthSpec, write_llama_gguf
 from tests.helpers.cli import cli, one_line
 from tests.helpers.paths import REPO
 
@@ -33,6 +34,16 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.write_text(MINE)
     monkeypatch.setenv("LOCALLLM_CONFIG", str(path))
     return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic model for the tests of tune's stops that do not race a real run (a machine
+    turning busy, Ctrl+C in the quality check, both simulated in-process): they are about what
+    is kept, not SmolLM2's figures, and a whole quick tune takes milliseconds on it where
+    SmolLM2's took 20 s. (Ctrl+C at a step stays on SmolLM2: its signal lands inside a run.)
+    Heads of 64, so that q8_0 K and V fit their blocks."""
+    return write_llama_gguf(tmp_path_factory.mktemp("tune") / "tiny.gguf", SynthSpec(n_embd=128, n_head=2, n_head_kv=1, n_ff=256))
 
 
 def busy(cpu: float = 98.0) -> starved.Contention:
@@ -125,16 +136,16 @@ def test_ctrl_c_at_a_step_keeps_what_was_measured(config: Path, point: str, kept
 
 
 @pytest.mark.slow
-def test_a_machine_that_becomes_busy_stops_the_tuning(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_machine_that_becomes_busy_stops_the_tuning(config: Path, tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Quiet at the start and after the first stage, busy after the second: one line naming the
     program, exit 1, and the section holds the first stage only (the second's figures were the load's)."""
     quiet = starved.Contention(cores=2, run_queue=0.1, running=0, busy_percent=3.0, steal_percent=0.0, busiest=None)
     answers = iter([quiet, quiet, busy()])
     monkeypatch.setattr("localllm.commands.tune.contention", lambda: next(answers))
-    r = cli("tune", "smollm2", "--quick", "--threads", "1", "--json")
+    r = cli("tune", str(tiny), "--quick", "--threads", "1", "--json")
     line = one_line(r, 1, "became too busy to measure during the kv-type stage", "yes (pid 4242)", "flash-attn decided")
     assert "run tune again when it is quiet" in line
-    entry = tomllib.loads(config.read_text())["models"]["smollm2"]
+    entry = tomllib.loads(config.read_text())["models"][tiny.stem]
     assert set(entry) == {"flash-attn", "tuned"} and entry["tuned"]["partial"] is True
 
 
@@ -148,17 +159,17 @@ def test_ctrl_c_before_anything_is_measured(config: Path, monkeypatch: pytest.Mo
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_the_quality_check(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_during_the_quality_check(config: Path, tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The step between two stages' runs: the first stage stands, the cache stage has nothing to decide on."""
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr("localllm.commands.tune.kv_cache_quality", interrupt)
-    r = cli("tune", "smollm2", "--quick", "--force", "--threads", "1", "--json")
+    r = cli("tune", str(tiny), "--quick", "--force", "--threads", "1", "--json")
     assert r.returncode == 130 and "kept what was measured (flash-attn decided" in r.stderr, r.stderr
     d = json.loads(r.stdout)
     assert d["interrupted"] and d["written"]["partial"] and list(d["chosen"]) == ["flash-attn"]
     kv = next(s for s in d["stages"] if s["setting"] == "kv-type")
     assert kv["chosen"] is None and all(c["prefill_tokens_per_s"] is None and c["kl_mean"] is None for c in kv["candidates"])
-    entry = tomllib.loads(config.read_text())["models"]["smollm2"]
+    entry = tomllib.loads(config.read_text())["models"][tiny.stem]
     assert set(entry) == {"flash-attn", "tuned"} and entry["tuned"]["partial"] is True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -177,16 +179,82 @@ def test_a_conversation_read_again_decodes_kept_images_without_encoding(backend,
     assert stats.prompt_tokens == stats.context_used - 1  # all of it read again (the reply's last token is not in the cache)
     kept = backend.last_logits()
     # the same conversation on a fresh projector, which must encode the picture
+    with _another_engine(vision_model) as fresh:
+        other = ChatSession(fresh, sampling=SamplingConfig(temperature=0, max_tokens=2), messages=list(session.messages[:2]), images=[picture])
+        with other.send("and now?") as g:
+            list(g)
+        assert fresh.projector.encoded == 1 and other.turns[-1].stats.images == 1
+        assert np.array_equal(kept, fresh.last_logits())
+
+
+@contextmanager
+def _another_engine(vision_model) -> Iterator[LlamaCppBackend]:
+    """The synthetic vision model loaded again (another process's engine, as far as its caches go)."""
     model, proj = vision_model
     fresh = LlamaCppBackend()
     try:
         fresh.load(model, LoadConfig(n_ctx=256, n_threads=1))
         fresh.load_projector(proj)
         fresh.use_template("chatml")
-        other = ChatSession(fresh, sampling=SamplingConfig(temperature=0, max_tokens=2), messages=list(session.messages[:2]), images=[picture])
-        with other.send("and now?") as g:
-            list(g)
-        assert fresh.projector.encoded == 1 and other.turns[-1].stats.images == 1
-        assert np.array_equal(kept, fresh.last_logits())
+        yield fresh
     finally:
         fresh.close()
+
+
+def test_a_kept_cache_resumes_the_conversation_as_reading_it_again_would(backend, vision_model, tmp_path: Path) -> None:
+    """chat.resume: the state kept after a reply, loaded into another process's engine with the
+    conversation, gives the next turn the logits the first engine gave, and encodes nothing; a state
+    kept for another text, a damaged file or a conversation without images is not used."""
+    from localllm.chat import resume
+    from localllm.chat.session import ChatSession
+
+    backend.use_template("chatml")
+    picture = decode_image(noise_png(12))
+    session = ChatSession(backend, sampling=SamplingConfig(temperature=0, max_tokens=2))
+    with session.send("what is it?", images=[picture]) as g:
+        list(g)
+    state = tmp_path / "chat.state"
+    mark = resume.keep(session, state)
+    assert mark is not None and mark["cells"] == session.context_used and state.stat().st_size > 0
+    turn_one = list(session.messages)
+    with session.send("and now?") as g:
+        list(g)
+    expected = backend.last_logits()
+    with _another_engine(vision_model) as fresh:
+
+        def reopened(messages: list) -> ChatSession:
+            fresh.reset()
+            return ChatSession(fresh, sampling=SamplingConfig(temperature=0, max_tokens=2), messages=list(messages), images=[picture])
+
+        other = reopened(turn_one)
+        assert resume.resume(other, state, mark) is None and other.context_used == mark["cells"]
+        with other.send("and now?") as g:
+            list(g)
+        assert fresh.projector.encoded == 0 and other.turns[-1].stats.images == 0
+        assert np.array_equal(expected, fresh.last_logits())
+        edited = [*turn_one[:-1], {**turn_one[-1], "content": turn_one[-1]["content"] + "!"}]
+        assert resume.resume(reopened(edited), state, mark) == "it was saved for another text of the conversation"
+        other_picture = reopened(turn_one)
+        other_picture.images = [decode_image(noise_png(13))]
+        assert resume.resume(other_picture, state, mark) == "it was saved with other images"
+        damaged = tmp_path / "damaged.state"
+        damaged.write_bytes(state.read_bytes()[:-100])
+        why = resume.resume(reopened(turn_one), damaged, mark)
+        assert why is not None and why.startswith("its state file was ") and fresh.context_used == 0
+        assert resume.resume(reopened(turn_one), tmp_path / "gone.state", mark) == "its state file is gone"
+        text_only = ChatSession(fresh, sampling=SamplingConfig(temperature=0, max_tokens=2))
+        with text_only.send("hello") as g:
+            list(g)
+        assert resume.keep(text_only, tmp_path / "text.state") is None and not (tmp_path / "text.state").exists()
+
+
+def test_a_kept_cache_mark_from_a_session_file_is_checked() -> None:
+    from localllm.chat import resume
+
+    good: dict[str, object] = {"text_sha256": "ab" * 32, "cells": 12, "images": ["cd" * 32]}
+    assert resume.mark_of({**good, "extra": 1}) == good
+    changes: tuple[dict[str, object], ...] = ({"text_sha256": "AB" * 32}, {"text_sha256": "ab" * 31}, {"cells": 0}, {"cells": True}, {"cells": "12"},
+                   {"images": []}, {"images": "cd" * 32}, {"images": ["cd" * 32, 5]}, {"images": None})
+    for change in changes:
+        assert resume.mark_of({**good, **change}) is None, change
+    assert resume.mark_of(None) is None and resume.mark_of([good]) is None
