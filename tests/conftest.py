@@ -63,17 +63,19 @@ def _cpu_locks() -> tuple[Path, Path] | None:
 @pytest.fixture(autouse=True)
 def _all_cpus(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test marked ``all_cpus`` (it measures how llama.cpp uses several CPUs) gets
-    every CPU back for its duration, for the processes it starts, and has them to
-    itself: the other workers' tests wait. Each test holds a shared lock on the run's
-    lock file, an ``all_cpus`` test an exclusive one; it first takes an "intent" lock
-    that every test passes through before its shared lock, so the other worker's next
+    every CPU back for its duration, for the processes it starts. One marked
+    ``alone`` too (it measures what other programs take) also has them to itself:
+    the other workers' tests wait. Each test holds a shared lock on the run's lock
+    file, an ``alone`` test an exclusive one; it first takes an "intent" lock that
+    every test passes through before its shared lock, so the other worker's next
     test waits behind it instead of overtaking it (flock has no writer preference).
-    Without this, the other worker's test held a core through the whole test, and
-    the real-load thread test could not show the count rise again (it skipped)."""
+    Without this, the other worker's test held a core through the whole real-load
+    thread test, which then could not show the count rise again (it skipped)."""
     import fcntl
 
+    every = request.node.get_closest_marker("all_cpus") is not None
+    alone = request.node.get_closest_marker("alone") is not None
     locks = _cpu_locks()
-    alone = request.node.get_closest_marker("all_cpus") is not None
     if locks is None:
         yield
         return
@@ -83,16 +85,17 @@ def _all_cpus(request: pytest.FixtureRequest) -> Iterator[None]:
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         if not alone:
             fcntl.flock(intent, fcntl.LOCK_UN)
-            yield
-            return
         mine = os.sched_getaffinity(0)
-        _pin_threads(_ALL_CPUS)  # type: ignore[arg-type]  # not None: _cpu_locks checked
+        if every or alone:
+            _pin_threads(_ALL_CPUS)  # type: ignore[arg-type]  # not None: _cpu_locks checked
         try:
             yield
         finally:
-            _pin_threads(mine)
+            if every or alone:
+                _pin_threads(mine)
             fcntl.flock(lock, fcntl.LOCK_UN)
-            fcntl.flock(intent, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(intent, fcntl.LOCK_UN)
 
 
 def _pin_threads(cpus: set[int]) -> None:

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from localllm.commands._common import fit_config, placement_for
-from localllm.errors import InputError, UsageError
+from localllm.errors import InputError, LocalLLMError, UsageError
 from localllm.measure.doctor import examine, measure, measure_speculation
 from localllm.measure.quality import eval_text, kv_cache_quality
 from localllm.measure.roofline import measure_by_threads
@@ -61,7 +61,31 @@ def _threads_line(r) -> str:
     load = f"   contention   {r.contention['line']}" if r.contention else "   contention   n/a (not measured)"
     rates = r.decode_by_threads_tokens_per_s
     by = ", ".join(f"{n} {t:.1f}" for n, t in sorted(rates.items())) if rates else "n/a"
-    return f"{load}\n                decode t/s by threads, alternated: {by}"
+    tune = f"\n   tune         {fmt.safe(r.tune['line'])}" if r.tune else ""
+    return f"{load}\n                decode t/s by threads, alternated: {by}{tune}"
+
+
+def _tune_advice(model: str | None) -> dict:
+    """Whether ``localllm tune`` measured this model here (its ``tuned`` record in the
+    model's config table), and the command that would: doctor measures one setting,
+    tune the rest (flash attention, KV type, ubatch, threads) against each other."""
+    from localllm.commands import config_file  # lazy: as tune's own command reads it
+    from localllm.store.builtin import DEFAULT_MODEL  # lazy: only this line of doctor's needs them
+    from localllm.tune import section  # lazy: as above
+
+    name = model or DEFAULT_MODEL
+    try:
+        found = section.model_entry(config_file.load(config_file.config_file()), name)
+        record = section.record_of(found[1] if found else None)
+    except (LocalLLMError, OSError):
+        record = None
+    command = f"localllm tune {name}"
+    if record is not None:
+        done = section.FromTune(record.date, dict(record.settings), record.partial)  # as plan shows it
+        return {"tuned": done.to_dict(), "advice": None, "line": f"tuned here: {done.line()}; {command} measures again"}
+    advice = (f"{command}: measures flash attention, the KV type (with its KL), ubatch and threads on this machine "
+              "and keeps the fastest the memory plan allows (about 3 min; --quick under 1)")
+    return {"tuned": None, "advice": command, "line": f"not tuned here: {advice}"}
 
 
 def _layers_by_device(devices: list[dict]) -> str:
@@ -144,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
     tip = thread_action(rates, threads, f"{b.name} (pid {b.pid}) is using {b.cpu_percent:.0f}% of a core" if b is not None else None)
     if tip is not None:
         report.actions = sorted([*report.actions, tip], key=lambda a: -a.gain)[:3]
+    report.tune = _tune_advice(args.model)
     report.kv_types = {
         t: {"max_ctx": fitted.fit.max_ctx_by_kv_type.get(t, 0), "kl_mean": kl.get(t, 0.0 if t == "f16" else None)}
         for t in ("f16", "q8_0", "q4_0")

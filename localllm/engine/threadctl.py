@@ -15,17 +15,17 @@ import llama_cpp
 
 from localllm.engine_api import LoadConfig
 from localllm.threads import ThreadController, start_threads
-from localllm.threads.others import sampler
+from localllm.threads.others import other_cores
 
 
 def controller_for(config: LoadConfig) -> ThreadController:
     """Fixed at ``config.n_threads`` when set; else adaptive from this machine's
     fast cores (``threads.topology``), told when other programs free a core
-    (``threads.others``)."""
+    (``measure.starved.other_cores``)."""
     start = start_threads()
     if config.n_threads:
         return ThreadController(config.n_threads, hi=max(config.n_threads, start.ceiling), fixed=True, why="fixed by the caller")
-    return ThreadController(start.threads, hi=start.ceiling, why=start.why + (f"; {start.note}" if start.note else ""), others=sampler())
+    return ThreadController(start.threads, hi=start.ceiling, why=start.why + (f"; {start.note}" if start.note else ""), others=other_cores())
 
 
 def start_count(config: LoadConfig) -> int:

@@ -65,6 +65,7 @@ class DoctorReport:
     kv_types: dict[str, dict[str, Any]] = field(default_factory=dict)  # per cache type: largest context that fits, measured KL
     contention: dict[str, Any] | None = None  # the machine's load before the measurement (measure.starved.Contention); None: not measured
     decode_by_threads_tokens_per_s: dict[int, float] = field(default_factory=dict)  # measured side by side (measure.thread_counts)
+    tune: dict[str, Any] | None = None  # whether localllm tune measured this model here ("tuned": its record, or null) and the advice
     verdict: str = ""
     actions: list[Action] = field(default_factory=list)
 

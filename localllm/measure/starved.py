@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from localllm.threads.others import MIN_SPAN_S, other_cores  # noqa: F401 - the decode controller's reader of the others' load, here beside doctor's
 from localllm.util import fmt
 
 STARVED_SHARE = 1 / 3

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from localllm.engine_api.errors import SettingError
 from localllm.errors import InputError
 from localllm.serve.protocol import DEFAULTS, FINGERPRINT, OPENAI, Dialect, Finished, GenParams, RequestError, Shaper, error_body, parse_gen
 from localllm.serve.tools import GENERIC, Format
@@ -123,7 +124,10 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
         params = parse_gen({"messages": body.get("messages")}, chat=True, n_vocab=state.n_vocab)
         try:
             prompt = await run_in_threadpool(facts().render, params.messages or [])
-        except (InputError, ValueError) as exc:  # no template, or one that refuses these messages
+        except SettingError as exc:  # no chat template (a base model): what to pass, as run and chat say it
+            fix = {"raw": "/completion with plain text", "template_choice": "start serve with --chat-template FILE|NAME"}
+            raise RequestError(400, exc.worded(fix)[:500]) from None
+        except (InputError, ValueError) as exc:  # a template that refuses these messages
             raise RequestError(400, f"the chat template refused these messages: {exc}"[:500]) from None
         for image in params.images:  # an image's place shown with libmtmd's marker, as llama-server shows its own
             prompt = prompt.replace(image.mark, MARKER)

@@ -149,6 +149,11 @@ def test_a_models_table_applies_where_that_model_loads(config: Path, smollm2: Pa
     assert d["n_ctx"] == 512  # typed wins
     shown = json.loads(cli("config", "--json").stdout)
     assert shown["flags"]["plan"] == ["--ctx", "2048"]  # the per-model tables apply to a model, not to a command
+    config.write_text("[models.smollm2]\nctx = 512\nthreads = 1\n")  # where run loads it too
+    r = cli("run", "smollm2", "-p", "hi", "-n", "1", "--temp", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["n_ctx"] == 512 and d["threads"]["mode"] == "fixed" and d["threads"]["start"] == 1, d
     for text, says in (('[models.smollm2]\nport = 1\n', "[models.\"smollm2\"] has no option 'port'"),
                        ('[models.smollm2]\nnope = 1\n', "has no option 'nope'"),
                        ('models.smollm2 = 3\n', "must be a table")):

@@ -92,6 +92,8 @@ def test_doctor_json(tmp_path: Path) -> None:
     kv = d["kv_types"]
     assert set(kv) == {"f16", "q8_0", "q4_0"} and kv["q4_0"]["max_ctx"] >= kv["q8_0"]["max_ctx"] >= kv["f16"]["max_ctx"] > 0
     assert 0 < kv["q8_0"]["kl_mean"] < kv["q4_0"]["kl_mean"]  # measured: the smaller cache costs more
+    # issue 50 item 4: tune is advised, by name, while this model has no tuned settings here
+    assert d["tune"] == {"tuned": None, "advice": "localllm tune smollm2", "line": d["tune"]["line"]} and "flash attention" in d["tune"]["line"]
     spec_actions = [a for a in d["actions"] if "--speculate" in a["action"]]
     # recommended only on a measured gain, and said to be measured
     assert all(a["basis"] == "measured" and d["speculative_gain"] > 1.0 for a in spec_actions)
@@ -152,3 +154,17 @@ def test_offload_advice_over_devices_needs_cpu_layers_and_room(smollm2: Path) ->
     assert _offload_over_devices(s(19, None), shape) == []  # free memory unknown: no advice
     [a] = _offload_over_devices(s(19, 8 * GiB), shape)
     assert a.action == "offload more layers to RPC0[a:1] (--ngl, now 12 of 31)" and "network" in a.expected
+
+
+def test_tune_is_advised_until_the_model_is_tuned_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localllm.commands.doctor import _tune_advice
+
+    config = tmp_path / "config.toml"
+    monkeypatch.setenv("LOCALLLM_CONFIG", str(config))
+    assert _tune_advice("smollm2")["advice"] == "localllm tune smollm2"
+    config.write_text('[models."smollm2"]\nubatch = 256\ntuned = { date = "2026-12-03 07:40", ubatch = 256 }\n')
+    got = _tune_advice("SmolLM2")
+    assert got["advice"] is None and got["tuned"] == {"date": "2026-12-03 07:40", "settings": {"ubatch": 256}, "partial": False}
+    assert got["line"] == "tuned here: ubatch 256 (from tune, 2026-12-03 07:40); localllm tune SmolLM2 measures again"
+    config.write_text('[models."smollm2"]\ntuned = "yesterday"\n')  # not what tune writes: advised again, not a crash
+    assert _tune_advice("smollm2")["advice"] == "localllm tune smollm2"

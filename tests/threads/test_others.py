@@ -1,4 +1,4 @@
-"""threads.others: the cores other programs use, read from the kernel's counters."""
+"""measure.starved.other_cores: the cores other programs use, read from the kernel's counters."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from localllm.threads.others import MIN_SPAN_S, sampler
+from localllm.threads.others import MIN_SPAN_S, other_cores
 
 
 def _spin() -> None:
@@ -16,13 +16,13 @@ def _spin() -> None:
         pass
 
 
-@pytest.mark.all_cpus
+@pytest.mark.alone
 def test_a_spinning_child_is_one_core_and_this_process_is_none() -> None:
     """A child that spins on a core reads as about one core of the others'; this
     process spinning itself reads as none of theirs (its own time is taken off)."""
     if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs")
-    read = sampler()
+    read = other_cores()
     assert read is not None
     time.sleep(MIN_SPAN_S)
     quiet = read()

@@ -28,3 +28,20 @@ async def test_the_figures_show_the_thread_count_and_why(synth_model: Path) -> N
         await send(app, pilot, "again")
         await wait_idle(app, pilot)
         assert "threads 1 · 2 → 1: another process is using a core" in panel_text(app)
+
+
+@pytest.mark.slow
+async def test_a_thread_count_in_the_settings_fixes_it_on_the_real_engine(synth_model: Path) -> None:
+    """F3's threads (Settings.threads) reach llama.cpp's engine as a fixed count, and the figure says so."""
+    from localllm.tui.app import create_app
+    from localllm.tui.settings import Settings
+
+    app = create_app(str(synth_model), vram=4 * 1024**3, bandwidth=20e9,
+                     settings=Settings(n_ctx=256, threads=1, temperature=0, max_tokens=2, system_prompt=""))
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_idle(app, pilot)
+        await send(app, pilot, "hello")
+        await wait_idle(app, pilot)
+        ctl = app.backend.threads
+        assert ctl is not None and ctl.fixed and ctl.count() == 1
+        assert "threads 1 · fixed" in panel_text(app)

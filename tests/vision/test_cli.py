@@ -81,9 +81,11 @@ def test_bad_input_is_one_line(vision_model, tmp_path: Path, case: str) -> None:
 
 
 def test_chat_image_then_a_follow_up_encodes_nothing_again(vision_model, pictures) -> None:
-    model, _ = vision_model
+    model, proj = vision_model
     script = f"/image {pictures[0]}\nwhat is it?\nand the colours?\n/image /nowhere.png\nstill there?\n"
-    r = cli("chat", str(model), "--template", "chatml", "-n", "2", "--temp", "0", "--ctx", "512", "--threads", "1", "--json", stdin=script)
+    # the projector named with llama.cpp's short flag (found beside the model otherwise: test_run_image_with_and_without_mmproj_flag)
+    r = cli("chat", str(model), "-mm", str(proj), "--template", "chatml", "-n", "2", "--temp", "0", "--ctx", "512", "--threads", "1", "--json",
+            stdin=script)
     assert r.returncode == 0, r.stderr
     turns = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert [t["images"] for t in turns] == [1, 0, 0]

@@ -15,7 +15,8 @@ from localllm.errors import InputError
 from localllm.vision.image import decode_image, load_image
 from tests.vision.conftest import noise_png
 
-pytestmark = pytest.mark.slow
+# Not marked slow: the synthetic vision model (a few KB) runs in the fast tests (issue 49), all of
+# this file in about half a second.
 
 GREEDY = SamplingConfig(temperature=0, max_tokens=1)
 
