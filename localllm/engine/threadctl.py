@@ -21,7 +21,7 @@ from localllm.threads.others import other_cores
 def controller_for(config: LoadConfig) -> ThreadController:
     """Fixed at ``config.n_threads`` when set; else adaptive from this machine's
     fast cores (``threads.topology``), told when other programs free a core
-    (``measure.starved.other_cores``)."""
+    (``threads.others.other_cores``)."""
     start = start_threads()
     if config.n_threads:
         return ThreadController(config.n_threads, hi=max(config.n_threads, start.ceiling), fixed=True, why="fixed by the caller")

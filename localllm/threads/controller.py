@@ -67,7 +67,7 @@ DRIFT = 1.25
 DRIFT_STEPS = 3
 OTHERS_S = 0.5
 """How often (seconds of one-token steps) the cores other programs use are read
-(``measure.starved.other_cores``), where the engine can read them: a core freed while the
+(``threads.others.other_cores``), where the engine can read them: a core freed while the
 count is below the most is seen within this, where step times at the lower count
 do not show it (a step at 1 thread of 2 is as long with the other core taken as
 with it free), and the probe the budget would hold back runs at once."""
@@ -130,7 +130,7 @@ class ThreadController:
     ``fixed``: the count never moves (``--threads N``, the cockpit's setting).
     ``clock``: nanoseconds, for the changes' timestamps (a simulation passes its own).
     ``others``: the cores other programs kept busy since its last call, or None
-    when unknown (``measure.starved.other_cores``; a simulation passes its own)."""
+    when unknown (``threads.others.other_cores``; a simulation passes its own)."""
 
     def __init__(self, start: int, *, lo: int = 1, hi: int | None = None, fixed: bool = False, why: str = "",
                  clock: Callable[[], int] | None = None, others: Callable[[], float | None] | None = None) -> None:

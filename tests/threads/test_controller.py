@@ -207,7 +207,7 @@ def costly(n: int, hog: bool) -> float:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_core_freed_is_seen_from_the_others_cpu_time_where_step_times_cannot_show_it(seed: int) -> None:
-    """Hog from 3 s to 13 s. Told what other programs use (measure.starved.other_cores), the count rises
+    """Hog from 3 s to 13 s. Told what other programs use (threads.others.other_cores), the count rises
     within a second of the hog's end, and the drop says why; without it, the rise waits on
     probes that the budget holds back (what the real test caught)."""
     busy = lambda now: 3e9 <= now < 13e9  # noqa: E731

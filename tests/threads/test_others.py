@@ -1,4 +1,4 @@
-"""measure.starved.other_cores: the cores other programs use, read from the kernel's counters."""
+"""threads.others.other_cores: the cores other programs use, read from the kernel's counters."""
 
 from __future__ import annotations
 

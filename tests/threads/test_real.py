@@ -126,7 +126,7 @@ def test_a_busy_core_drops_the_thread_count_and_its_end_raises_it(smollm2: Path)
             pytest.skip(f"{busy}; after the hog other programs kept {d['taken']:.1f} core(s) busy: 1 thread still measured faster")
         raise AssertionError(f"the count stayed at 1 after the hog stopped ({d['taken']:.1f} core(s) taken by others): {d['report']}")
     assert d["changes"][-1]["reason"] in ("a core is free again", "more threads measured faster")
-    assert d["rose"] < 3.0, d  # a core freed is seen from the others' CPU time (measure.starved.other_cores) within a second or two
+    assert d["rose"] < 3.0, d  # a core freed is seen from the others' CPU time (threads.others.other_cores) within a second or two
 
 
 if __name__ == "__main__":  # the child the test starts
