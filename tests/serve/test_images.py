@@ -114,7 +114,10 @@ def test_the_openai_client_sends_images_that_reach_the_model(server: Server) -> 
     def seen(r) -> tuple[str, list[float]]:
         return r.choices[0].message.content, [c.logprob for c in r.choices[0].logprobs.content]
 
-    assert seen(black) == seen(black2)  # the same picture, the same reply and log-probabilities
+    (text_a, lp_a), (text_b, lp_b) = seen(black), seen(black2)
+    # the same picture, the same reply and log-probabilities: equal to float noise (the second reads a cached prefix,
+    # in another batch split: one logprob once differed in its 8th digit under a loaded suite)
+    assert text_a == text_b and lp_a == pytest.approx(lp_b, abs=1e-4)
     assert seen(black)[0] != seen(white)[0]  # another picture, another reply: the image went through the model
     t = black.model_extra["timings"]
     assert t["images"] == 1 and black.usage.prompt_tokens > 4  # the image's 4 tokens count in the prompt
