@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from localllm.store import curated, registry
 from localllm.util import fmt
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _exact_sizes(row: dict, path) -> None:
+def _exact_sizes(row: dict, path: Path | None) -> None:
     """The catalog's sizes are the Hub listing's, rounded (approximate); once ``pull``
     has stored the file (and the projector beside it, from the same listing), they
     are the files' own, exact."""
