@@ -57,9 +57,9 @@ class CheckedSampler:
     def _pick(self, ctx: object, i: int, *, grammar_first: bool) -> int:
         cur = self._candidates(ctx, i)
         if grammar_first:
-            t0 = time.perf_counter()
+            t0 = time.thread_time()  # this thread's CPU: the grammar's own cost, not a busy machine's wait
             llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(cur))
-            took = time.perf_counter() - t0
+            took = time.thread_time() - t0
             if took > _grammar.MAX_STEP_SECONDS:  # ends this request (serve: this slot only), not the next token's wait
                 self.failed = _grammar.too_slow(took)
                 raise GrammarTooSlow(self.failed)

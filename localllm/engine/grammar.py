@@ -41,6 +41,8 @@ MAX_REPEAT = 65_536  # minLength/maxItems/... and GBNF {m,n}: no reply is that l
 # request whose grammar passes that check but takes longer at a later token
 # (a prefix before a long alternation) is ended at that token
 # (checked_sampler.CheckedSampler): one slow step, never a stall of every token.
+# Timed in the thread's CPU time: a busy machine's wait is not the grammar's
+# cost (a CI run under load refused bench_tools' two-tool grammar by wall time).
 MAX_STEP_SECONDS = 0.25
 # llama.cpp's llama_token_data, as a numpy record: a candidates array filled without a Python loop
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
@@ -166,6 +168,6 @@ def filter_seconds(sampler: object, n_vocab: int) -> float:
     cur = np.zeros(n_vocab, dtype=TOKEN_DATA)
     cur["id"] = np.arange(n_vocab, dtype=np.int32)
     arr = llama_cpp.llama_token_data_array(cur.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), n_vocab, -1, False)
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # this thread's CPU: the grammar's own cost, not a busy machine's wait
     llama_cpp.llama_sampler_apply(sampler, ctypes.byref(arr))
-    return time.perf_counter() - t0
+    return time.thread_time() - t0

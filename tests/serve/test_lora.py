@@ -110,7 +110,18 @@ def test_concurrent_requests_with_different_adapters_each_get_their_own(servers:
         assert len(set(alone)) == 3
         with ThreadPoolExecutor(len(sets)) as pool:
             together = list(pool.map(lambda s: _text(c, s, n=24), sets))
-    assert together == alone
+    # A step of two sequences runs other kernels than a step of one, so greedy
+    # text may part from the lone run's after a near tie (once, in a loaded
+    # run); another adapter's delta would change it from the first tokens. Each
+    # reply shares a longer start with its own adapter's lone reply than with any other.
+    for i, text in enumerate(together):
+        own = _common(text, alone[i])
+        assert own >= 8 and all(own > _common(text, other) for j, other in enumerate(alone) if j != i), (i, together, alone)
+
+
+def _common(a: str, b: str) -> int:
+    """The length of the start ``a`` and ``b`` share."""
+    return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def test_bad_lora_input_is_a_400_and_the_server_stays_up(servers: tuple[Server, str]) -> None:

@@ -4,7 +4,6 @@ deliberate change of the look."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from localllm.testing import ScriptedEngine
 from localllm.tui.app import create_app
 from localllm.tui.settings import Settings
-from scripts.synth_gguf import SynthSpec, write_llama_gguf
+from tests.helpers.snapshot_model import snapshot_model
 from tests.helpers.tui import laid_out, send, settings_screen, until, wait_idle
 
 GiB = 1024**3
@@ -22,9 +21,7 @@ SIZE = (140, 40)
 @pytest.fixture(scope="module")
 def fixed_model() -> Path:
     """The models screen shows the file's path: keep it the same from run to run."""
-    d = Path(tempfile.gettempdir()) / "localllm-snapshots"
-    d.mkdir(exist_ok=True)
-    return write_llama_gguf(d / "synth-llama.gguf", SynthSpec())
+    return snapshot_model()
 
 
 def make_app(model: Path):

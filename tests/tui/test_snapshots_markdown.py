@@ -4,7 +4,6 @@ change of the look)."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from localllm.testing import ScriptedEngine
 from localllm.tui.app import create_app
 from localllm.tui.settings import Settings
-from scripts.synth_gguf import SynthSpec, write_llama_gguf
+from tests.helpers.snapshot_model import snapshot_model
 from tests.helpers.tui import ask, wait_idle
 
 REPLY = ["## Sorting\n\n", "Use `sorted()` on the **list**:\n\n", "```python\n", "fruit = ['pear', 'apple']\n",
@@ -22,9 +21,7 @@ REPLY = ["## Sorting\n\n", "Use `sorted()` on the **list**:\n\n", "```python\n",
 @pytest.fixture(scope="module")
 def model() -> Path:
     """The screen shows the file's name: the same from run to run."""
-    folder = Path(tempfile.gettempdir()) / "localllm-snapshots"
-    folder.mkdir(exist_ok=True)
-    return write_llama_gguf(folder / "synth-llama.gguf", SynthSpec())
+    return snapshot_model()
 
 
 @pytest.mark.slow
