@@ -1,4 +1,4 @@
-"""Write a synthetic vision model: a tiny text GGUF and a gemma3-type projector.
+"""Write a synthetic vision model: a tiny gemma3 text GGUF and its gemma3-type projector (or a Qwen2-VL pair).
 
 No vision model ships on PyPI, so the fast tests build one: random weights in
 shapes that libmtmd loads and runs. The projector follows the loader in
@@ -45,9 +45,14 @@ class ProjectorSpec:
     n_merge: int = 4  # clip.vision.projector.scale_factor: the pool's side
     dtype: str = "f32"  # the 2-D weights: f32 or f16
     seed: int = 1
+    kind: str = "gemma3"  # clip.projector_type: "gemma3", or "qwen2vl_merger" (M-RoPE positions in the text model)
 
 
+# Qwen2-VL's template, text parts only (a part's image is the media marker in the rendered text)
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SMALL = ProjectorSpec()
+QWEN2VL = ProjectorSpec(kind="qwen2vl_merger")  # 32 px, 4 px patches: 8 x 8 patches merged 2 x 2, so 16 tokens (4 x 4)
 LARGE = ProjectorSpec(image_size=384, patch_size=14, n_embd=1152, n_ff=4304, n_head=16, n_block=1, n_merge=3, dtype="f16")
 
 
@@ -57,12 +62,23 @@ def tokens_per_image(spec: ProjectorSpec) -> int:
 
 
 def write_projector(path: str | Path, spec: ProjectorSpec = SMALL) -> Path:
-    """Write a gemma3-type mmproj GGUF of ``spec`` with random weights."""
+    """Write an mmproj GGUF of ``spec`` with random weights: gemma3, or qwen2vl_merger.
+
+    A Qwen2-VL projector is written as clip.cpp loads PROJECTOR_TYPE_QWEN2VL and
+    ``$V/tools/mtmd/models/qwen2vl.cpp`` runs it: two patch kernels added
+    (``v.patch_embd.weight`` and ``.weight.1``, no bias: the graph asserts it),
+    no position table (the ViT rotates by M-RoPE), then the merger: 2 x 2 patches
+    concatenated (4E) through ``mm.0`` and ``mm.2``, whose bias's width
+    clip_n_mmproj_embd reads (the text model's n_embd). The image is resized to a
+    multiple of 2 patches, so a 32 px picture at 4 px patches makes 16 tokens on
+    a 4 x 4 grid; in the text model they take max(4, 4) positions
+    (mtmd_image_tokens_get_n_pos)."""
     path = Path(path)
+    qwen = spec.kind == "qwen2vl_merger"
     rng = np.random.default_rng(spec.seed)
     wdtype = np.float16 if spec.dtype == "f16" else np.float32
-    E, F = spec.n_embd, spec.n_ff
-    n_patches = (spec.image_size // spec.patch_size) ** 2
+    E, F, P = spec.n_embd, spec.n_ff, spec.patch_size
+    n_patches = (spec.image_size // P) ** 2
 
     def mat(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.05).astype(wdtype)
@@ -71,12 +87,12 @@ def write_projector(path: str | Path, spec: ProjectorSpec = SMALL) -> Path:
         return np.full(n, value, dtype=np.float32)
 
     w = gguf.GGUFWriter(str(path), "clip")
-    w.add_string("general.name", f"synthetic-gemma3-mmproj-{spec.n_embd}")
-    w.add_string("clip.projector_type", "gemma3")
+    w.add_string("general.name", f"synthetic-{'qwen2vl' if qwen else 'gemma3'}-mmproj-{E}")
+    w.add_string("clip.projector_type", spec.kind)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_audio_encoder", False)
     w.add_uint32("clip.vision.image_size", spec.image_size)
-    w.add_uint32("clip.vision.patch_size", spec.patch_size)
+    w.add_uint32("clip.vision.patch_size", P)
     w.add_uint32("clip.vision.embedding_length", E)
     w.add_uint32("clip.vision.feed_forward_length", F)
     w.add_uint32("clip.vision.projection_dim", spec.n_embd_text)
@@ -85,13 +101,17 @@ def write_projector(path: str | Path, spec: ProjectorSpec = SMALL) -> Path:
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    w.add_uint32("clip.vision.projector.scale_factor", spec.n_merge)
+    if not qwen:
+        w.add_uint32("clip.vision.projector.scale_factor", spec.n_merge)
     w.add_bool("clip.use_gelu", True)
     # numpy shapes are ggml's ne reversed: a conv kernel of ne [p, p, 3, E], positions of ne [E, n_patches]
-    w.add_tensor("v.patch_embd.weight", mat(E, 3, spec.patch_size, spec.patch_size))
-    w.add_tensor("v.patch_embd.bias", vec(E))
-    # F32 whatever ``dtype``: the ViT adds it to the patches with ggml_add, which has no f32 + f16 on the CPU (a GGML abort)
-    w.add_tensor("v.position_embd.weight", mat(n_patches, E).astype(np.float32))
+    w.add_tensor("v.patch_embd.weight", mat(E, 3, P, P))
+    if qwen:
+        w.add_tensor("v.patch_embd.weight.1", mat(E, 3, P, P))
+    else:
+        w.add_tensor("v.patch_embd.bias", vec(E))
+        # F32 whatever ``dtype``: the ViT adds it to the patches with ggml_add, which has no f32 + f16 on the CPU (a GGML abort)
+        w.add_tensor("v.position_embd.weight", mat(n_patches, E).astype(np.float32))
     for i in range(spec.n_block):
         b = f"v.blk.{i}"
         for name in ("ln1", "ln2"):
@@ -104,11 +124,17 @@ def write_projector(path: str | Path, spec: ProjectorSpec = SMALL) -> Path:
         w.add_tensor(f"{b}.ffn_up.bias", vec(F))
         w.add_tensor(f"{b}.ffn_down.weight", mat(E, F))
         w.add_tensor(f"{b}.ffn_down.bias", vec(E))
-    w.add_tensor("v.post_ln.weight", vec(E, 1.0))
-    w.add_tensor("v.post_ln.bias", vec(E))
-    w.add_tensor("mm.soft_emb_norm.weight", vec(E, 1.0))
-    # ne [n_embd_text, E]: siglip.cpp transposes it before the mul_mat, clip_n_mmproj_embd reads ne[0]
-    w.add_tensor("mm.input_projection.weight", mat(E, spec.n_embd_text))
+    if qwen:
+        w.add_tensor("mm.0.weight", mat(4 * E, 4 * E))
+        w.add_tensor("mm.0.bias", vec(4 * E))
+        w.add_tensor("mm.2.weight", mat(spec.n_embd_text, 4 * E))
+        w.add_tensor("mm.2.bias", vec(spec.n_embd_text))
+    else:
+        w.add_tensor("v.post_ln.weight", vec(E, 1.0))
+        w.add_tensor("v.post_ln.bias", vec(E))
+        w.add_tensor("mm.soft_emb_norm.weight", vec(E, 1.0))
+        # ne [n_embd_text, E]: siglip.cpp transposes it before the mul_mat, clip_n_mmproj_embd reads ne[0]
+        w.add_tensor("mm.input_projection.weight", mat(E, spec.n_embd_text))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -121,7 +147,13 @@ def write_vision_model(out_dir: str | Path, *, size: str = "small", blocks: int 
     ``out_dir``; returns (model, projector)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = write_llama_gguf(out / "model.gguf", SynthSpec(n_embd=n_embd, name="synthetic-vision-text"))
+    if size == "qwen2vl":  # a Qwen2-VL pair: the text model's M-RoPE decides libmtmd's positions
+        model = write_llama_gguf(out / "model.gguf", SynthSpec(arch="qwen2vl", n_embd=n_embd, name="synthetic-qwen2vl-text",
+                                                               controls=("<|im_start|>", "<|im_end|>"), chat_template=CHATML,
+                                                               weight_scale=0.2))  # sharp attention: a wrong position shows
+        return model, write_projector(out / "mmproj-model.gguf", ProjectorSpec(**{**QWEN2VL.__dict__, "n_embd_text": n_embd}))
+    # a gemma3 text model for the gemma3 projector: a projector of another family is refused (vision.projector.FAMILIES)
+    model = write_llama_gguf(out / "model.gguf", SynthSpec(arch="gemma3", n_embd=n_embd, name="synthetic-vision-text"))
     base = LARGE if size == "large" else SMALL
     spec = ProjectorSpec(**{**base.__dict__, "n_embd_text": n_embd, "n_block": blocks if size == "large" else base.n_block})
     proj = write_projector(out / "mmproj-model.gguf", spec)
@@ -131,7 +163,7 @@ def write_vision_model(out_dir: str | Path, *, size: str = "small", blocks: int 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--size", choices=("small", "large"), default="small")
+    ap.add_argument("--size", choices=("small", "large", "qwen2vl"), default="small")
     ap.add_argument("--blocks", type=int, default=1, help="ViT blocks of the large projector")
     ap.add_argument("--embd", type=int, default=64, help="the text model's n_embd (and the projection's width)")
     a = ap.parse_args()

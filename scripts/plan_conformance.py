@@ -84,7 +84,9 @@ CASES: dict[str, SynthSpec] = {
     "ernie4_5": SynthSpec(arch="ernie4_5", n_layer=2, name="synthetic-ernie", **_D),
     "deci": SynthSpec(arch="deci", n_layer=2, kv_heads_per_layer=(2, 1), name="synthetic-deci", **_D),
 }
-QUICK = ("llama", "phi3+window", "gemma2", "exaone4-64L", "lfm2", "qwen3moe", "deepseek2", "granitehybrid", "qwen2moe", "phi2")
+# --quick (CI): one of each kind of cache, dense, sliding-window, MLA and hybrid; tests/plan/test_conformance.py
+# checks every case of CASES against llama.cpp in the suite already, so the quick run only keeps the script alive
+QUICK = ("llama", "gemma2", "deepseek2", "granitehybrid")
 
 
 @dataclass(frozen=True)

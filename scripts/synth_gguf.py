@@ -62,11 +62,12 @@ class SynthSpec:
     # and the chat template (tokenizer.chat_template); () and None write neither
     controls: tuple[str, ...] = ()
     chat_template: str | None = None
+    weight_scale: float = 0.02  # the 2-D weights' standard deviation; larger makes attention sharper, so positions matter more
 
 
 # Architectures write_gguf can write; the tensors each needs follow its
 # load_arch_tensors in llama.cpp's src/models/<arch>.cpp.
-ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granite", "exaone4", "lfm2", "qwen3moe", "deepseek2", "deci",
+ARCHS = ("llama", "qwen2", "qwen2vl", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granite", "exaone4", "lfm2", "qwen3moe", "deepseek2", "deci",
          "mistral3", "smollm3", "ernie4_5",
          "llama-embed",  # llama's tensors; its graph has no lm_head (src/models/llama.cpp, graph<true>)
          *synth_archs.ARCHS)
@@ -130,7 +131,7 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     wdtype = np.float16 if spec.dtype == "f16" else np.float32
 
     def mat(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.02).astype(wdtype)
+        return (rng.standard_normal(shape) * spec.weight_scale).astype(wdtype)
 
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
@@ -153,6 +154,8 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
     else:
         w.add_head_count_kv(spec.n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
+    if a == "qwen2vl":  # M-RoPE (models/qwen2vl.cpp): a head's rotary pairs split over time, height, width (Qwen2-VL: 16, 24, 24, 0 of 64)
+        w.add_rope_dimension_sections([hd // 8, 3 * hd // 16, hd // 2 - hd // 8 - 3 * hd // 16, 0])
     if spec.pooling_type is not None:
         w.add_uint32(f"{a}.pooling_type", spec.pooling_type)
     if a == "deepseek2":
@@ -229,7 +232,7 @@ def write_gguf(path: str | Path, spec: SynthSpec = SynthSpec()) -> Path:
             w.add_tensor(f"{b}.attn_k.weight", mat(Hkv * hd, E))
             w.add_tensor(f"{b}.attn_v.weight", mat(Hkv * hd, E))
             w.add_tensor(f"{b}.attn_output.weight", mat(E, H * hd))
-            if a == "qwen2":
+            if a in ("qwen2", "qwen2vl"):
                 for t, n in (("q", H * hd), ("k", Hkv * hd), ("v", Hkv * hd)):
                     w.add_tensor(f"{b}.attn_{t}.bias", np.zeros(n, dtype=np.float32))
         if a in ("gemma3", "qwen3", "exaone4", "qwen3moe") or (a == "lfm2" and not conv):

@@ -9,6 +9,7 @@ from localllm.commands import config_file, vision_cli
 from localllm.commands._common import Fitted, fit_config
 from localllm.errors import EXIT_ERROR
 from localllm.measure.predict import Prediction, predict
+from localllm.modelfile.arch_rules import M_ROPE
 from localllm.modelfile.gguf_file import read_header
 from localllm.modelfile.model_info import inspect_model
 from localllm.plan.hardware import gpu_memory_bandwidth, physical_cores
@@ -77,7 +78,9 @@ def render(f: Fitted, architecture: str = "", projector: ProjectorMemory | None 
             f"(unverified architecture) localllm knows no llama.cpp cache rule for '{architecture}': planned as dense, "
             "every layer with its own full-context cache; check with localllm run -v"
         )
-    if f.shift_extra_bytes is None:
+    if architecture in M_ROPE:
+        lines.append("context shift: re-reads the kept window (llama.cpp cannot shift an M-RoPE cache); one that holds images stops instead")
+    elif f.shift_extra_bytes is None:
         lines.append("context shift: in place (the cache can shift without re-reading)")
     else:
         lines.append(
@@ -226,6 +229,7 @@ def as_dict(f: Fitted, info, predicted: Prediction | None, remote: names.Remote 
         margin_bytes=f.fit.margin,
         max_ctx_by_kv_type=dict(f.fit.max_ctx_by_kv_type),
         shiftable_cache_extra_bytes=f.shift_extra_bytes,
+        context_shift="reprocess" if info.architecture in M_ROPE else "in_place" if f.shift_extra_bytes is None else "reprocess_window",
         hardware=f.hardware.to_dict(),
         architecture=info.architecture,
         cache_rule_source=info.cache_rule_source if info.cache_rule_verified else None,

@@ -52,8 +52,8 @@ def attach(backend: Any, path: Path, *, quiet: bool = False) -> ProjectorInfo:
 def describe(info: ProjectorInfo) -> str:
     """One line: the projector's file, type, image size and tokens an image."""
     size = f"{info.image_size} px" if info.image_size else "n/a"
-    tokens = str(info.tokens_per_image) if info.tokens_per_image is not None else "by picture size"
-    return f"projector {info.path.name} ({info.projector_type}, images at {size}, {tokens} tokens an image)"
+    tokens = f"{info.tokens_per_image} tokens an image" if info.tokens_per_image is not None else "tokens by each picture's size"
+    return f"projector {info.path.name} ({info.projector_type}, images at {size}, {tokens})"
 
 
 def image_command(arg: str, backend: Any, attached: list[RGBImage]) -> None:

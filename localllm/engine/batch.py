@@ -110,7 +110,9 @@ class BatchModel:
         self.mem = llama_cpp.llama_get_memory(ctx)
         self._cap = int(llama_cpp.llama_n_batch(ctx))
         self._batch = llama_cpp.llama_batch_init(self._cap, 0, 1)
-        reuse = not shape.swa_layers and bool(llama_cpp.llama_memory_can_shift(self.mem))
+        # M-RoPE caches cannot shift (llama-kv-cache.cpp get_can_shift), yet keep or drop a prefix as any other
+        mrope = llama_cpp.llama_model_rope_type(model) in (llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_IMROPE)
+        reuse = not shape.swa_layers and (mrope or bool(llama_cpp.llama_memory_can_shift(self.mem)))
         self.info = BatchLoadInfo(
             path=Path(path),
             load_ms=load_ms,

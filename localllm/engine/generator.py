@@ -88,9 +88,8 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
                 stop = "context"  # no length asked for: stop at a full context rather than shift forever
                 break
             cache.make_room(1, n_keep, shifts)
-            decode_ns += handle.decode([t])
+            decode_ns += cache.append([t])  # at the cache's next position (after an M-RoPE image, not its cell count)
             decode_evals += 1
-            cache.record([t])
     finally:
         free_sampler(sampler)
         out.finish(compute_stats(

@@ -2,8 +2,15 @@
 
 llama.cpp does not tell which tokens sit in its cache, so every change to the
 cache (prefill, decode, truncation, a context shift, a state file) goes through
-this class, which keeps ``tokens`` equal to the cache position by position.
+this class, which keeps ``tokens`` equal to the cache cell by cell.
 Nothing outside it writes the mirror.
+
+An image's cells hold ``IMAGE_FILLER`` in the mirror, and the class keeps where
+each image lies: under M-RoPE (Qwen2-VL, Qwen2.5-VL) an image of nx x ny cells
+takes max(nx, ny) positions, not nx * ny (libmtmd's mtmd_image_tokens_get_n_pos),
+so the text after it sits at a position other than its cell index, as
+llama-server's ``server_tokens::pos_next`` counts. ``pos`` maps a cell index to
+its position; every decode and removal after such an image uses it.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from localllm.engine_api.stats import ShiftRecord
 from localllm.errors import EngineError, UsageError
 from localllm.util import atomic
 
+IMAGE_FILLER = 0  # what the token mirror holds at an image's cells (never compared with text: chat compares rendered text)
+
 
 class KVCache:
     """Sequence 0 of a ``ModelHandle``'s context, with its tokens."""
@@ -30,6 +39,7 @@ class KVCache:
     def __init__(self, handle: ModelHandle) -> None:
         self.handle = handle
         self._tokens: list[int] = []
+        self._images: list[tuple[int, int, int]] = []  # (first cell, cells, positions) of each image in the cache
         self.state_error: str | None = None  # why the last load_state refused its file
 
     @property
@@ -39,6 +49,17 @@ class KVCache:
 
     def __len__(self) -> int:
         return len(self._tokens)
+
+    def pos(self, n: int | None = None) -> int:
+        """The position of cell ``n`` (default: the next one): ``n`` itself unless an
+        image before it takes fewer positions than cells (M-RoPE)."""
+        n = len(self._tokens) if n is None else n
+        return n + sum(p - c for s, c, p in self._images if s + c <= n)
+
+    def record_image(self, n_cells: int, n_pos: int) -> None:
+        """Note an image the caller decoded after what the cache holds (engine.mtmd)."""
+        self._images.append((len(self._tokens), n_cells, n_pos))
+        self._tokens.extend([IMAGE_FILLER] * n_cells)
 
     @property
     def can_shift(self) -> bool:
@@ -52,20 +73,25 @@ class KVCache:
         self.handle.require()
         llama_cpp.llama_memory_clear(self.handle.memory, True)
         self._tokens = []
+        self._images = []
 
     def truncate(self, n: int) -> None:
         """Drop everything after the first ``n`` cached tokens (rejected draft tokens)."""
         self.handle.require()
         if n < len(self._tokens):
-            llama_cpp.llama_memory_seq_rm(self.handle.memory, 0, n, -1)
+            # an image is kept whole or dropped whole: an M-RoPE image's cells share one position
+            n = next((s for s, c, p in self._images if s < n < s + c and p != c), n)
+            llama_cpp.llama_memory_seq_rm(self.handle.memory, 0, self.pos(n), -1)
             self._tokens = self._tokens[:n]
+            self._images = [im for im in self._images if im[0] < n]
 
     def append(self, tokens: Sequence[int]) -> int:
         """Evaluate ``tokens`` after what the cache holds, in prompt-sized chunks
         (no room is made: the caller checked). Returns nanoseconds."""
         ns = 0
         for chunk in self.handle.prompt_chunks(list(tokens)):
-            ns += self.handle.decode(chunk)
+            at = self.pos()  # llama.cpp would place the chunk after the last position it holds: wrong after an M-RoPE image
+            ns += self.handle.decode(chunk, None if at == len(self._tokens) else at)
             self._tokens.extend(chunk)
         return ns
 
@@ -96,11 +122,16 @@ class KVCache:
             kept = self._tokens[:n_keep] + self._tokens[n_keep + n_discard :]
             t0 = time.perf_counter_ns()
             mem = self.handle.memory
-            if llama_cpp.llama_memory_can_shift(mem):
+            if llama_cpp.llama_memory_can_shift(mem) and all(p == c for _, c, p in self._images):
                 llama_cpp.llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard)
                 llama_cpp.llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard)
                 self._tokens = kept
+                self._images = [(s if s < n_keep else s - n_discard, c, p) for s, c, p in self._images
+                                if s + c <= n_keep or s >= n_keep + n_discard]  # one cut in two is gone as a whole
                 method = "shift"
+            elif self._images:  # the kept window would be read again, and its pictures are not tokens
+                raise ContextFull(f"the context ({n_ctx}) is full, and this model cannot shift a cache that holds images: "
+                                  "raise {n_ctx}, or start a new conversation")
             else:
                 self.reset()
                 self.append(kept)
@@ -118,7 +149,7 @@ class KVCache:
         n = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
         if not n:
             raise EngineError(f"llama.cpp could not save the cache to {path}")
-        data = pack_state(self._state_meta(), self._tokens, bytes(buf)[:n])
+        data = pack_state({**self._state_meta(), "images": [list(im) for im in self._images]}, self._tokens, bytes(buf)[:n])
 
         atomic.write_bytes(path, data)
         return len(data)
@@ -162,10 +193,33 @@ class KVCache:
         if len(tokens) > self.handle.n_ctx or any(not 0 <= t < n_vocab for t in tokens):
             self.state_error = "holds tokens that do not fit this context"
             return False
+        images = _images(meta.get("images", []), len(tokens))
+        if images is None:
+            self.state_error = "holds image spans that do not fit its tokens"
+            return False
         buf = (ctypes.c_uint8 * max(len(payload), 1)).from_buffer_copy(payload or b"\0")
         if not llama_cpp.llama_state_seq_set_data(self.handle.ctx, buf, len(payload), 0):
             self.reset()
             self.state_error = "refused by llama.cpp"
             return False
         self._tokens = list(tokens)
+        self._images = images
         return True
+
+
+def _images(value: object, n_tokens: int) -> list[tuple[int, int, int]] | None:
+    """A state file's image spans, checked (the file is outside input): in order,
+    apart, within its tokens, never more positions than cells. None if not."""
+    if not isinstance(value, list):
+        return None
+    out: list[tuple[int, int, int]] = []
+    end = 0
+    for im in value:
+        if not (isinstance(im, list) and len(im) == 3 and all(type(x) is int for x in im)):
+            return None
+        s, c, p = im
+        if s < end or c < 1 or not 1 <= p <= c or s + c > n_tokens:
+            return None
+        out.append((s, c, p))
+        end = s + c
+    return out

@@ -212,10 +212,24 @@ class ModelHandle:
     def memory(self) -> object:
         return llama_cpp.llama_get_memory(self.ctx)
 
-    def decode(self, tokens: Sequence[int]) -> int:
-        """Evaluate tokens and wait for the result; returns elapsed nanoseconds."""
-        arr = (llama_cpp.llama_token * len(tokens))(*tokens)
-        return self.decode_batch(llama_cpp.llama_batch_get_one(arr, len(tokens)), len(tokens))
+    def decode(self, tokens: Sequence[int], pos: int | None = None) -> int:
+        """Evaluate tokens and wait for the result; returns elapsed nanoseconds.
+        ``pos``: the first token's position (None: after the last one the cache
+        holds, as llama_batch_get_one leaves it to llama.cpp)."""
+        if pos is None:
+            arr = (llama_cpp.llama_token * len(tokens))(*tokens)
+            return self.decode_batch(llama_cpp.llama_batch_get_one(arr, len(tokens)), len(tokens))
+        n = len(tokens)
+        batch = llama_cpp.llama_batch_init(n, 0, 1)
+        try:
+            batch.n_tokens = n
+            for i, tok in enumerate(tokens):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos + i, 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i == n - 1  # as llama_batch_get_one: the last token's logits only
+            return self.decode_batch(batch, n)
+        finally:
+            llama_cpp.llama_batch_free(batch)
 
     def decode_batch(self, batch: Any, size: int | None = None) -> int:
         """llama_decode + llama_synchronize of a prepared ``llama_batch`` of ``size``

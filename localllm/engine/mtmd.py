@@ -50,7 +50,6 @@ from localllm.vision.memory import LoggedMemory, ProjectorMemory, parse_log, pla
 from localllm.vision.projector import ProjectorInfo, check_pair, read_projector
 
 KEEP_BYTES = 256 * 1024 * 1024  # encoded images kept in RAM for reuse (Projector._keep)
-IMAGE_FILLER = 0  # what the token mirror holds at an image's positions (never compared with text: chat compares rendered text)
 _TEXT, _IMAGE = 0, 1  # enum mtmd_input_chunk_type (mtmd.h)
 _log_cb = llama_cpp.llama_log_callback(ROUTER)  # keep a reference: C holds the pointer
 
@@ -146,9 +145,6 @@ class Projector:
         if not mtmd.mtmd_support_vision(ctx):
             mtmd.mtmd_free(ctx)
             raise InputError(f"projector {path} has no vision encoder: images cannot go through it")
-        if mtmd.mtmd_decode_use_mrope(ctx):
-            mtmd.mtmd_free(ctx)
-            raise UsageError(f"projector {path.name} uses M-RoPE positions (the Qwen-VL family), which localllm does not drive yet")
         self._ctx = ctx
         self._handle = handle
         self.info: ProjectorInfo = info
@@ -260,8 +256,8 @@ class Projector:
         if n_ubatch is not None:
             raise InvalidSetting(f"an image here is {piece.n_tokens} tokens, decoded whole, but {{n_ubatch}} is {n_ubatch}: "
                                  f"raise it (and {{n_batch}}) to at least {piece.n_tokens}")
-        out = self.decode_piece(piece, 0, len(cache))
-        cache.record([IMAGE_FILLER] * piece.n_tokens)
+        out = self.decode_piece(piece, 0, cache.pos())
+        cache.record_image(piece.n_tokens, piece.n_pos)
         return out
 
     def too_large(self, piece: Piece) -> int | None:

@@ -49,7 +49,7 @@ def verify(handle: ModelHandle, cache: KVCache, tokens: Sequence[int]) -> Verifi
     if n > handle.n_batch:
         raise InvalidSetting(f"verifying {n} tokens at once needs {{n_batch}} {n} or more")
     n_vocab = handle.n_vocab
-    ns = _decode_all(handle, tokens, len(cache))
+    ns = _decode_all(handle, tokens, cache.pos())
     cache.record(tokens)
     out = []
     for i in range(n):

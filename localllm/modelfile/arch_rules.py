@@ -24,6 +24,10 @@ from localllm.modelfile.gguf_file import GGUFHeader
 # llama_model::create_memory (src/llama-model.cpp) gives the plain
 # ``llama_kv_cache`` over every layer. Collected by reading each file's
 # load_arch_hparams in the vendored source.
+# Architectures whose RoPE is M-RoPE or its interleaved form (src/llama-model.cpp, llama_model_rope_type):
+# their positions have 4 parts, and llama.cpp cannot shift their cache (src/llama-kv-cache.cpp, get_can_shift:
+# n_pos_per_embd() > 1), so a full context re-reads what it keeps.
+M_ROPE = frozenset({"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen4exp", "qwen3tts"})
 _DENSE = {
     "llama": "models/llama.cpp", "qwen2": "models/qwen2.cpp", "qwen3": "models/qwen3.cpp",
     "qwen2moe": "models/qwen2moe.cpp", "qwen3moe": "models/qwen3moe.cpp", "qwen2vl": "models/qwen2vl.cpp",

@@ -108,12 +108,13 @@ def fillers(key: str, n: int) -> list[int]:
 
 @dataclass(frozen=True)
 class ImageSpan:
-    """One image chunk of a prompt: positions ``start`` to ``start + n_tokens``."""
+    """One image chunk of a prompt: cells ``start`` to ``start + n_tokens``."""
 
     start: int
     n_tokens: int
     piece: Any  # the engine's (engine.mtmd.Piece): decoded by BatchModel.decode_image
     image: int = 0  # which of the request's image parts it comes from
+    n_pos: int = 0  # the positions it takes (0: one a cell; M-RoPE: max(nx, ny) of nx x ny cells)
 
     @property
     def end(self) -> int:
@@ -127,6 +128,11 @@ class Media:
     spans: tuple[ImageSpan, ...]
     images: int  # pictures in the prompt
     owners: list[Any] = field(default_factory=list)  # the engine's MediaPrompts: their chunks live as long as they do
+
+    def pos(self, n: int) -> int:
+        """The position of cell ``n``: ``n`` itself unless an image before it takes fewer
+        positions than cells (M-RoPE; llama-server's ``server_tokens::pos_next``)."""
+        return n + sum(s.n_pos - s.n_tokens for s in self.spans if s.n_pos and s.end <= n)
 
     def at(self, pos: int) -> ImageSpan | None:
         """The image starting at ``pos``, if one does."""
@@ -177,7 +183,7 @@ def assemble(runs: Sequence[Sequence[int]], order: Sequence[int], pictures: Mapp
             owners.append(mp)
             for piece in mp.pieces:
                 if piece.is_image:
-                    spans.append(ImageSpan(len(ids), piece.n_tokens, piece, k))
+                    spans.append(ImageSpan(len(ids), piece.n_tokens, piece, k, piece.n_pos))
                     ids += fillers(piece.key or f"{id(piece)}", piece.n_tokens)
                 else:
                     ids += piece.tokens

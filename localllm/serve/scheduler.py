@@ -202,6 +202,12 @@ def _job(s: Slot) -> Job:
     return s.job
 
 
+def _pos(job: Job, n: int) -> int:
+    """The position of the ``n``-th cell of ``job``'s sequence: ``n``, unless an
+    M-RoPE image before it takes fewer positions than cells (serve.media)."""
+    return n if job.media is None else job.media.pos(n)
+
+
 def indent_cut(text: str, emitted: int, n_indent: int) -> tuple[int | None, int]:
     """llama-server's ``n_indent`` (server-context.cpp, ``process_token``): each line
     after the first must begin with at least ``n_indent`` spaces or tabs; the first that
@@ -427,16 +433,16 @@ class Scheduler:
                     assert self.prompt_cache is not None
                     self.prompt_cache.take(stored)
                     n = snap(min(m, limit))
-                    if not self.model.seq_rm(target.id, n, -1):
+                    if not self.model.seq_rm(target.id, _pos(job, n), -1):
                         self.model.seq_rm(target.id)
                         n = 0
             elif best > own[target.id] and src is not target:
                 n = snap(min(best, limit))
                 self.model.seq_rm(target.id)
-                self.model.seq_cp(src.id, target.id, n)
+                self.model.seq_cp(src.id, target.id, _pos(job, n))
             else:
                 n = snap(min(own[target.id], limit))
-                if not self.model.seq_rm(target.id, n, -1):
+                if not self.model.seq_rm(target.id, _pos(job, n), -1):
                     self.model.seq_rm(target.id)
                     n = 0
         else:
@@ -483,7 +489,7 @@ class Scheduler:
         for s in active:
             if s.last is not None:
                 outputs.append((s, len(entries)))
-                entries.append((s.last, len(s.cache), s.id, True))
+                entries.append((s.last, _pos(_job(s), len(s.cache)), s.id, True))
         room = self.n_batch - len(entries)
         cap = min(room, self.prefill_chunk if entries else self.n_batch)
         for s in sorted((s for s in active if s.last is None), key=_submitted):
@@ -498,7 +504,8 @@ class Scheduler:
                 end = job.media.text_end(len(s.cache), end)
             pos = len(s.cache)
             s.chunk = job.tokens[pos:min(end, pos + cap)]
-            entries.extend((t, pos + k, s.id, False) for k, t in enumerate(s.chunk))
+            at = _pos(job, pos)
+            entries.extend((t, at + k, s.id, False) for k, t in enumerate(s.chunk))
             if pos + len(s.chunk) == len(job.tokens):
                 entries[-1] = (entries[-1][0], entries[-1][1], s.id, True)
                 outputs.append((s, len(entries) - 1))
@@ -549,7 +556,7 @@ class Scheduler:
         if self.handoff is not None:
             self.handoff.flush()  # what others' streams have waiting goes out before the encoder holds the step
         try:
-            enc, _ = self.model.decode_image(s.id, pos, span.piece)
+            enc, _ = self.model.decode_image(s.id, _pos(job, pos), span.piece)
         except Exception:
             # no room for it: drop the prefixes idle slots keep for reuse and try once more (as _decode)
             idle = [x for x in self.slots if x.job is None and x.cache]
@@ -558,8 +565,8 @@ class Scheduler:
             for x in idle:
                 self.model.seq_rm(x.id)
                 x.cache = []
-            self.model.seq_rm(s.id, pos, -1)
-            enc, _ = self.model.decode_image(s.id, pos, span.piece)
+            self.model.seq_rm(s.id, _pos(job, pos), -1)
+            enc, _ = self.model.decode_image(s.id, _pos(job, pos), span.piece)
         s.cache.extend(job.tokens[pos:span.end])
         job.images_read += 1
         if enc is not None:

@@ -4,8 +4,9 @@ A vision model in llama.cpp is two files: the text model and a projector whose
 ``general.architecture`` is ``clip`` (``$V/tools/mtmd/clip.cpp``). libmtmd
 refuses a pair whose widths differ (``mtmd.cpp``: "mismatch between text model
 (n_embd = ...) and mmproj (n_embd = ...)"), but only after loading both, and
-with a line on stderr; here the headers are compared first, so the user gets
-one line naming both files. The figures follow clip.cpp's ``load_hparams``
+with a line on stderr, and loads a projector of another family whose width
+happens to match; here the headers are compared first (width and family), so
+the user gets one line naming both files. The figures follow clip.cpp's ``load_hparams``
 (keys, the GEMMA3 pool of 4) and ``clip_n_output_tokens`` (tokens per image).
 """
 
@@ -20,6 +21,12 @@ from localllm.modelfile.gguf_file import GGUFHeader, read_header
 # projector types whose image is one fixed grid pooled n_merge x n_merge (clip.cpp, clip_n_output_tokens)
 _POOLED = {"gemma3": 4, "idefics3": 2, "internvl": 2, "llama4": 2, "nemotron_v2_vl": 2}
 _PLAIN = {"mlp", "ldp", "ldpv2", "mlp_norm"}  # llava-style: one token a patch
+# The text architectures a projector type feeds, where llama.cpp's converter pairs them one way only
+# (convert_hf_to_gguf.py: Gemma3ForConditionalGeneration writes gemma3 + a gemma3 projector; both Qwen2-VL and
+# Qwen2.5-VL write qwen2vl). A type not listed is not checked: a llava-style MLP feeds many families.
+FAMILIES = {"gemma3": ("gemma3",), "gemma3nv": ("gemma3n",), "gemma4v": ("gemma4",), "gemma4uv": ("gemma4",),
+            "qwen2vl_merger": ("qwen2vl",), "qwen2.5vl_merger": ("qwen2vl",), "qwen3vl_merger": ("qwen3vl", "qwen3vlmoe"),
+            "llama4": ("llama4",), "lfm2": ("lfm2", "lfm2moe")}
 MAX_IMAGE_SIZE = 8192  # no released vision encoder takes more than ~2k px a side; past this a header is absurd
 MAX_TOKENS_PER_IMAGE = 65536  # the context holds them all; more is no real projector
 
@@ -116,6 +123,10 @@ def check_pair(model: GGUFHeader, projector: ProjectorInfo) -> None:
                          + (f" (and not {pp.name})" if pp != mp else ""))
     if not projector.has_vision:
         raise InputError(f"projector {pp} has no vision encoder (audio only?): images cannot go through it to {mp.name}")
+    family = FAMILIES.get(projector.projector_type)
+    if family is not None and model.architecture not in family:
+        raise InputError(f"projector {pp.name} does not fit model {mp.name}: it is a {projector.projector_type} projector, for "
+                         f"{' or '.join(family)} models, and the model is {model.architecture} (another model's projector?)")
     n_embd = model.arch_key("embedding_length")
     if isinstance(n_embd, int) and projector.n_embd_out is not None and n_embd != projector.n_embd_out:
         raise InputError(f"projector {pp.name} does not fit model {mp.name}: it hands over {projector.n_embd_out}-wide embeddings, "

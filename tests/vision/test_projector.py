@@ -32,7 +32,7 @@ def test_large_spec_is_siglip_so400m_grid() -> None:
 
 def test_another_width_is_one_line_naming_both(vision_model, tmp_path: Path) -> None:
     _, proj = vision_model
-    other = write_llama_gguf(tmp_path / "other.gguf", SynthSpec(n_embd=32, n_head=2, n_head_kv=1))
+    other = write_llama_gguf(tmp_path / "other.gguf", SynthSpec(arch="gemma3", n_embd=32, n_head=2, n_head_kv=1))  # its family, another width
     with pytest.raises(InputError) as exc:
         check_pair(read_header(other), read_projector(proj))
     msg = str(exc.value)
