@@ -87,13 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=physical_cores(), help="default: the physical cores this process may use")
     ap.add_argument("--rounds", type=int, default=6, help="paired rounds, order flipped each round (rounded up to an even count)")
-    ap.add_argument("--quick", action="store_true", help="CI: 32 inputs, 1 client, one round, localllm serve only")
+    ap.add_argument("--quick", action="store_true", help="CI: 8 inputs, 1 client, one round, localllm serve only")
     ap.add_argument("--llama-server", type=Path, default=None, help="llama.cpp's llama-server (default: the one scripts/build_llama_tools.sh built)")
     args = ap.parse_args(argv)
     if args.llama_server is None:
         args.llama_server = tool("llama-server")
     if args.quick:
-        args.inputs, args.clients = 32, "1"
+        args.inputs, args.clients = 8, "1"
     rounds = 1 if args.quick else max(2, args.rounds + args.rounds % 2)  # both orders equally often
     levels = [int(x) for x in args.clients.split(",")]
     from localllm.store.resolver import resolve

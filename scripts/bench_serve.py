@@ -293,7 +293,7 @@ def main() -> int:
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=512, help="context per sequence")
     ap.add_argument("--threads", type=int, default=physical_cores(), help="default: the physical cores this process may use")
-    ap.add_argument("--quick", action="store_true", help="CI: 1,4 clients, 24 tokens, localllm serve only")
+    ap.add_argument("--quick", action="store_true", help="CI: 1,4 clients, 8 tokens, localllm serve only")
     ap.add_argument("--out", default=None, help="also write the report here")
     ap.add_argument("--skip-llama-cpp-python", action="store_true", help="leave llama-cpp-python's server out (it serves one request at a time: slow)")
     ap.add_argument("--llama-server", type=Path, default=None, help="llama.cpp's llama-server binary (default: the one scripts/build_llama_tools.sh built)")
@@ -306,7 +306,7 @@ def main() -> int:
         args.llama_server = tool("llama-server")
     args.pairs += args.pairs % 2  # both orders equally often (the docstring)
     if args.quick:
-        args.clients, args.gen_tokens, args.pairs, args.pair_threads = "1,4", 24, 1, str(args.threads)
+        args.clients, args.gen_tokens, args.pairs, args.pair_threads = "1,4", 8, 1, str(args.threads)
     args.clients = [int(x) for x in args.clients.split(",")]
     args.pair_threads = [int(x) for x in args.pair_threads.split(",")]
     from localllm.store.resolver import resolve

@@ -30,7 +30,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from scripts.synth_gguf import SynthSpec, write_llama_gguf
+from scripts.synth_gguf import CHATML, SynthSpec, write_llama_gguf
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,6 @@ class ProjectorSpec:
     kind: str = "gemma3"  # clip.projector_type: "gemma3", or "qwen2vl_merger" (M-RoPE positions in the text model)
 
 
-# Qwen2-VL's template, text parts only (a part's image is the media marker in the rendered text)
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SMALL = ProjectorSpec()
 QWEN2VL = ProjectorSpec(kind="qwen2vl_merger")  # 32 px, 4 px patches: 8 x 8 patches merged 2 x 2, so 16 tokens (4 x 4)
 LARGE = ProjectorSpec(image_size=384, patch_size=14, n_embd=1152, n_ff=4304, n_head=16, n_block=1, n_merge=3, dtype="f16")

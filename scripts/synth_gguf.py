@@ -65,6 +65,10 @@ class SynthSpec:
     weight_scale: float = 0.02  # the 2-D weights' standard deviation; larger makes attention sharper, so positions matter more
 
 
+# ChatML, text parts only (Qwen's and SmolLM2's shape; a vision part is the media marker in the
+# rendered text): with controls=("<|im_start|>", "<|im_end|>") a synthetic model chats
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # Architectures write_gguf can write; the tensors each needs follow its
 # load_arch_tensors in llama.cpp's src/models/<arch>.cpp.
 ARCHS = ("llama", "qwen2", "qwen2vl", "qwen3", "phi3", "gemma2", "gemma3", "olmo2", "granite", "exaone4", "lfm2", "qwen3moe", "deepseek2", "deci",

@@ -39,7 +39,7 @@ QUICK = {
     ),
     "bench_embed": (
         ["--quick"],
-        [r"\| localllm serve \| 1 \| 32 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|",
+        [r"\| localllm serve \| 1 \| 8 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|",
          r"localllm serve / llama-server at 1 client\(s\) \(target >= 0.9\): n/a \(llama-server not run \(--quick\)\)"],
     ),
     "bench_agents": (

@@ -41,7 +41,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A synthetic model for the tests of tune's stops that do not race a real run (a machine
     turning busy, Ctrl+C in the quality check, both simulated in-process): they are about what
     is kept, not SmolLM2's figures, and a whole quick tune takes milliseconds on it where
-    SmolLM2's took 20 s. (Ctrl+C at a step stays on SmolLM2: its signal lands inside a run.)
+    SmolLM2's took 20 s. (Ctrl+C at a step runs on ``paced``: its signal lands inside a run.)
     Heads of 64, so that q8_0 K and V fit their blocks."""
     return write_llama_gguf(tmp_path_factory.mktemp("tune") / "tiny.gguf", SynthSpec(n_embd=128, n_head=2, n_head_kv=1, n_ff=256))
 
@@ -100,24 +100,33 @@ def test_quick_tune_on_smollm2_writes_a_section_plan_shows(config: Path, monkeyp
     print(f"quick tune on SmolLM2: {took:.0f} s")
 
 
-def _start(config: Path) -> subprocess.Popen[str]:
+@pytest.fixture(scope="module")
+def paced(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic model whose tune runs take about 0.15 s each here (SmolLM2's took 1.5 s,
+    and the Ctrl+C test at [9/ 36 s of the suite): long enough for a signal sent 0.05 s
+    after a run's progress line to land inside that run, on any machine slower than this one."""
+    return write_llama_gguf(tmp_path_factory.mktemp("paced") / "paced.gguf",
+                            SynthSpec(n_layer=6, n_embd=512, n_head=8, n_head_kv=2, n_ff=1536, dtype="f16"))
+
+
+def _start(config: Path, model: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "LOCALLLM_CONFIG": str(config)}
-    return subprocess.Popen([sys.executable, "-m", "localllm", "tune", "smollm2", "--quick", "--force"], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "localllm", "tune", str(model), "--quick", "--force"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point, kept", [("[1/", set()), ("[3/", {"flash-attn"}), ("[9/", {"flash-attn", "kv-type"})])
-def test_ctrl_c_at_a_step_keeps_what_was_measured(config: Path, point: str, kept: set[str]) -> None:
+def test_ctrl_c_at_a_step_keeps_what_was_measured(config: Path, paced: Path, point: str, kept: set[str]) -> None:
     """SIGINT when the progress line shows ``point``: exit 130, one line saying what was kept, and the
     file either as it was (nothing decided) or with a valid partial section of the stages decided."""
-    p = _start(config)
+    p = _start(config, paced)
     assert p.stderr is not None
     seen = []
     for line in p.stderr:
         seen.append(line)
         if point in line:
-            time.sleep(0.3)  # into the run that line announced
+            time.sleep(0.05)  # into the run that line announced
             p.send_signal(signal.SIGINT)
             break
     out, err = p.communicate(timeout=300)
@@ -128,11 +137,11 @@ def test_ctrl_c_at_a_step_keeps_what_was_measured(config: Path, point: str, kept
     if not kept:
         assert text == MINE
         return
-    entry = tomllib.loads(text)["models"]["smollm2"]  # parses: never a broken file
+    entry = tomllib.loads(text)["models"]["paced"]  # parses: never a broken file
     assert text.startswith(MINE) and entry["tuned"]["partial"] is True
     assert set(entry["tuned"]) - {"date", "partial"} <= kept | {"threads"} and set(entry) - {"tuned"} <= kept
     assert "partly measured" in out  # the table of what was measured is shown
-    assert cli("plan", "smollm2", "--no-dry-run").returncode == 0
+    assert cli("plan", str(paced), "--no-dry-run").returncode == 0
 
 
 @pytest.mark.slow
