@@ -37,7 +37,8 @@ from localllm.forecast import Forecast, Forecaster, reply_room
 from localllm.mcp.hub import Hub
 from localllm.measure.diagnose import verdict
 from localllm.measure.doctor import gpu_weights_read_per_token, weights_read_per_token
-from localllm.measure.roofline import measure_bandwidth, roofline
+from localllm.measure.predict import measured_ram_bandwidth
+from localllm.measure.roofline import roofline
 from localllm.measure.starved import StarveWatch, advice, busiest_process
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting, hardware, planner
@@ -489,7 +490,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         if bandwidth is None:
 
             try:
-                bandwidth = measure_bandwidth(mib=128, passes=3, threads=cfg.n_threads or physical_cores())
+                bandwidth = measured_ram_bandwidth(cfg.n_threads or physical_cores())  # once a process: a reload reads it again
             except Exception:  # noqa: BLE001 - the roofline line is then left out
                 bandwidth = None
         gpu_bandwidth = req.gpu_bandwidth if req.bandwidth is not None else gpu_memory_bandwidth()

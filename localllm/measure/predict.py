@@ -53,12 +53,13 @@ class Prediction:
 
 
 # RAM bandwidth measured in this process, by thread count: a second plan in one
-# process (the library's callers, a test suite's in-process CLI) reads the figure
-# the first measured (384 MiB of copies, 0.35 s here) instead of measuring again.
+# process (the library's callers, a test suite's in-process CLI), and each model
+# the cockpit loads, read the figure the first measured (384 MiB of copies, 0.35 s
+# here) instead of measuring again: the RAM does not change within a process.
 _MEASURED: dict[int, float] = {}
 
 
-def _ram_bandwidth(threads: int) -> float:
+def measured_ram_bandwidth(threads: int) -> float:
     """This machine's RAM bandwidth with ``threads`` threads, measured once a process."""
     if threads not in _MEASURED:
         _MEASURED[threads] = measure_bandwidth(mib=128, passes=3, threads=threads)
@@ -68,7 +69,7 @@ def _ram_bandwidth(threads: int) -> float:
 def predict(shape: planner.ModelShape, plan: planner.MemoryPlan, *, gpu: bool, gpu_bandwidth: float | None, threads: int,
             ram_bandwidth: float | None = None) -> Prediction:
     """The decode ceiling of ``plan`` (``ram_bandwidth``: measured here when not given)."""
-    bw = ram_bandwidth if ram_bandwidth is not None else _ram_bandwidth(threads)
+    bw = ram_bandwidth if ram_bandwidth is not None else measured_ram_bandwidth(threads)
     gpu_read = gpu_weights_read_per_token(shape, plan, gpu)
     rf = roofline(bw, weights_read_per_token(shape), 0, None, gpu_bytes=gpu_read, gpu_bandwidth=gpu_bandwidth)
     ram_read = rf.cpu_bytes_per_token
