@@ -174,7 +174,6 @@ class OllamaShaper(Shaper):
     def full(self, text: str, job: Finished, calls: list[dict] | None = None, *, index: int = 0, logprobs: dict | None = None) -> dict:
         """The last object (Ollama's tools are refused; logprobs and n are OpenAI's)."""
         t = job.timings()
-        gap = t["predicted_per_token_ms"]
         thought = self.reasoning.get(index)
         return {
             "model": self.model, "created_at": created_at(), self.key: self._text(text, thought),
@@ -184,8 +183,10 @@ class OllamaShaper(Shaper):
             "prompt_eval_count": len(job.tokens),
             "prompt_eval_duration": None if t["prompt_ms"] is None else int(t["prompt_ms"] * 1e6),
             "eval_count": job.n_gen,
-            # the mean measured gap between tokens, times the tokens: the decode time of eval_count tokens
-            "eval_duration": None if gap is None else int(gap * 1e6 * job.n_gen),
+            # Ollama's "time spent generating the response", measured: from the first token to the last (the
+            # first one's own time is the prompt's); the mean gap times eval_count overstated it by one gap,
+            # past total_duration when the prompt came from the cache (a fresh-machine run: 142 ms against 141)
+            "eval_duration": None if t["predicted_ms"] is None else int(t["predicted_ms"] * 1e6),
             **_image_fields(t),
         }
 

@@ -48,6 +48,11 @@ def test_ollama_client_chat_stream_and_not(server) -> None:
     assert r.done and r.done_reason == "length" and r.eval_count == 6 and r.prompt_eval_count > 5 and r.model == "smollm2:latest"
     assert r.message.role == "assistant" and r.message.content
     assert r.total_duration and r.eval_duration and r.prompt_eval_duration and r.total_duration >= r.eval_duration
+    # the phases are measured spans inside the request: they never add up past its total (a cached prompt once made
+    # eval_duration, then the mean gap times eval_count, exceed total_duration)
+    assert r.prompt_eval_duration + r.eval_duration <= r.total_duration
+    again = client.chat(model="smollm2", messages=msgs, options=GREEDY, stream=False)  # the prompt from the slot's cache
+    assert again.prompt_eval_duration + again.eval_duration <= again.total_duration
     parts = list(client.chat(model="smollm2", messages=msgs, options=GREEDY, stream=True))
     assert all(not p.done for p in parts[:-1]) and parts[-1].done and parts[-1].done_reason == "length"
     assert "".join(p.message.content or "" for p in parts) == r.message.content  # greedy: the same reply either way
