@@ -122,7 +122,7 @@ class KVCache:
             kept = self._tokens[:n_keep] + self._tokens[n_keep + n_discard :]
             t0 = time.perf_counter_ns()
             mem = self.handle.memory
-            if llama_cpp.llama_memory_can_shift(mem) and all(p == c for _, c, p in self._images):
+            if llama_cpp.llama_memory_can_shift(mem):  # never an M-RoPE cache (get_can_shift): its images' positions are their cells
                 llama_cpp.llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard)
                 llama_cpp.llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard)
                 self._tokens = kept

@@ -30,7 +30,7 @@ from localllm.router.pool import Pool
 from localllm.router.proxy import Router
 from localllm.store import registry
 from scripts.fuzz_gguf import STR, _replace_kv, enc
-from scripts.synth_gguf import SynthSpec, write_llama_gguf
+from scripts.synth_gguf import CHATML, SynthSpec, write_llama_gguf
 from tests.helpers import router as rt
 from tests.helpers.damaged_gguf import mutated
 from tests.helpers.fake_hub import FakeHub
@@ -40,8 +40,6 @@ pytestmark = pytest.mark.slow  # a loopback hub, threads, and (the last tests) a
 
 REPO_ID = "acme/Synth-GGUF"
 LLAMA = ("bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q4_K_M.gguf")  # the catalog's llama-3.2-1b-instruct
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 @pytest.fixture(scope="module")

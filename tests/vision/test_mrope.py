@@ -209,3 +209,21 @@ def test_a_full_context_that_holds_an_image_stops_with_one_line(pair: tuple[Path
         assert gen.stats is not None and gen.stats.context_shifts and all(s.method == "reprocess" for s in gen.stats.context_shifts)
     finally:
         b.close()
+
+
+def test_a_state_file_with_image_spans_that_do_not_fit_is_refused(backend: LlamaCppBackend, tmp_path: Path) -> None:
+    """The spans come from a file (outside input): each bad shape is refused by name and leaves an empty cache."""
+    from localllm.engine.statefile import pack_state, unpack_state
+
+    _ours(backend, _picture(9), backend.tokenize(" more"))
+    good = tmp_path / "good.state"
+    backend.save_state(good)
+    meta, tokens, payload = unpack_state(good.read_bytes())
+    assert meta["images"] and meta["images"][0][2] < meta["images"][0][1]  # 16 cells in 4 positions
+    cells = len(tokens)
+    for bad in ([[0, 16, 17]], [[cells - 2, 16, 4]], [[5, 16, 4], [10, 16, 4]], [["0", 16, 4]], {"0": 1}, [[0, 0, 0]]):
+        path = tmp_path / "bad.state"
+        path.write_bytes(pack_state({**meta, "images": bad}, tokens, payload))
+        assert not backend.load_state(path) and backend.context_used == 0
+        assert backend.state_error == "holds image spans that do not fit its tokens", (bad, backend.state_error)
+    assert backend.load_state(good) and backend.context_used == cells
