@@ -407,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="sequences decoded together; the KV cache holds N x --ctx (default: 4)")
     p.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY' (also: LOCALLLM_API_KEY)")
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: the name given)")
+    p.add_argument("-to", "--timeout", type=_float_in(0, 3600, "--timeout", above=True), default=None, metavar="S",
+        help="seconds a client has to send a request's head before a 408 closes the connection (default: 10, a bound on "
+             "half-sent requests; the whole request gets at least 60) (llama-server's name)")
     p.add_argument("--max-queue", type=_int_at_least(1, "--max-queue"), default=64, metavar="N", help="requests waiting for a slot before 429 (default: 64)")
     p.add_argument("--prefill-chunk", type=_int_at_least(1, "--prefill-chunk"), default=128, metavar="N",
         help="prompt tokens per step while others generate (default: 128)")

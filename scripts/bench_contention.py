@@ -232,8 +232,9 @@ def main() -> int:
         from scripts.contention_serve import serve_rows
 
         print("\none core busy, serve against llama-server: aggregate tokens/s", flush=True)
-        if args.quick:  # it runs and prints its line: 8 clients, short prompts and replies, no warm-up
-            lines += serve_rows(path, tool("llama-server"), lambda: Hog(None), rounds=1, gen_tokens=4, clients=(8,), prompt_tokens=16, warmup=False)
+        if args.quick:  # it runs and prints its line: 8 clients once each, short prompts and replies, no warm-up
+            lines += serve_rows(path, tool("llama-server"), lambda: Hog(None), rounds=1, gen_tokens=4, clients=(8,), prompt_tokens=16, warmup=False,
+                                requests=8)
         else:
             lines += serve_rows(path, tool("llama-server"), lambda: Hog(None), rounds=max(2, args.rounds), gen_tokens=args.tokens)
     print("\nRatios, geometric mean of the rounds' pairs with their 95% interval:")

@@ -29,7 +29,7 @@ from localllm.measure.quality import eval_text  # noqa: E402
 from localllm.store import resolver  # noqa: E402
 
 SIZES = (512, 1024, 2048, 4096)
-QUICK_SIZES = (64, 128, 256)
+QUICK_SIZES = (32, 64, 128)
 TARGET = (0.75, 1.25)
 
 
@@ -38,7 +38,7 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--quick", action="store_true", help="prompts of 64-256 tokens, two rounds (CI: checks that it completes and prints its figures)")
+    ap.add_argument("--quick", action="store_true", help="prompts of 32-128 tokens, two rounds (CI: checks that it completes and prints its figures)")
     a = ap.parse_args()
     sizes = QUICK_SIZES if a.quick else SIZES
     rounds = 2 if a.quick else a.rounds

@@ -12,7 +12,7 @@ router against the same model under ``localllm serve MODEL`` (same options), in
 alternating turns, proxying between processes included (target >= 0.97).
 
 Ratios are geometric means of the pairs with bench_serve's 95% interval; --quick
-(one or two pairs, 16 tokens) prints them "(not judged)".
+(one switch each way, one decode pair of 8 tokens, no warm-up) prints them "(not judged)".
 
     python scripts/bench_router.py [--quick] [--pairs N] [--threads N]
 """
@@ -109,14 +109,14 @@ def ratio_line(label: str, ratios: list[float], target: float, at_most: bool, ju
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one pair per ratio, 16 tokens; figures not judged (CI)")
+    ap.add_argument("--quick", action="store_true", help="one switch a router, one decode pair of 8 tokens, no warm-up; figures not judged (CI)")
     ap.add_argument("--pairs", type=int, default=6, help="pairs per ratio (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="threads for every server (default: %(default)s)")
     ap.add_argument("--ctx", type=int, default=256, help="context per sequence (default: %(default)s)")
-    ap.add_argument("--tokens", type=int, default=None, help="decode reply length (default: 64; --quick 16)")
+    ap.add_argument("--tokens", type=int, default=None, help="decode reply length (default: 64; --quick 8)")
     args = ap.parse_args()
     pairs = 1 if args.quick else max(2, args.pairs)
-    tokens = args.tokens or (16 if args.quick else 64)
+    tokens = args.tokens or (8 if args.quick else 64)
     judged = not args.quick and pairs >= 2
 
     llama_server = require("llama-server")
@@ -151,15 +151,16 @@ def main() -> int:
                 wait_ready(proc, base)
             lbase, sbase = router[1], lsr[1]
 
-            # switches: warm each router up on both models once (files in the page cache), then time
+            # switches: warm each router up on both models once (files in the page cache), then time;
+            # --quick: no warm-up and one switch a router (it checks that the figures come, not what they are)
             a, b = MODELS
-            for base, names in ((lbase, {m: m for m in MODELS}), (sbase, ls_names)):
+            for base, names in ((lbase, {m: m for m in MODELS}), (sbase, ls_names)) if not args.quick else ():
                 stream(base, names[a], 2)
                 stream(base, names[b], 2)
             mine: list[float] = []
             theirs: list[float] = []
             ratios: list[float] = []
-            for i in range(pairs * 2):
+            for i in range(1 if args.quick else pairs * 2):
                 src, dst = (a, b) if i % 2 == 0 else (b, a)
                 order = ("l", "s") if (i // 2) % 2 == 0 else ("s", "l")
                 got = {}
@@ -175,7 +176,7 @@ def main() -> int:
                   f"--models-max 1; {len(ratios)} switches each, alternating directions and order")
             print(f"switch (last token of A -> first token of B), median: localllm {statistics.median(mine) * 1000:.0f} ms, "
                   f"llama-server {statistics.median(theirs) * 1000:.0f} ms")
-            for k, (src, dst) in enumerate(((a, b), (b, a))):
+            for k, (src, dst) in enumerate(((a, b), (b, a))[:len(mine)]):
                 print(f"  {src} -> {dst}: localllm {statistics.median(mine[k::2]) * 1000:.0f} ms, "
                       f"llama-server {statistics.median(theirs[k::2]) * 1000:.0f} ms")
             print(ratio_line("switch localllm/llama-server", ratios, 1.1, True, judged))

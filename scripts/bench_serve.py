@@ -108,14 +108,16 @@ def llama_server_cmd(binary: Path, path: str, port: int, np_: int, ctx: int, thr
             "--no-webui"]
 
 
-def measure_level(name: str, base: str, c: int, args, first: bool, extra: dict | None = None, seed: int = 0) -> dict | str:
+def measure_level(name: str, base: str, c: int, args, first: bool, extra: dict | None = None, seed: int = 0,
+                  requests: int | None = None) -> dict | str:
+    """One level of ``c`` clients: ``requests`` in all (default: loadtest's, two a client)."""
     try:
         _, rows = asyncio.run(
             measure(
                 base,
                 model=None,
                 concurrency=[c],
-                requests=None,
+                requests=requests,
                 prompt_tokens=[args.prompt_tokens],
                 gen_tokens=args.gen_tokens,
                 api_key=None,
@@ -131,11 +133,11 @@ def measure_level(name: str, base: str, c: int, args, first: bool, extra: dict |
 
 
 def run_decode(args, model_path: str) -> tuple[float | None, float | None]:
-    """localllm run at one client, best of 2: llama.cpp's eval rate (time in
-    llama_decode only) and the rate its tokens come out (1 / TPOT, what a
+    """localllm run at one client, best of 2 (one with --quick): llama.cpp's eval rate
+    (time in llama_decode only) and the rate its tokens come out (1 / TPOT, what a
     stream's reader sees: decode + sampling + detokenizing)."""
     evals, seen = [], []
-    for _ in range(2):
+    for _ in range(1 if args.quick else 2):
         p = subprocess.run(
             [
                 sys.executable,
@@ -204,9 +206,11 @@ def verdict_line(label: str, ratios: list[float], target: float, missing: str = 
     return f"- {label}: {mean:.3f} [pairs: {pairs}]{spread} ({verdict})"
 
 
-def paired(args, path: str, log_dir: Path) -> list[str]:
+def paired(args, path: str, log_dir: Path, running: tuple[subprocess.Popen, str] | None = None) -> list[str]:
     """The paired ratios (the module's docstring): serve and llama-server restarted at
-    each thread count, then measured in turns; the report's lines."""
+    each thread count, then measured in turns; the report's lines. ``running``:
+    a serve started with these options already (--quick's table's), used instead
+    of starting one (and left running)."""
     top = max(args.clients)
     with_ls = not args.quick and args.llama_server.exists()
     missing = "llama-server not run (--quick)" if args.quick else f"llama-server not built ({args.llama_server} missing)"
@@ -217,19 +221,23 @@ def paired(args, path: str, log_dir: Path) -> list[str]:
         ratios: dict[int, list[float]] = {1: [], top: []}
         grammar: list[float] = []
         try:
-            port = free_port()
-            procs["serve"] = start_server(f"pair_serve_t{threads}", serve_cmd(path, port, top, args.ctx, threads), port, log_dir)
+            if running is not None and threads == args.threads:
+                serve_proc = running
+            else:
+                port = free_port()
+                serve_proc = procs["serve"] = start_server(f"pair_serve_t{threads}", serve_cmd(path, port, top, args.ctx, threads), port, log_dir)
             if with_ls:
                 port = free_port()
                 procs["llama-server"] = start_server(f"pair_llama_server_t{threads}",
                                                      llama_server_cmd(args.llama_server, path, port, top, args.ctx, threads), port, log_dir)
             for proc, base in procs.values():
                 wait_ready(proc, base)
+            procs_all = {"serve": serve_proc, **procs}
             for r in range(args.pairs):
                 for c in ratios if with_ls else ():
                     order = ["serve", "llama-server"][:: 1 if r % 2 == 0 else -1]
                     # fresh prompts each pair (the same for both servers): neither answers from a prompt it cached in an earlier pair
-                    got = {n: rate_of(measure_level(f"{n} {threads}t", procs[n][1], c, args, first=r == 0, seed=1_000_000 * (r + 1)), "tokens_per_s")
+                    got = {n: rate_of(measure_level(f"{n} {threads}t", procs_all[n][1], c, args, first=r == 0, seed=1_000_000 * (r + 1)), "tokens_per_s")
                            for n in order}
                     if got["serve"] and got["llama-server"]:
                         ratios[c].append(got["serve"] / got["llama-server"])
@@ -237,7 +245,7 @@ def paired(args, path: str, log_dir: Path) -> list[str]:
             # serve's own load before its turns and not before llama-server's
             for r in range(args.pairs if threads == args.threads else 0):
                 order_g = [False, True][:: 1 if r % 2 == 0 else -1]
-                rates = {g: rate_of(measure_level(f"serve {threads}t {'grammar' if g else 'plain'}", procs["serve"][1], 1, args, first=False,
+                rates = {g: rate_of(measure_level(f"serve {threads}t {'grammar' if g else 'plain'}", serve_proc[1], 1, args, first=False,
                                                   extra={"prompt": COUNT_PROMPT, **({"grammar": COUNT_GRAMMAR} if g else {})}),
                                     "stream_tok_per_s_p50") for g in order_g}
                 if rates[True] and rates[False]:
@@ -379,6 +387,8 @@ def main() -> int:
                         results[name] = row
                     else:
                         results[name].append(row)
+        if args.quick and "localllm serve" in procs:  # the paired section's grammar line on this server: one start less
+            quick_pairs = paired(args, path, log_dir, running=procs["localllm serve"])
     finally:
         for proc, _ in procs.values():
             stop_server(proc)
@@ -429,7 +439,7 @@ def main() -> int:
     for label, value, target in checks:
         verdict = "n/a" if value is None else ("met" if value >= target else "NOT met")
         lines.append(f"- {label}: {fmt(value, '.2f')} ({verdict})")
-    lines.extend(paired(args, path, log_dir))
+    lines.extend(quick_pairs if args.quick and "localllm serve" in procs else paired(args, path, log_dir))
     lines.extend(embeddings(args))
     report = "\n".join(lines)
     print(report)

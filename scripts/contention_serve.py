@@ -26,8 +26,9 @@ SERVE_TARGET = 1.3
 
 
 def serve_rows(path: Path, llama_server: Path, hog_factory, *, rounds: int, gen_tokens: int, clients: tuple[int, ...] = (1, 8),
-               ctx: int = 512, prompt_tokens: int = 64, warmup: bool = True) -> list[str]:
-    """The verdict lines for each client level (n/a with the reason when a side did not run)."""
+               ctx: int = 512, prompt_tokens: int = 64, warmup: bool = True, requests: int | None = None) -> list[str]:
+    """The verdict lines for each client level (n/a with the reason when a side did not run);
+    ``requests`` a level (default: two a client)."""
     top = max(clients)
     if not llama_server.exists():
         return [verdict_line(f"one core busy: serve adaptive / llama-server default threads, {c} client(s) (target >= {SERVE_TARGET})", [],
@@ -50,7 +51,8 @@ def serve_rows(path: Path, llama_server: Path, hog_factory, *, rounds: int, gen_
                     for c in clients:
                         order = ["serve", "llama-server"][:: 1 if r % 2 == 0 else -1]
                         seed = 7_000_000 * (r + 1) + c  # fresh prompts each round, the same for both servers
-                        got = {n: rate_of(measure_level(f"{n} busy", procs[n][1], c, args, first=warmup and r == 0, seed=seed), "tokens_per_s")
+                        got = {n: rate_of(measure_level(f"{n} busy", procs[n][1], c, args, first=warmup and r == 0, seed=seed,
+                                                      requests=requests), "tokens_per_s")
                                for n in order}
                         if got["serve"] and got["llama-server"]:
                             ratios[c].append(got["serve"] / got["llama-server"])

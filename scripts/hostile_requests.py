@@ -15,7 +15,8 @@ answered as the README says (an OpenAI error, a 408, a closed socket), never a
 When it started the server itself it ends with SIGTERM then SIGINT during a
 stream: an error event and [DONE], exit 0, a true request count, no traceback.
 
-``--quick`` (CI) is the same cases with a smaller flood; it exits 1 if any fails.
+``--quick`` (CI) is the same cases with a smaller flood, the server it starts given
+``--timeout 2``; it exits 1 if any fails.
 """
 
 from __future__ import annotations
@@ -267,7 +268,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", help="a running server (default: start localllm serve on SmolLM2)")
     ap.add_argument("--api-key", default=os.environ.get("LOCALLLM_API_KEY"), help="its key, if it has one")
-    ap.add_argument("--quick", action="store_true", help="a smaller flood (CI)")
+    ap.add_argument("--quick", action="store_true", help="a smaller flood and a 2 s --timeout on the server it starts (CI)")
     args = ap.parse_args()
 
     started = None
@@ -277,7 +278,9 @@ def main() -> int:
         import tempfile
 
         key = secrets.token_hex(16)
+        # --quick: a 2 s head deadline (--timeout) instead of the default 10 s, so "a head that never ends" waits less
         started = Server("smollm2", "--parallel", "2", "--ctx", "512", "--threads", "1", "--max-queue", "4", "--api-key", key,
+                         *(("--timeout", "2") if args.quick else ()),
                          env={"LOCALLLM_HOME": tempfile.mkdtemp(prefix="hostile-home-")})
         t = Target(started.base, key)
     cases: list[tuple[str, Callable[[], tuple[bool, str]]]] = [

@@ -8,7 +8,7 @@ reference's logits with ``--kl-divergence-base`` and then scores the quant with
 
     python -m scripts.quality_vs_llama                 # Gemma 3 270M: F16 -> Q4_0 (files made here)
     python -m scripts.quality_vs_llama SRC.gguf Q.gguf # any pair
-    python -m scripts.quality_vs_llama --quick         # SmolLM2: F16 -> Q4_0 (made here), two chunks
+    python -m scripts.quality_vs_llama --quick         # SmolLM2: F16 -> Q4_0 (made here), one chunk
                                                        # (tests/measure/test_quality_vs_llama.py: a run that cannot rot)
     python -m scripts.quality_vs_llama SRC Q --chunks 4 # the first 4 chunks only
 
@@ -108,7 +108,7 @@ def theirs(exe_path: Path, src: Path, cand: Path, text: Path, work: Path, chunks
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", help="SOURCE CANDIDATE (default: Gemma 3 270M F16 and Q4_0, made here)")
-    ap.add_argument("--quick", action="store_true", help="SmolLM2 F16 -> Q4_0, made here, two chunks (CI: the script works, on a real loss)")
+    ap.add_argument("--quick", action="store_true", help="SmolLM2 F16 -> Q4_0, made here, one chunk (CI: the script works, on a real loss)")
     ap.add_argument("--chunks", type=int, default=None, help=f"score only the first N chunks of {CTX} tokens (both tools)")
     args = ap.parse_args()
     exe = perplexity_exe()
@@ -121,7 +121,7 @@ def main() -> int:
         chunks = args.chunks
         if args.quick:
             src, cand = make_pair(work, small=True)
-            chunks = chunks or 2
+            chunks = chunks or 1
         elif args.files:
             if len(args.files) != 2:
                 ap.error("give SOURCE and CANDIDATE")

@@ -8,7 +8,7 @@ passes when it grew by at most 5%, no turn failed, and the context shifted (a
 soak that never shifted did not test shifting).
 
     python scripts/soak_chat.py [--model smollm2] [--turns 1000] [--ctx 256] [--tokens 24]
-    python scripts/soak_chat.py --quick        # 30 turns, for CI
+    python scripts/soak_chat.py --quick        # 20 turns, for CI
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-growth", type=float, default=5.0, help="allowed resident-memory growth after warm-up, in percent")
-    ap.add_argument("--quick", action="store_true", help="30 turns with 16-token replies (a CI check that the soak runs)")
+    ap.add_argument("--quick", action="store_true", help="20 turns with 8-token replies (a CI check that the soak runs and shifts)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     a = ap.parse_args(argv)
     if a.quick:
-        a.turns, a.tokens = 30, 16
+        a.turns, a.tokens = 20, 8
     warmup = a.warmup if a.warmup is not None else max(10, a.turns // 20)
     if a.turns <= warmup:
         ap.error(f"--turns must exceed the warm-up ({warmup})")
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             samples.append((turn, rss_warm))
         if not a.json and (turn % max(a.turns // 10, 1) == 0 or turn == warmup):
             rate = turn / (time.perf_counter() - t0)
-            print(f"turn {turn:5d}: rss {rss() / MB:.1f} MB · context {chat.context_used}/{a.ctx} · shifts {len(chat.shifts)}"
+            print(f"turn {turn:5d}: rss {rss() / MB:.1f} MB · context {chat.context_used}/{backend.n_ctx} · shifts {len(chat.shifts)}"
                   f" · failed {len(failures)} · {rate:.2f} turns/s", flush=True)
         if turn % 50 == 0:
             samples.append((turn, rss()))

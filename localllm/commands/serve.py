@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rpc:
         recover_lost_workers(switch, socks, abort, args.rpc)
     try:
-        server = serve(switch, socks, load, abort)
+        server = serve(switch, socks, load, abort, header_timeout=args.timeout)
     finally:
         if switch.lost is None:  # else the engine thread is held in llama.cpp: it cannot be stopped, nor the model freed
             for s in running:
@@ -244,7 +244,7 @@ def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> i
                         cors=tuple(args.cors or ()), json_log=args.json,
                         top=(("-v",) if args.verbose else ()) + (("--debug",) if args.debug else ()),
                         options=options(""), per_model=options, autoload=tuple(autoload), memory=memory,
-                        models_autoload=args.models_autoload, reload=per.reload)
+                        models_autoload=args.models_autoload, reload=per.reload, header_timeout=args.timeout)
     socks = _bind_all(hosts, args.port)
     try:
         return route(socks, settings, say)

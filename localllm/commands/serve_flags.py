@@ -26,7 +26,7 @@ UNSUPPORTED = {
     ("--path", "--webui", "--no-webui", "--api-prefix"): "serve has no web UI and no static files",
     ("--api-key-file",): "give --api-key, or LOCALLLM_API_KEY",
     ("--ssl-key-file", "--ssl-cert-file"): "serve has no TLS: put a reverse proxy in front",
-    ("-to", "--timeout", "--threads-http"): "not configurable in serve",
+    ("--threads-http",): "not configurable in serve",
     ("--cache-reuse", "--no-cache-prompt", "--ctx-checkpoints", "--swa-checkpoints"): "prefix reuse is automatic (see README: Serve)",
     ("--no-cont-batching", "-nocb"): "serve always batches continuously",
     ("--no-context-shift", "--context-shift", "--keep", "-k"): "serve does not shift the context: a request gets up to --ctx tokens",

@@ -27,7 +27,7 @@ from localllm.router.catalog import Catalog
 from localllm.router.children import Spawn
 from localllm.router.pool import Pool
 from localllm.router.proxy import Router
-from localllm.serve.accept import MAX_HEAD_BYTES, BoundedH11Protocol
+from localllm.serve.accept import MAX_HEAD_BYTES, bounded
 from localllm.serve.cors import with_cors
 from localllm.serve.lifecycle import Server
 
@@ -50,6 +50,7 @@ class Settings:
     reload: Callable[[], None] | None = None  # read the models' options again (POST /models/reload)
     autoload: tuple[str, ...] = ()  # loaded at start and kept while idle: the config's default model, preset's load-on-startup
     memory: residency.Memory | None = None  # the memory plan that decides which models fit together; None: --models-max alone
+    header_timeout: float | None = None  # --timeout: seconds for a request's head (serve.accept.bounded)
 
 
 def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], None]) -> int:
@@ -76,7 +77,7 @@ def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], Non
                         autoload=settings.models_autoload, reload=reload)
         state.update(pool=pool, router=router)
         config = uvicorn.Config(with_cors(router, settings.cors), log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=None, http=BoundedH11Protocol, limit_concurrency=None,
+                                timeout_graceful_shutdown=None, http=bounded(settings.header_timeout), limit_concurrency=None,
                                 h11_max_incomplete_event_size=MAX_HEAD_BYTES, server_header=False, date_header=False)
         server = _RouterServer(config, pool)
         state["server"] = server

@@ -41,6 +41,17 @@ _TOO_LARGE_431 = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-lengt
 _HEAD_END = re.compile(rb"\n\r?\n")
 
 
+def bounded(header_timeout: float | None = None) -> type[BoundedH11Protocol]:
+    """The protocol class for uvicorn's ``Config(http=...)``, with ``header_timeout``
+    seconds for a request's head (``serve --timeout``; None: ``HEADER_TIMEOUT_S``).
+    The whole request keeps at least ``REQUEST_TIMEOUT_S``: a longer head deadline
+    raises it with it."""
+    if header_timeout is None or header_timeout == HEADER_TIMEOUT_S:
+        return BoundedH11Protocol
+    return type("BoundedH11Protocol", (BoundedH11Protocol,),
+                {"header_timeout": header_timeout, "request_timeout": max(REQUEST_TIMEOUT_S, header_timeout)})
+
+
 def _refusal(message: str) -> bytes:
     body = json.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": "too_many_connections"}}).encode()
     return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"

@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse
 
 from localllm.errors import InputError
 from localllm.plan.workers import Endpoint, probe_all
-from localllm.serve.accept import MAX_HEAD_BYTES, BoundedH11Protocol
+from localllm.serve.accept import MAX_HEAD_BYTES, bounded
 
 GRACE_S = 30.0
 FLUSH_S = 3.0  # after aborting, how long the ended requests get to send their last bytes
@@ -144,14 +144,15 @@ def _run(main) -> None:
     uvloop.run(main)
 
 
-def serve(switch: Switch, socks: list[socket.socket], load: Callable[[], None], abort: Callable[[str], int]) -> Server:
+def serve(switch: Switch, socks: list[socket.socket], load: Callable[[], None], abort: Callable[[str], int],
+          header_timeout: float | None = None) -> Server:
     """Serve ``switch`` on ``socks`` (one per --host) while ``load()`` runs in a thread (it sets
     ``switch.app``); return once stopped: by a signal, or by ``load`` failing
-    (its exception re-raised here)."""
+    (its exception re-raised here). ``header_timeout``: --timeout (accept.bounded)."""
     # Connections are capped by the protocol (per client, idle ones closed first);
     # uvicorn's limit_concurrency would count idle sockets and answer 503 to all.
     config = uvicorn.Config(switch, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=None,
-                            http=BoundedH11Protocol, limit_concurrency=None, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+                            http=bounded(header_timeout), limit_concurrency=None, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
                             server_header=False, date_header=False)
     server = Server(config, abort)
     switch.stop = lambda: setattr(server, "should_exit", True)

@@ -34,7 +34,8 @@ from localllm.util import atomic, fmt
 from localllm.util.progress import Bar
 
 _CHUNK = 1 << 20
-_RETRIES = 5
+_RETRIES = 5  # attempts after the first, each after a dropped or silent connection (LOCALLLM_PULL_RETRIES)
+_MAX_RETRIES = 100
 
 
 @dataclass(frozen=True)
@@ -394,7 +395,7 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
         if on_progress is not None:
             on_progress(Progress(label, etag, size, have))
 
-    retries = _RETRIES
+    retries = most = _retries()
     try:
         report()
         with open(part, "ab") as out:
@@ -427,7 +428,7 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
                             digest.update(data)
                             have += len(data)
                             bar.advance(len(data))
-                            retries = _RETRIES
+                            retries = most
                             report()
                     out.flush()
                 except httpx2.TooManyRedirects:
@@ -457,6 +458,22 @@ def _download(url: str, blob: Path, size: int, etag: str, label: str, progress: 
     finally:
         bar.close()  # also before an error's one line, so it is not drawn over
     return kept, have - kept, digest.hexdigest()
+
+
+def _retries() -> int:
+    """How many times a download asks again after its connection dropped or went
+    silent past the read time-out, with no byte in between (``LOCALLLM_PULL_RETRIES``,
+    0 to 100; default 5). Each time costs up to HF_HUB_DOWNLOAD_TIMEOUT seconds."""
+    raw = os.environ.get("LOCALLLM_PULL_RETRIES", "").strip()
+    if not raw:
+        return _RETRIES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= _MAX_RETRIES:
+        raise InputError(f"LOCALLLM_PULL_RETRIES must be a whole number from 0 to {_MAX_RETRIES}, got {fmt.safe(raw)[:40]!r}")
+    return value
 
 
 def _same_origin(a: str, b: str) -> bool:

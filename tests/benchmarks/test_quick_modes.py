@@ -114,7 +114,7 @@ QUICK = {
     ),
     "bench_forecast": (
         ["--quick"],
-        [r"forecast / measured TTFT at 64 tokens: [\d.]+", r"forecast / measured TTFT at 256 tokens: [\d.]+",
+        [r"forecast / measured TTFT at 32 tokens: [\d.]+", r"forecast / measured TTFT at 128 tokens: [\d.]+",
          r"median forecast / measured TTFT over 6 runs \(target 0.75-1.25\): [\d.]+"],
     ),
 }

@@ -41,7 +41,7 @@ async def until(pilot, predicate: Callable[[], T], what: str, timeout: float = 3
     while not (value := predicate()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {timeout:g} s: the cockpit never {what}" + (f" ({detail()!r})" if detail is not None else ""))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.005)
     return value
 
 

@@ -144,3 +144,21 @@ def test_a_flood_of_bad_names_gets_clear_answers_and_loads_nothing_else(tmp_path
         assert str(secret) not in router.log or all("loading" not in ln for ln in router.lines if str(secret) in ln)
     finally:
         router.stop()
+
+
+def test_the_routers_timeout_closes_a_half_sent_request(tmp_path: Path) -> None:
+    """``serve --timeout`` in router mode bounds a request's head on the router's own
+    socket, as ``serve MODEL`` does (tests/serve/test_robust.py): 408, then closed."""
+    import socket
+
+    router = rt.start(rt.isolated_env(tmp_path), "--timeout", "1")
+    try:
+        host, port = router.base.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            t0 = time.monotonic()
+            answer = s.recv(1000)
+            waited = time.monotonic() - t0
+    finally:
+        router.stop()
+    assert answer.startswith(b"HTTP/1.1 408 ") and 0.5 < waited < 6, (answer, waited)

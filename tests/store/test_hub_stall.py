@@ -76,7 +76,8 @@ def test_a_hub_that_stops_mid_answer_is_one_line_within_the_timeout(tmp_path, st
 
     hub = FakeHub(stall_after=stall_after).start()
     hub.add("acme/Stall-GGUF", "Stall-F32.gguf", write_gguf(tmp_path / "Stall-F32.gguf", SynthSpec(n_layer=8, n_embd=512, n_ff=1024, dtype="f32")))
-    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_DOWNLOAD_TIMEOUT": "1", "HF_HUB_ETAG_TIMEOUT": "1"}
+    # one retry after the stall, not five: each costs the read time-out (test_pull.py has the default's resumes)
+    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_DOWNLOAD_TIMEOUT": "1", "HF_HUB_ETAG_TIMEOUT": "1", "LOCALLLM_PULL_RETRIES": "1"}
     try:
         runs = [("pull", "acme/Stall-GGUF", "--quant", "F32")] + ([("plan", "acme/Stall-GGUF:F32")] if stall_after == 0 else [])
         for args in runs:

@@ -217,6 +217,21 @@ def test_dropped_connection_resumes_in_the_same_run(hub: FakeHub, quants: dict[s
 
 
 @pytest.mark.slow
+def test_pull_retries_are_read_from_the_environment(hub: FakeHub, quants: dict[str, Path]) -> None:
+    """``LOCALLLM_PULL_RETRIES=0``: a dropped connection ends the pull with one line,
+    the part kept; the next run resumes it. A value that is not a count is one line."""
+    bad = cli("pull", REPO_ID, "--quant", "F32", "--json", env={"LOCALLLM_PULL_RETRIES": "many"})
+    assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0 and "LOCALLLM_PULL_RETRIES must be a whole number" in bad.stderr
+    hub.cut_after = 1 << 20
+    r = cli("pull", REPO_ID, "--quant", "F32", "--json", env={"LOCALLLM_PULL_RETRIES": "0"})
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "run the same command to resume" in r.stderr, r.stderr
+    again = cli("pull", REPO_ID, "--quant", "F32", "--json")
+    assert again.returncode == 0, again.stderr
+    assert any(rng.startswith("bytes=") and rng != "bytes=0-" for rng in hub.ranges())
+    assert Path(json.loads(again.stdout)["path"]).read_bytes() == quants["F32"].read_bytes()
+
+
+@pytest.mark.slow
 def test_checksum_mismatch_keeps_nothing(hub: FakeHub) -> None:
     hub.corrupt.add("Synth-F16.gguf")
     r = cli("pull", REPO_ID, "--quant", "F16", "--json")  # --json: no progress bar on stderr
