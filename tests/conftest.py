@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,6 +25,48 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _pin_xdist_worker()
     _quicker_pilot()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The worker's heap after collection (every test module, Textual, numpy, the
+    API clients, pytest's items: over a million objects) leaves the garbage
+    collector's generations: each full collection walked all of it, 0.12 s
+    apiece, dozens of times in the cockpit tests alone. What the tests allocate
+    is still collected as usual."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def _worker_heap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """What the cockpit tests leave alive joins the frozen heap (``pytest_collection_finish``)
+    at most once a second: a collection of what they allocated, then ``gc.freeze``.
+    Each full collection then walks what the last tests made, not everything the
+    earlier ones left (caches, module fixtures): one had grown from 0.01 s to
+    0.25 s across three cockpit test files. (After every test it cost 37 ms a
+    test: 73 s over the suite's 2,000 quick tests; the cockpit's are what allocates
+    most, Textual's widgets and screens.) The cockpit's own
+    ``_settle_heap`` (the same, after each load) is skipped but where marked
+    ``settles_heap``, which tests it."""
+    import gc
+
+    settles = request.node.get_closest_marker("settles_heap") is not None
+    if not settles:
+        from localllm.tui.app import LocalLLMApp  # lazy: Textual, imported by the collection already
+
+        monkeypatch.setattr(LocalLLMApp, "_settle_heap", lambda self: None)
+    yield
+    # settles: its app unfroze the whole heap. (No gc.get_freeze_count() here: it counts
+    # the frozen list object by object, 90 ms a call, which made 2,000 quick tests 180 s slower.)
+    if settles or (request.node.path.parent.name == "tui" and time.monotonic() - _LAST_FREEZE[0] >= 1.0):
+        gc.collect()
+        gc.freeze()
+        _LAST_FREEZE[0] = time.monotonic()
+
+
+_LAST_FREEZE = [0.0]  # when _worker_heap last froze the heap (time.monotonic)
 
 
 def _quicker_pilot() -> None:

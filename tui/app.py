@@ -90,18 +90,6 @@ COUNT_DELAY_S = 0.2  # the prompt's tokens are counted once typing pauses this l
 PROGRESS_NS = 100_000_000  # a long prefill's progress line: at most ten redraws a second
 
 
-def _settle_heap() -> None:
-    """After a load, take every object alive (Textual's widgets, the model's
-    vocabulary and chat template, ...) out of the garbage collector's
-    generations (``gc.freeze``), after one collection so that no garbage is
-    kept. Measured while a reply streamed: a full collection took 75 ms on the
-    UI thread, holding the GIL while the engine thread waited to sample the
-    next token; with these objects frozen, collections only walk what the
-    reply allocates. ``reload_model`` unfreezes them first."""
-    gc.collect()
-    gc.freeze()
-
-
 class StarvedAdvice(Message):
     """Decode was starved of CPU: the line that says so, with the fix."""
 
@@ -256,6 +244,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         super().__init__()
         self.model_path = model_path
         self.backend_factory = backend_factory
+        self._froze_heap = False  # _settle_heap froze the heap, and nothing has unfrozen it since
         self.hardware = hardware
         self.settings = settings
         self.backend: Engine | None = None
@@ -366,7 +355,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         req = LoadRequest(path or self.model_path, settings or self.settings, messages, saved, redraw, previous,
                           self.bandwidth, self.gpu_bandwidth, (self.mmproj, self.mmproj_model, self.no_mmproj), have, image_refs)
         self.busy = True
-        gc.unfreeze()  # the model being replaced can be collected once it is closed
+        self._thaw_heap()  # the model being replaced can be collected once it is closed
         self.query_one(ChatView).add("note", f"loading {shown(req.path)} …")
         self._load(req)
 
@@ -542,7 +531,26 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         try:
             self._apply_load(msg)
         finally:
-            _settle_heap()  # whatever came of it: reload_model unfroze the heap
+            self._settle_heap()  # whatever came of it: reload_model unfroze the heap
+
+    def _settle_heap(self) -> None:
+        """After a load, take every object alive (Textual's widgets, the model's
+        vocabulary and chat template, ...) out of the garbage collector's
+        generations (``gc.freeze``), after one collection so that no garbage is
+        kept. Measured while a reply streamed: a full collection took 75 ms on the
+        UI thread, holding the GIL while the engine thread waited to sample the
+        next token; with these objects frozen, collections only walk what the
+        reply allocates. ``reload_model`` unfreezes them first."""
+        gc.collect()
+        gc.freeze()
+        self._froze_heap = True
+
+    def _thaw_heap(self) -> None:
+        """Undo ``_settle_heap``, if it ran: ``gc.unfreeze`` is the whole process's, and
+        a heap this app never froze (a program embedding it froze its own) stays as it is."""
+        if self._froze_heap:
+            gc.unfreeze()
+            self._froze_heap = False
 
     def _apply_load(self, msg: ModelLoaded) -> None:
         view = self.query_one(ChatView)
@@ -1138,7 +1146,7 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
             self.tool_chat.cancel()  # a tool in flight ends now, not at its timeout
 
     def on_unmount(self) -> None:
-        gc.unfreeze()  # what this app froze (_settle_heap) can be collected again
+        self._thaw_heap()  # what this app froze (_settle_heap) can be collected again
         self._stop_reply()
         if self.rpc:
             # lazy: loads llama.cpp (~169 ms here), which app does not load at import

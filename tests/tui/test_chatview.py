@@ -107,6 +107,7 @@ async def test_streamed_pieces_wrap_as_the_whole_text_would() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.settles_heap
 async def test_a_load_takes_long_lived_objects_out_of_the_collectors_way(synth_model: Path) -> None:
     """A full garbage collection while a reply streamed took 75 ms here,
     holding the GIL the engine thread needs between tokens: after a load the
@@ -114,6 +115,7 @@ async def test_a_load_takes_long_lived_objects_out_of_the_collectors_way(synth_m
     the replaced model can be freed), and closing the app unfreezes it."""
     import gc
 
+    gc.unfreeze()  # the test worker froze its own heap (tests/conftest.py): start unfrozen, as a cockpit process does
     backend = ScriptedEngine(ttft_ms=10, itl_ms=1, tokens=4)
     app = create_app(str(synth_model), vram=4 * GiB, settings=Settings(n_ctx=1024, system_prompt=""), backend_factory=lambda: backend)
     async with app.run_test(size=(100, 30)) as pilot:
