@@ -370,6 +370,7 @@ def main() -> int:
     # All servers up at once (idle ones cost no CPU); each concurrency level runs
     # on every server in turn, so that a comparison spans minutes, not the whole run.
     procs = {}
+    pair_lines: list[str] | None = None
     try:
         for name, (cmd, port) in servers.items():
             procs[name] = start_server(name.replace(" ", "_").replace(".", "_"), cmd, port, log_dir)
@@ -388,7 +389,7 @@ def main() -> int:
                     else:
                         results[name].append(row)
         if args.quick and "localllm serve" in procs:  # the paired section's grammar line on this server: one start less
-            quick_pairs = paired(args, path, log_dir, running=procs["localllm serve"])
+            pair_lines = paired(args, path, log_dir, running=procs["localllm serve"])
     finally:
         for proc, _ in procs.values():
             stop_server(proc)
@@ -439,7 +440,7 @@ def main() -> int:
     for label, value, target in checks:
         verdict = "n/a" if value is None else ("met" if value >= target else "NOT met")
         lines.append(f"- {label}: {fmt(value, '.2f')} ({verdict})")
-    lines.extend(quick_pairs if args.quick and "localllm serve" in procs else paired(args, path, log_dir))
+    lines.extend(pair_lines if pair_lines is not None else paired(args, path, log_dir))
     lines.extend(embeddings(args))
     report = "\n".join(lines)
     print(report)
