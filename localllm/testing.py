@@ -271,12 +271,12 @@ class ScriptedEngine:
         self._cache.extend(tokens)
         return Verification([t + 1 for t in tokens], int(self.itl_ms * 1e6))
 
-    def logits(self, tokens: Sequence[int]):
-        """One-hot rows: position ``i`` predicts ``tokens[i] + 1`` (numpy, like the engine)."""
+    def logits(self, tokens: Sequence[int], first: int = 0):
+        """One-hot rows from index ``first`` on: position ``i`` predicts ``tokens[i] + 1`` (numpy, like the engine)."""
         import numpy as np
 
         n_vocab = max([len(self._ids), *(t + 2 for t in tokens)])
-        out = np.full((len(tokens), n_vocab), -10.0, dtype=np.float32)
-        for i, t in enumerate(tokens):
+        out = np.full((len(tokens) - first, n_vocab), -10.0, dtype=np.float32)
+        for i, t in enumerate(tokens[first:]):
             out[i, t + 1] = 10.0
         return out

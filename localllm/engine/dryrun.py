@@ -17,6 +17,7 @@ the figure, never the command. Measured here: 0.06 s in process for SmolLM2 at
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -68,8 +69,39 @@ def _config(d: dict[str, Any]) -> LoadConfig:
     return LoadConfig(**d)
 
 
+def serve(idle: float) -> int:
+    """Answer requests, one JSON line each on stdin (``{"path", "config"}``), with
+    one line each on stdout (``DryRun.MARK`` and the result) until stdin ends, or until
+    ``idle`` seconds pass without one (``idle`` <= 0: no limit)."""
+    import selectors
+
+    pending = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(sys.stdin.buffer, selectors.EVENT_READ)
+        while True:
+            if b"\n" not in pending:
+                if not sel.select(idle if idle > 0 else None):
+                    return 0  # idle: the parent starts another when it needs one
+                chunk = os.read(sys.stdin.buffer.fileno(), 65536)
+                if not chunk:
+                    return 0
+                pending += chunk
+                continue
+            line, _, pending = pending.partition(b"\n")
+            try:
+                d = json.loads(line)
+                result = run(Path(d["path"]), _config(d["config"]))
+            except Exception as exc:  # noqa: BLE001  (a bad request, a worker refused: this request's answer, not the child's end)
+                result = DryRun(failed=f"the dry run raised {type(exc).__name__}: {exc}"[:300])
+            sys.stdout.write(DryRun.MARK + json.dumps(result.to_dict()) + "\n")
+            sys.stdout.flush()
+
+
 def main(argv: list[str]) -> int:
-    """``python -m localllm.engine.dryrun PATH CONFIG_JSON``: one JSON line."""
+    """``python -m localllm.engine.dryrun --serve IDLE_S`` (``plan.referee``'s
+    child), or ``python -m localllm.engine.dryrun PATH CONFIG_JSON``: one JSON line."""
+    if argv[:1] == ["--serve"]:
+        return serve(float(argv[1]))
     result = run(Path(argv[0]), _config(json.loads(argv[1])))
     print(json.dumps(result.to_dict()), flush=True)
     return 0

@@ -295,10 +295,10 @@ class LlamaCppBackend:
         handle, _, cache = self._parts()
         return scorer.verify(handle, cache, tokens)
 
-    def logits(self, tokens: Sequence[int]):
-        """Logits at every position of ``tokens`` from an empty cache ([n, n_vocab] float32)."""
+    def logits(self, tokens: Sequence[int], first: int = 0):
+        """Logits at each position of ``tokens`` from index ``first`` on, from an empty cache ([n - first, n_vocab] float32)."""
         handle, _, cache = self._parts()
-        return scorer.logits(handle, cache, tokens)
+        return scorer.logits(handle, cache, tokens, first)
 
     # -- images (a vision model: engine.mtmd) -------------------------------------
     def load_projector(self, path: Path) -> ProjectorInfo:

@@ -19,9 +19,9 @@ from localllm.engine_api.errors import InvalidSetting
 from localllm.errors import EngineError
 
 
-def _decode_all(handle: ModelHandle, tokens: Sequence[int], start: int) -> int:
-    """Evaluate ``tokens`` at positions ``start``.. with logits for every one;
-    returns nanoseconds (decode + synchronize)."""
+def _decode_all(handle: ModelHandle, tokens: Sequence[int], start: int, first: int = 0) -> int:
+    """Evaluate ``tokens`` at positions ``start``.. with logits for each from
+    index ``first`` on; returns nanoseconds (decode + synchronize)."""
     n = len(tokens)
     batch = llama_cpp.llama_batch_init(n, 0, 1)
     try:
@@ -31,7 +31,7 @@ def _decode_all(handle: ModelHandle, tokens: Sequence[int], start: int) -> int:
             batch.pos[i] = start + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
-            batch.logits[i] = True
+            batch.logits[i] = i >= first
         return handle.decode_batch(batch)
     finally:
         llama_cpp.llama_batch_free(batch)
@@ -57,21 +57,26 @@ def verify(handle: ModelHandle, cache: KVCache, tokens: Sequence[int]) -> Verifi
     return Verification(out, ns)
 
 
-def logits(handle: ModelHandle, cache: KVCache, tokens: Sequence[int]):
-    """Logits at every position of ``tokens``, evaluated from an empty cache
-    (a float32 array of shape [len(tokens), n_vocab]). Needs a context
-    loaded with ``n_outputs_max=0`` and ``n_batch >= len(tokens)``."""
+def logits(handle: ModelHandle, cache: KVCache, tokens: Sequence[int], first: int = 0):
+    """Logits at each position of ``tokens`` from index ``first`` on, evaluated
+    from an empty cache (a float32 array of shape [len(tokens) - first, n_vocab]).
+    Quality scoring reads only a chunk's second half: asking llama.cpp for those
+    rows alone skips the output head on the first half (SmolLM2's is a fifth of
+    its weights, gemma3-270m's over half). Needs a context loaded with
+    ``n_outputs_max=0`` and ``n_batch >= len(tokens)``."""
     import numpy as np
 
     handle.require()
     n = len(tokens)
     if n > handle.n_batch:
         raise InvalidSetting(f"scoring {n} tokens needs {{n_batch}} {n} or more")
+    if not 0 <= first < n:
+        raise InvalidSetting(f"scoring from position {first} of {n} tokens: it must be below {n}")
     n_vocab = handle.n_vocab
     cache.reset()
     try:
-        _decode_all(handle, tokens, 0)
-        ptr = llama_cpp.llama_get_logits(handle.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n, n_vocab)).copy()
+        _decode_all(handle, tokens, 0, first)
+        ptr = llama_cpp.llama_get_logits(handle.ctx)  # the output rows, in batch order
+        return np.ctypeslib.as_array(ptr, shape=(n - first, n_vocab)).copy()
     finally:
         cache.reset()

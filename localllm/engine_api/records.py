@@ -154,3 +154,7 @@ class DryRun:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    # The start of the dry run child's answer line (``engine.dryrun.serve``, read
+    # by ``plan.referee``): llama.cpp may print other lines to stdout.
+    MARK = "localllm-dryrun "

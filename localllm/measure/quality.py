@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-LogitsFn = Callable[[Sequence[int]], np.ndarray]
+LogitsFn = Callable[[Sequence[int], int], np.ndarray]  # (tokens, first): the rows of positions first..
 
 
 def eval_text() -> str:
@@ -85,12 +85,12 @@ def compare(
         if bos is not None:
             window[0] = bos
         targets = np.asarray(window[first + 1 :])
-        ref = log_softmax(reference(window)[first:-1])
+        ref = log_softmax(reference(window, first)[:-1])  # only the scored half's rows are asked for
         ref_nll.extend((-ref[np.arange(len(targets)), targets]).tolist())
         ref_top = ref.argmax(axis=-1)
         p = np.exp(ref)
         for name, fn in candidates.items():
-            cand = log_softmax(fn(window)[first:-1])
+            cand = log_softmax(fn(window, first)[:-1])
             nll[name].extend((-cand[np.arange(len(targets)), targets]).tolist())
             agree[name] += int((cand.argmax(axis=-1) == ref_top).sum())
             np.subtract(ref, cand, out=cand)  # p * (ref - cand), in place: no fresh vocabulary-sized arrays (log_softmax)

@@ -11,10 +11,10 @@ from localllm.measure.quality import compare
 
 
 def _recording(n_vocab: int, seen: list[list[int]]):
-    def logits(tokens):
+    def logits(tokens, first):
         seen.append(list(tokens))
-        out = np.zeros((len(tokens), n_vocab), dtype=np.float32)
-        for i, t in enumerate(tokens):
+        out = np.zeros((len(tokens) - first, n_vocab), dtype=np.float32)
+        for i, t in enumerate(tokens[first:]):
             out[i, (t + 1) % n_vocab] = 4.0  # predicts "the next id"
         return out
 
@@ -39,11 +39,12 @@ def _sure_in_second_half(n_vocab: int, sure: float, unsure: float):
     of its window and ``unsure`` in the first: which half is scored shows in the
     perplexity, not only in the count of positions."""
 
-    def logits(tokens):
+    def logits(tokens, first):
+        """All rows, cut to those asked for: a row before the scored half would show as the wrong count."""
         out = np.zeros((len(tokens), n_vocab), dtype=np.float32)
         for i, t in enumerate(tokens):
             out[i, (t + 1) % n_vocab] = sure if i >= len(tokens) // 2 else unsure
-        return out
+        return out[first:]
 
     return logits
 

@@ -82,3 +82,71 @@ def test_no_dry_run_says_so(smollm2: Path) -> None:
     d = _plan(str(smollm2), "--ctx", "1024", "--no-dry-run")
     assert d["dry_run"] is None and d["sources"]["compute"] == "graph replay"
     assert "llama.cpp's dry run: not run" in cli("plan", str(smollm2), "--ctx", "1024", "--no-dry-run").stdout
+
+
+@pytest.mark.slow
+def test_one_child_answers_the_dry_runs_of_a_process_and_an_abort_costs_only_its_own(tmp_path: Path) -> None:
+    """The child stays for the next dry run (its start was most of each one); an
+    abort ends it, and the next dry run starts another and gets its figures."""
+    good = write_gguf(tmp_path / "deci.gguf", SynthSpec(arch="deci", name="synthetic-deci", n_embd=128, n_head=4, kv_heads_per_layer=(4, 1)))
+    first = referee.dry_run(good, LoadConfig(n_ctx=256))
+    pid = referee.child_pid()
+    second = referee.dry_run(good, LoadConfig(n_ctx=1024))
+    assert first.ok and second.ok and pid is not None and referee.child_pid() == pid
+    assert second.total("compute") > first.total("compute")  # each request's own config, not the first one's answer again
+    bad = write_gguf(tmp_path / "h80.gguf", SynthSpec(n_embd=160, n_head=2, n_head_kv=1, n_ff=320))
+    aborted = referee.dry_run(bad, LoadConfig(n_ctx=256, type_k="q4_0", type_v="f16", flash_attn="off"))
+    assert aborted.refused is not None and "GGML_ASSERT" in aborted.refused and referee.child_pid() is None
+    again = referee.dry_run(good, LoadConfig(n_ctx=1024))
+    assert again.buffers == second.buffers and referee.child_pid() not in (None, pid)
+
+
+@pytest.mark.slow
+def test_an_idle_child_ends_and_the_next_dry_run_starts_another(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setattr(referee, "IDLE_S", 0.2)
+    referee._close()  # a child started with the usual idle time may be there
+    assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok
+    pid = referee.child_pid()
+    deadline = time.monotonic() + 10
+    while referee.child_pid() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert referee.child_pid() is None, "the idle child did not end"
+    assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok and referee.child_pid() not in (None, pid)
+
+
+def test_a_child_that_ended_as_the_request_came_is_replaced_once(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle child may end (exit 0, no answer) just as a request is written: the
+    request goes to a new child. A child that ends so twice is reported, not retried forever."""
+    import subprocess
+    import sys
+
+    real = referee._start
+    started: list[int] = []
+
+    def gone_then_real(idle: float) -> subprocess.Popen:
+        started.append(1)
+        if len(started) == 1:
+            return subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+        return real(idle)
+
+    referee._close()
+    monkeypatch.setattr(referee, "_start", gone_then_real)
+    assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok and len(started) == 2
+    referee._close()
+    monkeypatch.setattr(referee, "_start", lambda idle: subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE,
+                                                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0))
+    dry = referee.dry_run(smollm2, LoadConfig(n_ctx=512))
+    assert dry.failed is not None and not dry.ok
+
+
+@pytest.mark.slow
+def test_a_dry_run_over_workers_gets_a_child_of_its_own(smollm2: Path) -> None:
+    """llama.cpp keeps its RPC connections for the life of a process: a worker
+    restarted on the same port must meet a new one, so the warm child is not used."""
+    assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok
+    pid = referee.child_pid()
+    dry = referee.dry_run(smollm2, LoadConfig(n_ctx=512, rpc_servers=("127.0.0.1:9",)))
+    assert dry.failed is not None and "127.0.0.1:9" in dry.failed
+    assert referee.child_pid() == pid
