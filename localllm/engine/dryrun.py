@@ -98,9 +98,9 @@ def serve(idle: float) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m localllm.engine.dryrun --serve IDLE_S`` (``plan.referee``'s
+    """``python -m localllm.engine.dryrun serve IDLE_S`` (``plan.referee``'s
     child), or ``python -m localllm.engine.dryrun PATH CONFIG_JSON``: one JSON line."""
-    if argv[:1] == ["--serve"]:
+    if argv[:1] == ["serve"]:
         return serve(float(argv[1]))
     result = run(Path(argv[0]), _config(json.loads(argv[1])))
     print(json.dumps(result.to_dict()), flush=True)

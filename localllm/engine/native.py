@@ -14,11 +14,15 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import llama_cpp
+from localllm.engine import bindings
 
-from localllm.engine.llamalog import ROUTER
-from localllm.errors import EngineError
-from localllm.plan.hardware import physical_cores
+bindings.install()  # before the first ``import llama_cpp``: its low-level half alone (engine.bindings)
+
+import llama_cpp  # noqa: E402
+
+from localllm.engine.llamalog import ROUTER  # noqa: E402
+from localllm.errors import EngineError  # noqa: E402
+from localllm.plan.hardware import physical_cores  # noqa: E402
 
 # Every struct field this package sets on llama.cpp's parameter structs. ctypes
 # silently accepts an unknown attribute on a Structure (it becomes a plain

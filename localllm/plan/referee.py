@@ -82,7 +82,7 @@ def child_pid() -> int | None:
 
 
 def _start(idle: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "localllm.engine.dryrun", "--serve", str(idle)], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "localllm.engine.dryrun", "serve", str(idle)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=False)
 
 
