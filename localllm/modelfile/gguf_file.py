@@ -24,9 +24,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
-
 from localllm.errors import InputError
+from localllm.modelfile.gguf_names import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

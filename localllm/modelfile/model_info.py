@@ -11,10 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gguf import LlamaFileType
-
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import ArrayInfo, GGUFHeader, read_header
+from localllm.modelfile.gguf_names import LlamaFileType
 
 
 @dataclass(frozen=True)

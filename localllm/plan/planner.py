@@ -31,13 +31,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from localllm.engine_api import LoadConfig, llama_rules
 from localllm.engine_api.errors import InvalidSetting
 from localllm.engine_api.llama_rules import FFN_EXPS_REGEX, cpu_moe_layers, hadamard_sides, is_quantized
 from localllm.modelfile.arch_rules import cache_rule
 from localllm.modelfile.gguf_file import GGUFHeader
+from localllm.modelfile.gguf_names import GGML_QUANT_SIZES, GGMLQuantizationType
 from localllm.modelfile.model_info import describe
 from localllm.plan import compute_graph, moe
 

@@ -1,6 +1,7 @@
-"""engine.bindings: the engine loads llama-cpp-python's low-level half only (the
-high-level half was 190 ms of every model-loading process's start), and a
-program that uses the high-level API beside localllm still gets it."""
+"""util.lean_import: the engine loads llama-cpp-python's low-level half only (the
+high-level half was 190 ms of every model-loading process's start), the header
+reader gguf's constants only (80 ms), and a program that uses the rest of either
+beside localllm still gets it."""
 
 from __future__ import annotations
 
@@ -49,3 +50,20 @@ def test_a_program_that_imported_llama_cpp_first_keeps_its_package() -> None:
         "import llama_cpp as after\n"
         "print(json.dumps({'same': before is after, 'has_llama': hasattr(after, 'Llama')}))\n")
     assert d == {"same": True, "has_llama": True}
+
+
+@pytest.mark.slow
+def test_gguf_is_read_for_its_constants_and_its_writer_comes_on_first_use(tmp_path) -> None:
+    """The synthetic models are written with gguf's own writer after localllm read its constants."""
+    d = _in_a_fresh_interpreter(
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "import localllm.plan.planner, localllm.modelfile.gguf_file\n"
+        "out = {'writer_at_import': 'gguf.gguf_writer' in sys.modules}\n"
+        "from scripts.synth_gguf import SynthSpec, write_llama_gguf\n"
+        f"path = write_llama_gguf(Path({str(tmp_path / 'x.gguf')!r}), SynthSpec())\n"
+        "from localllm.modelfile.gguf_file import read_header\n"
+        "out['blocks'] = read_header(path).get('llama.block_count')\n"
+        "out['writer_after'] = 'gguf.gguf_writer' in sys.modules\n"
+        "print(json.dumps(out))\n")
+    assert d == {"writer_at_import": False, "blocks": 2, "writer_after": True}
