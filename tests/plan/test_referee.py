@@ -107,13 +107,16 @@ def test_an_idle_child_ends_and_the_next_dry_run_starts_another(smollm2: Path, m
 
     monkeypatch.setattr(referee, "IDLE_S", 0.2)
     referee._close()  # a child started with the usual idle time may be there
-    assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok
-    pid = referee.child_pid()
-    deadline = time.monotonic() + 10
-    while referee.child_pid() is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert referee.child_pid() is None, "the idle child did not end"
-    assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok and referee.child_pid() not in (None, pid)
+    try:
+        assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok
+        pid = referee.child_pid()
+        deadline = time.monotonic() + 10
+        while referee.child_pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert referee.child_pid() is None, "the idle child did not end"
+        assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok and referee.child_pid() not in (None, pid)
+    finally:
+        referee._close()  # its 0.2 s idle time would go on to the next test's dry runs
 
 
 def test_a_child_that_ended_as_the_request_came_is_replaced_once(smollm2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,12 +136,15 @@ def test_a_child_that_ended_as_the_request_came_is_replaced_once(smollm2: Path, 
 
     referee._close()
     monkeypatch.setattr(referee, "_start", gone_then_real)
-    assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok and len(started) == 2
-    referee._close()
-    monkeypatch.setattr(referee, "_start", lambda idle: subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE,
-                                                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0))
-    dry = referee.dry_run(smollm2, LoadConfig(n_ctx=512))
-    assert dry.failed is not None and not dry.ok
+    try:
+        assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok and len(started) == 2
+        referee._close()
+        monkeypatch.setattr(referee, "_start", lambda idle: subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE,
+                                                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0))
+        dry = referee.dry_run(smollm2, LoadConfig(n_ctx=512))
+        assert dry.failed is not None and not dry.ok
+    finally:
+        referee._close()
 
 
 @pytest.mark.slow
