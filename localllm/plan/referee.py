@@ -36,6 +36,7 @@ MARK = DryRun.MARK
 
 _lock = threading.Lock()  # one request at a time on the warm child
 _warm: subprocess.Popen | None = None
+_owner = 0  # the process that started it: a forked child starts its own, not a second writer on the same pipe
 
 
 def dry_run(path: Path, config: LoadConfig, timeout: float = TIMEOUT_S) -> DryRun:
@@ -49,12 +50,12 @@ def dry_run(path: Path, config: LoadConfig, timeout: float = TIMEOUT_S) -> DryRu
             return _ask(proc, request, timeout, time.perf_counter())
         finally:
             _end(proc)
-    global _warm
+    global _warm, _owner
     with _lock:
         for attempt in range(2):
             t0 = time.perf_counter()
-            if _warm is None or _warm.poll() is not None:
-                _warm = _start(idle=IDLE_S)
+            if _warm is None or _owner != os.getpid() or _warm.poll() is not None:
+                _warm, _owner = _start(idle=IDLE_S), os.getpid()
             proc = _warm
             result = _ask(proc, request, timeout, t0)
             if proc.poll() is None:
@@ -71,9 +72,9 @@ def dry_run(path: Path, config: LoadConfig, timeout: float = TIMEOUT_S) -> DryRu
 def _close() -> None:
     """The warm child ends with this process (it would at stdin's end anyway)."""
     global _warm
-    if _warm is not None:
+    if _warm is not None and _owner == os.getpid():
         _end(_warm)
-        _warm = None
+    _warm = None
 
 
 def child_pid() -> int | None:

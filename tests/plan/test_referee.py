@@ -156,3 +156,26 @@ def test_a_dry_run_over_workers_gets_a_child_of_its_own(smollm2: Path) -> None:
     dry = referee.dry_run(smollm2, LoadConfig(n_ctx=512, rpc_servers=("127.0.0.1:9",)))
     assert dry.failed is not None and "127.0.0.1:9" in dry.failed
     assert referee.child_pid() == pid
+
+
+@pytest.mark.slow
+def test_a_forked_process_starts_a_child_of_its_own(smollm2: Path) -> None:
+    """A fork inherits the warm child's pipes: two writers on one child would mix
+    their requests, so the fork starts its own and the parent keeps its one."""
+    import multiprocessing
+
+    assert referee.dry_run(smollm2, LoadConfig(n_ctx=512)).ok
+    pid = referee.child_pid()
+
+    def in_the_fork(q) -> None:
+        dry = referee.dry_run(smollm2, LoadConfig(n_ctx=512))
+        q.put((dry.ok, referee.child_pid()))
+        referee._close()
+
+    q = multiprocessing.get_context("fork").Queue()
+    p = multiprocessing.get_context("fork").Process(target=in_the_fork, args=(q,))
+    p.start()
+    ok, forked_child = q.get(timeout=60)
+    p.join(60)
+    assert ok and forked_child not in (None, pid)
+    assert referee.dry_run(smollm2, LoadConfig(n_ctx=1024)).ok and referee.child_pid() == pid
