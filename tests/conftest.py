@@ -221,6 +221,16 @@ def hf_hub_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
 
 
 @pytest.fixture(scope="session")
+def synth_case(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``synth_case(name, spec=None)``: the GGUF of a conformance case (or of
+    ``spec``), written once a run and shared by the workers (tests/helpers/synth_cases.py)."""
+    from tests.helpers.synth_cases import case_file, shared_dir
+
+    root = shared_dir(tmp_path_factory)
+    return lambda name, spec=None: case_file(root, name, spec)
+
+
+@pytest.fixture(scope="session")
 def synth_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer llama with GQA (4 query heads, 2 KV heads) and a byte-fallback vocabulary."""
     return write_llama_gguf(tmp_path_factory.mktemp("synth") / "synth-llama.gguf", SynthSpec())

@@ -6,14 +6,10 @@ multiple of 64, or for a cache whose layers differ in head size."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from localllm.engine_api.llama_rules import hadamard_sides
 from localllm.plan import compute_graph, planner
-from scripts.plan_conformance import CASES
-from scripts.synth_gguf import write_gguf
 
 
 @pytest.mark.parametrize(("k_all", "v_all", "head", "types", "want"), [
@@ -30,12 +26,12 @@ def test_hadamard_sides(k_all: int, v_all: int, head: int, types: tuple[str, str
     assert hadamard_sides(k_all, v_all, head, head, *types) == want
 
 
-def test_the_replay_and_the_estimate_use_the_same_matrices(tmp_path: Path) -> None:
+def test_the_replay_and_the_estimate_use_the_same_matrices(synth_case) -> None:
     """Head size 128, q8_0 cache: the replay's graph inputs and the estimate's
     bytes are both 128 x 128 for K and 64 x 64 for V."""
     from localllm.modelfile.gguf_file import read_header
 
-    path = write_gguf(tmp_path / "q3.gguf", CASES["qwen3"])
+    path = synth_case("qwen3")
     shape = planner.ModelShape.from_header(read_header(path))
     assert shape.head_dim_k == 128
     cfg = planner.LoadConfig(n_ctx=512, type_k="q8_0", type_v="q8_0")

@@ -21,16 +21,17 @@ from localllm.plan.planner import MiB, ModelShape, cache_types_allowed, plan_mem
 from scripts.plan_conformance import CASES, ESTIMATE_FLOOR, Setting, measure
 from scripts.synth_gguf import SynthSpec, write_gguf
 from tests.helpers.cli import cli
+from tests.helpers.synth_cases import case_file, shared_dir
 
 
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("conformance")
+    """The run's shared folder of synthetic models (tests/helpers/synth_cases.py): each written once a run."""
+    return shared_dir(tmp_path_factory)
 
 
 def _write(d: Path, name: str, spec: SynthSpec) -> Path:
-    p = d / f"{name.replace('+', '-')}.gguf"
-    return p if p.exists() else write_gguf(p, spec)
+    return case_file(d, name, spec)
 
 
 def _shape(d: Path, name: str, spec: SynthSpec | None = None) -> ModelShape:

@@ -6,8 +6,6 @@ told), and that a recurrent state goes to its layer's device."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from localllm.engine_api import LoadConfig
@@ -15,18 +13,16 @@ from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting, planner
 from localllm.plan.placement import Device, place
 from localllm.plan.planner import MiB, ModelShape
-from scripts.plan_conformance import CASES
-from scripts.synth_gguf import write_gguf
 
 
-def _shape(tmp_path: Path, case: str) -> ModelShape:
-    return ModelShape.from_header(read_header(write_gguf(tmp_path / f"{case}.gguf", CASES[case])))
+def _shape(synth_case, case: str) -> ModelShape:
+    return ModelShape.from_header(read_header(synth_case(case)))
 
 
 @pytest.mark.parametrize("case", ["llama", "granitehybrid", "gemma2", "qwen3moe"])
 @pytest.mark.parametrize("ngl", [-1, 0, 1, 2])
-def test_a_local_gpu_placement_is_the_plan(tmp_path: Path, case: str, ngl: int) -> None:
-    shape = _shape(tmp_path, case)
+def test_a_local_gpu_placement_is_the_plan(synth_case, case: str, ngl: int) -> None:
+    shape = _shape(synth_case, case)
     cfg = LoadConfig(n_ctx=1024, n_gpu_layers=ngl)
     plan = planner.plan_memory(shape, cfg, gpu=True)
     gpu, cpu = place(shape, cfg, [Device("GPU", "gpu", 4096 * MiB)], Device("CPU", "cpu", None)).uses
@@ -35,16 +31,16 @@ def test_a_local_gpu_placement_is_the_plan(tmp_path: Path, case: str, ngl: int) 
     assert (gpu.compute_bytes, cpu.compute_bytes) == ((plan.compute_bytes, 0) if plan.compute_on_gpu else (0, plan.compute_bytes))
 
 
-def test_the_cpu_alone_is_the_plan(tmp_path: Path) -> None:
-    shape = _shape(tmp_path, "granitehybrid")
+def test_the_cpu_alone_is_the_plan(synth_case) -> None:
+    shape = _shape(synth_case, "granitehybrid")
     cfg = LoadConfig(n_ctx=1024)
     plan = planner.plan_memory(shape, cfg, gpu=False)
     (cpu,) = place(shape, cfg, [], Device("CPU", "cpu", None)).uses
     assert cpu.total_bytes == plan.total_cpu_bytes and plan.rs_bytes > 0
 
 
-def test_recurrent_state_is_on_its_layers_device(tmp_path: Path) -> None:
-    shape = _shape(tmp_path, "granitehybrid")  # layers "mmam": recurrent 0, 1, 3; attention 2
+def test_recurrent_state_is_on_its_layers_device(synth_case) -> None:
+    shape = _shape(synth_case, "granitehybrid")  # layers "mmam": recurrent 0, 1, 3; attention 2
     cfg = LoadConfig(n_ctx=1024, n_gpu_layers=-1)
     plan = planner.plan_memory(shape, cfg, gpu=True)
     uses = place(shape, cfg, [Device("RPC0[a]", "rpc", None), Device("RPC1[b]", "rpc", None)], Device("CPU", "cpu", None), [1.0, 1.0]).uses
@@ -55,8 +51,8 @@ def test_recurrent_state_is_on_its_layers_device(tmp_path: Path) -> None:
         assert u.kv_bytes == kv + per_layer * len(shape.recurrent_layers & set(u.layers))
 
 
-def test_a_budget_too_small_for_anything_names_ram_not_a_zero_byte_gpu(tmp_path: Path) -> None:
-    shape = _shape(tmp_path, "llama")
+def test_a_budget_too_small_for_anything_names_ram_not_a_zero_byte_gpu(synth_case) -> None:
+    shape = _shape(synth_case, "llama")
     f = fitting.fit(shape, fitting.Request(LoadConfig(n_ctx=4096)), fitting.Budget(400 * 1024, 1 * MiB))
     assert not f.fits
     assert "of RAM at the smallest settings" in f.sentence and "needs 0 B" not in f.sentence

@@ -175,16 +175,14 @@ def test_a_simulated_gpu_budget_keeps_llama_cpps_compute_in_the_gpu_column(deci:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["qwen2moe", "mamba2", "gpt-oss", "llama"])
-def test_plan_json_reports_the_compute_its_table_shows(case: str, tmp_path: Path) -> None:
+def test_plan_json_reports_the_compute_its_table_shows(case: str, synth_case) -> None:
     """Issue 45 item 7: ``plan --json`` took the unrefereed plan (the estimate, with
     ``compute_estimated: true``) while ``sources.compute`` said "llama.cpp's dry run"
     and the table showed the dry run's figure. Now the JSON's compute_bytes is the
     table's, and ``compute_estimated`` is true only when nothing measured it."""
     import re
 
-    from scripts.plan_conformance import CASES
-
-    path = write_gguf(tmp_path / f"{case}.gguf", CASES[case])
+    path = synth_case(case)
     d = json.loads(cli("plan", str(path), "--json").stdout)
     text = cli("plan", str(path)).stdout
     shown = re.search(r"^compute \(([^)]+)\)\s+\S+ \S+\s+([\d.]+) (KiB|MiB|GiB)$", text, re.M)

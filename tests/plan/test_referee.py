@@ -13,7 +13,6 @@ import pytest
 
 from localllm.engine_api import LoadConfig
 from localllm.plan import referee
-from scripts.plan_conformance import CASES
 from scripts.synth_gguf import SynthSpec, write_gguf
 from tests.helpers.cli import cli
 
@@ -54,10 +53,10 @@ def test_where_it_does_not_the_figure_is_llama_cpps_own(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_plan_refuses_what_only_llama_cpp_knows(tmp_path: Path) -> None:
+def test_plan_refuses_what_only_llama_cpp_knows(synth_case) -> None:
     """MLA (deepseek2) keeps one latent cache: llama.cpp refuses different K and
     V types, a rule localllm does not write down. The dry run says so."""
-    path = write_gguf(tmp_path / "ds2.gguf", CASES["deepseek2"])
+    path = synth_case("deepseek2")
     r = cli("plan", str(path), "--ctx", "512", "--k-type", "q8_0", "--v-type", "f16")
     assert r.returncode == 1
     assert "llama.cpp refuses this config" in r.stderr and "does not support different K (q8_0) and V (f16) cache types" in r.stderr

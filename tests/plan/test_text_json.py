@@ -18,7 +18,6 @@ import pytest
 
 from localllm.commands import plan as plan_cmd
 from scripts.plan_conformance import CASES
-from scripts.synth_gguf import write_gguf
 from tests.helpers.cli import cli
 
 ROWS = {  # the table's row label -> the JSON's (GPU, CPU) keys
@@ -56,8 +55,8 @@ def _close(shown: str, exact: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_figure_of_the_table_is_the_jsons(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    text, d = _both(write_gguf(tmp_path / f"{case.replace('+', '-')}.gguf", CASES[case]), monkeypatch)
+def test_every_figure_of_the_table_is_the_jsons(case: str, synth_case, monkeypatch: pytest.MonkeyPatch) -> None:
+    text, d = _both(synth_case(case), monkeypatch)
     seen = set()
     for line in text.splitlines():
         m = re.match(rf"^(weights|KV cache|recurrent|compute|output|total)(?: \((.+?)\))?\s+{SIZE}\s+{SIZE}$", line)
@@ -88,13 +87,13 @@ def test_every_figure_of_the_table_is_the_jsons(case: str, tmp_path: Path, monke
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["llama", "gemma3", "mamba2", "gpt-oss", "qwen2moe"])
-def test_run_json_checks_the_figures_its_plan_reports(case: str, tmp_path: Path) -> None:
+def test_run_json_checks_the_figures_its_plan_reports(case: str, synth_case) -> None:
     """``run --json``'s ``plan`` is what the load was budgeted with, and its
     ``memory_check`` compares exactly those figures with llama.cpp's log (what
     ``run -v`` prints): a dense, a sliding-window, a recurrent and two MoE
     models. gpt-oss's 0.375 MiB window cache printed as 0.38 MiB was a false
     mismatch (one byte past the rounding allowance) until this test."""
-    path = write_gguf(tmp_path / f"{case}.gguf", CASES[case])
+    path = synth_case(case)
     proc = cli("run", str(path), "-p", "hi", "-n", "1", "--raw", "--json")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
