@@ -153,6 +153,11 @@ def check(vocab: object, text: str, n_vocab: int | None = None) -> None:
         if n_vocab is not None:
             took = filter_seconds(sampler, n_vocab)
             if took > MAX_STEP_SECONDS:
+                # Once more before refusing: the first pass builds llama.cpp's decoded candidates in
+                # memory the process may touch for the first time, and the kernel's time for that
+                # counts in the thread's CPU (357 ms once in the test suite for a schema that takes 5-16 ms).
+                took = min(took, filter_seconds(sampler, n_vocab))
+            if took > MAX_STEP_SECONDS:
                 raise InputError(too_slow(took))
     finally:
         llama_cpp.llama_sampler_free(sampler)
