@@ -221,6 +221,15 @@ def hf_hub_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
 
 
 @pytest.fixture(scope="session")
+def smollm2_vocab(smollm2: Path) -> Iterator[object]:
+    """SmolLM2's vocabulary alone (llama.cpp's vocab_only): what a grammar is parsed and walked against."""
+    from tests.helpers.vocab import vocab_only
+
+    with vocab_only(smollm2) as vocab:
+        yield vocab
+
+
+@pytest.fixture(scope="session")
 def synth_case(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """``synth_case(name, spec=None)``: the GGUF of a conformance case (or of
     ``spec``), written once a run and shared by the workers (tests/helpers/synth_cases.py)."""

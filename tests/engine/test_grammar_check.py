@@ -6,8 +6,6 @@ first time."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from localllm.engine import grammar
@@ -15,15 +13,10 @@ from localllm.errors import InputError
 
 
 @pytest.fixture(scope="module")
-def vocab(smollm2: Path):
+def vocab(smollm2_vocab):
     import llama_cpp
 
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(str(smollm2).encode(), params)
-    assert model
-    yield llama_cpp.llama_model_get_vocab(model), llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
-    llama_cpp.llama_model_free(model)
+    return smollm2_vocab, llama_cpp.llama_vocab_n_tokens(smollm2_vocab)
 
 
 _REAL = grammar.filter_seconds

@@ -128,16 +128,10 @@ def ours(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> I
 @contextlib.contextmanager
 def _vocab(path: Path) -> Iterator[Tokenizer]:
     """``path``'s vocabulary alone (llama.cpp's vocab_only), in this process."""
-    import llama_cpp
+    from tests.helpers.vocab import vocab_only
 
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-    assert model
-    try:
-        yield Tokenizer(llama_cpp.llama_model_get_vocab(model), None)
-    finally:
-        llama_cpp.llama_model_free(model)
+    with vocab_only(path) as vocab:
+        yield Tokenizer(vocab, None)
 
 
 def _build(tok: Tokenizer, body: dict, *, spm: bool) -> list[int]:

@@ -233,20 +233,11 @@ def _every_format() -> list[tools.Format]:
 
 
 @pytest.fixture(scope="module")
-def vocab(smollm2: Path):
-    """SmolLM2's vocabulary alone (llama.cpp's vocab_only): what a grammar is parsed and walked against."""
-    import llama_cpp
-
+def vocab(smollm2_vocab):
+    """SmolLM2's vocabulary alone, as a tokenizer (tests/conftest.py)."""
     from localllm.engine.tokenizer import Tokenizer
 
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(str(smollm2).encode(), params)
-    assert model
-    try:
-        yield Tokenizer(llama_cpp.llama_model_get_vocab(model), None)
-    finally:
-        llama_cpp.llama_model_free(model)
+    return Tokenizer(smollm2_vocab, None)
 
 
 def _grammar_takes(tok, gbnf: str, text: str) -> bool:
