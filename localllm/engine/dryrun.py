@@ -98,13 +98,11 @@ def serve(idle: float) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m localllm.engine.dryrun serve IDLE_S`` (``plan.referee``'s
-    child), or ``python -m localllm.engine.dryrun PATH CONFIG_JSON``: one JSON line."""
-    if argv[:1] == ["serve"]:
-        return serve(float(argv[1]))
-    result = run(Path(argv[0]), _config(json.loads(argv[1])))
-    print(json.dumps(result.to_dict()), flush=True)
-    return 0
+    """``python -m localllm.engine.dryrun serve IDLE_S``: ``plan.referee``'s child."""
+    if len(argv) != 2 or argv[0] != "serve":
+        print("usage: python -m localllm.engine.dryrun serve IDLE_S (plan.referee starts it)", file=sys.stderr)
+        return 2
+    return serve(float(argv[1]))
 
 
 if __name__ == "__main__":

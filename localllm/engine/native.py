@@ -14,9 +14,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from localllm.engine import bindings
+from localllm.util import lean_import
 
-bindings.install()  # before the first ``import llama_cpp``: its low-level half alone (engine.bindings)
+# Before the first ``import llama_cpp``: its ctypes bindings alone, not its high-level
+# ``Llama`` (190 ms of every model-loading process's start here; util.lean_import).
+lean_import.install("llama_cpp", ("llama_cpp",))
 
 import llama_cpp  # noqa: E402
 

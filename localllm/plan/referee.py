@@ -32,7 +32,6 @@ from localllm.engine_api import DryRun, LoadConfig
 
 TIMEOUT_S = 60.0
 IDLE_S = 60.0  # the warm child's life without a request
-MARK = DryRun.MARK
 
 _lock = threading.Lock()  # one request at a time on the warm child
 _warm: subprocess.Popen | None = None
@@ -150,8 +149,8 @@ def _answer(out: bytearray) -> str | None:
         line, _, rest = bytes(out).partition(b"\n")
         out[:] = rest
         text = line.decode(errors="replace")
-        if text.startswith(MARK):
-            return text[len(MARK):]
+        if text.startswith(DryRun.MARK):
+            return text[len(DryRun.MARK):]
     return None
 
 
