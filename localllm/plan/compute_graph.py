@@ -737,19 +737,23 @@ def graph_peak(p: dict[str, Any], n_tokens: int, n_outputs: int) -> int | None:
 _CACHE: dict[str, int] = {}
 
 
-def compute_buffer(p: dict[str, Any], n_ubatch: int, n_outputs_pp: int) -> int | None:
+def compute_buffer(p: dict[str, Any], n_ubatch: int, n_outputs_pp: int, n_seqs: int = 1) -> int | None:
     """llama_context::sched_reserve (src/llama-context.cpp): the pp graph, the tg
-    graph (one token), the pp graph again; the buffer is the largest. None for
-    an architecture whose graph is not rebuilt here."""
+    graph (one token a sequence), the pp graph again; the buffer is the largest.
+    With ``n_seqs`` (n_seq_max) > 1 the pp ubatch is ``n_ubatch`` tokens rounded up
+    to a multiple of ``n_seqs`` (graph_reserve) and the tg one ``n_seqs`` tokens,
+    one output each. None for an architecture whose graph is not rebuilt here."""
     if p["arch"] not in BUILDERS:
         return None
-    key = repr((sorted(p.items()), n_ubatch, n_outputs_pp))
+    n_seqs = max(n_seqs, 1)
+    key = repr((sorted(p.items()), n_ubatch, n_outputs_pp, n_seqs))
     if key not in _CACHE:
         if len(_CACHE) > 256:
             _CACHE.clear()
+        n_pp = -(-n_ubatch // n_seqs) * n_seqs
         try:
-            pp = graph_peak(p, n_ubatch, n_outputs_pp)
-            tg = graph_peak(p, 1, 1) if pp is not None else None
+            pp = graph_peak(p, n_pp, min(n_outputs_pp, n_pp))
+            tg = graph_peak(p, n_seqs, n_seqs) if pp is not None else None
         except (KeyError, IndexError, ValueError, ZeroDivisionError):
             pp = tg = None  # a header this graph cannot be built from (a cache type or shape it does not know)
         if pp is None:
@@ -816,14 +820,15 @@ def params(shape: Any, *, cells: int, swa_cells: int, type_k: str, type_v: str, 
     }
 
 
-def replay(shape: Any, n_ubatch: int, n_outputs: int, **settings: Any) -> int | None:
+def replay(shape: Any, n_ubatch: int, n_outputs: int, n_seqs: int = 1, **settings: Any) -> int | None:
     """The compute buffer llama.cpp allocates for ``shape`` (a planner.ModelShape)
-    with these load settings (see ``params``), or None where the graph is not
-    rebuilt here or cannot be built from this header."""
+    with these load settings (see ``params``) and ``n_seqs`` sequences in one
+    unified cache, or None where the graph is not rebuilt here or cannot be
+    built from this header."""
     if shape.architecture not in BUILDERS:
         return None
     try:
         p = params(shape, **settings)
     except (KeyError, IndexError, ValueError, ZeroDivisionError):
         return None
-    return compute_buffer(p, n_ubatch, n_outputs)
+    return compute_buffer(p, n_ubatch, n_outputs, n_seqs)

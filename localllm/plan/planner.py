@@ -19,8 +19,8 @@ follows llama.cpp (the version pinned by scripts/install.sh):
 - the compute buffer is the peak of the worst-case graph (``n_ubatch`` tokens,
   full cache): for the architectures compute_graph.py rebuilds, that graph is
   replayed through a copy of ggml-alloc's allocator (exact to llama.cpp's log
-  on the conformance suite); for the others, and for several sequences, it is
-  an estimate: the largest of the logits, attention and feed-forward phases
+  on the conformance suite, serve's several sequences in one unified cache
+  included); for the others, and for separate streams, it is an estimate: the largest of the logits, attention and feed-forward phases
   plus the attention masks (``compute_estimated`` in the plan).
 """
 
@@ -445,7 +445,7 @@ def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> Mem
 
 
 # The estimate, for graphs compute_graph.py does not replay (other architectures,
-# several sequences). What else is live beside the feed-forward peak (3 n_ff): how many n_embd-wide
+# separate streams, a recurrent state per sequence). What else is live beside the feed-forward peak (3 n_ff): how many n_embd-wide
 # activations, whether a Q-sized one is still held, and whether a Q norm keeps
 # it held with a quantized K cache. Llama-style graphs keep 3 n_embd and Q (the
 # default, exact on SmolLM2 and Gemma 3 270M); these graphs differ, as measured against
@@ -490,13 +490,18 @@ def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> 
     T = min(n_ctx, cfg.n_ubatch)
     t_out = min(T, cfg.n_outputs_max or cfg.n_batch)
 
-    if cfg.n_seq <= 1 and shape.architecture in compute_graph.BUILDERS and cfg.n_cpu_moe == 0:
+    # Several sequences (serve --parallel) in one unified cache keep the graph's
+    # shapes (one stream: the masks are n_kv x tokens); only the reserved ubatches
+    # change (compute_graph.compute_buffer). Separate streams, and a recurrent
+    # state read per sequence, are left to the estimate and the dry run.
+    one_stream = cfg.n_seq <= 1 or (cfg.kv_unified and not shape.recurrent_layers)
+    if one_stream and shape.architecture in compute_graph.BUILDERS and cfg.n_cpu_moe == 0:
         # The worst-case graph replayed through ggml's allocator (compute_graph.py),
         # for the architectures whose graph it rebuilds; the rest below is an estimate.
         # Experts in RAM split the graph between the CPU and the GPU, each with a
         # buffer of its own that one replay does not give: llama.cpp's dry run does.
-        simulated = compute_graph.replay(shape, T, t_out, cells=cells, swa_cells=swa_cells, type_k=cfg.type_k, type_v=cfg.type_v,
-                                         flash_attn=cfg.uses_flash_attn)
+        simulated = compute_graph.replay(shape, T, t_out, max(cfg.n_seq, 1), cells=cells, swa_cells=swa_cells, type_k=cfg.type_k,
+                                         type_v=cfg.type_v, flash_attn=cfg.uses_flash_attn)
         if simulated is not None:
             return simulated, True
     E = shape.n_embd

@@ -6,7 +6,7 @@ the cockpit ask before they load. Where ``compute_graph.py`` replays llama.cpp's
 graph the compute figure is exact, and the load's own log checks it afterwards
 (``memcheck``), so no dry run is spent on it unless asked (``plan`` asks, as a
 cross-check). Where the replay does not cover the model (hybrid and recurrent
-models, mixtures of experts, several sequences, architectures it does not
+models, experts kept in RAM, separate streams, architectures it does not
 rebuild) the compute figure is an estimate, so llama.cpp's dry run
 (``referee.dry_run``, in a child process) gives the exact compute and output
 buffers. When the dry run finds more than the estimate, the fit is redone with

@@ -99,14 +99,19 @@ def test_host_buffers_of_a_gpu_backend_count_as_ram() -> None:
 
 
 @pytest.mark.slow
-def test_several_sequences_take_llama_cpps_compute(smollm2: Path) -> None:
-    """serve's batch engine (4 sequences, a unified cache) is outside the replay:
-    its compute is llama.cpp's own, equal to what a real load of the same
-    config (n_seq_max 4, unified) allocates; so is the output buffer, one row per sequence."""
+def test_several_sequences_in_one_cache_are_replayed_as_the_load_allocates(smollm2: Path) -> None:
+    """serve's batch engine (4 sequences, a unified cache) is replayed (the graph's
+    shapes are one sequence's; only the reserved ubatches change) with no dry run:
+    its compute equals what a real load of the same config (n_seq_max 4, unified)
+    allocates, and so does the output buffer, one row per sequence. Separate
+    streams stay with llama.cpp's dry run."""
     from localllm.engine import LlamaCppBackend
 
-    lp = prepare.prepare_load(smollm2, fitting.Request(LoadConfig()), _cpu(2**34), n_ctx=4096, n_seq=4)
-    assert lp.compute_source == prepare.DRY_RUN and lp.config.n_seq == 4 and lp.config.kv_unified
+    def no_dry_run(*_: object) -> DryRun:
+        raise AssertionError("the replay covers a unified cache: no dry run")
+
+    lp = prepare.prepare_load(smollm2, fitting.Request(LoadConfig()), _cpu(2**34), n_ctx=4096, n_seq=4, dry_run=no_dry_run)
+    assert lp.compute_source == prepare.REPLAY and lp.config.n_seq == 4 and lp.config.kv_unified
     with LlamaCppBackend() as b:
         b.load(smollm2, lp.config)
         logged = b.logged_buffers["CPU"]
