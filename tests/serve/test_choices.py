@@ -113,9 +113,11 @@ def test_n_choices_each_sampled_and_streamed_with_index(server) -> None:
     greedy = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Name a fruit, any fruit at all."}], n=3,
                                             temperature=0, max_tokens=8, logprobs=True)
     # the same prompt, the same first token; later ones may part where two are nearly tied (" fruit" -2.12, " most" -2.14 here),
-    # as a batch of 3 rows rounds otherwise than one (so llama-server's n_parallel too)
+    # as a batch of 3 rows rounds otherwise than one (so llama-server's n_parallel too). Choice 0's first logits come from
+    # the prompt's batch, as long as what the earlier tests left cached makes it; the others' from the last token alone:
+    # -1.672 against -1.605 after this module's other tests in one order, so the bound is 0.1 nats
     firsts = [(c.logprobs.content[0].token, c.logprobs.content[0].logprob) for c in greedy.choices]
-    assert len({t for t, _ in firsts}) == 1 and max(v for _, v in firsts) - min(v for _, v in firsts) < 0.05, firsts
+    assert len({t for t, _ in firsts}) == 1 and max(v for _, v in firsts) - min(v for _, v in firsts) < 0.1, firsts
     # a new prompt: choice 0 reads it, choices 1 and 2 share its cells (all but the last token, whose logits start each reply)
     u = greedy.usage
     assert _cached_total(server) - before == u.prompt_tokens_details.cached_tokens + 2 * (u.prompt_tokens - 1)
