@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,37 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _pin_xdist_worker()
     _quicker_pilot()
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _compile_the_project()
+    # pytest's rewritten test modules are kept while collecting (pytest_collection_finish puts the
+    # setting back): under PYTHONDONTWRITEBYTECODE each worker rewrote all of them at every run,
+    # 14.3 s of CPU a collection against 4.9 s with them kept
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):  # a process that collects
+        _WRITE_BYTECODE[0] = sys.dont_write_bytecode
+        sys.dont_write_bytecode = False
+
+
+_WRITE_BYTECODE = [False]  # sys.dont_write_bytecode as the run was started (pytest_configure)
+
+
+def _compile_the_project() -> None:
+    """The project's own modules compiled once, before the workers start. The suite
+    starts about a thousand ``localllm`` processes (serve, run, the cockpit in tmux,
+    the benchmarks, the helpers some of them run); under PYTHONDONTWRITEBYTECODE (set
+    on this project's machines) none may write its bytecode, so each compiled the
+    package from source again: a ``serve smollm2`` start took 1.8 s of CPU against
+    1.35 s with the bytecode there (three starts each, interleaved), and importing
+    serve, the router and the cockpit 2.0 s against 1.4. Written where ``pip install``
+    writes an installed package's (``__pycache__``, ignored by git); the variable
+    still holds for everything else. Up to date, this takes 0.07 s."""
+    import compileall
+
+    root = Path(__file__).resolve().parents[1]
+    for package in ("localllm", "tui", "quantize", "scripts", "tests"):
+        try:
+            compileall.compile_dir(str(root / package), quiet=2)
+        except OSError:  # a read-only checkout: the processes compile as before
+            return
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -35,6 +67,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     is still collected as usual."""
     import gc
 
+    sys.dont_write_bytecode = _WRITE_BYTECODE[0]
     gc.collect()
     gc.freeze()
 
