@@ -20,8 +20,9 @@ follows llama.cpp (the version pinned by scripts/install.sh):
   full cache): for the architectures compute_graph.py rebuilds, that graph is
   replayed through a copy of ggml-alloc's allocator (exact to llama.cpp's log
   on the conformance suite, serve's several sequences in one unified cache
-  included); for the others, and for separate streams, it is an estimate: the largest of the logits, attention and feed-forward phases
-  plus the attention masks (``compute_estimated`` in the plan).
+  included); for the others, and for separate streams, it is an estimate: the
+  largest of the logits, attention and feed-forward phases plus the attention
+  masks (``compute_estimated`` in the plan).
 """
 
 from __future__ import annotations
@@ -445,9 +446,9 @@ def plan_memory(shape: ModelShape, cfg: LoadConfig, *, gpu: bool = False) -> Mem
 
 
 # The estimate, for graphs compute_graph.py does not replay (other architectures,
-# separate streams, a recurrent state per sequence). What else is live beside the feed-forward peak (3 n_ff): how many n_embd-wide
-# activations, whether a Q-sized one is still held, and whether a Q norm keeps
-# it held with a quantized K cache. Llama-style graphs keep 3 n_embd and Q (the
+# separate streams, a recurrent state per sequence). What else is live beside
+# the feed-forward peak (3 n_ff): how many n_embd-wide activations, whether a
+# Q-sized one is still held, and whether a Q norm keeps it held with a quantized K cache. Llama-style graphs keep 3 n_embd and Q (the
 # default, exact on SmolLM2 and Gemma 3 270M); these graphs differ, as measured against
 # llama.cpp's log by scripts/plan_conformance.py (a fit to ggml-alloc's peak on
 # synthetic models, not derived from the graph).
@@ -500,7 +501,7 @@ def _compute(shape: ModelShape, cfg: LoadConfig, cells: int, swa_cells: int) -> 
         # for the architectures whose graph it rebuilds; the rest below is an estimate.
         # Experts in RAM split the graph between the CPU and the GPU, each with a
         # buffer of its own that one replay does not give: llama.cpp's dry run does.
-        simulated = compute_graph.replay(shape, T, t_out, max(cfg.n_seq, 1), cells=cells, swa_cells=swa_cells, type_k=cfg.type_k,
+        simulated = compute_graph.replay(shape, T, t_out, cfg.n_seq, cells=cells, swa_cells=swa_cells, type_k=cfg.type_k,
                                          type_v=cfg.type_v, flash_attn=cfg.uses_flash_attn)
         if simulated is not None:
             return simulated, True
