@@ -103,6 +103,25 @@ if [ "$test" = 1 ]; then
     }
   done
   PYTHON="$py" "$here/scripts/build_llama_tools.sh" >/dev/null
+  # The agents people point at serve, their own CLIs from npm, pinned to the versions
+  # the README's compatibility table names (tests/clients): each ships its program as a
+  # native binary inside the package. Node and npm from the system's packages where missing.
+  if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing nodejs and npm (the real-client tests run Claude Code, Codex and opencode)" >&2
+    apt-get install -y nodejs npm >/dev/null 2>&1 || { apt-get update >/dev/null 2>&1 && apt-get install -y nodejs npm >/dev/null 2>&1; } || true
+  fi
+  command -v npm >/dev/null 2>&1 || {
+    echo "install.sh: the tests need npm: install Node.js (apt-get install nodejs npm, brew install node) and run scripts/install.sh --test again" >&2
+    exit 1
+  }
+  clients="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 opencode-ai@1.18.33"
+  if [ "$(cat "$venv/clients/.pinned" 2>/dev/null)" != "$clients" ]; then
+    echo "installing the real clients the tests drive: $clients" >&2
+    mkdir -p "$venv/clients"
+    # shellcheck disable=SC2086  # one word a package
+    npm install --prefix "$venv/clients" --no-audit --no-fund --loglevel=error $clients >/dev/null
+    echo "$clients" > "$venv/clients/.pinned"
+  fi
 fi
 
 # Smoke test: load the default model and decode, in a child process so that a bad

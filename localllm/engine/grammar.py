@@ -51,14 +51,16 @@ _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "m
 
 def from_json_schema(schema: dict[str, Any]) -> str:
     """The GBNF of a JSON schema; an ``InputError`` naming what the converter
-    refused, or the bound a schema passes (before the converter runs)."""
+    refused, or the bound a schema passes (before the converter runs). The
+    schema is first read as the vendored llama.cpp reads it (``as_llama``)."""
     text = json.dumps(schema)
     if len(text) > MAX_SCHEMA_BYTES:
         raise InputError(f"the JSON schema is {len(text) // 1024} KiB; at most {MAX_SCHEMA_BYTES // 1024} KiB is compiled into a grammar")
     _check_schema_counts(schema)
+    llama_grammar._build_repetition = repetition  # the vendored llama.cpp's rule: see ``repetition``
     try:
-        gbnf = llama_grammar.json_schema_to_gbnf(text)
-    except (ValueError, KeyError, TypeError, RecursionError, NotImplementedError, AssertionError) as exc:
+        gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(as_llama(schema)))
+    except (ValueError, KeyError, TypeError, RecursionError, NotImplementedError, AssertionError, AttributeError, IndexError) as exc:
         raise InputError(f"the JSON schema cannot be turned into a grammar: {type(exc).__name__}: {exc}"[:300]) from None
     if len(gbnf.encode("utf-8")) > MAX_GRAMMAR_BYTES:
         raise InputError(f"the JSON schema compiles to {len(gbnf.encode('utf-8')) // 1024} KiB of grammar; at most "
@@ -66,19 +68,110 @@ def from_json_schema(schema: dict[str, Any]) -> str:
     return gbnf
 
 
+def repetition(item_rule: str, min_items: int, max_items: int | None, separator_rule: str | None = None,
+               item_rule_is_literal: bool = False) -> str:
+    """A repetition as the vendored llama.cpp's converter writes it
+    (common/json-schema-to-grammar.cpp, ``build_repetition``): GBNF's own
+    ``{m,n}``, which llama.cpp's parser expands into rules itself, without
+    recursing. llama-cpp-python's older Python port, which this replaces in its
+    module, writes ``x{0,256}`` as 256 nested optional groups: a ``maxLength``
+    of 256 (Claude Code's tools have several) nested deeper than the parser's
+    recursion bound (``MAX_GRAMMAR_DEPTH``) and wrote 50 KiB of grammar."""
+    if max_items == 0:
+        return ""
+    if min_items == 0 and max_items == 1:
+        return f"{item_rule}?"
+    if not separator_rule:
+        if item_rule_is_literal and min_items == max_items:  # a pattern's literal repeated: one literal, as the port writes it
+            return '"' + item_rule[1:-1] * min_items + '"'
+        if min_items == 1 and max_items is None:
+            return f"{item_rule}+"
+        if min_items == 0 and max_items is None:
+            return f"{item_rule}*"
+        return f"{item_rule}{{{min_items},{'' if max_items is None else max_items}}}"
+    rest = repetition(f"({separator_rule} {item_rule})", max(min_items - 1, 0), None if max_items is None else max_items - 1)
+    result = f"{item_rule} {rest}".rstrip()
+    return f"({result})?" if min_items == 0 else result
+
+
 def _check_schema_counts(schema: Any) -> None:
-    """Every repetition bound in ``schema`` (any depth, walked without recursion) at most MAX_REPEAT."""
+    """Every lower repetition bound in ``schema`` (any depth, walked without
+    recursion) at most MAX_REPEAT: a reply that must be that long is refused.
+    An upper bound is not checked: ``as_llama`` drops those llama.cpp ignores."""
     stack = [schema]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
             for key in _COUNTS:
                 v = node.get(key)
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT:
+                if key.startswith("min") and isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT:
                     raise InputError(f"the JSON schema's {key} is {v}; at most {MAX_REPEAT} (no reply in a context is that long)")
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
+
+
+# What makes a schema more than "any JSON value" to the vendored llama.cpp
+# (common/json-schema.cpp, build_node: with no type, "the structural keywords
+# decide"; with none of them the node is common_chat_schema_any).
+_STRUCTURAL = frozenset({"$ref", "oneOf", "anyOf", "allOf", "const", "enum", "type", "properties", "additionalProperties",
+                         "items", "prefixItems", "pattern", "minLength", "maxLength", "format"})
+_ANY = {"type": ["object", "array", "string", "number", "boolean", "null"]}  # "any value" in the Python converter's terms
+# llama.cpp's GBNF parser reads a repetition {m,n} with n over this as {m,}
+# (src/llama-grammar.cpp, MAX_REPETITION_THRESHOLD): such an upper bound binds nothing.
+LLAMA_REPETITION_THRESHOLD = 2000
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def as_llama(schema: Any) -> Any:
+    """``schema`` as the vendored llama.cpp's converter reads it, in terms
+    llama-cpp-python's older Python port (which asserts on the first and
+    compiles the second into thousands of rules) understands:
+
+    - a schema with no type and no structural keyword, such as a property with
+      only a ``description`` (Claude Code's tools have them), is any JSON value,
+      as ``common/json-schema.cpp`` decides; the Python port asserts on it;
+    - an upper bound (``maxLength``, ``maxItems``, ...) above
+      ``LLAMA_REPETITION_THRESHOLD`` is dropped: llama.cpp's parser makes such a
+      repetition unbounded anyway, and the Python port would write it as that many
+      nested rules (Claude Code's ``Workflow`` tool has ``maxLength`` 524288).
+
+    A copy; ``schema`` is left as it is. Walked with a stack, not recursion."""
+    if not isinstance(schema, dict):
+        return schema
+    root = dict(schema)
+    stack: list[dict] = [root]
+    while stack:
+        node = stack.pop()
+        for key in _COUNTS:
+            v = node.get(key)
+            if key.startswith("max") and isinstance(v, (int, float)) and not isinstance(v, bool) and v > LLAMA_REPETITION_THRESHOLD:
+                del node[key]
+
+        def sub(value: Any) -> Any:
+            if not isinstance(value, dict):
+                return value
+            if not _STRUCTURAL & value.keys():
+                return dict(_ANY)
+            copy = dict(value)
+            stack.append(copy)
+            return copy
+
+        for key in _SUBSCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                node[key] = {k: sub(v) for k, v in node[key].items()}
+        for key in _SUBSCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                node[key] = [sub(v) for v in node[key]]
+        for key in ("items", "additionalProperties", "not", "contains"):
+            if isinstance(node.get(key), dict):
+                node[key] = sub(node[key])
+            elif key == "items" and isinstance(node.get(key), list):
+                node[key] = [sub(v) for v in node[key]]
+    if not _STRUCTURAL & root.keys() and root:
+        return dict(_ANY)
+    return root
 
 
 def check_bounds(text: str) -> None:

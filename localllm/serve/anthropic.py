@@ -23,6 +23,9 @@ Choices where Anthropic's API says nothing for a local server (llama-server's
   and ``cache_read_input_tokens`` the ones that were, as Anthropic (and
   llama-server) count them; ``count_tokens`` gives the whole prompt.
 - Text blocks in one message (and ``system`` blocks) are joined with a blank line.
+  A ``system`` message inside ``messages`` (Claude Code sends one) joins the
+  system prompt, after ``system`` and earlier ones; a tool with
+  ``defer_loading`` (Anthropic's tool search) is not shown to the model.
 - A ``tool_result`` must answer a ``tool_use`` of an earlier assistant turn
   (a 400 otherwise: a template would render an answer to nothing); at most
   ``MAX_BLOCKS`` content blocks in all, so a body of tiny blocks is refused
@@ -73,10 +76,10 @@ def _bad(field: str, why: str) -> RequestError:
     return RequestError(400, f"'{field}' {why}", param=field)
 
 
-def _system(raw: object) -> str:
-    """``system`` as one text. Claude Code opens it with a billing header whose
-    ``cch=`` stamp changes on every request; it is pinned (as llama-server pins
-    it) so the prompt cache reaches past it."""
+def _system(raw: object, field: str = "system") -> str:
+    """``system`` (or a system message's ``content``) as one text. Claude Code
+    opens it with a billing header whose ``cch=`` stamp changes on every
+    request; it is pinned (as llama-server pins it) so the prompt cache reaches past it."""
     if raw is None or raw == "":
         return ""
     if isinstance(raw, str):
@@ -85,10 +88,10 @@ def _system(raw: object) -> str:
         texts = []
         for j, b in enumerate(raw):
             if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-                raise _bad(f"system[{j}]", 'must be a text block {"type": "text", "text": ...}')
+                raise _bad(f"{field}[{j}]", 'must be a text block {"type": "text", "text": ...}')
             texts.append(b["text"])
     else:
-        raise _bad("system", "must be a string or a list of text blocks")
+        raise _bad(field, "must be a string or a list of text blocks")
     texts = [_BILLING_CCH.sub(r"\1fffff;", t, count=1) if t.startswith("x-anthropic-billing-header:") else t for t in texts]
     return "\n\n".join(t for t in texts if t)
 
@@ -108,10 +111,16 @@ def _result_text(raw: object, where: str) -> str:
     raise _bad(f"{where}.content", "must be a string or a list of text blocks")
 
 
-def _messages(raw: object) -> list[dict]:
+def _messages(raw: object, system: list[str]) -> list[dict]:
     """Anthropic's messages as OpenAI's: an assistant turn's ``tool_use`` blocks
     as its ``tool_calls``, a user turn's ``tool_result`` blocks as ``tool``
-    messages (before the turn's text, the order Anthropic requires of them)."""
+    messages (before the turn's text, the order Anthropic requires of them).
+
+    A ``system`` message among them (Claude Code sends its agent list as
+    ``messages[1]``, and Anthropic's API takes it) is added to ``system``, the
+    texts of the system prompt, in its order: most chat templates take a system
+    message only first, or fold it into the first user turn, so the one place
+    every template allows is the system prompt."""
     if not isinstance(raw, list) or not raw:
         raise _bad("messages", "must be a non-empty list")
     out: list[dict] = []
@@ -121,8 +130,14 @@ def _messages(raw: object) -> list[dict]:
         if not isinstance(m, dict):
             raise _bad(f"messages[{i}]", "must be an object")
         role = m.get("role")
+        if role == "system":
+            text = _system(m.get("content"), f"messages[{i}].content")
+            blocks += 1 if isinstance(m.get("content"), str) else len(m["content"] or ())
+            if text:
+                system.append(text)
+            continue
         if role not in ("user", "assistant"):
-            raise _bad(f"messages[{i}].role", 'must be "user" or "assistant" (the system prompt goes in \'system\')')
+            raise _bad(f"messages[{i}].role", 'must be "user", "assistant" or "system"')
         content = m.get("content")
         if isinstance(content, str):
             out.append({"role": role, "content": content})
@@ -183,6 +198,8 @@ def _messages(raw: object) -> list[dict]:
                 out.append({"role": "user", "content": text})
         elif texts or calls or not content:
             out.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
+    if not out:
+        raise _bad("messages", "must hold a user or assistant message (system messages alone leave nothing to answer)")
     return out
 
 
@@ -214,6 +231,8 @@ def _tools(raw: object) -> list[dict] | None:
     for k, t in enumerate(raw):
         if not isinstance(t, dict):
             raise _bad(f"tools[{k}]", "must be an object")
+        if t.get("defer_loading") is True:
+            continue  # Anthropic's tool search: not shown to the model until a search loads it (Claude Code's placeholder)
         if t.get("type") not in (None, "custom"):
             raise _bad(f"tools[{k}].type", f"{str(t['type'])[:40]!r} is one of Anthropic's server tools: this server runs only "
                        "the client's own tools (name, description, input_schema)")
@@ -257,8 +276,10 @@ def translate(body: dict, *, require_max: bool = True) -> tuple[dict, list[str]]
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise _bad("max_tokens", "must be a whole number of at least 1")
         out["max_tokens"] = max_tokens
-    system = _system(body.get("system"))
-    out["messages"] = ([{"role": "system", "content": system}] if system else []) + _messages(body.get("messages"))
+    system = [_system(body.get("system"))]
+    messages = _messages(body.get("messages"), system)
+    text = "\n\n".join(t for t in system if t)
+    out["messages"] = ([{"role": "system", "content": text}] if text else []) + messages
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or len(stops) > MAX_STOP or not all(isinstance(s, str) for s in stops):

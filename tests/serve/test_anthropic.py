@@ -133,7 +133,7 @@ def test_bad_input_is_anthropics_4xx_and_the_server_stays_up(server) -> None:
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}]}, "offline"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}}]}]},
          "--mmproj"),  # a text-only server
-        ({"messages": [{"role": "system", "content": "x"}]}, "system prompt"),
+        ({"messages": [{"role": "system", "content": "x"}]}, "must hold a user or assistant message"),
         ({"messages": ASK, "tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, "tool_choice"),
     ]
     for extra, words in cases:
