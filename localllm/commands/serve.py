@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                  if args.cache_ram and info.prefix_reuse and not adapters else None)
         scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
                               max_queue=args.max_queue, prefill_chunk=args.prefill_chunk, metrics=metrics, prompt_cache=cache,
-                              handoff=ENGINE, adapters=adapters)
+                              handoff=ENGINE, adapters=adapters, n_swa=info.n_swa)
         scheduler.start()  # before the embeddings: --embeddings opens their context on the engine thread
         running.append(scheduler)
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,

@@ -65,7 +65,8 @@ class BatchLoadInfo:
     type_k: str
     type_v: str
     n_vocab: int
-    prefix_reuse: bool  # whether a cached prefix can be kept or copied (not SWA, not recurrent)
+    prefix_reuse: bool  # whether a cached prefix can be kept or copied (not recurrent; with a sliding window, see n_swa)
+    n_swa: int = 0  # the sliding window of a cache that keeps only the window's cells (0: none): a prefix is kept only while they are there
 
 
 class BatchModel:
@@ -112,7 +113,10 @@ class BatchModel:
         self._batch = llama_cpp.llama_batch_init(self._cap, 0, 1)
         # M-RoPE caches cannot shift (llama-kv-cache.cpp get_can_shift), yet keep or drop a prefix as any other
         mrope = llama_cpp.llama_model_rope_type(model) in (llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_IMROPE)
-        reuse = not shape.swa_layers and (mrope or bool(llama_cpp.llama_memory_can_shift(self.mem)))
+        # A sliding-window cache cannot shift either, yet keeps a prefix while its window's cells are still there:
+        # the scheduler checks that per request (``seq_pos_min``, llama-server's rule)
+        swa = int(llama_cpp.llama_model_n_swa(model)) if shape.swa_layers and not config.swa_full else 0
+        reuse = mrope or bool(swa) or bool(llama_cpp.llama_memory_can_shift(self.mem))
         self.info = BatchLoadInfo(
             path=Path(path),
             load_ms=load_ms,
@@ -124,6 +128,7 @@ class BatchModel:
             type_v=config.type_v,
             n_vocab=self.tok.n_vocab,
             prefix_reuse=reuse,
+            n_swa=swa,
         )
         return self.info
 
@@ -242,6 +247,11 @@ class BatchModel:
         """Drop positions [p0, p1) of ``seq`` (p1=-1: to the end). False where the
         cache cannot drop part of a sequence (then drop it whole)."""
         return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_pos_min(self, seq: int) -> int:
+        """The smallest position ``seq`` still has cells for (-1: none); a
+        sliding-window cache has let go of those before its window."""
+        return int(llama_cpp.llama_memory_seq_pos_min(self.mem, seq))
 
     def seq_cp(self, src: int, dst: int, n: int) -> None:
         """Let ``dst`` share the cells of ``src``'s first ``n`` positions."""

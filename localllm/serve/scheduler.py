@@ -179,6 +179,7 @@ class BatchModel(Protocol):
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool: ...
     def seq_cp(self, src: int, dst: int, n: int) -> None: ...
+    def seq_pos_min(self, seq: int) -> int: ...
     def seq_save(self, seq: int) -> bytes | bytearray: ...
     def seq_load(self, seq: int, data: bytes | bytearray) -> bool: ...
     def logprobs(self, i: int, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]: ...
@@ -238,8 +239,9 @@ def _submitted(s: Slot) -> int:
 class Scheduler:
     def __init__(self, model: BatchModel, *, n_seq: int, n_ctx_seq: int, n_batch: int, prefix_reuse: bool,
                  max_queue: int, prefill_chunk: int, metrics: ServerMetrics, prompt_cache: PromptCache | None = None,
-                 handoff: Handoff | None = None, adapters: Sequence[tuple[str, float]] = ()) -> None:
+                 handoff: Handoff | None = None, adapters: Sequence[tuple[str, float]] = (), n_swa: int = 0) -> None:
         self.model = model
+        self.n_swa = n_swa  # a sliding-window cache's window (0: none): see _kept
         # LoRA adapters (serve --lora): their paths by id, and the server's scales (POST /lora-adapters sets them)
         self.adapters: tuple[str, ...] = tuple(p for p, _ in adapters)
         self.lora_scales: tuple[float, ...] = tuple(float(x) for _, x in adapters)
@@ -432,16 +434,17 @@ class Scheduler:
                 if self.model.seq_load(target.id, stored.state):
                     assert self.prompt_cache is not None
                     self.prompt_cache.take(stored)
-                    n = snap(min(m, limit))
+                    n = self._kept(target.id, job, snap(min(m, limit)))
                     if not self.model.seq_rm(target.id, _pos(job, n), -1):
                         self.model.seq_rm(target.id)
                         n = 0
             elif best > own[target.id] and src is not target:
-                n = snap(min(best, limit))
+                n = self._kept(src.id, job, snap(min(best, limit)))
                 self.model.seq_rm(target.id)
-                self.model.seq_cp(src.id, target.id, _pos(job, n))
+                if n:
+                    self.model.seq_cp(src.id, target.id, _pos(job, n))
             else:
-                n = snap(min(own[target.id], limit))
+                n = self._kept(target.id, job, snap(min(own[target.id], limit)))
                 if not self.model.seq_rm(target.id, _pos(job, n), -1):
                     self.model.seq_rm(target.id)
                     n = 0
@@ -467,6 +470,18 @@ class Scheduler:
             for s in self.slots:
                 if s.job is None and s.cache:
                     self._stash(s)
+
+    def _kept(self, seq: int, job: Job, n: int) -> int:
+        """``n``, the prefix of ``seq``'s cells the job would keep, or 0 where a
+        sliding-window cache no longer holds the window before it. llama-server's
+        rule (tools/server/server-context.cpp, ``pos_min_thold``): the prefix is
+        usable while ``seq``'s smallest position is below its end less the window
+        (or is 0: nothing was let go). Without it a reply would attend to cells
+        that are gone, and read a prompt it never saw."""
+        if not self.n_swa or n == 0:
+            return n
+        pos_min = self.model.seq_pos_min(seq)
+        return n if pos_min == 0 or 0 <= pos_min < _pos(job, n) - self.n_swa else 0
 
     def _stash(self, s: Slot) -> None:
         """Move idle ``s``'s cells to the prompt cache (or drop them where it has
