@@ -49,6 +49,22 @@ def ensure_dir(path: Path) -> Path:
     return path
 
 
+def cache_dir() -> Path:
+    """What localllm can compute again but would rather not (a model file's sha256):
+    the cache folder in ``LOCALLLM_HOME`` when it is set (tests, portable installs),
+    else platformdirs' user cache folder (``~/.cache/localllm`` on Linux)."""
+    if os.environ.get("LOCALLLM_HOME"):
+        return data_dir() / "cache"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("localllm", appauthor=False))
+
+
+def digests_file() -> Path:
+    """Model files' sha256 by path, size and mtime (``localllm.store.digest``)."""
+    return cache_dir() / "digests.json"
+
+
 def stubs_dir() -> Path:
     """Sparse stand-ins of models not downloaded (their header, at their full
     size) that llama.cpp's dry run reads; each is removed after use."""

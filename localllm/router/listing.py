@@ -14,16 +14,21 @@ may use), and a ``localllm`` object with the bytes per device (weights, KV
 cache, compute and output buffers, each where it comes from), the context,
 the GPU layers and when it will be unloaded. Without a memory plan (``--rpc``)
 ``size`` is the file's and ``size_vram`` null, as before.
+
+Each model's ``digest`` is its file's sha256, as Ollama's: clients tell models
+apart by it (``store.digest``: read once per file version, in a thread).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 from localllm.router.catalog import Catalog, Facts
 from localllm.router.children import Child
 from localllm.router.pool import Pool
+from localllm.store import digest
 from localllm.store.registry import ModelEntry
 
 OWNER = "localllm"
@@ -104,11 +109,12 @@ def _rfc3339(t: float | None) -> str | None:
 
 async def ollama_tags(catalog: Catalog) -> dict:
     models = []
-    for e in await catalog.entries():
+    entries = await catalog.entries()
+    digests = await asyncio.gather(*(digest.digest(e.path) for e in entries))  # null for a built-in model not assembled yet
+    for e, sha in zip(entries, digests):
         facts = await catalog.facts(e)
-        # no digest: hashing a multi-GB file per listing is not worth it (as serve's own /api/tags)
         models.append({"name": ollama_name(e.name), "model": ollama_name(e.name), "modified_at": _rfc3339(facts.modified),
-                       "size": facts.size, "digest": None, "details": _details(facts, e)})
+                       "size": facts.size, "digest": sha, "details": _details(facts, e)})
     return {"models": models}
 
 
@@ -121,7 +127,7 @@ async def ollama_ps(catalog: Catalog, pool: Pool) -> dict:
         if child.state != "loaded" or entry is None:
             continue
         facts = await catalog.facts(entry)
-        row = {"name": ollama_name(name), "model": ollama_name(name), "size": facts.size, "digest": None,
+        row = {"name": ollama_name(name), "model": ollama_name(name), "size": facts.size, "digest": await digest.digest(entry.path),
                "details": _details(facts, entry), "expires_at": _rfc3339(child.expires_wall), "size_vram": None}
         if child.plan is not None:
             row.update(planned(child))

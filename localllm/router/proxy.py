@@ -12,6 +12,11 @@ in place of the client's. The answer comes back as it is made
 buffered), and a client that goes away closes the connection to the child,
 which then cancels the generation as it does for any client.
 
+A request with Ollama's ``keep_alive: 0`` and nothing to generate (no
+``messages``, no ``prompt``) unloads the model, without loading it first, and
+is answered once its process has ended, as Ollama answers it (``done_reason:
+"unload"``). ``GET`` and ``HEAD /`` answer Ollama's ``Ollama is running``.
+
 Errors the router makes itself have the shape of the route's API: OpenAI's
 ``{"error": {"message", "type", "param", "code"}}``, Ollama's
 ``{"error": "..."}`` on ``/api/*``, Anthropic's ``{"type": "error", "error": {...}}``
@@ -26,7 +31,7 @@ from collections.abc import Callable
 
 import httpx2
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from localllm import __version__
 from localllm.router import durations, listing, llama_admin, manage, metrics
@@ -34,19 +39,20 @@ from localllm.router.catalog import BadName, Catalog, Unknown
 from localllm.router.children import Child
 from localllm.router.pool import DEFAULT, Busy, DoesNotFit, LoadFailed, Pool
 from localllm.serve import anthropic
-from localllm.serve.app import ENDPOINTS, authorized
+from localllm.serve.app import ENDPOINTS, OLLAMA_RUNNING, PUBLIC, authorized
 from localllm.serve.media import MEDIA_BODY as MAX_BODY
+from localllm.serve.ollama import created_at
 from localllm.serve.protocol import RequestError, error_body, parse_json
 from localllm.store.registry import ModelEntry
 from localllm.util.fmt import safe
 
-PUBLIC = ("/health", "/v1/health")
-OWN = {"/v1/models": "GET", "/models": "GET", "/api/tags": "GET", "/api/ps": "GET", "/api/version": "GET", "/health": "GET",
+OWN = {"/": "GET", "/v1/models": "GET", "/models": "GET", "/api/tags": "GET", "/api/ps": "GET", "/api/version": "GET", "/health": "GET",
        "/v1/health": "GET", "/metrics": "GET", "/models/load": "POST", "/models/unload": "POST", "/api/pull": "POST", "/api/delete": "DELETE"}
 PROXIED = frozenset(ENDPOINTS) - set(OWN)
 # llama-server router's management routes (router.llama_admin), by method and path
 ADMIN = frozenset({("POST", "/models"), ("DELETE", "/models"), ("POST", "/models/reload"), ("GET", "/models/sse")})
 KEEP_ALIVE = ("/api/generate", "/api/chat", "/api/embed", "/api/embeddings")  # Ollama's routes that take keep_alive
+UNLOADS = {"/api/chat": ("messages", "message"), "/api/generate": ("prompt", "response")}  # with keep_alive 0 and this field empty: unload
 # not passed on: the connection's own, the client's key (the child gets the internal one), and what httpx2 sets itself
 DROP_REQUEST = frozenset({b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-authorization",
                           b"proxy-connection", b"authorization", b"x-api-key", b"content-length", b"trailer", b"expect"})
@@ -108,7 +114,7 @@ class Router:
             if (method, path) in ADMIN or (path == "/props" and method == "GET" and "model" not in request.query_params):
                 resp = await self._admin(request, method, path)
             elif path in OWN:
-                if method != OWN[path]:
+                if method != OWN[path] and not (method == "HEAD" and OWN[path] == "GET"):
                     raise RequestError(405, f"method not allowed here: {method} {path}"[:300])
                 resp = await self._own(request, path)
             elif path in PROXIED:
@@ -131,6 +137,8 @@ class Router:
     # -- the router's own answers -------------------------------------------------
 
     async def _own(self, request: Request, path: str) -> Response:
+        if path == "/":
+            return PlainTextResponse(OLLAMA_RUNNING)
         if path in PUBLIC:
             return JSONResponse({"status": "ok"})
         if path in ("/v1/models", "/models"):
@@ -193,12 +201,24 @@ class Router:
             except durations.BadDuration as exc:
                 raise RequestError(400, f"'keep_alive': {exc}", param="keep_alive") from None
         entry = await self._entry(name, required=False)
+        if keep_alive == 0 and path in UNLOADS and fields.get(UNLOADS[path][0]) in (None, "", []):
+            resp = await self._unload(request, entry, fields.get("model"), UNLOADS[path][1])
+            await resp(scope, receive, send)
+            return
         self.admin.refuse_unloaded(entry.name)
         child = await self._guarded(self.pool.acquire(entry))
         try:
             await self._forward(child, scope, receive, send, body)
         finally:
             self.pool.release(child, keep_alive)
+
+    async def _unload(self, request: Request, entry: ModelEntry, asked: object, key: str) -> Response:
+        """Ollama's unload: the model stopped once its requests are done (not loaded for it), then the answer."""
+        unloaded = await self.pool.unload(entry.name)
+        self.log(request.method, request.url.path, 200, f"unloaded {entry.name}: keep_alive 0" if unloaded else f"{entry.name} was not loaded")
+        text: object = {"role": "assistant", "content": ""} if key == "message" else ""
+        return JSONResponse({"model": asked if isinstance(asked, str) else listing.ollama_name(entry.name), "created_at": created_at(),
+                             key: text, "done_reason": "unload", "done": True})
 
     async def _guarded(self, coro):
         """``coro``, its pool errors turned into the client's: 507 for a model that

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from localllm.engine_api import SamplingConfig
 from localllm.errors import EngineError, InputError
 from localllm.reasoning import Markers, Splitter
-from localllm.serve import anthropic, embeddings, handoff, infill, llama_routes, lora_routes, mcp_routes, ollama, rerank, responses
+from localllm.serve import anthropic, embeddings, handoff, infill, llama_routes, lora_routes, mcp_routes, ollama, ollama_embed, rerank, responses
 from localllm.serve.body import read_body as _read_body
 from localllm.serve.choices import Choices
 from localllm.serve.embeddings import Embeddings
@@ -34,10 +34,13 @@ from localllm.serve.scheduler import Job, Refused, Scheduler
 from localllm.serve.tools import GENERIC, Format, ReplySplitter, thinking_first
 
 MAX_BODY = 1024 * 1024
+# answered without the API key: a health check, and Ollama's "is it running" (its clients probe GET or HEAD /)
+PUBLIC = ("/health", "/v1/health", "/")
+OLLAMA_RUNNING = "Ollama is running"
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/embeddings", "/v1/models", "/health", "/metrics",
              "/completion", "/chat/completions", "/completions", "/models", "/v1/health", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
-             "/infill", "/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version",
-             *anthropic.PATHS, *responses.PATHS, *rerank.PATHS, *lora_routes.PATHS, *mcp_routes.PATHS)
+             "/infill", "/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version", "/",
+             *ollama_embed.PATHS, *anthropic.PATHS, *responses.PATHS, *rerank.PATHS, *lora_routes.PATHS, *mcp_routes.PATHS)
 
 
 @dataclass
@@ -101,7 +104,7 @@ def _error(status: int, message: str, **kw) -> JSONResponse:
 
 
 class Guard:
-    """ASGI middleware: bearer-token auth (constant-time) on all but /health (and llama-server's /v1/health),
+    """ASGI middleware: bearer-token auth (constant-time) on all but ``PUBLIC``,
     and the request counter by endpoint and status."""
 
     def __init__(self, app, state: ServeState) -> None:
@@ -122,7 +125,7 @@ class Guard:
             await send(message)
 
         try:
-            if self._key is not None and path not in ("/health", "/v1/health") and not self._authorized(scope):
+            if self._key is not None and path not in PUBLIC and not self._authorized(scope):
                 why = "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
                 resp = (JSONResponse(anthropic.error_body(401, why), status_code=401) if path in anthropic.PATHS
                         else _error(401, why, kind="authentication_error", code="invalid_api_key"))
@@ -292,6 +295,10 @@ def build_app(state: ServeState) -> Guard:
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def root(request: Request) -> Response:
+        """Ollama's own answer, which its clients check before anything else."""
+        return PlainTextResponse(OLLAMA_RUNNING)
+
     async def metrics(request: Request) -> Response:
         if not state.metrics_endpoint:
             return _error(501, "This server does not support metrics endpoint. Start it with `--metrics`", kind="not_supported_error")
@@ -313,6 +320,7 @@ def build_app(state: ServeState) -> Guard:
         Route("/embeddings", embed, methods=["POST"]),  # llama-server's alias
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/", root, methods=["GET", "HEAD"]),
         Route("/metrics", metrics, methods=["GET"]),
         # llama-server's unprefixed aliases
         Route("/chat/completions", chat_completions, methods=["POST"]),
@@ -321,6 +329,7 @@ def build_app(state: ServeState) -> Guard:
         *llama_routes.routes(state, generate, read_json),
         *infill.routes(state, generate, read_json),
         *ollama.routes(state, generate, read_json),
+        *ollama_embed.routes(state, read_json),
         *anthropic.routes(state, generate, read_json),
         *responses.routes(state, generate, read_json),
         *rerank.routes(state, read_json),

@@ -1,7 +1,14 @@
 """Ollama's API over the same engine and scheduler: ``/api/chat``,
 ``/api/generate`` (streamed as NDJSON unless ``"stream": false``),
 ``/api/tags``, ``/api/ps``, ``/api/show`` and ``/api/version``, so clients that speak only
-Ollama's API can connect.
+Ollama's API can connect (``/api/embed`` and ``/api/embeddings``: ``serve.ollama_embed``).
+
+``tools`` on ``/api/chat`` work as on ``/v1/chat/completions``: Ollama's calls
+(``arguments`` an object, no id needed) and ``role: "tool"`` results (matched to
+their call by ``tool_call_id``, else ``tool_name``) become OpenAI's for
+``parse_gen``, and the reply's calls go out in Ollama's shape. The listings'
+``digest`` is the model file's sha256 (``store.digest``), which clients tell
+models apart by.
 
 A request is translated into the OpenAI body ``protocol.parse_gen`` checks, so
 the limits and refusals are the same; ``options`` Ollama defines but this
@@ -18,6 +25,7 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,21 +34,27 @@ from starlette.routing import Route
 from localllm import __version__
 from localllm.serve import media
 from localllm.serve.protocol import DEFAULTS, Dialect, Finished, GenParams, RequestError, Shaper, parse_gen
+from localllm.serve.tools import GENERIC, Format
+from localllm.store import digest
 
 # Ollama's options mapped onto the request fields parse_gen knows
 OPTION_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
                  "stop": "stop", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
                  "frequency_penalty": "frequency_penalty"}
 REFUSED = {"suffix": "is not supported", "template": "cannot be changed per request",
-           "context": "(a token context from an earlier reply) is not supported: send the conversation to /api/chat",
-           "tools": "are not supported by this server yet"}
-NO_EFFECT = {"model", "keep_alive", "stream", "options", "format", "system", "raw", "messages", "prompt", "think"}
+           "context": "(a token context from an earlier reply) is not supported: send the conversation to /api/chat"}
+NO_EFFECT = {"model", "keep_alive", "stream", "options", "format", "system", "raw", "messages", "prompt", "think", "tools"}
 
 
 def created_at() -> str:
     """Now in UTC, RFC 3339 with nanoseconds, as Ollama writes ``created_at``."""
     ns = time.time_ns()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns % 10**9:09d}Z"
+
+
+def tagged(name: str) -> str:
+    """The name Ollama lists: ``NAME:latest`` for a name without a tag."""
+    return name if ":" in name else f"{name}:latest"
 
 
 def _bad(field: str, why: str) -> RequestError:
@@ -69,6 +83,66 @@ def _with_images(m: dict, where: str) -> dict:
     return {"role": m.get("role"), "content": [*parts, {"type": "text", "text": content or ""}]}
 
 
+def _call_in(c: object, where: str, default_id: str) -> dict:
+    """An Ollama tool call of an earlier turn (``arguments`` an object) as OpenAI's (JSON text, an id)."""
+    fn = c.get("function") if isinstance(c, dict) else None
+    if not isinstance(c, dict) or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise _bad(where, 'must be {"function": {"name": ..., "arguments": {...}}}')
+    args = fn.get("arguments")
+    if isinstance(args, (dict, type(None))):
+        args = json.dumps(args or {}, ensure_ascii=False)
+    elif not isinstance(args, str):  # a string is OpenAI's form, taken as it is
+        raise _bad(f"{where}.function.arguments", "must be an object")
+    cid = c.get("id")
+    return {"id": cid if isinstance(cid, str) and cid else default_id, "type": "function", "function": {"name": fn["name"], "arguments": args}}
+
+
+def _messages(raw: list, where: str) -> list:
+    """Ollama's messages as OpenAI's: pictures as image_url parts, an assistant's
+    ``tool_calls`` with an id each (``call_I_J`` where Ollama sent none: the same
+    every turn, so the prompt's cached prefix holds), and a ``tool`` result's
+    ``tool_call_id`` the call it answers: its own, else the earliest unanswered
+    call of its ``tool_name``, else the earliest unanswered one."""
+    out: list = []
+    waiting: list[tuple[str, str]] = []  # (id, name) of the calls not answered yet
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            out.append(m)  # parse_gen names it
+            continue
+        one = _with_images(m, where.format(i))
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and calls not in (None, []):
+            if not isinstance(calls, list):
+                raise _bad(f"messages[{i}].tool_calls", "must be a list")
+            one["tool_calls"] = [_call_in(c, f"messages[{i}].tool_calls[{j}]", f"call_{i}_{j}") for j, c in enumerate(calls)]
+            waiting = [(c["id"], c["function"]["name"]) for c in one["tool_calls"]]
+        elif m.get("role") == "tool":
+            name = m.get("tool_name", m.get("name"))
+            cid = m.get("tool_call_id")
+            if not isinstance(cid, str) or not cid:
+                found = next((w for w in waiting if w[1] == name), waiting[0] if waiting else None)
+                cid = found[0] if found else f"call_{i}"
+            waiting = [w for w in waiting if w[0] != cid]
+            one["tool_call_id"] = cid
+            if isinstance(name, str):
+                one["name"] = name
+        out.append(one)
+    return out
+
+
+def _calls_out(calls: list[dict]) -> list[dict]:
+    """The reply's calls (OpenAI's, ``arguments`` JSON text) in Ollama's shape: ``arguments`` an object."""
+    out = []
+    for k, c in enumerate(calls):
+        fn = c["function"]
+        try:
+            args: Any = json.loads(fn["arguments"])
+        except ValueError:
+            args = {}  # not expected: the parser wrote them as JSON
+        out.append({"id": c["id"], "function": {"index": k, "name": fn["name"], "arguments": args}})
+    return out
+
+
 def _translate(body: dict, *, chat: bool, n_ctx: int | None, generate: bool = False) -> tuple[dict, list[str], int | None]:
     """(an OpenAI body, the fields and options ignored, num_predict) for an Ollama body."""
     for field, why in REFUSED.items():
@@ -87,7 +161,14 @@ def _translate(body: dict, *, chat: bool, n_ctx: int | None, generate: bool = Fa
         if not isinstance(messages, list):
             raise _bad("messages", "must be a list")
         where = "images" if generate else "messages[{}].images"  # /api/generate's images are its prompt's
-        out["messages"] = [_with_images(m, where.format(i)) if isinstance(m, dict) else m for i, m in enumerate(messages)]
+        out["messages"] = _messages(messages, where)
+    tools = body.get("tools")
+    if tools not in (None, []):
+        if generate:
+            raise _bad("tools", "go to /api/chat: /api/generate calls none")
+        if not isinstance(tools, list):
+            raise _bad("tools", "must be a list of tools")
+        out["tools"] = [{"type": "function", **t} if isinstance(t, dict) and "type" not in t else t for t in tools]  # Ollama's type is optional
     fmt = body.get("format")
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}
@@ -114,9 +195,9 @@ def _translate(body: dict, *, chat: bool, n_ctx: int | None, generate: bool = Fa
     return out, ignored, num_predict
 
 
-def _parse(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, generate: bool, n_ctx: int | None = None, tool_format: object = None,
+def _parse(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, generate: bool, n_ctx: int | None = None, tool_format: Format = GENERIC,
            max_n: int = 1) -> GenParams:
-    """Ollama's body as the OpenAI one parse_gen checks. ``tool_format`` and ``max_n`` are unused: Ollama's ``tools`` are refused (400), and it has no ``n``."""
+    """Ollama's body as the OpenAI one parse_gen checks, with the template's ``tool_format``; ``max_n`` is unused: Ollama has no ``n``."""
     if generate:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
@@ -134,7 +215,7 @@ def _parse(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, generate:
     if not chat:  # /api/generate with raw: the prompt as it is, no template
         out["prompt"] = body["prompt"]
         del out["messages"]
-    params = parse_gen(out, chat=chat, n_vocab=n_vocab, defaults=defaults)
+    params = parse_gen(out, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format)
     limit = num_predict if num_predict is not None and num_predict > 0 else defaults.max_tokens if defaults.max_tokens > 0 else None
     return dataclasses.replace(params, max_tokens=limit, ignored=tuple(ignored))
 
@@ -153,10 +234,11 @@ class OllamaShaper(Shaper):
     def frame(self, obj: dict | str) -> bytes:
         return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
 
-    def _text(self, text: str, thinking: str | None = None) -> object:
+    def _text(self, text: str, thinking: str | None = None, calls: list[dict] | None = None) -> object:
         if self.key != "message":
             return text
-        return {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
+        return {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {}),
+                **({"tool_calls": _calls_out(calls)} if calls else {})}
 
     def thinking(self, text: str, job: Finished, *, index: int = 0) -> list[dict | str]:
         """A streamed piece of the thinking: Ollama's ``message.thinking`` (``thinking`` beside ``response`` for generate)."""
@@ -171,13 +253,19 @@ class OllamaShaper(Shaper):
     def piece(self, text: str, job: Finished, *, index: int = 0, logprobs: dict | None = None) -> list[dict | str]:
         return [{"model": self.model, "created_at": created_at(), self.key: self._text(text), "done": False}]
 
+    def calls(self, calls: list[dict], job: Finished, *, index: int = 0) -> list[dict | str]:
+        """A stream's calls, once the reply is whole: one object before the last, as Ollama sends them."""
+        return [{"model": self.model, "created_at": created_at(), "message": self._text("", None, calls), "done": False}]
+
     def full(self, text: str, job: Finished, calls: list[dict] | None = None, *, index: int = 0, logprobs: dict | None = None) -> dict:
-        """The last object (Ollama's tools are refused; logprobs and n are OpenAI's)."""
+        """The last object, with the reply's calls when not streamed (logprobs and n are OpenAI's).
+        A reply that called ends with Ollama's ``stop``, not OpenAI's ``tool_calls``."""
         t = job.timings()
         thought = self.reasoning.get(index)
+        reason = "stop" if job.finish_reason == "tool_calls" else job.finish_reason
         return {
-            "model": self.model, "created_at": created_at(), self.key: self._text(text, thought),
-            **({"thinking": thought} if thought and self.key == "response" else {}), "done": True, "done_reason": job.finish_reason,
+            "model": self.model, "created_at": created_at(), self.key: self._text(text, thought, calls),
+            **({"thinking": thought} if thought and self.key == "response" else {}), "done": True, "done_reason": reason,
             "total_duration": time.perf_counter_ns() - job.submit_ns,
             "load_duration": None,
             "prompt_eval_count": len(job.tokens),
@@ -261,19 +349,32 @@ def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Calla
                 "quantization_level": f.file_type}
 
     def name() -> str:
-        return state.model_name if ":" in state.model_name else f"{state.model_name}:latest"
+        return tagged(state.model_name)
+
+    def modified() -> str | None:
+        f = state.facts
+        return None if f is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.stat(f.path).st_mtime))
+
+    async def sha() -> str | None:
+        """The file's sha256: read once (in a thread), then kept (``store.digest``)."""
+        return await digest.digest(state.facts.path if state.facts else None)
+
+    def capabilities() -> list[str]:
+        """Ollama's: what llm-ollama registers a model for. Tools work on every model that generates (serve/tools.py)."""
+        if state.no_generation is not None:
+            return ["embedding"]
+        return ["completion", "tools", *(["vision"] if state.vision else [])]
 
     async def tags(request: Request) -> Response:
         f = state.facts
-        modified = None if f is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.stat(f.path).st_mtime))
-        model = {"name": name(), "model": name(), "modified_at": modified, "size": f.size_bytes if f else None,
-                 "digest": None, "details": details()}  # no digest: hashing a multi-GB file per listing is not worth it
+        model = {"name": name(), "model": name(), "modified_at": modified(), "size": f.size_bytes if f else None,
+                 "digest": await sha(), "details": details()}
         return JSONResponse({"models": [model]})
 
     async def ps(request: Request) -> Response:
         """The loaded model: always this one, loaded until serve stops (no expiry); the VRAM share is not measured here."""
         f = state.facts
-        return JSONResponse({"models": [{"name": name(), "model": name(), "size": f.size_bytes if f else None, "digest": None,
+        return JSONResponse({"models": [{"name": name(), "model": name(), "size": f.size_bytes if f else None, "digest": await sha(),
                                          "details": details(), "expires_at": None, "size_vram": None}]})
 
     async def show(request: Request) -> Response:
@@ -281,7 +382,7 @@ def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Calla
         info = {} if f is None else {"general.architecture": f.architecture, "general.parameter_count": f.n_params,
                                      f"{f.architecture}.context_length": f.n_ctx_train, f"{f.architecture}.embedding_length": f.n_embd}
         return JSONResponse({"modelfile": "", "parameters": "", "template": f.chat_template if f else "", "details": details(),
-                             "model_info": info, "capabilities": ["completion", "vision"] if state.vision else ["completion"]})
+                             "model_info": info, "capabilities": capabilities(), "modified_at": modified(), "digest": await sha()})
 
     async def version(request: Request) -> Response:
         return JSONResponse({"version": __version__})

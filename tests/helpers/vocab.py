@@ -4,6 +4,7 @@ a grammar is parsed and walked against, and what tokenizes without weights."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,3 +22,23 @@ def vocab_only(path: Path) -> Iterator[object]:
         yield llama_cpp.llama_model_get_vocab(model)
     finally:
         llama_cpp.llama_model_free(model)
+
+
+def grammar_takes(tok, gbnf: str, text: str) -> bool:
+    """Whether llama.cpp's grammar sampler lets ``text`` through, token by token (SmolLM2's tokens)."""
+    import llama_cpp
+
+    from localllm.engine import grammar
+
+    sampler = grammar.init(tok.vocab, gbnf)
+    try:
+        for t in tok.tokenize(text, add_special=False):
+            one = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(t, 0.0, 0.0))
+            arr = llama_cpp.llama_token_data_array(one, 1, -1, False)
+            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(arr))
+            if one[0].logit == float("-inf"):
+                return False
+            llama_cpp.llama_sampler_accept(sampler, t)
+        return True
+    finally:
+        llama_cpp.llama_sampler_free(sampler)

@@ -16,7 +16,7 @@ import pytest
 
 from localllm.errors import InputError
 from localllm.serve import anthropic, tools
-from tests.serve.test_tools import _grammar_takes
+from tests.helpers.vocab import grammar_takes
 
 CAPTURED = Path(__file__).parent / "captured"
 
@@ -82,8 +82,8 @@ def test_a_description_only_property_is_any_json_value_as_llama_cpp_decides(voca
     schema = {"type": "object", "properties": {"x": {"description": "anything at all"}}, "required": ["x"]}
     gbnf = grammar.from_json_schema(schema)
     for value in ('1', '"s"', '{"a": [true, null]}', '[1, "b"]', 'null'):
-        assert _grammar_takes(vocab, gbnf, '{"x": ' + value + '}'), value
-    assert not _grammar_takes(vocab, gbnf, '{"y": 1}')
+        assert grammar_takes(vocab, gbnf, '{"x": ' + value + '}'), value
+    assert not grammar_takes(vocab, gbnf, '{"y": 1}')
     # the schema given is left as it was
     assert schema["properties"]["x"] == {"description": "anything at all"}
 
@@ -95,9 +95,9 @@ def test_an_upper_bound_llama_cpp_ignores_is_dropped_a_lower_one_past_the_bound_
 
     gbnf = grammar.from_json_schema({"type": "object", "properties": {"s": {"type": "string", "maxLength": 524288}}, "required": ["s"]})
     assert "524288" not in gbnf and len(gbnf) < 2000
-    assert _grammar_takes(vocab, gbnf, '{"s": "' + "ab " * 300 + '"}')
+    assert grammar_takes(vocab, gbnf, '{"s": "' + "ab " * 300 + '"}')
     bounded = grammar.from_json_schema({"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}, "required": ["s"]})
-    assert _grammar_takes(vocab, bounded, '{"s": "abc"}') and not _grammar_takes(vocab, bounded, '{"s": "abcd"}')
+    assert grammar_takes(vocab, bounded, '{"s": "abc"}') and not grammar_takes(vocab, bounded, '{"s": "abcd"}')
     with pytest.raises(InputError, match="minLength is 30000000"):
         grammar.from_json_schema({"type": "string", "minLength": 30_000_000})
 

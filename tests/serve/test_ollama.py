@@ -1,15 +1,21 @@
 """``localllm serve``'s Ollama API on loopback with SmolLM2, driven by the real
 ``ollama`` Python client and by httpx with the request shapes Ollama's api.md
-documents; the server also listens on two addresses (``--host A,B``) and, with
-no ``--cors``, sends no CORS header at all."""
+documents (issue 59: the file's sha256 as each listing's digest, /api/embed
+and /api/embeddings, tools on /api/chat, ``GET``/``HEAD /``); the server also
+listens on two addresses (``--host A,B``) and, with no ``--cors``, sends no
+CORS header at all."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import sys
+from pathlib import Path
 
 import pytest
 
+from tests.helpers.ollama_turns import CALLED, WEATHER
 from tests.helpers.server import Server
 
 GREEDY = {"temperature": 0, "num_predict": 6}
@@ -18,8 +24,12 @@ TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    home = tmp_path_factory.mktemp("serve-home")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve-home")
+
+
+@pytest.fixture(scope="module")
+def server(home: Path):
     template = home / "turns.jinja"  # llama-server's --chat-template-file: every route renders with it (Jinja drops the last newline)
     template.write_text(TEMPLATE)
     s = Server("smollm2", "--parallel", "2", "--ctx", "512", "--threads", "1", "--host", HOSTS,
@@ -147,3 +157,94 @@ def test_second_host_no_cors_and_gated_routes(server) -> None:
         r = c.get("/v1/models", headers={"Origin": "http://app.example"})
         assert r.status_code == 200 and not any(h.startswith("access-control-") for h in r.headers)
         assert c.get("/slots").status_code == 501 and c.get("/metrics").status_code == 501
+
+
+@pytest.mark.slow
+def test_listings_give_the_files_sha256_as_digest(server, home: Path, smollm2: Path) -> None:
+    """llm-ollama takes models of one digest for one model: a null digest made every model one (issue 59)."""
+    want = hashlib.sha256(smollm2.read_bytes()).hexdigest()
+    client = _ollama(server)
+    assert [m.digest for m in client.list().models] == [want] and [m.digest for m in client.ps().models] == [want]
+    with _http(server) as c:
+        show = c.post("/api/show", json={"model": "smollm2"}).json()
+    assert show["digest"] == want and show["capabilities"] == ["completion", "tools"]
+    assert json.loads((home / "cache" / "digests.json").read_text())[str(smollm2)]["sha256"] == want  # read once, kept for the next start
+
+
+@pytest.mark.slow
+def test_ollama_client_embed_and_embeddings(server) -> None:
+    client = _ollama(server)
+    both = client.embed(model="smollm2", input=["Hello", "The sky is blue."])
+    assert both.model == "smollm2:latest" and len(both.embeddings) == 2 and both.prompt_eval_count and both.total_duration
+    assert all(len(v) == 576 and math.isclose(sum(x * x for x in v), 1, rel_tol=1e-4) for v in both.embeddings)  # L2-normalized, as Ollama's
+    with _http(server) as c:  # the engine of /v1/embeddings
+        ref = c.post("/v1/embeddings", json={"input": ["Hello", "The sky is blue."]}).json()["data"]
+    assert all(math.isclose(a, b, abs_tol=1e-5) for v, r in zip(both.embeddings, ref) for a, b in zip(v, r["embedding"]))
+    one = client.embed(model="smollm2", input="Hello")
+    assert len(one.embeddings) == 1 and all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(one.embeddings[0], both.embeddings[0]))
+    legacy = client.embeddings(model="smollm2", prompt="Hello")
+    assert all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(legacy.embedding, one.embeddings[0]))
+    short = client.embed(model="smollm2", input="Hello", dimensions=64)  # the first 64, normalized again (Ollama's way)
+    head = one.embeddings[0][:64]
+    norm = math.sqrt(sum(x * x for x in head))
+    assert len(short.embeddings[0]) == 64 and all(math.isclose(a, b / norm, abs_tol=1e-5) for a, b in zip(short.embeddings[0], head))
+    assert client.embed(model="smollm2", input=[]).embeddings == [] and client.embeddings(model="smollm2", prompt="").embedding == []
+    long = "word " * 700  # past the 512 tokens an input may hold: cut to them, unless truncate is false
+    assert client.embed(model="smollm2", input=long).prompt_eval_count == 512
+    import ollama
+
+    with pytest.raises(ollama.ResponseError) as exc:
+        client.embed(model="smollm2", input=long, truncate=False)
+    assert exc.value.status_code == 400 and "truncate" in exc.value.error
+    with _http(server) as c:
+        r = c.post("/api/embed", json={"model": "smollm2", "input": [1, 2]})
+        assert r.status_code == 400 and r.json() == {"error": "'input' must be a string or a list of strings"}
+
+
+@pytest.mark.slow
+def test_ollama_client_tools_whole_and_streamed(server) -> None:
+    client = _ollama(server)
+    r = client.chat(model="smollm2", messages=CALLED, tools=[WEATHER], options={"temperature": 0, "num_predict": 30})
+    assert r.done_reason == "stop" and r.message.content == ""  # Ollama's reason, not OpenAI's tool_calls
+    assert [(c.function.name, dict(c.function.arguments)) for c in r.message.tool_calls] == [("get_weather", {"city": "Paris"})]
+    parts = list(client.chat(model="smollm2", messages=CALLED, tools=[WEATHER], options={"temperature": 0, "num_predict": 30}, stream=True))
+    calls = [c for p in parts for c in p.message.tool_calls or []]
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert "".join(p.message.content or "" for p in parts) == "" and parts[-1].done and parts[-1].done_reason == "stop"
+    with _http(server) as c:  # the wire: arguments an object, as Ollama sends them
+        raw = c.post("/api/chat", json={"model": "smollm2", "messages": CALLED, "tools": [WEATHER], "stream": False,
+                                        "options": {"temperature": 0, "num_predict": 30}}).json()
+        assert raw["message"]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+        bad = c.post("/api/generate", json={"model": "smollm2", "prompt": "Hi", "tools": [WEATHER]})
+        assert bad.status_code == 400 and bad.json() == {"error": "'tools' go to /api/chat: /api/generate calls none"}
+
+
+def test_ollama_turns_with_calls_become_openais() -> None:
+    """Ollama's calls get an id each (the same every turn, for the prompt cache) and a
+    result the id of the call it answers: its own, else its tool_name's, else the first waiting."""
+    from localllm.serve.ollama import _parse, _translate
+
+    body = {"model": "m", "stream": False, "tools": [WEATHER], "messages": [
+        {"role": "user", "content": "Weather and time?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "now", "arguments": {}}},
+                                                            {"function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+        {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+        {"role": "tool", "content": "noon"},
+        {"role": "tool", "content": "late", "tool_call_id": "mine"}]}
+    msgs = _translate(body, chat=True, n_ctx=None)[0]["messages"]  # the OpenAI body parse_gen takes
+    assert [c["id"] for c in msgs[1]["tool_calls"]] == ["call_1_0", "call_1_1"]
+    assert [c["function"] for c in msgs[1]["tool_calls"]] == [{"name": "now", "arguments": "{}"}, {"name": "get_weather", "arguments": '{"city": "Rome"}'}]
+    assert [(m["tool_call_id"], m.get("name")) for m in msgs[2:]] == [("call_1_1", "get_weather"), ("call_1_0", None), ("mine", None)]
+    prompt = _parse(body, chat=True, n_vocab=100, generate=False).messages  # as the template gets them (the generic format: JSON text)
+    assert prompt[2] == {"role": "assistant", "content": '{"name": "now", "arguments": {}}\n{"name": "get_weather", "arguments": {"city": "Rome"}}'}
+    assert '"tool_call_id": "call_1_1", "content": "sunny"' in prompt[3]["content"]
+
+
+@pytest.mark.slow
+def test_root_says_ollama_is_running(server) -> None:
+    """Ollama's clients check GET or HEAD / before anything else."""
+    with _http(server) as c:
+        r = c.get("/")
+        assert r.status_code == 200 and r.text == "Ollama is running" and r.headers["content-type"].startswith("text/plain")
+        head = c.head("/")
+        assert head.status_code == 200 and head.content == b""

@@ -8,7 +8,6 @@ them in models/templates/."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from localllm.engine.chat_template import ChatTemplate
 from localllm.serve import tools
 from localllm.serve.protocol import RequestError, parse_gen
+from tests.helpers.vocab import grammar_takes
 
 TEMPLATES = Path(__file__).parent / "templates"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -180,7 +180,7 @@ def test_tool_choice_shapes_the_grammar() -> None:
     (tools.GENERIC, '{"names": ', None),
     (tools.GENERIC, 'The answer is {"name":', None),  # a JSON format's call is the whole reply
 ])
-def test_lazy_triggers_capture_only_what_the_grammar_takes(fmt: tools.Format, so_far: str, capture: str | None) -> None:
+def test_lazy_triggers_capture_only_what_thegrammar_takes(fmt: tools.Format, so_far: str, capture: str | None) -> None:
     """llama.cpp tries the trigger (ECMAScript regex, the same here) on the reply so
     far after each token, and replays from its capture into the grammar."""
     import re
@@ -240,26 +240,6 @@ def vocab(smollm2_vocab):
     return Tokenizer(smollm2_vocab, None)
 
 
-def _grammar_takes(tok, gbnf: str, text: str) -> bool:
-    """Whether llama.cpp's grammar sampler lets ``text`` through, token by token (SmolLM2's tokens)."""
-    import llama_cpp
-
-    from localllm.engine import grammar
-
-    sampler = grammar.init(tok.vocab, gbnf)
-    try:
-        for t in tok.tokenize(text, add_special=False):
-            one = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(t, 0.0, 0.0))
-            arr = llama_cpp.llama_token_data_array(one, 1, -1, False)
-            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(arr))
-            if one[0].logit == float("-inf"):
-                return False
-            llama_cpp.llama_sampler_accept(sampler, t)
-        return True
-    finally:
-        llama_cpp.llama_sampler_free(sampler)
-
-
 _ARGS = '{"city": "Paris"}'
 _J = '{"name": "get_weather", "arguments": ' + _ARGS + "}"
 # each format's call as its grammar (tool_choice required) writes it: the grammar takes it, the parser reads it back
@@ -299,8 +279,8 @@ def test_every_formats_grammar_parses_in_llama_cpp_and_its_call_parses_back(fmt:
         llama_cpp.llama_sampler_free(grammar.init(vocab.vocab, req.grammar, req.triggers))
     req = _request(fmt, tool_choice="required")
     text = _J if fmt.json_fallback else WRITTEN[fmt.name]  # a forced call of an XML-ish format: the generic JSON object
-    assert _grammar_takes(vocab, req.grammar, text)
-    assert not _grammar_takes(vocab, req.grammar, text.replace("get_weather", "get_wether"))  # the walk can fail
+    assert grammar_takes(vocab, req.grammar, text)
+    assert not grammar_takes(vocab, req.grammar, text.replace("get_weather", "get_wether"))  # the walk can fail
     content, calls = tools.parse_reply(text, req.fmt, NAMES)
     assert content == "" and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"})]
 
@@ -323,7 +303,7 @@ def test_parallel_calls_pass_the_grammar_and_parse_back(name: str, vocab) -> Non
 
     fmt = next(f for f in toolcalls.FORMATS if f.name == name)
     text = PARALLEL[name]
-    assert _grammar_takes(vocab, _request(fmt, tool_choice="required").grammar, text)
+    assert grammar_takes(vocab, _request(fmt, tool_choice="required").grammar, text)
     _, calls = tools.parse_reply(text, fmt, NAMES)
     assert [c["function"]["name"] for c in calls] == ["get_weather", "now"]
 
