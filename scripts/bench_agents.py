@@ -13,6 +13,7 @@ geometric mean of the per-round ratios, with its 95% interval
 reads another's cached prompt in the same way twice).
 
     python scripts/bench_agents.py [--quick] [--rounds N] [--clients 1,4]
+    python scripts/bench_agents.py --claude-code [--quick] [--rounds N]   # Claude Code's first request: scripts/bench_claude_code.py
     python scripts/bench_serve.py --agents [...]           # the same
 """
 
@@ -116,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=512, help="context per sequence")
     ap.add_argument("--threads", type=int, default=physical_cores())
     ap.add_argument("--quick", action="store_true", help="CI: 1 client, 1 round, 16 tokens (the figures are noise)")
+    argv = sys.argv[1:] if argv is None else argv
+    if "--claude-code" in argv:
+        from scripts import bench_claude_code
+
+        return bench_claude_code.main([a for a in argv if a != "--claude-code"])
     args = ap.parse_args(argv)
     if args.quick:
         args.clients, args.gen_tokens, args.rounds = "1", 16, 1

@@ -48,6 +48,12 @@ QUICK = {
          r"/v1/messages / /v1/chat/completions, decode tok/s at 1 client\(s\) \(target >= 0.97\): [\d.]+",
          r"/v1/responses / /v1/chat/completions, decode tok/s at 1 client\(s\) \(target >= 0.97\): [\d.]+"],
     ),
+    "bench_claude_code": (
+        ["--quick", "--threads", "1"],
+        [r"\| serve \| [\d.]+ \| [\d.]+ \| [\d.]+ \|",
+         r"first-request TTFT speed, serve / llama-server \(target >= 0.95\): n/a \(llama-server not run \(--quick\)\)",
+         r"serve's second request / its first \(prompt cache; target <= 0.1\): [\d.]+"],
+    ),
     "bench_rerank": (
         ["--quick"],
         [r"\| localllm serve \| 1 \| 64 \| \d+ \| [\d.]+ \| [\d.]+ \|",
