@@ -78,9 +78,10 @@ def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq
     lp = api.prepare(path, request, vram=getattr(args, "vram", None), n_ctx=n_ctx, n_seq=n_seq,
                      rpc=getattr(args, "rpc", None) or (), dry_run=not getattr(args, "no_dry_run", False), cross_check=cross_check)
     fit = lp.fit
-    if getattr(args, "ctx_typed", False) and n_ctx and fit.trained_ctx and n_ctx > fit.trained_ctx:
-        # llama.cpp warns too (src/llama-context.cpp: "n_ctx_seq (%u) > n_ctx_train (%u) -- possible training context overflow")
-        say(f"--ctx {n_ctx:,} is beyond the {fit.trained_ctx:,} tokens this model was trained on: replies past that point degrade")
+    if getattr(args, "ctx_typed", False) and n_ctx and fit.trained_ctx and n_ctx // n_seq > fit.trained_ctx:
+        # llama.cpp warns too (src/llama-context.cpp: "n_ctx_seq (%u) > n_ctx_train (%u) -- possible training context overflow");
+        # serve's --ctx is each sequence's (the pool holds n_seq of them)
+        say(f"--ctx {n_ctx // n_seq:,} is beyond the {fit.trained_ctx:,} tokens this model was trained on: replies past that point degrade")
     if lp.refits:
         say(f"llama.cpp's dry run needs a larger compute buffer than estimated: refitted ({fit.sentence})")
     return lp

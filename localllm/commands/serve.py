@@ -84,9 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < parallel:
         raise UsageError(f"--batch {args.batch} cannot hold one token of each of --parallel {parallel} sequences: raise --batch")
     ctx_seq = args.ctx
-    if ctx_seq is None:  # as run: the trained context, at most 4096, for each sequence
-
-        ctx_seq = min(inspect_model(path).context_length or 4096, 4096)
+    if ctx_seq is None:  # the trained context for each sequence, then fitted (fitting.default_ctx)
+        ctx_seq = fitting.default_ctx(inspect_model(path).context_length, serving=True)
     fitted = fit_config(args, path, ctx_seq * parallel, n_seq=parallel)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
@@ -160,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
                                                                                    spm_infill=args.spm_infill),
                            metrics_endpoint=args.metrics, slots_endpoint=args.slots, mcp=mcp_hub)
         switch.app = with_cors(build_app(state), tuple(args.cors or ()))
-        say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request, "
+        say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request ({fitting.context_why(fitted.fit, parallel).split(': ', 1)[1]}), "
             f"KV pool {info.n_ctx} cells {info.type_k}/{info.type_v}, prefix reuse {'on' if info.prefix_reuse else 'off'}"
             f"{_cache_words(cache)}{', reranking on /v1/rerank' if rerank else ''}"
             f"{f', images through {mmproj.name}' if mmproj is not None else ''}"
@@ -256,7 +255,7 @@ def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> i
 def _memory(args: argparse.Namespace, residency, per):
     """The router's memory plan (``residency.Memory``): each model fitted as
     ``serve MODEL`` fits it (``run``'s rules: the same options, ``--ctx`` per
-    sequence, the trained context up to 4096 by default, ``--parallel``
+    sequence, the trained context by default (``fitting.default_ctx``), ``--parallel``
     sequences), alone, against this machine as it was when the router started:
     the GPU budget (``--vram``, or the device's free memory then, passed on to
     each child as ``--vram``) and the RAM available then, before any model. With
@@ -273,7 +272,7 @@ def _memory(args: argparse.Namespace, residency, per):
     def plan(path, name: str = ""):
         mine = per.args(name)  # the model's own options (its config table, its preset section)
         parallel = mine.parallel
-        ctx_seq = mine.ctx or min(inspect_model(path).context_length or 4096, 4096)  # as serve MODEL (run above)
+        ctx_seq = mine.ctx or fitting.default_ctx(inspect_model(path).context_length, serving=True)  # as serve MODEL (run above)
         request = fit_request(mine, ctx_seq * parallel)
         lp = api.prepare(path, request, hw=hw, n_ctx=ctx_seq * parallel, n_seq=parallel, dry_run=not mine.no_dry_run)
         if lp.refits:

@@ -158,9 +158,32 @@ class Fit:
         }
 
 
-def default_ctx(trained_ctx: int | None) -> int:
-    """The context to ask for when the user names none: the trained one, at most 4096."""
+def default_ctx(trained_ctx: int | None, *, serving: bool = False) -> int:
+    """The context to ask for when the user names none, decided here alone.
+
+    A server (``serve MODEL``, and each model of the router) asks for the
+    trained context, as llama-server's default ``-c 0`` does: coding agents
+    send 6,000-20,000 tokens before the user types anything (Codex 6,179,
+    opencode 7,300-11,000, Claude Code about 11,500, issue 59). What is asked is
+    then fitted (policy ``ctx``): the largest context the device holds when the
+    trained one does not fit, which the fit's sentence says. ``run``, ``chat``
+    and the cockpit ask for the trained one up to 4096: one conversation that
+    grows by turns, whose sliding window keeps it going past the context."""
+    if serving:
+        return trained_ctx or DEFAULT_CTX
     return min(trained_ctx or DEFAULT_CTX, DEFAULT_CTX)
+
+
+def context_why(fit: Fit, n_seq: int = 1) -> str:
+    """Why a load has the context it has, for ``ps`` and serve's start line: the
+    context a sequence gets, said against what was asked and what the model was
+    trained on (``default_ctx`` asks a server for the trained one)."""
+    per, asked, trained = fit.config.n_ctx // max(n_seq, 1), fit.asked.n_ctx // max(n_seq, 1), fit.trained_ctx
+    if per < asked:
+        return f"{per}: the largest that fits (asked {asked}{f', trained {trained}' if trained else ''})"
+    if trained and per == trained:
+        return f"{per}: the trained context"
+    return f"{per}: as asked{f' (trained {trained})' if trained else ''}"
 
 
 def layers_on(cfg: LoadConfig, n_layers: int) -> int:

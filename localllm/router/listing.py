@@ -25,6 +25,7 @@ import asyncio
 import time
 from typing import Any
 
+from localllm.plan import fitting
 from localllm.router.catalog import Catalog, Facts
 from localllm.router.children import Child
 from localllm.router.pool import Pool
@@ -74,6 +75,7 @@ def planned(child: Child) -> dict[str, Any]:
         "size": gpu + cpu, "size_vram": gpu, "context_length": config.n_ctx // parallel,
         "localllm": {
             "bytes": bytes_, "sources": d["sources"], "n_ctx": config.n_ctx, "n_ctx_per_request": config.n_ctx // parallel,
+            "context": fitting.context_why(lp.fit, parallel),
             "parallel": parallel, "type_k": config.type_k, "type_v": config.type_v, "gpu_layers": lp.fit.gpu_layers,
             "n_layers": lp.fit.n_layers, "fit": lp.fit.sentence, "gpu_budget_bytes": lp.fit.gpu_budget, "pid": child.pid,
             "expires_at": _rfc3339(child.expires_wall),
