@@ -54,20 +54,25 @@ def _local_gpu() -> bool:
 
 
 def prepare(path: Path, request: fitting.Request, *, vram: int | str | None = None, n_ctx: int | None = None, n_seq: int = 1,
-            rpc: Sequence[object] = (), hw: Hardware | None = None, dry_run: bool = True, cross_check: bool = False) -> prepare_mod.LoadPlan:
+            rpc: Sequence[object] = (), hw: Hardware | None = None, dry_run: bool = True, cross_check: bool = False,
+            serving: bool = False) -> prepare_mod.LoadPlan:
     """The fitting service asked about a model file with a full ``Request``
     (which settings the user fixed, the policy), refereed: llama.cpp's dry run
     where the graph replay does not cover the model (``plan.prepare.prepare_load``),
     a config llama.cpp refuses raised as ``EngineError``. ``vram`` overrides the
     detected GPU budget (``hw``: hardware already detected); ``rpc`` lists llama.cpp
     RPC workers whose devices join this machine's (each is probed first). What
-    every command, the cockpit and ``fit``/``load`` ask before a load."""
+    every command, the cockpit and ``fit``/``load`` ask before a load.
+    ``serving`` with no ``n_ctx``: a server's default context, the trained one
+    for each of ``n_seq`` sequences (``fitting.for_header``)."""
     hw = hw if hw is not None else hardware.detect(_vram_bytes(vram))
     runner = referee.dry_run if dry_run else None
     if rpc:
         devices, cpu = placement.rpc_devices(list(rpc), hw, _local_gpu)
-        return prepare_mod.prepare_load(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, devices=devices, cpu=cpu, dry_run=runner)
-    return prepare_mod.prepare_load(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, dry_run=runner, cross_check=cross_check)
+        return prepare_mod.prepare_load(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, devices=devices, cpu=cpu, dry_run=runner,
+                                        serving=serving)
+    return prepare_mod.prepare_load(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, dry_run=runner, cross_check=cross_check,
+                                    serving=serving)
 
 
 def _request(ctx: int | None, kv_type: str | None, n_gpu_layers: int | None, threads: int | None, flash_attn: str,

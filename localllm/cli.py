@@ -187,10 +187,16 @@ class _Typed(argparse.Action):
         setattr(namespace, f"{self.dest}_typed", True)
 
 
-def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fit: bool = True, rpc: bool = True) -> None:
+# what a --ctx left out asks for (plan.fitting.default_ctx decides it)
+RUN_CTX = "the model's trained context, at most 4096"
+SERVE_CTX = "the model's trained context, or the largest that fits with --parallel of them"
+
+
+def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fit: bool = True, rpc: bool = True,
+                      ctx_help: str = "context size in tokens (default: %(default)s)") -> None:
     g = p.add_argument_group("load options")
     g.add_argument("--ctx", "-c", "--ctx-size", type=_int_at_least(1, "--ctx", MAX_CTX), default=ctx_default, metavar="N", action=_Typed,
-                   help="context size in tokens (default: %(default)s)")
+                   help=ctx_help)
     g.add_argument("--threads", "-t", type=_threads, default=None, metavar="N",
                    help="CPU threads, fixed (default: chosen as it decodes, starting from the fast physical cores)")
     g.add_argument("--ngl", "-ngl", "--n-gpu-layers", "--gpu-layers", type=_int_at_least(-1, "--ngl", MAX_INT32), default=None, metavar="N",
@@ -355,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="memory per device: weights, KV cache, compute; what fits a GPU budget")
     _add_model(p)
-    _add_load_options(p, ctx_default=None)
+    _add_load_options(p, ctx_default=None, ctx_help=f"context size in tokens, as run loads it (default: {RUN_CTX}; serve's is shown too)")
     _add_lora(p)
     _add_vision(p, image=False)
     p.add_argument("--json", action="store_true", help="one JSON object")
@@ -403,8 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", action="append", default=None, metavar="HOST[,HOST]",
         help="address(es) to listen on, repeatable or comma-separated (default: 127.0.0.1; another one warns without --api-key)")
     p.add_argument("--port", type=_port, default=8080, help="TCP port, 0 for any free one (default: 8080)")
-    p.add_argument("--parallel", "-np", type=_int_at_least(1, "--parallel"), default=4, metavar="N",
-        help="sequences decoded together; the KV cache holds N x --ctx (default: 4)")
+    p.add_argument("--parallel", "-np", type=_int_at_least(1, "--parallel"), default=serve_flags.DEFAULT_PARALLEL, metavar="N",
+        help=f"sequences decoded together; the KV cache holds N x --ctx (default: {serve_flags.DEFAULT_PARALLEL})")
     p.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY' (also: LOCALLLM_API_KEY)")
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: the name given)")
     p.add_argument("-to", "--timeout", type=_float_in(0, 3600, "--timeout", above=True), default=None, metavar="S",
@@ -422,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how /v1/embeddings pools a sequence (default: what the model declares, else mean); rank: as --rerank")
     p.add_argument("--rerank", "--reranking", action="store_true",
         help="serve /v1/rerank with the model's classification head (llama-server's flag: rank pooling; a reranker GGUF is needed)")
-    _add_load_options(p, ctx_default=None)
+    _add_load_options(p, ctx_default=None, ctx_help=f"each request's context in tokens; the KV cache holds --parallel of them (default: {SERVE_CTX})")
     _add_lora(p)
     _add_vision(p, image=False)  # requests' images (serve/media.py)
     _add_sampling(p)  # the defaults of a request's omitted fields, as llama-server's --temp, --seed, -n ...

@@ -65,18 +65,20 @@ Fitted = LoadPlan  # what the loading commands get: the fit, the hardware, the r
 
 
 def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq: int = 1, cross_check: bool = False,
-               n_outputs: int | None = None) -> LoadPlan:
+               n_outputs: int | None = None, serving: bool = False) -> LoadPlan:
     """Fit the options to the GPU budget (detected or --vram) and RAM through the
     library's ``prepare``: the settings that fit, the user's explicit choices
     kept, llama.cpp's dry run as the referee where the replay does not cover the
     model (unless --no-dry-run). ``n_seq`` > 1 plans serve's batch engine as it
     loads; ``cross_check`` dry-runs where the replay covers the model too (plan);
-    ``n_outputs``: rows of logits per batch to plan for (speculative drafts)."""
+    ``n_outputs``: rows of logits per batch to plan for (speculative drafts);
+    ``serving`` with no ``n_ctx``: a server's default context (``fitting.for_header``)."""
     request = fit_request(args, n_ctx or fitting.DEFAULT_CTX)
     if n_outputs is not None:
         request = replace(request, config=replace(request.config, n_outputs_max=n_outputs))
     lp = api.prepare(path, request, vram=getattr(args, "vram", None), n_ctx=n_ctx, n_seq=n_seq,
-                     rpc=getattr(args, "rpc", None) or (), dry_run=not getattr(args, "no_dry_run", False), cross_check=cross_check)
+                     rpc=getattr(args, "rpc", None) or (), dry_run=not getattr(args, "no_dry_run", False), cross_check=cross_check,
+                     serving=serving)
     fit = lp.fit
     if getattr(args, "ctx_typed", False) and n_ctx and fit.trained_ctx and n_ctx // n_seq > fit.trained_ctx:
         # llama.cpp warns too (src/llama-context.cpp: "n_ctx_seq (%u) > n_ctx_train (%u) -- possible training context overflow");

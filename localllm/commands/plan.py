@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
+from localllm import api
 from localllm.commands import config_file, vision_cli
-from localllm.commands._common import Fitted, fit_config
+from localllm.commands._common import Fitted, fit_config, load_options, lora_specs
+from localllm.commands.serve_flags import DEFAULT_PARALLEL
 from localllm.errors import EXIT_ERROR
 from localllm.measure.predict import Prediction, predict
 from localllm.modelfile.arch_rules import M_ROPE
 from localllm.modelfile.gguf_file import read_header
+from localllm.modelfile.lora import read_adapter
 from localllm.modelfile.model_info import inspect_model
+from localllm.plan import fitting
 from localllm.plan.hardware import gpu_memory_bandwidth, physical_cores
 from localllm.plan.placement import experts_rule
 from localllm.plan.planner import ModelShape, layers_phrase
+from localllm.plan.prepare import ESTIMATE
 from localllm.store import names, resolver
 from localllm.store.builtin import DEFAULT_MODEL
 from localllm.tune import section
@@ -31,14 +37,14 @@ def fit_line(r) -> str:
     return r.sentence if r.sentence.startswith("fits") else "fits: " + r.sentence
 
 
-def render(f: Fitted, architecture: str = "", projector: ProjectorMemory | None = None) -> str:
+def render(f: Fitted, architecture: str = "", projector: ProjectorMemory | None = None, *, default_ctx: bool = False) -> str:
     r = f.fit
     p = r.plan
     shown = f
     hw = f.hardware
     gpu = r.gpu_budget is not None
     lines = [
-        f"context {p.n_ctx} tokens · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
+        f"context {_context(r, default_ctx)} · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
         + (f" · {'chunked' if p.swa_type == 'chunked' else 'sliding-window'} layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
         + (f" · {layers_phrase(p.n_gpu_layers, r.n_layers)} on the GPU" if gpu else "")
         + ("" if p.verified else " (unverified architecture)"),
@@ -91,6 +97,51 @@ def render(f: Fitted, architecture: str = "", projector: ProjectorMemory | None 
     return "\n".join(lines)
 
 
+def _context(fit: fitting.Fit, default_ctx: bool) -> str:
+    """"4096 tokens (run's default, at most 4096; trained 32768)"."""
+    c = fitting.context_choice(fit, default=default_ctx)
+    return f"{c.n_ctx} tokens ({c.reason})"
+
+
+def served(args: argparse.Namespace, path: Path, f: Fitted) -> tuple[Fitted, fitting.ContextChoice] | None:
+    """What ``serve MODEL`` with no ``--ctx`` loads here: each of its default
+    ``--parallel`` sequences the trained context, or the largest that fits
+    (``fitting.default_ctx``), fitted as serve fits it, with this plan's other
+    load options and budget. The compute is the graph replay's where it covers
+    the model, else an estimate, which the line says: no second dry run of
+    llama.cpp (about 0.5 s a model) for one line; serve's own start dry-runs it.
+    None with ``--rpc``: the workers would be probed a second time."""
+    if getattr(args, "rpc", None):
+        return None
+    n = DEFAULT_PARALLEL
+    request = replace(load_options(args, fitting.DEFAULT_CTX).request(), adapters=tuple(read_adapter(s.path) for s in lora_specs(args)))
+    lp = api.prepare(path, request, hw=f.hardware, n_seq=n, dry_run=False, serving=True)
+    return lp, fitting.context_choice(lp.fit, n, default=True)
+
+
+def served_line(s: tuple[Fitted, fitting.ContextChoice]) -> str:
+    """"serve with no --ctx: 32768 tokens per request (trained) x 4 parallel, KV cache f16/f16 421.50 MiB (131072 cells), 808.93 MiB in all"."""
+    lp, c = s
+    head = f"serve with no --ctx: {c.n_ctx} tokens per request ({c.reason}) x {lp.config.n_seq} parallel"
+    if not lp.fit.fits:
+        return f"{head}: does not fit: {lp.fit.sentence}"
+    gpu, cpu = lp.total
+    where = f"GPU {fmt.size(gpu)}, RAM {fmt.size(cpu)}" if lp.fit.gpu_budget is not None else f"{fmt.size(gpu + cpu)} in all"
+    return (f"{head}, KV cache {lp.config.type_k}/{lp.config.type_v} {fmt.size(lp.plan.kv_cache_bytes)} ({lp.config.n_ctx} cells), {where}"
+            + (" (compute an estimate)" if lp.compute_source == ESTIMATE else ""))
+
+
+def served_dict(s: tuple[Fitted, fitting.ContextChoice] | None) -> dict | None:
+    """``plan --json``'s ``serve``: the figures ``served_line`` says."""
+    if s is None:
+        return None
+    lp, c = s
+    gpu, cpu = lp.total
+    return {"parallel": lp.config.n_seq, "context": c.to_dict(), "n_ctx": lp.config.n_ctx, "type_k": lp.config.type_k,
+            "type_v": lp.config.type_v, "kv_cache_bytes": lp.plan.kv_cache_bytes, "total_gpu_bytes": gpu, "total_cpu_bytes": cpu,
+            "compute_estimated": lp.compute_source == ESTIMATE, "fits": lp.fit.fits, "reason": lp.fit.sentence}
+
+
 def _on(mem: ProjectorMemory, n: int | None) -> tuple[str, str]:
     cell = fmt.size(n) if n is not None else "n/a"
     return (cell, "") if mem.device == "GPU" else ("", cell)
@@ -120,7 +171,7 @@ def projector_line(path: Path, mem: ProjectorMemory, free: int | None) -> str:
                    f", does not fit: {fmt.size(need - free)} short (try --no-mmproj, a smaller --ctx or a smaller quant)")
 
 
-def render_devices(f: Fitted) -> str:
+def render_devices(f: Fitted, *, default_ctx: bool = False) -> str:
     """One column per device (with --rpc): the workers' devices, a local GPU, the CPU."""
     r = f.fit
     p = r.plan
@@ -131,7 +182,7 @@ def render_devices(f: Fitted) -> str:
         return (label, *(get(u) for u in uses))
 
     lines = [
-        f"context {p.n_ctx} tokens · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
+        f"context {_context(r, default_ctx)} · KV cache {p.type_k}/{p.type_v} · {fmt.size(p.kv_bytes_per_token)} per token"
         + (f" · sliding-window layers hold {p.kv_swa_cells} cells" if p.kv_swa_cells else "")
         + f" · {layers_phrase(p.n_gpu_layers, r.n_layers)} offloaded",
         "",
@@ -191,8 +242,10 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
     predicted = _predicted(args, f, path)
     info = inspect_model(path)
     mem, free = choice.room(f.fit, proj) if proj is not None else (None, None)
+    serve = served(args, path, f)
     if args.json:
-        d = as_dict(f, info, predicted, remote)
+        d = as_dict(f, info, predicted, remote, default_ctx=args.ctx is None)
+        d["serve"] = served_dict(serve)
         d["projector"] = None if proj is None or mem is None else {
             **read_projector(proj).to_dict(), "memory": mem.to_dict(),
             "left_bytes": None if free is None else free - choice.need(mem),
@@ -201,7 +254,9 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
         d["from_tune"] = tuned.to_dict() if tuned is not None else None
         fmt.print_json(d)
     else:
-        print(as_text(f, info, predicted, remote, mem))
+        print(as_text(f, info, predicted, remote, mem, default_ctx=args.ctx is None))
+        if serve is not None:
+            print(served_line(serve))
         tuned = _from_tune(args)
         if tuned is not None:
             print(f"settings {tuned.line()}")
@@ -217,10 +272,11 @@ def _from_tune(args: argparse.Namespace) -> section.FromTune | None:
     return section.from_tune(config_file.load(), args.model or DEFAULT_MODEL, section.flag_values(args))
 
 
-def as_dict(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None) -> dict:
+def as_dict(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None, *, default_ctx: bool = False) -> dict:
     """``plan --json``: the figures ``as_text`` shows, from the same refereed plan (issue 45 item 7)."""
     d = f.plan.to_dict()  # the refereed plan: llama.cpp's compute where its dry run gave it, as the table shows
     d.update(
+        context=fitting.context_choice(f.fit, default=default_ctx).to_dict(),
         outcome=f.fit.outcome.value,
         fits=f.fit.fits,
         reason=f.fit.sentence,
@@ -243,13 +299,15 @@ def as_dict(f: Fitted, info, predicted: Prediction | None, remote: names.Remote 
     return d
 
 
-def as_text(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None, projector: ProjectorMemory | None = None) -> str:
-    """``plan``'s table and lines."""
+def as_text(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None, projector: ProjectorMemory | None = None,
+            *, default_ctx: bool = False) -> str:
+    """``plan``'s table and lines; ``default_ctx``: no --ctx was given (``fitting.context_choice``)."""
     out = []
     if remote is not None:
         out.append(f"{fmt.safe(remote.label)} ({fmt.size(remote.file.size)}): not downloaded; its header was read from the Hub, nothing stored "
                    f"(localllm pull {fmt.safe(remote.name.pull_arg)} gets it)\n")
-    out.append(render_devices(f) if f.placement is not None else render(f, info.architecture, projector))
+    out.append(render_devices(f, default_ctx=default_ctx) if f.placement is not None
+               else render(f, info.architecture, projector, default_ctx=default_ctx))
     if predicted is not None:
         out.append(predicted.line())
     return "\n".join(out)

@@ -3,7 +3,8 @@
 ``localllm serve`` (the router, or ``serve MODEL``) answers it, and so does
 Ollama; the table is ``ollama ps``'s: the name, the bytes its load holds, how
 they split between the CPU and the GPU ("100% GPU", "48%/52% CPU/GPU"), the
-context a request may use, and when the model will be unloaded. The router
+context a request may use (and why, where localllm's serve says: "32768 (trained)"),
+and when the model will be unloaded. The router
 answers with its memory plan's figures (``localllm.router.listing``).
 
 The answer is another process's, so it is read as untrusted: at most
@@ -60,20 +61,30 @@ class Row:
         cpu = round((self.size - self.size_vram) / self.size * 100)
         return f"{cpu}%/{100 - cpu}% CPU/GPU"
 
+    @property
+    def context(self) -> str:
+        """The CONTEXT column: a request's context, and why where localllm's
+        serve said it ("32768 (trained)", "12288 (largest that fits; trained
+        32768)": ``plan.fitting.context_why``); the bare count from Ollama."""
+        why = (self.localllm or {}).get("context")
+        if isinstance(why, str) and why:
+            return fmt.safe(why[:80])
+        return str(self.context_length) if self.context_length is not None else "-"
+
 
 def run(args: argparse.Namespace) -> int:
     base = base_url(args.url)
     key = args.api_key or os.environ.get("LOCALLLM_API_KEY") or None
     rows = parse(fetch(base, key), base)
     if args.json:
-        fmt.print_json({"url": base, "models": [{**asdict(r), "processor": r.processor} for r in rows]})
+        fmt.print_json({"url": base, "models": [{**asdict(r), "processor": r.processor, "context": r.context} for r in rows]})
         return 0
     if not rows:
         print(f"localllm: no model loaded ({fmt.safe(base)})", file=sys.stderr)  # not commands._common.say: its module loads the planner (~0.4 s)
         return 0
     now = dt.datetime.now(dt.timezone.utc)
     body = [(r.name, fmt.size(r.size) if r.size is not None else "-", r.processor,
-             str(r.context_length) if r.context_length is not None else "-", until(r.expires_at, now)) for r in rows]
+             r.context, until(r.expires_at, now)) for r in rows]
     print(fmt.table(("NAME", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"), body, right=(1, 3)))
     return 0
 

@@ -22,7 +22,6 @@ from localllm.commands import serve_flags, vision_cli
 from localllm.commands._common import fit_config, fit_request, lora_specs, model_path, sampling_config, say
 from localllm.commands.serve_models import PerModel, preset_of
 from localllm.errors import InputError, LocalLLMError, UsageError
-from localllm.modelfile.model_info import inspect_model
 from localllm.plan import fitting, hardware, planner
 from localllm.serve import media, thinking, tools
 from localllm.serve.prometheus import ServerMetrics
@@ -83,15 +82,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--parallel can be at most 256 (llama.cpp's LLAMA_MAX_SEQ)")
     if args.batch < parallel:
         raise UsageError(f"--batch {args.batch} cannot hold one token of each of --parallel {parallel} sequences: raise --batch")
-    ctx_seq = args.ctx
-    if ctx_seq is None:  # the trained context for each sequence, then fitted (fitting.default_ctx)
-        ctx_seq = fitting.default_ctx(inspect_model(path).context_length, serving=True)
-    fitted = fit_config(args, path, ctx_seq * parallel, n_seq=parallel)
+    # --ctx is each sequence's; with none, the plan's default (fitting.for_header): the trained context for each, fitted
+    fitted = fit_config(args, path, args.ctx * parallel if args.ctx else None, n_seq=parallel, serving=True)
     if not fitted.fit.fits:
         raise InputError(f"does not fit: {fitted.fit.sentence}")
     if mmproj is not None:
         vision_cli.check_fit(fitted, mmproj)
     n_ctx_seq = fitted.config.n_ctx // parallel
+    context = fitting.context_choice(fitted.fit, parallel, default=args.ctx is None)  # said at start and on /api/ps
     if n_ctx_seq < 16:
         raise InputError(f"{parallel} sequences leave {n_ctx_seq} tokens each: lower --parallel or raise --vram")
     if fitted.fit.outcome is not fitting.Outcome.FITS_AS_ASKED or args.vram is not None:
@@ -156,10 +154,10 @@ def run(args: argparse.Namespace) -> int:
                            vision=mmproj is not None, **({"max_body": media.MEDIA_BODY} if mmproj is not None else {}),
                            tokenize=_tokenizer(model, template_defaults(args, model)), api_key=api_key, json_log=args.json,
                            defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template, n_batch=args.batch,
-                                                                                   spm_infill=args.spm_infill),
+                                                                                   spm_infill=args.spm_infill, context=str(context)),
                            metrics_endpoint=args.metrics, slots_endpoint=args.slots, mcp=mcp_hub)
         switch.app = with_cors(build_app(state), tuple(args.cors or ()))
-        say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request ({fitting.context_why(fitted.fit, parallel).split(': ', 1)[1]}), "
+        say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request ({context.reason}), "
             f"KV pool {info.n_ctx} cells {info.type_k}/{info.type_v}, prefix reuse {'on' if info.prefix_reuse else 'off'}"
             f"{_cache_words(cache)}{', reranking on /v1/rerank' if rerank else ''}"
             f"{f', images through {mmproj.name}' if mmproj is not None else ''}"
@@ -255,7 +253,7 @@ def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> i
 def _memory(args: argparse.Namespace, residency, per):
     """The router's memory plan (``residency.Memory``): each model fitted as
     ``serve MODEL`` fits it (``run``'s rules: the same options, ``--ctx`` per
-    sequence, the trained context by default (``fitting.default_ctx``), ``--parallel``
+    sequence, the trained context by default (``fitting.for_header``), ``--parallel``
     sequences), alone, against this machine as it was when the router started:
     the GPU budget (``--vram``, or the device's free memory then, passed on to
     each child as ``--vram``) and the RAM available then, before any model. With
@@ -272,9 +270,9 @@ def _memory(args: argparse.Namespace, residency, per):
     def plan(path, name: str = ""):
         mine = per.args(name)  # the model's own options (its config table, its preset section)
         parallel = mine.parallel
-        ctx_seq = mine.ctx or fitting.default_ctx(inspect_model(path).context_length, serving=True)  # as serve MODEL (run above)
-        request = fit_request(mine, ctx_seq * parallel)
-        lp = api.prepare(path, request, hw=hw, n_ctx=ctx_seq * parallel, n_seq=parallel, dry_run=not mine.no_dry_run)
+        n_ctx = mine.ctx * parallel if mine.ctx else None  # None: the plan's default, as serve MODEL asks (run above)
+        request = fit_request(mine, n_ctx or fitting.DEFAULT_CTX)
+        lp = api.prepare(path, request, hw=hw, n_ctx=n_ctx, n_seq=parallel, dry_run=not mine.no_dry_run, serving=True)
         if lp.refits:
             say(f"{path.name}: llama.cpp's dry run needs a larger compute buffer than estimated: refitted ({lp.fit.sentence})")
         return lp

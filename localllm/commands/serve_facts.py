@@ -11,9 +11,11 @@ from localllm.modelfile.model_info import inspect_model
 from localllm.serve.llama_routes import ModelFacts
 
 
-def model_facts(model, path: Path, n_parallel: int, template: str | None = None, *, n_batch: int = 2048, spm_infill: bool = False) -> ModelFacts:
+def model_facts(model, path: Path, n_parallel: int, template: str | None = None, *, n_batch: int = 2048, spm_infill: bool = False,
+                context: str = "") -> ModelFacts:
     """``model``: a loaded ``engine.batch.BatchModel``; ``template``: serve's --chat-template(-file);
-    ``n_batch`` and ``spm_infill``: serve's --batch and --spm-infill, for /infill."""
+    ``n_batch`` and ``spm_infill``: serve's --batch and --spm-infill, for /infill; ``context``: a
+    request's context and why (``fitting.context_why``), for ``/api/ps``."""
     tok = model.tok
     header = tok.header
     info = inspect_model(path)
@@ -47,4 +49,5 @@ def model_facts(model, path: Path, n_parallel: int, template: str | None = None,
         fim=fim_tokens(tok),
         n_batch=n_batch,
         spm_infill=spm_infill,
+        context=context,
     )

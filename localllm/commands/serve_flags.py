@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+DEFAULT_PARALLEL = 4  # serve's --parallel, as llama-server's -np auto (tools/server/server.cpp: "using n_parallel = 4")
+
 # llama-server's flags that serve does not do, and why (a usage error naming the flag)
 UNSUPPORTED = {
     ("--control-vector", "--control-vector-scaled", "--control-vector-layer-range"): "control vectors are not supported",

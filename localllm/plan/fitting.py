@@ -74,6 +74,7 @@ class Request:
     policy: str = "ctx"
     moe_fixed: bool = False  # the experts in RAM (n_cpu_moe) were given: kept; otherwise a MoE's fit may move them
     adapters: tuple[Any, ...] = ()  # LoRA adapters to load with it (modelfile.lora.AdapterInfo): checked and counted by fit_header
+    ctx_default: bool = False  # the context is a server's default nobody named (default_ctx): it gives way first (planner.search)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,16 @@ def default_ctx(trained_ctx: int | None, *, serving: bool = False) -> int:
     send 6,000-20,000 tokens before the user types anything (Codex 6,179,
     opencode 7,300-11,000, Claude Code about 11,500, issue 59). What is asked is
     then fitted (policy ``ctx``): the largest context the device holds when the
-    trained one does not fit, which the fit's sentence says. ``run``, ``chat``
+    trained one does not fit, which the fit's sentence says. The context is
+    each sequence's (serve's ``--ctx``): the pool holds ``--parallel`` of them,
+    so that every request may use it at once, where llama-server's unified pool
+    holds the trained context for all its slots together (tools/server/server.cpp,
+    ``n_parallel`` auto: 4, ``kv_unified``). At the default ``--parallel 4``
+    that is four times llama-server's cells, measured in llama.cpp's log:
+    SmolLM2 135M 720 MiB of KV cache (32,768 cells, 360 MiB at 4096 a
+    sequence), Gemma 3 270M 421.5 MiB (131,072 cells on its 3 global layers,
+    384 MiB; its 15 sliding-window layers hold 2,560 cells, 37.5 MiB, whatever
+    the context; 85.5 MiB at 4096 a sequence). ``run``, ``chat``
     and the cockpit ask for the trained one up to 4096: one conversation that
     grows by turns, whose sliding window keeps it going past the context."""
     if serving:
@@ -174,16 +184,58 @@ def default_ctx(trained_ctx: int | None, *, serving: bool = False) -> int:
     return min(trained_ctx or DEFAULT_CTX, DEFAULT_CTX)
 
 
-def context_why(fit: Fit, n_seq: int = 1) -> str:
-    """Why a load has the context it has, for ``ps`` and serve's start line: the
-    context a sequence gets, said against what was asked and what the model was
-    trained on (``default_ctx`` asks a server for the trained one)."""
-    per, asked, trained = fit.config.n_ctx // max(n_seq, 1), fit.asked.n_ctx // max(n_seq, 1), fit.trained_ctx
+@dataclass(frozen=True)
+class ContextChoice:
+    """The context a sequence gets and why: serve's start line, ``plan``, and
+    ``/api/ps`` (which ``localllm ps`` shows). ``why``: ``trained`` (the model's
+    trained context), ``fitted`` (the largest that fits the device, below what
+    was asked), ``asked`` (a typed ``--ctx``, a config or preset value) or
+    ``default`` (no context named and none trained, or ``run``'s cap of
+    ``DEFAULT_CTX``)."""
+
+    n_ctx: int  # each sequence's
+    asked: int  # each sequence's
+    trained: int | None
+    why: str
+
+    @property
+    def reason(self) -> str:
+        """"trained", "largest that fits; trained 32768", "as asked; trained 8192", ..."""
+        t = self.trained
+        if self.why == "fitted":
+            return "largest that fits; " + (f"trained {t}" if self.asked == t else f"asked {self.asked}" + (f", trained {t}" if t else ""))
+        if self.why == "trained":
+            return "trained"
+        if self.why == "default":
+            return f"run's default, at most {DEFAULT_CTX}; trained {t}" if t else "default; the model names no trained context"
+        return "as asked" + (f"; {'beyond the ' if self.n_ctx > t else ''}trained {t}" if t else "")
+
+    def __str__(self) -> str:
+        return f"{self.n_ctx} ({self.reason})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_ctx": self.n_ctx, "asked": self.asked, "trained": self.trained, "why": self.why, "text": str(self)}
+
+
+def context_choice(fit: Fit, n_seq: int = 1, *, default: bool = False) -> ContextChoice:
+    """Why a load has the context it has, per sequence, against what was asked
+    and what the model was trained on. ``default``: no context was named, so
+    ``default_ctx`` chose what was asked (a server's trained one, ``run``'s at
+    most 4096); otherwise a context other than the trained one was asked."""
+    n = max(n_seq, 1)
+    per, asked, trained = fit.config.n_ctx // n, fit.asked.n_ctx // n, fit.trained_ctx
     if per < asked:
-        return f"{per}: the largest that fits (asked {asked}{f', trained {trained}' if trained else ''})"
-    if trained and per == trained:
-        return f"{per}: the trained context"
-    return f"{per}: as asked{f' (trained {trained})' if trained else ''}"
+        why = "fitted"
+    elif trained and per == trained:
+        why = "trained"
+    else:
+        why = "default" if default else "asked"
+    return ContextChoice(per, asked, trained, why)
+
+
+def context_why(fit: Fit, n_seq: int = 1, *, default: bool = False) -> str:
+    """``context_choice`` in words: "32768 (trained)", "12288 (largest that fits; trained 32768)"."""
+    return str(context_choice(fit, n_seq, default=default))
 
 
 def layers_on(cfg: LoadConfig, n_layers: int) -> int:
@@ -220,6 +272,7 @@ def fit(
     r, placed = placement.fit_across(
         shape, want, devices, cpu, ram=budget.ram, policy=request.policy,
         kv_fixed=request.kv_fixed, ngl_fixed=request.ngl_fixed, ctx_limit=limit, header=header, moe_fixed=request.moe_fixed,
+        ctx_first=request.ctx_default,
     )
     config = replace(r.config, tensor_split=placed.split) if across else r.config
     has_gpu = bool(devices)
@@ -261,21 +314,30 @@ def fit_header(header: GGUFHeader, request: Request, budget: Budget, *, compute_
     return fit(shape, request, budget, trained_ctx=describe(header).context_length, header=header, **kw)
 
 
-def fit_file(path: Path, request: Request, hw: Any, *, n_ctx: int | None = None, n_seq: int = 1, **kw: Any) -> Fit:
+def fit_file(path: Path, request: Request, hw: Any, *, n_ctx: int | None = None, n_seq: int = 1, serving: bool = False, **kw: Any) -> Fit:
     """``fit`` for a model file and a ``hardware.Hardware``: the context asked
     (``n_ctx``, or ``default_ctx`` of the model's trained one) replaces the
     request's. ``n_seq`` > 1 plans serve's batch engine as it loads: one unified
     cache for ``n_seq`` sequences and one row of logits per sequence.
-    ``kw``: ``devices`` and ``cpu`` for a load across several devices."""
+    ``serving``: as ``for_header``. ``kw``: ``devices`` and ``cpu`` for a load
+    across several devices."""
     header = read_header(path)
-    return fit_header(header, for_header(header, request, n_ctx=n_ctx, n_seq=n_seq), Budget.of(hw), **kw)
+    return fit_header(header, for_header(header, request, n_ctx=n_ctx, n_seq=n_seq, serving=serving), Budget.of(hw), **kw)
 
 
-def for_header(header: GGUFHeader, request: Request, *, n_ctx: int | None = None, n_seq: int = 1) -> Request:
+def for_header(header: GGUFHeader, request: Request, *, n_ctx: int | None = None, n_seq: int = 1, serving: bool = False) -> Request:
     """``request`` with the context asked (``n_ctx``, or ``default_ctx`` of the
     model's trained one) and, for ``n_seq`` > 1, serve's batch engine: one
-    unified cache for ``n_seq`` sequences and one row of logits per sequence."""
-    config = replace(request.config, n_ctx=n_ctx or default_ctx(describe(header).context_length))
+    unified cache for ``n_seq`` sequences and one row of logits per sequence.
+    ``serving`` with no ``n_ctx``: a server's default, the trained context for
+    each of the ``n_seq`` sequences, which gives way first where it does not fit
+    (``Request.ctx_default``). Serve, the router and ``plan``'s serve line all
+    ask here, so the default is decided once."""
+    trained = describe(header).context_length
+    if n_ctx is None and serving:
+        n_ctx = default_ctx(trained, serving=True) * max(n_seq, 1)
+        request = replace(request, ctx_default=True)
+    config = replace(request.config, n_ctx=n_ctx or default_ctx(trained))
     if n_seq > 1:
         config = replace(config, n_seq=n_seq, n_outputs_max=n_seq, kv_unified=True)
     return replace(request, config=config)

@@ -382,6 +382,7 @@ def fit_across(
     ctx_limit: int | None = None,
     header: GGUFHeader | None = None,
     moe_fixed: bool = False,
+    ctx_first: bool = False,
 ) -> tuple[planner.FitResult, Placement]:
     """The one fit, over any set of devices: none (the CPU alone), one local
     GPU, or RPC workers' devices (and a local GPU). Cheaper cache types first,
@@ -389,7 +390,8 @@ def fit_across(
     (``ctx``): ``planner.search``. ``policy='ctx'`` keeps every layer offloaded
     and gives up context; settings the user fixed are not changed. Each offload
     device must keep planner.default_margin of its free memory free; the CPU's
-    share must fit the RAM available."""
+    share must fit the RAM available. ``ctx_first``: the context is a default
+    nobody named, which gives way first (``planner.search``)."""
     limit = ctx_limit or max(want.n_ctx, planner.MIN_CTX)
     ladder = planner.kv_ladder(shape, want, kv_fixed)
     n_all = shape.n_layer + 1
@@ -400,7 +402,7 @@ def fit_across(
     def ok(cfg: LoadConfig) -> bool:
         return _fits(place(shape, cfg, devices, cpu), ram)
 
-    chosen = want if ok(want) else planner.search(want, ladder, steps, policy, kv_fixed, ok, experts)
+    chosen = want if ok(want) else planner.search(want, ladder, steps, policy, kv_fixed, ok, experts, ctx_first=ctx_first)
     fits = chosen is not None
     cfg = chosen or want
     p = place(shape, cfg, devices, cpu, header=header)

@@ -582,6 +582,9 @@ def _mixer_live(shape: ModelShape) -> int:
 
 KV_LADDER = ("f16", "q8_0", "q4_0")  # what auto-fit tries, best quality first
 MIN_CTX = 2048  # the smallest context auto-fit offers before moving layers off the GPU
+# what a context nobody named gives way to, a sequence, before anything else does: llama.cpp's
+# fit_params_min_ctx (common/common.h), the floor of its fit's step 2 (common/fit.cpp)
+FLEXIBLE_CTX_FLOOR = 4096
 
 
 @dataclass
@@ -685,17 +688,34 @@ def replace_config(cfg: LoadConfig, **kw: Any) -> LoadConfig:
 
 
 def search(want: LoadConfig, ladder: list[str], steps: list[moe.Step], policy: str, kv_fixed: bool,
-           ok: Callable[[LoadConfig], bool], experts: list[moe.Step] | None = None) -> LoadConfig | None:
+           ok: Callable[[LoadConfig], bool], experts: list[moe.Step] | None = None, *, ctx_first: bool = False) -> LoadConfig | None:
     """The one search, for one GPU and for several devices (``placement.fit_across``):
     ``ok`` says whether a config fits the devices' budgets. Cheaper cache types
     first (q8_0 costs little quality); then, by policy, fewer offloaded layers at
     the wanted context (``offload``), or a smaller context (``ctx``) with as many
     layers offloaded as can be. ``steps``: the (GPU layers, experts in RAM)
     to try, most on the GPU first; a MoE's ``experts`` steps come before them, at
-    the context asked and for each cache type (``moe.offload_steps``)."""
+    the context asked and for each cache type (``moe.offload_steps``).
+
+    ``ctx_first`` (policy ``ctx``): the context is a default nobody named (a
+    server's trained one, ``fitting.default_ctx``), so it gives way before the
+    cache type does, down to ``FLEXIBLE_CTX_FLOOR`` a sequence, as llama.cpp's
+    fit shrinks an unset context first (common/fit.cpp, step 2) and never
+    changes a cache type: a 128k context is not kept at the price of a q4_0
+    cache. A cheaper cache type is taken only where the better one cannot hold
+    the floor, and then with the largest context it holds; where none holds it,
+    the search goes on as for a named context."""
 
     def with_kv(step: moe.Step, kv: str) -> LoadConfig:
         return replace_config(want, n_gpu_layers=step[0], n_cpu_moe=step[1], type_k=kv, type_v=want.type_v if kv_fixed else kv)
+
+    if ctx_first and policy == "ctx":
+        floor = min(FLEXIBLE_CTX_FLOOR * max(want.n_seq, 1), want.n_ctx)
+        for kv in ladder:
+            cfg = with_kv(steps[0], kv)
+            n = largest_ctx(ok, cfg, want.n_ctx)
+            if n >= floor:
+                return replace_config(cfg, n_ctx=n)
 
     for kv in ladder:
         for step in experts or steps[:1]:

@@ -163,15 +163,16 @@ def _fits_shown(lp: LoadPlan) -> bool:
 
 def prepare_load(path: Path, request: fitting.Request, hw: Hardware, *, n_ctx: int | None = None, n_seq: int = 1,
                  devices: list | None = None, cpu: Any = None, dry_run: DryRunner | None = referee.dry_run,
-                 cross_check: bool = False, header: GGUFHeader | None = None) -> LoadPlan:
+                 cross_check: bool = False, header: GGUFHeader | None = None, serving: bool = False) -> LoadPlan:
     """Fit ``request`` for the model at ``path`` to ``hw`` (or to ``devices`` and
     ``cpu``: RPC workers' devices, a local GPU), reading the header once, and
     referee the figures with llama.cpp's dry run where the replay does not cover
     the model (always with ``cross_check``; never with ``dry_run=None``).
     Raises ``EngineError`` for a config llama.cpp refuses. ``header``: the
-    file's, when the caller has read it already."""
+    file's, when the caller has read it already. ``serving`` with no ``n_ctx``:
+    a server's default context (``fitting.for_header``)."""
     header = header if header is not None else read_header(path)
-    req = fitting.for_header(header, request, n_ctx=n_ctx, n_seq=n_seq)
+    req = fitting.for_header(header, request, n_ctx=n_ctx, n_seq=n_seq, serving=serving)
     budget = fitting.Budget.of(hw)
     kw: dict[str, Any] = {"devices": devices, "cpu": cpu} if devices is not None else {}
     fit = fitting.fit_header(header, req, budget, **kw)

@@ -54,6 +54,7 @@ class ModelFacts:
     fim: FimTokens | None = None  # the vocabulary's fill-in-the-middle tokens (engine/fim.py), for /infill (serve/infill.py)
     n_batch: int = 2048  # serve's --batch: /infill's budgets, as llama-server's params.n_batch
     spm_infill: bool = False  # serve's --spm-infill: /infill puts the suffix first
+    context: str = ""  # a request's context and why, "32768 (trained)" (plan.fitting.context_why): Ollama's /api/ps
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -17,8 +17,6 @@ success).
 
 from __future__ import annotations
 
-import json
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -26,7 +24,7 @@ from starlette.routing import Route
 from localllm.errors import InputError
 from localllm.modelfile.lora import read_adapter
 from localllm.serve.body import read_body
-from localllm.serve.protocol import RequestError, parse_lora
+from localllm.serve.protocol import RequestError, loads, parse_lora
 
 PATHS = ("/lora-adapters",)
 MAX_BODY = 64 * 1024  # a list of at most protocol.MAX_LORA_ENTRIES small objects
@@ -77,8 +75,4 @@ def routes(state) -> list[Route]:
 
 async def _read(request: Request) -> object:
     """The JSON body (a list here, not an object), at most ``MAX_BODY`` bytes."""
-    data = await read_body(request, MAX_BODY)
-    try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise RequestError(400, "the body is not valid JSON") from None
+    return loads(await read_body(request, MAX_BODY))

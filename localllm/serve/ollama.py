@@ -375,7 +375,8 @@ def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Calla
         """The loaded model: always this one, loaded until serve stops (no expiry); the VRAM share is not measured here."""
         f = state.facts
         return JSONResponse({"models": [{"name": name(), "model": name(), "size": f.size_bytes if f else None, "digest": await sha(),
-                                         "details": details(), "expires_at": None, "size_vram": None}]})
+                                         "details": details(), "expires_at": None, "size_vram": None, "context_length": state.n_ctx_seq,
+                                         "localllm": {"context": f.context if f else None}}]})  # the context's why (plan.fitting.context_why)
 
     async def show(request: Request) -> Response:
         f = state.facts

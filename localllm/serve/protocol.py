@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -127,11 +128,20 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float
     return float(v)
 
 
-def parse_json(raw: bytes) -> dict:
+def loads(raw: bytes) -> object:
+    """A body's JSON; a 400 that says why not: not JSON, or valid JSON nested deeper
+    than the parser reads (Python's json recurses per level, up to its recursion
+    limit: the bound is named, not called invalid)."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        return json.loads(raw)
+    except RecursionError:
+        raise RequestError(400, f"the body's JSON is nested deeper than {sys.getrecursionlimit()} levels, more than this server reads") from None
+    except (ValueError, UnicodeDecodeError):
         raise RequestError(400, "the body is not valid JSON") from None
+
+
+def parse_json(raw: bytes) -> dict:
+    body = loads(raw)
     if not isinstance(body, dict):
         raise RequestError(400, "the body must be a JSON object")
     where = lone_surrogate(body)

@@ -101,7 +101,9 @@ def decode_image(data: bytes, *, name: str = "image", max_pixels: int = MAX_PIXE
         w, h = im.size
         if w <= 0 or h <= 0:
             raise InputError(f"image {name} has no pixels ({w}x{h})")
-        if w > MAX_SIDE or h > MAX_SIDE or w * h > max_pixels:
+        if w > MAX_SIDE or h > MAX_SIDE:  # the limit hit is named (a 60000x1 strip is 0 MP, not over the pixel limit)
+            raise InputError(f"image {name} is {w}x{h}, a side over the {MAX_SIDE} pixel limit: scale it down first")
+        if w * h > max_pixels:
             raise InputError(f"image {name} is {w}x{h} ({w * h / 1e6:.0f} MP), over the {max_pixels / 1e6:.0f} MP limit: scale it down first")
         try:
             im.seek(0)  # the first frame of a GIF or an animated WebP; later ones are never read

@@ -25,6 +25,15 @@ def test_the_processor_column_is_ollamas() -> None:
     assert Row("m", 100, 200, None, None).processor == "unknown"
 
 
+def test_the_context_column_says_why_where_localllm_serve_said() -> None:
+    assert Row("m", 1, 0, 32768, None, {"context": "32768 (trained)"}).context == "32768 (trained)"
+    assert Row("m", 1, 0, 12288, None, {"context": "12288 (largest that fits; trained 32768)"}).context.endswith("trained 32768)")
+    assert Row("m", 1, 0, 2048, None).context == "2048"  # Ollama's: the count alone
+    assert Row("m", 1, 0, None, None, {"context": 5}).context == "-"  # not a string: not shown
+    assert "\x1b" not in Row("m", 1, 0, 8, None, {"context": "8 \x1b[2J" + "x" * 500}).context  # another process's text: escaped, cut
+    assert len(Row("m", 1, 0, 8, None, {"context": "y" * 500}).context) == 80
+
+
 def test_until_and_the_url() -> None:
     now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     assert until("2026-01-01T00:04:30Z", now) == "4 minutes from now"

@@ -1,7 +1,8 @@
 """One figure in text and in JSON (issue 45 item 7): for every architecture of
 the conformance set, each row of ``plan``'s table (weights, KV cache, recurrent
-state, compute, output, total; GPU and CPU columns), its context line and its
-"largest context" line equal ``plan --json``'s top-level figures, and
+state, compute, output, total; GPU and CPU columns), its context line (the
+context and why) and its "largest context" line equal ``plan --json``'s
+top-level figures, and
 ``compute_estimated`` is true only where the table says "estimate".
 
 One ``plan --json`` a model (its dry run is a child process of about a
@@ -36,9 +37,9 @@ def _both(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
     seen: dict[str, str] = {}
     real = plan_cmd.as_dict
 
-    def both(f, info, predicted, remote):
-        seen["text"] = plan_cmd.as_text(f, info, predicted, remote)
-        return real(f, info, predicted, remote)
+    def both(f, info, predicted, remote, **kw):
+        seen["text"] = plan_cmd.as_text(f, info, predicted, remote, **kw)
+        return real(f, info, predicted, remote, **kw)
 
     monkeypatch.setattr(plan_cmd, "as_dict", both)
     proc = cli("plan", str(path), "--json")
@@ -74,10 +75,11 @@ def test_every_figure_of_the_table_is_the_jsons(case: str, synth_case, monkeypat
     assert d["compute_bytes"] == max(d["compute_gpu_bytes"], d["compute_cpu_bytes"])
     assert d["output_bytes"] == d["output_gpu_bytes"] + d["output_cpu_bytes"], (case, d["output_bytes"], d["output_cpu_bytes"], d["sources"])
     assert d["compute_estimated"] is (d["sources"]["compute"] == "estimate")
-    head = re.match(rf"^context (\d+) tokens · KV cache (\S+)/(\S+) · {SIZE} per token", text)
+    head = re.match(rf"^context (\d+) tokens \((.+?)\) · KV cache (\S+)/(\S+) · {SIZE} per token", text)
     assert head, text
-    assert (int(head.group(1)), head.group(2), head.group(3)) == (d["n_ctx"], d["type_k"], d["type_v"])
-    assert _close(head.group(4), d["kv_bytes_per_token"])
+    assert (int(head.group(1)), head.group(3), head.group(4)) == (d["n_ctx"], d["type_k"], d["type_v"])
+    assert f"{head.group(1)} ({head.group(2)})" == d["context"]["text"] and d["context"]["n_ctx"] == d["n_ctx"]
+    assert _close(head.group(5), d["kv_bytes_per_token"])
     largest = re.search(r"^largest context that fits: (.*)$", text, re.M)
     assert largest, text
     for kind, value in (part.rsplit(" ", 1) for part in largest.group(1).split(", ")):

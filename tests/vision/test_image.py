@@ -86,6 +86,12 @@ def test_over_our_pixel_limit_but_under_pillows_is_refused_too() -> None:
         decode_image(_png_claiming(9000, 9000), name="a.png")
 
 
+def test_a_side_over_the_limit_is_named_as_such_not_as_megapixels() -> None:
+    """Issue 64 item 4: a 60000x1 strip was refused as "0 MP, over the 50 MP limit"."""
+    with pytest.raises(InputError, match=r"60000x1, a side over the 32768 pixel limit"):
+        decode_image(_png_claiming(60000, 1), name="strip.png")
+
+
 def test_gif_of_10000_frames_reads_only_the_first() -> None:
     # GIF89a, a 1x1 screen with a 2-colour table, then 10,000 frames of one pixel (the classic 1x1 LZW block)
     head = b"GIF89a" + struct.pack("<HH", 1, 1) + b"\x80\x00\x00" + b"\x00\x00\x00\xff\xff\xff"
