@@ -224,6 +224,12 @@ def _route(args: argparse.Namespace, api_key: str | None, hosts: list[str]) -> i
 
     per = PerModel(args, preset_of(args, serve_flags.refused()), serve_flags.refused())
     per.check()
+    if per.preset is not None:  # a section for no model would be options for nothing, silently (issue 64)
+        entries = registry.discover()
+        stray = [n for n in per.preset.models if registry.find(n, entries) is None]
+        if stray:
+            raise UsageError(f"{per.preset.path}: [{stray[0]}] names no model of localllm list: name one (localllm list shows them), "
+                             "or use [*] for every model")
     autoload = [n for n in (args.default_model, *(per.preset.on_startup if per.preset else ())) if n]
     autoload = catalog.served_names(autoload, registry.discover()) if autoload else []
     if only is not None:

@@ -109,7 +109,8 @@ PARAMS_RUN = "[*]\nmlock = true\n"
 
 def test_the_command_line_refuses_a_bad_preset_and_a_preset_with_a_model(tmp_path: Path) -> None:
     env = {**os.environ, **rt.isolated_env(tmp_path)}
-    for text, argv, says in ((PARAMS_RUN, [], "'mlock' is not an option serve takes"), ("[*]\nc = 64\n", ["smollm2"], "give it without a MODEL")):
+    for text, argv, says in ((PARAMS_RUN, [], "'mlock' is not an option serve takes"), ("[*]\nc = 64\n", ["smollm2"], "give it without a MODEL"),
+                             ("[../../etc/passwd]\nc = 64\n", [], "[../../etc/passwd] names no model of localllm list")):  # issue 64
         ini = tmp_path / "p.ini"
         ini.write_text(text)
         r = subprocess.run([sys.executable, "-m", "localllm", "serve", *argv, "--models-preset", str(ini), "--port", "0"], capture_output=True,
