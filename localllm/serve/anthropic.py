@@ -176,6 +176,8 @@ def _messages(raw: object, system: list[str]) -> list[dict]:
                 cid, name, args = b.get("id"), b.get("name"), b.get("input", {})
                 if not isinstance(cid, str) or not cid or not isinstance(name, str) or not isinstance(args, dict):
                     raise _bad(where, 'must be {"type": "tool_use", "id": ..., "name": ..., "input": {...}}')
+                if cid in called:  # a result could not tell which of the two it answers
+                    raise _bad(f"{where}.id", f"({cid[:64]!r}) repeats the id of an earlier tool_use")
                 called.add(cid)
                 calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
             elif kind == "tool_result":

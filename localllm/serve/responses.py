@@ -113,6 +113,7 @@ def _input(raw: object, instructions: object) -> list[dict]:
     parts = sum(1 + (len(it["content"]) if isinstance(it, dict) and isinstance(it.get("content"), list) else 0) for it in raw)
     if parts > MAX_ITEMS:
         raise _bad("input", f"holds more than {MAX_ITEMS} items and content parts in all")
+    called: set[str] = set()  # the call_ids of earlier function_call items: an output answers one of them, as Messages requires
     for i, item in enumerate(raw):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -135,6 +136,9 @@ def _input(raw: object, instructions: object) -> list[dict]:
             cid, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
             if not isinstance(cid, str) or not isinstance(name, str) or not isinstance(args, str):
                 raise _bad(where, 'must be {"type": "function_call", "call_id": ..., "name": ..., "arguments": "JSON text"}')
+            if cid in called:
+                raise _bad(f"{where}.call_id", f"({cid[:64]!r}) repeats the call_id of an earlier function_call")
+            called.add(cid)
             call = {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
             if out and out[-1]["role"] == "assistant":
                 out[-1].setdefault("tool_calls", []).append(call)
@@ -142,8 +146,8 @@ def _input(raw: object, instructions: object) -> list[dict]:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             cid, output = item.get("call_id"), item.get("output")
-            if not isinstance(cid, str):
-                raise _bad(f"{where}.call_id", "must be the call_id of the function_call this answers")
+            if not isinstance(cid, str) or cid not in called:
+                raise _bad(f"{where}.call_id", f"({str(cid)[:64]!r}) answers no function_call of an earlier item")
             out.append({"role": "tool", "tool_call_id": cid,
                         "content": output if isinstance(output, str) else _text(output, f"{where}.output", ("input_text", "output_text"))})
         elif kind == "reasoning":

@@ -1,7 +1,9 @@
-"""A prompt longer than a request's context is a 400 in each route's own shape
-(issue 59, item 3), naming the prompt's tokens, the limit and ``--ctx``:
-OpenAI's ``context_length_exceeded`` on chat completions and Responses,
-Anthropic's ``invalid_request_error`` on Messages, Ollama's ``{"error"}``."""
+"""Requests serve refuses, each with a 400 that names the cause, in the route's
+own shape. A prompt longer than a request's context (issue 59, item 3): OpenAI's
+``context_length_exceeded`` on chat completions and Responses, Anthropic's
+``invalid_request_error`` on Messages, Ollama's ``{"error"}``, each naming the
+prompt's tokens, the limit and ``--ctx``. Deep but valid JSON, and tool results
+that answer no call, said as such (issue 64)."""
 
 from __future__ import annotations
 
@@ -63,3 +65,21 @@ def test_deep_but_valid_json_is_named_as_too_deep_not_as_invalid() -> None:
     assert info.value.status == 400
     with pytest.raises(RequestError, match="not valid JSON"):
         parse_json(b'{"messages": [}')
+
+
+def test_a_tool_result_must_answer_a_call_on_every_api() -> None:
+    """Issue 64 item 3: /v1/responses took a function_call_output answering no call (Messages refused
+    the same), and /v1/messages took two tool_use blocks with one id. The same rule now on both."""
+    from localllm.serve import anthropic, responses
+    from localllm.serve.protocol import RequestError
+
+    call = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    answer = {"type": "function_call_output", "call_id": "call_1", "output": "ok"}
+    assert responses._input([{"role": "user", "content": "hi"}, call, answer], None)[-1]["tool_call_id"] == "call_1"
+    with pytest.raises(RequestError, match=r"input\[1\]\.call_id.*answers no function_call"):
+        responses._input([{"role": "user", "content": "hi"}, {**answer, "call_id": "call_9"}], None)
+    with pytest.raises(RequestError, match="repeats the call_id"):
+        responses._input([{"role": "user", "content": "hi"}, call, call], None)
+    use = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+    with pytest.raises(RequestError, match=r"content\[1\]\.id.*repeats the id of an earlier tool_use"):
+        anthropic.translate({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [use, use]}]})
