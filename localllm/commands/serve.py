@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if mmproj is not None:
         vision_cli.check_fit(fitted, mmproj)
     n_ctx_seq = fitted.config.n_ctx // parallel
-    context = fitting.context_choice(fitted.fit, parallel, default=args.ctx is None)  # said at start and on /api/ps
+    context = fitting.context_choice(fitted.fit, parallel)  # said at start and on /api/ps
     if n_ctx_seq < 16:
         raise InputError(f"{parallel} sequences leave {n_ctx_seq} tokens each: lower --parallel or raise --vram")
     if fitted.fit.outcome is not fitting.Outcome.FITS_AS_ASKED or args.vram is not None:

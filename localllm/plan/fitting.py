@@ -133,6 +133,7 @@ class Fit:
     trained_ctx: int | None = None
     shift_extra_bytes: int | None = None  # what a shiftable (full-size SWA) cache costs more; None if it shifts already
     placement: Placement | None = None  # with offload devices: per device
+    ctx_default: bool = False  # the context asked was a server's default nobody named (Request.ctx_default)
 
     @property
     def fits(self) -> bool:
@@ -217,12 +218,13 @@ class ContextChoice:
         return {"n_ctx": self.n_ctx, "asked": self.asked, "trained": self.trained, "why": self.why, "text": str(self)}
 
 
-def context_choice(fit: Fit, n_seq: int = 1, *, default: bool = False) -> ContextChoice:
+def context_choice(fit: Fit, n_seq: int = 1, *, default: bool | None = None) -> ContextChoice:
     """Why a load has the context it has, per sequence, against what was asked
     and what the model was trained on. ``default``: no context was named, so
     ``default_ctx`` chose what was asked (a server's trained one, ``run``'s at
-    most 4096); otherwise a context other than the trained one was asked."""
+    most 4096); None: as the fit knows it (``Fit.ctx_default``, a server's)."""
     n = max(n_seq, 1)
+    default = fit.ctx_default if default is None else default
     per, asked, trained = fit.config.n_ctx // n, fit.asked.n_ctx // n, fit.trained_ctx
     if per < asked:
         why = "fitted"
@@ -233,7 +235,7 @@ def context_choice(fit: Fit, n_seq: int = 1, *, default: bool = False) -> Contex
     return ContextChoice(per, asked, trained, why)
 
 
-def context_why(fit: Fit, n_seq: int = 1, *, default: bool = False) -> str:
+def context_why(fit: Fit, n_seq: int = 1, *, default: bool | None = None) -> str:
     """``context_choice`` in words: "32768 (trained)", "12288 (largest that fits; trained 32768)"."""
     return str(context_choice(fit, n_seq, default=default))
 
@@ -297,6 +299,7 @@ def fit(
         outcome=outcome, asked=want, config=config, plan=r.plan, gpu_budget=r.budget_bytes, ram=r.ram_bytes,
         margin=r.margin_bytes, n_layers=n_all, gpu_layers=got_on, sentence=r.reason, changes=tuple(r.steps),
         max_ctx_by_kv_type=r.max_ctx_by_kv_type, trained_ctx=trained_ctx, shift_extra_bytes=extra, placement=placed if across else None,
+        ctx_default=request.ctx_default,
     )
 
 
