@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import router as rt
 from tests.helpers.paths import REPO
 from tests.helpers.router import isolated_env
-from tests.helpers.server import KEY, Server
+from tests.helpers.server import Server
 
 CLIENTS = REPO / ".venv" / "clients"
 
@@ -43,14 +44,8 @@ def router(tmp_path_factory: pytest.TempPathFactory, gemma: Path) -> Iterator[Se
     ``-n 64``: the reply's length where a request names none (Codex names none, and
     a model that does not stop would write to the end of the context); the context
     is serve's default."""
-    root = tmp_path_factory.mktemp("clients")
-    env = isolated_env(root)
-    models = root / "home" / "models"
-    models.mkdir(parents=True)
-    os.link(gemma, models / gemma.name)
-    server = Server("--api-key", KEY, "-n", "64", env=env)
-    yield server
-    server.stop()
+    env = rt.with_gemma(isolated_env(tmp_path_factory.mktemp("clients")), gemma)
+    yield from rt.running(env, "-n", "64", small=False)
 
 
 def client_env(home: Path, **extra: str) -> dict[str, str]:

@@ -4,11 +4,12 @@ test adds are listed."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tests.helpers.cli import cli
@@ -128,3 +129,27 @@ def stream_while_another_loads(server: Server, busy: str, other: str) -> tuple[l
             order.append("stream done")
         t.join(60)
     return order, text
+
+
+def with_gemma(env: dict[str, str], gemma: Path) -> dict[str, str]:
+    """``env`` with the built-in gemma3-270m already assembled in its data directory
+    (a link to the session's file, a copy across file systems), as after its first use."""
+    from localllm.store import builtin
+
+    target = Path(env["LOCALLLM_HOME"]) / "models" / builtin._GEMMA_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(gemma, target)
+    except OSError:  # another file system
+        shutil.copyfile(gemma, target)
+    return env
+
+
+def running(env: dict[str, str], *args: str, small: bool = True) -> Iterator[Server]:
+    """A module fixture's body: the router in ``env`` (``start``'s small per-model options
+    unless ``small`` is False: then only the key and ``args``), stopped after the module."""
+    s = start(env, *args) if small else Server("--api-key", KEY, *args, env=env)
+    try:
+        yield s
+    finally:
+        s.stop()

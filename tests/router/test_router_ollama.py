@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,24 +29,12 @@ GREEDY = {"temperature": 0, "num_predict": 8}
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, gemma: Path) -> dict[str, str]:
     """The built-in models, gemma3-270m assembled already (a link to the session's), so that both are listed with a file."""
-    root = tmp_path_factory.mktemp("router-ollama")
-    env = rt.isolated_env(root)
-    target = Path(env["LOCALLLM_HOME"]) / "models" / builtin._GEMMA_FILE
-    target.parent.mkdir(parents=True)
-    try:
-        os.link(gemma, target)
-    except OSError:  # another file system
-        shutil.copyfile(gemma, target)
-    return env
+    return rt.with_gemma(rt.isolated_env(tmp_path_factory.mktemp("router-ollama")), gemma)
 
 
 @pytest.fixture(scope="module")
 def router(env: dict[str, str]):
-    s = rt.start(env)
-    try:
-        yield s
-    finally:
-        s.stop()
+    yield from rt.running(env)
 
 
 @pytest.fixture(scope="module")
