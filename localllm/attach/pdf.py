@@ -65,6 +65,7 @@ def _extract(base: Attachment, data: bytes, lim: Limits, shown: str) -> Attachme
     read = 0
     kept = None
     unreadable: list[int] = []
+    bombs = 0  # pages whose content decompresses past pypdf's bound
     t0 = time.monotonic()
     for i in range(n):
         if time.monotonic() - t0 > lim.pdf_seconds:
@@ -73,6 +74,10 @@ def _extract(base: Attachment, data: bytes, lim: Limits, shown: str) -> Attachme
             break
         try:
             text = reader.pages[i].extract_text() or ""
+        except LimitReachedError:  # its stream inflates past pypdf's bound (filters.ZLIB_MAX_OUTPUT_LENGTH): a compression bomb
+            unreadable.append(i + 1)
+            bombs += 1
+            text = ""
         except Exception:  # one broken page does not lose the others
             unreadable.append(i + 1)
             text = ""
@@ -89,9 +94,20 @@ def _extract(base: Attachment, data: bytes, lim: Limits, shown: str) -> Attachme
         shown_pages = ", ".join(str(p) for p in unreadable[:5]) + (", ..." if len(unreadable) > 5 else "")
         notes.append(f"{len(unreadable)} page(s) could not be read ({shown_pages})")
     body = "\n\n".join(p.strip("\n") for p in parts)
+    if not body.strip() and unreadable:
+        why = (f"{bombs} of them decompress past pypdf's bound of {_inflate_bound()} (a compression bomb)" if bombs
+               else "they are malformed")
+        raise refuse(shown, f"has no page that could be read ({len(unreadable):,} of {n:,} tried): {why}")
     if not body.strip():
         raise refuse(shown, f"has no text to extract ({n:,} page(s)): a scanned PDF holds images of pages, which need OCR first")
     return replace(base, kind="pdf", text=body, notes=tuple(notes), kept=kept, pages=n, pages_read=read)
+
+
+def _inflate_bound() -> str:
+    """pypdf's bound on one stream's decompressed size, for people."""
+    from pypdf import filters
+
+    return f"{getattr(filters, 'ZLIB_MAX_OUTPUT_LENGTH', 75_000_000) / 1e6:g} MB"
 
 
 def _declared_pages(reader: pypdf.PdfReader) -> int | None:

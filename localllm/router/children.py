@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from localllm.router.residency import Need
 
 READY = re.compile(r"serving (.+?) on (http://\S+?)/v1 \(")
+# serve's one line per request it answered (serve.app.ServeState.log): a client's outcome, not the process's error
+ANSWERED = re.compile(r'^(GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS) /|^\{"method": ')
 STOP_S = 35.0  # serve drains for up to 30 s (serve.lifecycle.GRACE_S) before it ends what is left
 MAX_LINE = 64 * 1024  # a longer stderr line is cut: it is for people to read
 
@@ -106,6 +108,7 @@ class Child:
         self.expires_wall: float | None = None  # the same, as wall time for /api/ps
         self.started = time.monotonic()
         self.lines: collections.deque[str] = collections.deque(maxlen=20)
+        self.n_lines = 0  # lines ever read: ``mark()`` before a request, ``ending(since)`` after it
         self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read by whoever waits; never "never retrieved"
         self.exited = asyncio.Event()
@@ -116,11 +119,34 @@ class Child:
 
     @property
     def last_error(self) -> str:
-        """The child's last error line (else its last line), without serve's prefix."""
-        for line in reversed(self.lines):
+        """The child's last error line (else its last line), without serve's prefix.
+        The lines serve logs for the requests it answered are left out: a client's
+        400 ("invalid_request_error") is not why the process failed."""
+        return self._last_error(self.lines)
+
+    def mark(self) -> int:
+        """Where its output stands now, for ``ending(since=...)``."""
+        return self.n_lines
+
+    def ending(self, since: int = 0) -> str:
+        """How the process ended, for people: the signal that killed it, or its exit
+        code and its last error line among those read after ``since``."""
+        rc = self.returncode
+        if rc is not None and rc < 0:
+            try:
+                return f"code {rc}, killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                return f"code {rc}, killed by signal {-rc}"
+        recent = list(self.lines)[max(0, len(self.lines) - (self.n_lines - since)):]
+        return f"code {rc}: {self._last_error(recent)}" if recent else f"code {rc}, saying nothing"
+
+    @staticmethod
+    def _last_error(lines) -> str:
+        own = [_bare(line) for line in lines if not ANSWERED.match(_bare(line))]
+        for line in reversed(own):
             if "error" in line.lower():
-                return _bare(line)
-        return _bare(self.lines[-1]) if self.lines else "no output"
+                return line
+        return own[-1] if own else "no output"
 
     async def start(self, spawn: Spawn, path: Path, on_exit: Callable[[Child], None],
                     spare: asyncio.subprocess.Process | None = None) -> None:
@@ -174,6 +200,7 @@ class Child:
 
     def _line(self, line: str) -> None:
         self.lines.append(line)
+        self.n_lines += 1
         m = READY.search(line) if not self.ready.done() else None
         if m:
             self.url = m.group(2)

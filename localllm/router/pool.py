@@ -330,7 +330,7 @@ class Pool:
             del self.children[child.name]
             self.on_status(child.name, "unloaded")
             if child.url is not None and not child.stop_asked and not self.closing:
-                self.say(f"{child.name} exited (code {child.returncode}): {child.last_error}")
+                self.say(f"{child.name} exited ({child.ending()})")
         self._notify()
 
     def _stop(self, child: Child, why: str) -> None:

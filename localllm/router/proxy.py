@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx2
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from localllm import __version__
-from localllm.router import durations, listing, llama_admin, manage, metrics
+from localllm.router import cutoff, durations, listing, llama_admin, manage, metrics
 from localllm.router.catalog import BadName, Catalog, Unknown
 from localllm.router.children import Child
 from localllm.router.pool import DEFAULT, Busy, DoesNotFit, LoadFailed, Pool
@@ -259,31 +259,56 @@ class Router:
             raise RequestError(404, str(exc), param="model", code="model_not_found") from None
 
     async def _forward(self, child: Child, scope, receive, send, body: bytes) -> None:
-        """Send the request to ``child`` and its answer back as it comes."""
-        url = f"{child.url}{scope['path']}"
+        """Send the request to ``child`` and its answer back: a streamed one (SSE,
+        NDJSON) as it comes, ended by an error event in the route's shape if the
+        child stops mid-answer (``router.cutoff``); any other whole, so that a child
+        that stops before it is done is a 502 naming the model and the cause."""
+        method, path = scope["method"], scope["path"]
+        url = f"{child.url}{path}"
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
         headers = [(k, v) for k, v in scope.get("headers", ()) if k not in DROP_REQUEST] + [(b"authorization", self.internal)]
+        since = child.mark()
         try:
             try:
-                upstream = await self.client.send(self.client.build_request(scope["method"], url, headers=headers, content=body), stream=True)
+                upstream = await self.client.send(self.client.build_request(method, url, headers=headers, content=body), stream=True)
             except (httpx2.RemoteProtocolError, httpx2.ReadError):
+                if child.exited.is_set():
+                    raise
                 # A kept-alive connection the child had closed (after an error answer, uvicorn closes it) fails
                 # before any answer: sent once more on a new one (the whole body is in hand). Seen: 2 in 15
                 # requests after a 500 got 502 "did not answer (ReadError)".
-                upstream = await self.client.send(self.client.build_request(scope["method"], url, headers=headers, content=body), stream=True)
+                upstream = await self.client.send(self.client.build_request(method, url, headers=headers, content=body), stream=True)
         except httpx2.HTTPError as exc:
-            message = f"{child.name} did not answer ({type(exc).__name__}): {child.last_error}"
-            self.log(scope["method"], scope["path"], 502, message)
-            await self._error(scope["path"], 502, message, kind="server_error", code="model_unavailable")(scope, receive, send)
+            await self._unanswered(child, exc, since, scope, receive, send)
             return
         try:
-            await send({"type": "http.response.start", "status": upstream.status_code,
-                        "headers": [(k, v) for k, v in upstream.headers.raw if k.lower() not in DROP_RESPONSE]})
-            await _pump(upstream, receive, send, lambda exc: self.log(scope["method"], scope["path"], upstream.status_code,
-                                                                      f"{child.name} stopped mid-answer ({type(exc).__name__}): {child.last_error}"))
+            start = {"type": "http.response.start", "status": upstream.status_code,
+                     "headers": [(k, v) for k, v in upstream.headers.raw if k.lower() not in DROP_RESPONSE]}
+            if not cutoff.streamed(upstream.headers.get("content-type")):
+                whole = await _whole(upstream, receive)
+                if isinstance(whole, Exception):
+                    await self._unanswered(child, whole, since, scope, receive, send)
+                elif whole is not None:
+                    await send(start)
+                    await send({"type": "http.response.body", "body": whole, "more_body": False})
+                return
+            await send(start)
+
+            async def broke(exc: Exception) -> bytes:
+                why = await cutoff.cause(child, exc, since)
+                self.log(method, path, upstream.status_code, f"{child.name} stopped mid-answer: {why}")
+                return cutoff.frame(path, f"{child.name} stopped mid-answer, so this answer is incomplete: {why}")
+
+            await _pump(upstream, receive, send, broke)
         finally:
             await upstream.aclose()
+
+    async def _unanswered(self, child: Child, exc: Exception, since: int, scope, receive, send) -> None:
+        """The 502 for a request ``child`` did not answer, naming it and why."""
+        message = f"{child.name} did not answer: {await cutoff.cause(child, exc, since)}"
+        self.log(scope["method"], scope["path"], 502, message)
+        await self._error(scope["path"], 502, message, kind="server_error", code="model_unavailable")(scope, receive, send)
 
     # -- errors and the log ---------------------------------------------------------
 
@@ -320,15 +345,31 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def _pump(upstream: httpx2.Response, receive, send, broke) -> None:
+async def _whole(upstream: httpx2.Response, receive) -> bytes | Exception | None:
+    """``upstream``'s whole body; the error if the child's answer broke off; None
+    if the client went first."""
+    out: list[bytes | Exception] = []
+
+    async def read() -> None:
+        try:
+            out.append(b"".join([chunk async for chunk in upstream.aiter_raw()]))  # as it came: passed on with its headers
+        except httpx2.HTTPError as exc:
+            out.append(exc)
+
+    await manage.until_gone(read(), receive)
+    return out[0] if out else None
+
+
+async def _pump(upstream: httpx2.Response, receive, send, broke: Callable[[Exception], Awaitable[bytes]]) -> None:
     """Copy ``upstream``'s body to ``send`` as it arrives, until it ends or the client
-    goes (``http.disconnect``); ``broke(exc)`` when the child's answer breaks off."""
+    goes (``http.disconnect``); when the child's answer breaks off, ``broke(exc)``'s
+    last event is sent before the end."""
     async def copy() -> None:
         try:
             async for chunk in upstream.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx2.HTTPError as exc:
-            broke(exc)
+            await send({"type": "http.response.body", "body": await broke(exc), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     await manage.until_gone(copy(), receive)

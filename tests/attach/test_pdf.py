@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,10 @@ from localllm.attach import Limits
 from localllm.errors import InputError
 
 
-def raw_pdf(pages: list[str], *, kids: int | None = None, count: int | None = None) -> bytes:
+def raw_pdf(pages: list[str], *, kids: int | None = None, count: int | None = None, inflating: int = 0) -> bytes:
     """A PDF written by hand: one page per text (Helvetica), or ``kids``
-    references to one page (a page tree that claims ``count`` pages)."""
+    references to one page (a page tree that claims ``count`` pages); with
+    ``inflating``, each page's content is that many spaces, deflated (a bomb)."""
     objs: list[bytes] = []
     n_pages = len(pages)
     page_ids = list(range(4, 4 + 2 * n_pages, 2))
@@ -26,10 +28,11 @@ def raw_pdf(pages: list[str], *, kids: int | None = None, count: int | None = No
     objs.append(f"<< /Type /Pages /Kids [{kid_refs}] /Count {count if count is not None else (kids or n_pages)} >>".encode())
     objs.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
     for i, text in enumerate(pages):
-        content = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+        content = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode() if not inflating else zlib.compress(b" " * inflating, 9)
         objs.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> "
                     f"/Contents {page_ids[i] + 1} 0 R >>".encode())
-        objs.append(b"<< /Length " + str(len(content)).encode() + b" >>\nstream\n" + content + b"\nendstream")
+        flate = b" /Filter /FlateDecode" if inflating else b""
+        objs.append(b"<< /Length " + str(len(content)).encode() + flate + b" >>\nstream\n" + content + b"\nendstream")
     out = io.BytesIO()
     out.write(b"%PDF-1.4\n")
     offsets = []
@@ -111,3 +114,17 @@ def test_malformed_and_textless_pdfs_are_one_line(tmp_path: Path) -> None:
     blank = tmp_path / "scan.pdf"
     blank.write_bytes(raw_pdf([""]))
     assert "has no text to extract (1 page(s)): a scanned PDF" in refused(blank)
+
+
+def test_a_pdf_bomb_is_named_as_one_not_as_a_scan(tmp_path: Path) -> None:
+    """A page whose 300 KB stream inflates to 300 MB stops at pypdf's bound: said so,
+    quickly and in bounded memory, not "needs OCR"."""
+    bomb = tmp_path / "bomb.pdf"
+    bomb.write_bytes(raw_pdf([""], inflating=300_000_000))
+    assert bomb.stat().st_size < 400_000
+    t0 = time.monotonic()
+    msg = refused(bomb)
+    assert time.monotonic() - t0 < 10
+    assert msg.endswith(": has no page that could be read (1 of 1 tried): 1 of them decompress past pypdf's bound of 75 MB "
+                        "(a compression bomb)"), msg
+    assert "OCR" not in msg

@@ -191,7 +191,7 @@ def test_a_model_whose_process_dies_is_loaded_again_and_the_router_lives_on(rout
         assert http.post("/v1/completions", json={"model": "smollm2", "prompt": "hi", "max_tokens": 2}).status_code == 200
         pid = rt.child_pid(router, "smollm2")
         os.kill(pid, signal.SIGKILL)
-        rt.wait_for(lambda: rt.count(router, r"^localllm: smollm2 exited \(code -9\)"))
+        rt.wait_for(lambda: rt.count(router, r"^localllm: smollm2 exited \(code -9, killed by SIGKILL\)"))
         assert "smollm2:latest" not in [m["name"] for m in http.get("/api/ps").json()["models"]]
         r = http.post("/v1/completions", json={"model": "smollm2", "prompt": "hi", "max_tokens": 2})
         assert r.status_code == 200 and rt.child_pid(router, "smollm2") != pid

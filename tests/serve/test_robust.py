@@ -309,6 +309,49 @@ def test_a_client_whose_connections_are_all_busy_is_refused_by_name(tmp_path: Pa
 
 
 @pytest.mark.slow
+def test_200_requests_at_once_from_one_client_are_each_answered(tmp_path: Path) -> None:
+    """Over the per-client cap, every refused request still gets its 503 with
+    Retry-After: none is reset before its request arrives, none closed unanswered."""
+    import asyncio
+    import collections
+
+    from localllm.serve.accept import PER_CLIENT
+
+    c = _Child(tmp_path)
+    c.gate.write_text("ok")
+    _wait_status(c.base + "/health", 200)
+    host, port = c.base.removeprefix("http://").rsplit(":", 1)
+
+    async def one() -> tuple[str, asyncio.StreamWriter | None]:
+        try:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            line = await asyncio.wait_for(reader.readline(), 20)
+            if not line:
+                return "closed unanswered", writer
+            head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)).lower()
+            status = line.split()[1].decode()
+            return status if status != "503" else "503 " + ("with" if b"\r\nretry-after: " in head else "without") + " Retry-After", writer
+        except (ConnectionResetError, BrokenPipeError):
+            return "reset", None
+
+    async def all_at_once() -> collections.Counter:
+        got = await asyncio.gather(*(one() for _ in range(200)))
+        for _, writer in got:
+            if writer is not None:
+                writer.close()
+        return collections.Counter(outcome for outcome, _ in got)
+
+    try:
+        outcomes = asyncio.run(all_at_once())
+    finally:
+        c.proc.send_signal(signal.SIGINT)
+        c.finish()
+    assert outcomes == {"200": PER_CLIENT, "503 with Retry-After": 200 - PER_CLIENT}, outcomes
+
+
+@pytest.mark.slow
 def test_a_signal_while_loading_stops_once_the_load_ends_without_serving(tmp_path: Path) -> None:
     """llama.cpp cannot be interrupted mid-load: the stop waits for it, then serves nothing."""
     c = _Child(tmp_path)
