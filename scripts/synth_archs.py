@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 
 if TYPE_CHECKING:
-    from scripts.synth_gguf import SynthSpec
+    from scripts.synth_spec import SynthSpec
 
 Mat = Callable[..., np.ndarray]
 

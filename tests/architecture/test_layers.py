@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.graphs import circles
 from tests.helpers.paths import REPO
 
 TREES = {"localllm": "localllm", "tui": "localllm.tui", "quantize": "localllm.quantize", "models": "localllm.models"}
@@ -169,27 +170,7 @@ def test_no_import_circles() -> None:
     graph: dict[str, set[str]] = {m: set() for m in SOURCES}
     for i in OURS:
         graph[i.source].add(i.target)
-    cycles: list[list[str]] = []
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def walk(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for n in sorted(graph[m]):
-            if state.get(n) == 1:
-                cycles.append([*stack[stack.index(n):], n])
-            elif n not in state:
-                walk(n)
-        stack.pop()
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            walk(m)
-    # a package's __init__ that re-exports its own modules is not a circle
-    real = [c for c in cycles if not all(x == c[0] or x.startswith(c[0] + ".") or c[0].startswith(x + ".") for x in c)]
-    assert real == []
+    assert circles(graph) == []
 
 
 def test_every_lazy_import_of_our_own_says_why() -> None:
