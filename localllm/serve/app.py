@@ -28,7 +28,7 @@ from localllm.serve.body import read_body as _read_body
 from localllm.serve.choices import Choices
 from localllm.serve.embeddings import Embeddings
 from localllm.serve.prometheus import ServerMetrics
-from localllm.serve.protocol import DEFAULTS, OPENAI, Dialect, RequestError, Shaper, error_body, parse_json
+from localllm.serve.protocol import DEFAULTS, OPENAI, Dialect, RequestError, Shaper, error_body, parse_json, resolve_bias
 from localllm.serve.rerank import Rerank
 from localllm.serve.scheduler import Job, Refused, Scheduler
 from localllm.serve.tools import GENERIC, Format, ReplySplitter, thinking_first
@@ -178,6 +178,11 @@ def build_app(state: ServeState) -> Guard:
                 raise RequestError(400, f"the chat template refused these messages: {type(exc).__name__}: {exc}"[:500]) from None
             if not tokens:
                 raise RequestError(400, "the prompt is empty")
+            if params.logit_bias_text:
+                if state.facts is None:
+                    raise RequestError(400, "'logit_bias' with text keys needs the model's vocabulary, not available here: give token ids",
+                                       param="logit_bias")
+                params = await run_in_threadpool(resolve_bias, params, state.facts.tokenize)
             if params.tools is not None and params.grammar is not None and not params.tools.triggers and _thinking_open(state, tokens):
                 assert state.reasoning is not None  # _thinking_open: the template has thinking markers
                 if not state.reasoning.channels:  # (gpt-oss's prompt never ends inside its analysis channel but to continue it)
@@ -190,8 +195,8 @@ def build_app(state: ServeState) -> Guard:
             if len(tokens) >= state.n_ctx_seq:
                 raise RequestError(400, f"the prompt is {len(tokens)} tokens but a request's context holds {state.n_ctx_seq}: "
                                    "shorten it, or restart the server with a larger --ctx",
-                                   param="messages" if chat else "prompt", code="context_length_exceeded",
-                                   extra={"n_prompt_tokens": len(tokens), "n_ctx": state.n_ctx_seq})  # llama-server's fields
+                                   param="messages" if chat else "prompt", code="context_length_exceeded", kind="exceed_context_size_error",
+                                   extra={"n_prompt_tokens": len(tokens), "n_ctx": state.n_ctx_seq})  # llama-server's type and fields
         except RequestError as exc:
             request.scope["localllm.logged"] = True
             state.log(method, path, exc.status, exc.message)

@@ -213,7 +213,7 @@ def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, nati
                 max_n: int = 1) -> GenParams:
     """A body with llama-server's fields, which it takes on its OpenAI routes too:
     ``n_predict`` (-1: until the model stops; ``max_tokens`` wins where both are
-    given), ``logit_bias`` as ``[[token id, bias], ...]`` (``false``: never), its
+    given), ``logit_bias`` pairs as the object does (``protocol._logit_bias``), its
     samplers at their off value. ``native``: ``/completion``, where a request that
     sets no limit runs until the model stops (or serve's -n), as llama-server's does."""
     for key, off in OFF.items():
@@ -227,14 +227,6 @@ def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, nati
     n_indent, t_max = (_whole(body.pop(key, None), key) for key in ("n_indent", "t_max_predict_ms"))
     if n_predict is not None and (not isinstance(n_predict, int) or isinstance(n_predict, bool) or n_predict == 0 or n_predict < -1):
         raise RequestError(400, "'n_predict' must be -1 (until the model stops) or a whole number of at least 1", param="n_predict")
-    lb = body.get("logit_bias")
-    if isinstance(lb, list):
-        pairs = {}
-        for pair in lb[:1025]:
-            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int) and not isinstance(pair[0], bool)):
-                raise RequestError(400, "'logit_bias' pairs must be [token id, bias]", param="logit_bias")
-            pairs[str(pair[0])] = -100 if pair[1] is False else pair[1]
-        body["logit_bias"] = pairs
     params = parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format, max_n=max_n)
     ignored = tuple(k for k in params.ignored if k not in OFF and k not in MOOT)
     limit = params.max_tokens

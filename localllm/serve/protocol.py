@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from localllm import __version__
@@ -68,6 +68,7 @@ class GenParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    logit_bias_text: tuple[tuple[str, float], ...] = ()  # llama-server's text keys: each of the text's tokens gets the bias (``resolve_bias``)
     ignored: tuple[str, ...] = ()  # fields no API defines: accepted, named in the log and in X-Ignored-Fields
     timings_per_token: bool = False  # llama-server's: each streamed chunk carries the timings so far
     tools: tool_calls.ToolRequest | None = None  # tools the model may call (serve/tools.py); None: a plain reply
@@ -322,6 +323,7 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
     if not isinstance(cache_prompt, bool):
         raise _bad("cache_prompt", "must be true or false")
     lora = parse_lora(body["lora"]) if body.get("lora") is not None else None
+    bias = _logit_bias(body, n_vocab)
     return GenParams(
         images=tuple(images),
         template_kwargs=thinking.from_request(body) if chat else None,
@@ -331,7 +333,8 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         logprobs=_logprobs(body, chat),
         n_probs=_count(body, "n_probs", 100) or None,  # 0 is llama-server's default: off
         cache_prompt=cache_prompt,
-        logit_bias=_logit_bias(body, n_vocab),
+        logit_bias=bias[0],
+        logit_bias_text=bias[1],
         ignored=tuple(sorted(k for k in body if k not in (CHAT_FIELDS if chat else COMPLETION_FIELDS) | NO_EFFECT)),
         grammar=tools.grammar if tools is not None else grammar,
         top_k=defaults.top_k if top_k is None else top_k,
@@ -415,21 +418,53 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     return (top or 0) if on else None
 
 
-def _logit_bias(body: dict, n_vocab: int) -> tuple[tuple[int, float], ...]:
-    """OpenAI's ``logit_bias``: {"token id": bias from -100 to 100}."""
+MAX_BIAS_ENTRIES = 1024
+MAX_BIAS_TEXT = 256  # characters of one text key
+
+
+def _logit_bias(body: dict, n_vocab: int) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[str, float], ...]]:
+    """``logit_bias`` as OpenAI and llama-server take it (server-schema.cpp):
+    an object {"token id" or "text": bias} or a list of [token id or text, bias]
+    pairs; a bias from -100 to 100, or false to ban (-inf). A text stands for
+    each of its tokens (tokenized later, ``resolve_bias``). Returns (ids, texts)."""
     lb = body.get("logit_bias")
     if lb is None:
-        return ()
-    if not isinstance(lb, dict) or len(lb) > 1024:
-        raise _bad("logit_bias", "must be an object of at most 1024 {\"token id\": bias} pairs")
-    out = []
-    for k, v in lb.items():
-        if not (isinstance(k, str) and k.isdigit() and int(k) < n_vocab):
-            raise _bad("logit_bias", f"has a key that is not a token id of this model (0..{n_vocab - 1}): {k[:20]!r}")
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not -100 <= v <= 100:
-            raise _bad("logit_bias", f"biases must be numbers from -100 to 100, got {v!r} for {k}")
-        out.append((int(k), float(v)))
-    return tuple(out)
+        return (), ()
+    if isinstance(lb, dict):
+        pairs = list(lb.items())
+    elif isinstance(lb, list) and all(isinstance(p, list) and len(p) == 2 for p in lb):
+        pairs = [(p[0], p[1]) for p in lb]
+    else:
+        raise _bad("logit_bias", 'must be an object {"token id or text": bias} or a list of [token id or text, bias] pairs')
+    if len(pairs) > MAX_BIAS_ENTRIES:
+        raise _bad("logit_bias", f"has {len(pairs)} entries: at most {MAX_BIAS_ENTRIES}")
+    ids: list[tuple[int, float]] = []
+    texts: list[tuple[str, float]] = []
+    for k, v in pairs:
+        if v is False:
+            bias = -math.inf
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and -100 <= v <= 100:
+            bias = float(v)
+        else:
+            raise _bad("logit_bias", f"biases must be numbers from -100 to 100 (or false to ban), got {str(v)[:20]!r} for {str(k)[:20]!r}")
+        if isinstance(k, int) and not isinstance(k, bool) or isinstance(k, str) and k.isdigit() and len(k) < 10:
+            if not 0 <= int(k) < n_vocab:
+                raise _bad("logit_bias", f"has a token id outside the vocabulary (0..{n_vocab - 1}): {k}")
+            ids.append((int(k), bias))
+        elif isinstance(k, str) and k and len(k) <= MAX_BIAS_TEXT and not _bad_text(k):
+            texts.append((k, bias))
+        else:
+            raise _bad("logit_bias", f"keys are token ids or texts of 1 to {MAX_BIAS_TEXT} characters, got {str(k)[:20]!r}")
+    return tuple(ids), tuple(texts)
+
+
+def resolve_bias(params: GenParams, tokenize: Callable[[str, bool, bool], list[int]]) -> GenParams:
+    """``params`` with its text ``logit_bias`` keys as token ids: each token of the
+    text (tokenized without BOS or special tokens, as llama-server's common_tokenize(vocab, text, false))."""
+    if not params.logit_bias_text:
+        return params
+    extra = [(t, bias) for text, bias in params.logit_bias_text for t in tokenize(text, False, False)]
+    return replace(params, logit_bias=params.logit_bias + tuple(extra), logit_bias_text=())
 
 
 def _grammar(body: dict) -> str | None:

@@ -193,7 +193,7 @@ def test_bad_bodies_on_the_new_routes_get_one_json_error(server) -> None:
     """Untrusted bodies on every new route: a 4xx with a JSON error naming the cause, never a 500 or a hang."""
     bodies = [b"[]", b"null", b"{", b'"x"', b"{}", json.dumps({"prompt": {"a": 1}}).encode(), json.dumps({"content": ["x", 1]}).encode(),
               json.dumps({"tokens": "abc"}).encode(), json.dumps({"tokens": [-1]}).encode(), json.dumps({"messages": [{"role": 1}]}).encode(),
-              json.dumps({"prompt": "x", "n_predict": "many"}).encode(), json.dumps({"prompt": "x", "logit_bias": [["a", 1]]}).encode(),
+              json.dumps({"prompt": "x", "n_predict": "many"}).encode(), json.dumps({"prompt": "x", "logit_bias": [["a", "x"]]}).encode(),
               json.dumps({"prompt": "x", "options": [1]}).encode(), json.dumps({"prompt": "x", "raw": "yes"}).encode(),
               json.dumps({"messages": [{"role": "user", "content": "x"}], "options": {"stop": 5}}).encode(),
               json.dumps({"prompt": "x", "timings_per_token": "yes"}).encode(), json.dumps({"prompt": [10**12]}).encode()]
