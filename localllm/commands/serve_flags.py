@@ -75,6 +75,9 @@ def add(p: argparse.ArgumentParser) -> None:
                         "a chat completion never runs a tool itself")
     g.add_argument("--mcp-servers-json", default=None, metavar="JSON", help="the same, given as JSON text")
     g.add_argument("--cors", action="append", default=None, metavar="ORIGIN",
-                   help="let web pages from ORIGIN call the API (repeatable; * for any); without it no CORS headers are sent")
+                   help="let web pages from ORIGIN call the API (repeatable; * for any; localhost for any page of this machine, any port); "
+                        "without it no CORS headers are sent (llama-server sends them for any origin)")
+    g.add_argument("--cors-origins", dest="cors", action="append", metavar="ORIGIN[,ORIGIN]",
+                   help="llama-server's name for --cors, comma-separated")
     for flags in UNSUPPORTED:
         g.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)

@@ -12,14 +12,15 @@ from tests.helpers.cli import cli
 
 LLAMA_SERVER_LINE = ("-m", "model.gguf", "-c", "2048", "-np", "4", "-t", "2", "--host", "127.0.0.1", "--port", "8081", "--api-key", "k",
                      "--temp", "0.2", "--seed", "7", "-n", "128", "--jinja", "--chat-template", "chatml", "--metrics", "--slots",
-                     "--cors", "http://a.example", "--cors", "*", "--embeddings", "--pooling", "mean")
+                     "--cors", "http://a.example", "--cors", "*", "--cors-origins", "localhost,http://b.example", "--embeddings",
+                     "--pooling", "mean")
 
 
 def test_llama_server_command_line_parses() -> None:
     a = build_parser().parse_args(["serve", *LLAMA_SERVER_LINE])
     assert (a.model_flag, a.ctx, a.parallel, a.threads, a.host, a.port, a.api_key) == ("model.gguf", 2048, 4, 2, ["127.0.0.1"], 8081, "k")
     assert (a.temp, a.seed, a.n_predict, a.jinja, a.template, a.metrics, a.slots) == (0.2, 7, 128, True, "chatml", True, True)
-    assert a.cors == ["http://a.example", "*"] and a.embeddings and a.pooling == "mean"
+    assert a.cors == ["http://a.example", "*", "localhost,http://b.example"] and a.embeddings and a.pooling == "mean"
     a = build_parser().parse_args(["serve", "--host", "127.0.0.1,::1", "--host", "10.0.0.1", "--chat-template-file", "t.jinja"])
     assert a.host == ["127.0.0.1,::1", "10.0.0.1"] and a.template == "t.jinja" and not a.metrics and not a.slots and a.cors is None
 

@@ -235,8 +235,9 @@ def test_cors_in_router_mode_answers_as_the_single_model_server(router, env) -> 
     preflight = by_what["preflight"][1]
     assert by_what["preflight"][0] == 200 and preflight["access-control-allow-origin"] == ORIGIN and "POST" in preflight["access-control-allow-methods"]
     assert {h.strip().lower() for h in preflight["access-control-allow-headers"].split(",")} >= {"authorization", "content-type"}
-    assert by_what["preflight, other origin"][0] == 400 and "access-control-allow-origin" not in by_what["preflight, other origin"][1]
-    assert by_what["GET, no key"] == (401, {"access-control-allow-origin": ORIGIN, "access-control-expose-headers": "X-Ignored-Fields"})
+    assert by_what["preflight, other origin"][0] == 200 and "access-control-allow-origin" not in by_what["preflight, other origin"][1]
+    assert by_what["GET, no key"] == (401, {"access-control-allow-origin": ORIGIN, "access-control-allow-credentials": "true",
+                                            "access-control-expose-headers": "X-Ignored-Fields"})
     assert by_what["GET"][0] == 200 and by_what["GET"][1]["access-control-allow-origin"] == ORIGIN
     assert by_what["GET, no Origin"] == (200, {})
     assert [s for w, s, _ in routed if w.startswith("POST")] == [200] * 4
