@@ -307,7 +307,8 @@ def build_app(state: ServeState) -> Guard:
     async def metrics(request: Request) -> Response:
         if not state.metrics_endpoint:
             return _error(501, "This server does not support metrics endpoint. Start it with `--metrics`", kind="not_supported_error")
-        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4",
+                                 headers={"Process-Start-Time-Unix": str(int(state.metrics.started))})  # llama-server's header
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)  # registered for HTTPException only

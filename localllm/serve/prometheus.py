@@ -3,11 +3,21 @@
 Written by hand rather than with prometheus_client: a few counters, gauges and
 two histograms do not justify a dependency. The engine thread records, the
 /metrics route renders; a lock keeps a histogram's buckets and sum consistent.
+
+Two families: serve's own (``localllm_*``: histograms of TTFT and ITL, the
+batch, the KV cells, the thread counts) and llama-server's (``llamacpp:*``,
+with its names, help lines and counting rules from tools/server/server-task.cpp
+``to_metrics``), so a dashboard made for llama-server reads serve unchanged:
+prompt tokens count those processed (the cached ones apart), the generation
+time runs from the first token to the last, and the two throughput gauges are
+over the window since the previous scrape (llama-server's buckets), 0 when
+nothing ran in it.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Sequence
 
@@ -41,6 +51,7 @@ class Histogram:
 
 class ServerMetrics:
     def __init__(self) -> None:
+        self.started = time.time()  # the server's start, as llama-server's Process-Start-Time-Unix header says it
         self._lock = threading.Lock()
         self.requests: dict[tuple[str, int], int] = {}
         self.prompt_tokens = 0
@@ -58,6 +69,29 @@ class ServerMetrics:
         self.threads: dict[str, int] = {}  # decode threads per kind of step now (localllm.threads); empty: none chosen yet
         self.thread_changes = 0
         self.threads_fixed = False
+        # llama-server's counters (llamacpp:*), from each request's own timings at its end
+        self.prompt_processed = 0
+        self.prompt_seconds = 0.0
+        self.predicted = 0
+        self.predicted_seconds = 0.0
+        self.busy_slots = 0  # summed over decode steps: / steps is llama-server's n_busy_slots_per_decode
+        self.n_tokens_max = 0
+        self._window = [0, 0.0, 0, 0.0]  # since the last scrape: prompt tokens, seconds, predicted tokens, seconds
+
+    def job_done(self, prompt_n: int, prompt_s: float | None, predicted_n: int, predicted_s: float | None, n_tokens: int) -> None:
+        """One request's timings at its end (``scheduler.Job.timings``): its processed
+        prompt tokens and their time, its generated tokens and their time."""
+        with self._lock:
+            self.prompt_processed += prompt_n
+            self.predicted += predicted_n
+            self.prompt_seconds += prompt_s or 0.0
+            self.predicted_seconds += predicted_s or 0.0
+            self.n_tokens_max = max(self.n_tokens_max, n_tokens)
+            w = self._window
+            w[0] += prompt_n
+            w[1] += prompt_s or 0.0
+            w[2] += max(predicted_n - 1, 0) if predicted_s else 0  # the first token costs no decode step of its own
+            w[3] += predicted_s or 0.0
 
     def request_done(self, endpoint: str, status: int) -> None:
         with self._lock:
@@ -67,6 +101,7 @@ class ServerMetrics:
     def step(self, sequences: int, tokens: int, kv_used: int) -> None:
         with self._lock:
             self.steps += 1
+            self.busy_slots += sequences
             self.batch_sequences, self.batch_tokens, self.kv_cells_used = sequences, tokens, kv_used
 
     def set_threads(self, counts: dict[str, int], changes: int, fixed: bool) -> None:
@@ -133,4 +168,34 @@ class ServerMetrics:
                     out.append(f'localllm_threads{{kind="{kind}",mode="{mode}"}} {n}')
                 head("localllm_thread_changes_total", "counter", "moves of a thread count (another process took or freed a core)")
                 out.append(f"localllm_thread_changes_total {self.thread_changes}")
+            out.extend(self._llamacpp())
             return "\n".join(out) + "\n"
+
+    def _llamacpp(self) -> list[str]:
+        """llama-server's metrics, its names and help lines; the window gauges reset."""
+        p_n, p_s, g_n, g_s = self._window
+        self._window = [0, 0.0, 0, 0.0]
+        counters = [
+            ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", self.prompt_processed),
+            ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", self.prompt_tokens_cached),
+            ("prompt_seconds_total", "Total time spent processing prompts", self.prompt_seconds),
+            ("tokens_predicted_total", "Number of generation tokens processed", self.predicted),
+            ("tokens_predicted_seconds_total", "Total time spent generating tokens", self.predicted_seconds),
+            ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding", self.steps),
+            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", self.n_tokens_max),
+            ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", 0),  # serve does not speculate
+            ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model", 0),
+            ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps", 0),
+        ]
+        gauges = [
+            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", p_n / p_s if p_s else 0.0),
+            ("predicted_tokens_seconds", "Average generation throughput in tokens/s", g_n / g_s if g_s else 0.0),
+            ("requests_processing", "Number of requests processing", self.running),
+            ("requests_deferred", "Number of requests deferred", self.queued),
+            ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call", self.busy_slots / max(self.steps, 1)),
+        ]
+        out: list[str] = []
+        for kind, items in (("counter", counters), ("gauge", gauges)):
+            for name, text, value in items:
+                out += [f"# HELP llamacpp:{name} {text}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {value:g}"]
+        return out

@@ -716,4 +716,7 @@ class Scheduler:
         if error is not None:
             job.emit("error", error)
         else:
+            t = job.timings()
+            self.metrics.job_done(t["prompt_n"], None if t["prompt_ms"] is None else t["prompt_ms"] / 1e3, job.n_gen,
+                                  None if t["predicted_ms"] is None else t["predicted_ms"] / 1e3, len(job.tokens) + job.n_gen)
             job.emit("done", job.finish_reason)

@@ -332,6 +332,36 @@ def test_metrics(server) -> None:
     assert 'localllm_threads{kind="token",mode="fixed"} 1' in text  # --threads 1: fixed, and exported (issue 50)
 
 
+@pytest.mark.slow
+def test_llama_servers_metrics_by_its_rules(server) -> None:
+    """llama-server's names, types and help lines (its tools/server/tests/unit/test_metrics.py):
+    prompt tokens counted processed and cached apart, predicted tokens as the
+    replies' timings say, decode calls, and its start-time header."""
+    def scrape(c) -> tuple[dict[str, float], str]:
+        r = c.get("/metrics")
+        assert r.status_code == 200 and int(r.headers["Process-Start-Time-Unix"]) > 1.7e9
+        types = {line.split()[2]: line.split()[3] for line in r.text.splitlines() if line.startswith("# TYPE llamacpp:")}
+        values = {name: float(v) for name, v in (line.split(" ", 1) for line in r.text.splitlines() if line.startswith("llamacpp:"))}
+        assert set(types) == set(values) and all(f"# HELP {n} " in r.text for n in values)
+        assert {n for n, t in types.items() if t == "gauge"} == {f"llamacpp:{g}" for g in (
+            "prompt_tokens_seconds", "predicted_tokens_seconds", "requests_processing", "requests_deferred", "n_busy_slots_per_decode")}
+        return values, r.text
+
+    with _client(server) as c:
+        before, _ = scrape(c)
+        prompt, cached, predicted = 0, 0, 0
+        for n in (1, 4, 4):  # the third reads the second's prompt from the cache
+            t = c.post("/completion", json={"prompt": "Metrics by llama-server's rules:", "n_predict": n, "temperature": 0}).json()["timings"]
+            prompt, cached, predicted = prompt + t["prompt_n"], cached + t["cache_n"], predicted + t["predicted_n"]
+        after, _ = scrape(c)
+    assert cached > 0 and predicted == 9
+    assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == prompt
+    assert after["llamacpp:prompt_tokens_cached_total"] - before["llamacpp:prompt_tokens_cached_total"] == cached
+    assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] == predicted
+    assert after["llamacpp:n_decode_total"] > before["llamacpp:n_decode_total"] and after["llamacpp:requests_processing"] == 0
+    assert after["llamacpp:predicted_tokens_seconds"] > 0 and after["llamacpp:prompt_seconds_total"] > 0
+
+
 def _fuzz_cases(rng: random.Random) -> list[tuple[str, str, bytes]]:
     valid = {"prompt": "hi", "max_tokens": 2}
     values: list[object] = [
