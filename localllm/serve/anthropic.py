@@ -473,6 +473,9 @@ class MessagesShaper(Shaper):
     def failure(self, message: str) -> list[dict | str]:
         return [error_body(500, message)]
 
+    def progress(self, report: dict) -> list[dict | str]:
+        return []  # Anthropic's stream has no such event
+
 
 def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Callable[[Request], Awaitable[dict]]) -> list[Route]:
     """The routes, over ``state`` (``app.ServeState``) and the app's ``generate``."""

@@ -393,6 +393,10 @@ async def _stream(request: Request, choices: Choices, queue: asyncio.Queue, shap
                 assert isinstance(payload, str)  # the scheduler's text pieces
                 for frame in answer(i, thinkers[i].feed(payload) if thinkers else [("content", payload)]):
                     yield frame
+            elif kind == "progress":  # return_progress: the prompt's reading, batch by batch
+                assert isinstance(payload, dict)
+                for obj in shaper.progress(payload):
+                    yield shaper.frame(obj)
             elif kind == "gone":
                 break
             elif kind == "error":

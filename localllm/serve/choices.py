@@ -37,7 +37,7 @@ class Choices:
                 put((i, kind, payload))
 
             self.jobs.append(Job(tokens=tokens, sampling=replace(sampling, seed=seed), max_tokens=max_tokens, emit=emit,
-                                 stop=params.stop, logprobs=top, cache_prompt=params.cache_prompt,
+                                 stop=params.stop, logprobs=top, cache_prompt=params.cache_prompt, progress=params.return_progress,
                                  n_indent=params.n_indent, t_max_predict_ms=params.t_max_predict_ms,
                                  after=self.jobs[0] if self.jobs else None, lora=params.lora, media=media))
         self.texts: list[list[str]] = [[] for _ in self.jobs]

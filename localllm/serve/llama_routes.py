@@ -206,7 +206,7 @@ OFF = {"typical_p": 1, "mirostat": 0, "dynatemp_range": 0, "xtc_probability": 0,
        "repeat_last_n": 64, "return_tokens": False, "post_sampling_probs": False}
 # without effect whatever their value: parameters of samplers that are off, a slot hint, n_keep (serve never shifts a context)
 MOOT = frozenset({"dynatemp_exponent", "mirostat_tau", "mirostat_eta", "xtc_threshold", "dry_base", "dry_allowed_length",
-                  "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "id_slot", "n_keep", "return_progress", "top_n_sigma"})
+                  "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "id_slot", "n_keep", "top_n_sigma"})
 
 
 def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, native: bool = False, tool_format: Format = GENERIC,
@@ -291,6 +291,9 @@ class CompletionShaper(Shaper):
 
     def failure(self, message: str) -> list[dict | str]:
         return [error_body(message, kind="server_error")]
+
+    def progress(self, report: dict) -> list[dict | str]:
+        return [{"content": "", "tokens": [], "stop": False, "prompt_progress": report}]
 
 
 LLAMA_COMPLETION = Dialect(parse_completion, CompletionShaper)

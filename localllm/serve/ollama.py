@@ -284,6 +284,9 @@ class OllamaShaper(Shaper):
     def failure(self, message: str) -> list[dict | str]:
         return [{"error": message}]
 
+    def progress(self, report: dict) -> list[dict | str]:
+        return []  # Ollama's stream has no such line
+
 
 def _image_fields(t: dict) -> dict:
     """With images in the prompt: how many, how many the vision encoder ran on, and its time

@@ -76,6 +76,7 @@ class GenParams:
     logprobs: int | None = None  # alternatives per token (chat top_logprobs, completions' logprobs int); None: no logprobs
     n_probs: int | None = None  # llama-server's n_probs: logprobs.content with token ids; None: off
     cache_prompt: bool = True  # llama-server's: False reads the whole prompt again
+    return_progress: bool = False  # llama-server's: a streamed reply reports its prompt's reading (prompt_progress) batch by batch
     n_indent: int = 0  # llama-server's (its editors' /infill): a later line indented less ends the reply; 0: off
     t_max_predict_ms: int = 0  # llama-server's: past this many ms of generating, a new line ends the reply; 0: off
     lora: dict[int, float] | None = None  # llama-server's per-request adapter scales by id (the others 0); None: the server's
@@ -322,6 +323,9 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
     cache_prompt = body.get("cache_prompt", True)
     if not isinstance(cache_prompt, bool):
         raise _bad("cache_prompt", "must be true or false")
+    return_progress = body.get("return_progress", False)
+    if not isinstance(return_progress, bool):
+        raise _bad("return_progress", "must be true or false")
     lora = parse_lora(body["lora"]) if body.get("lora") is not None else None
     bias = _logit_bias(body, n_vocab)
     return GenParams(
@@ -333,6 +337,7 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         logprobs=_logprobs(body, chat),
         n_probs=_count(body, "n_probs", 100) or None,  # 0 is llama-server's default: off
         cache_prompt=cache_prompt,
+        return_progress=return_progress,
         logit_bias=bias[0],
         logit_bias_text=bias[1],
         ignored=tuple(sorted(k for k in body if k not in (CHAT_FIELDS if chat else COMPLETION_FIELDS) | NO_EFFECT)),
@@ -361,7 +366,7 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
 HONOURED = frozenset({
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format",  # OpenAI
-    "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt", "timings_per_token",  # llama-server's
+    "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt", "return_progress", "timings_per_token",  # llama-server's
     "lora",  # llama-server's
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
@@ -606,6 +611,16 @@ class Shaper:
 
     def failure(self, message: str) -> list[dict | str]:
         return [error_body(message, kind="server_error"), "[DONE]"]
+
+    def progress(self, report: dict) -> list[dict | str]:
+        """llama-server's ``prompt_progress`` event (``return_progress``): an empty
+        assistant delta carrying it, as its to_json_oaicompat_chat sends it."""
+        if not self.chat:
+            return [{**self._base("text_completion"), "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": None}],
+                     "prompt_progress": report}]
+        return [{**self._base("chat.completion.chunk"), "choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
+                                                                      "logprobs": None, "finish_reason": None}],
+                 "prompt_progress": report}]
 
 
 class Finished(Protocol):

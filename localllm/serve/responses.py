@@ -41,13 +41,14 @@ MAX_ITEMS = 4096  # input items and their content parts, all together: a body of
 HONOURED = frozenset({"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p", "text", "stream",
                       "parallel_tool_calls", "store", "metadata",
                       "seed", "top_k", "min_p", "repeat_penalty", "chat_template_kwargs",  # llama-server's, which it passes through
-                      "reasoning"})
+                      "return_progress", "timings_per_token", "reasoning"})
 NO_EFFECT = frozenset({"metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier", "store", "truncation"})
 REFUSED = {"previous_response_id": "is not supported: this server stores no responses (send the whole conversation in 'input')",
            "conversation": "is not supported: this server stores no conversations (send the whole conversation in 'input')",
            "background": "is not supported: responses are made while the request waits",
            "prompt": "(a stored prompt template) is not supported: this server stores no prompts"}
-PASSED = ("temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p", "repeat_penalty", "chat_template_kwargs")
+PASSED = ("temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p", "repeat_penalty", "chat_template_kwargs",
+          "return_progress", "timings_per_token")
 
 
 @dataclass(frozen=True)
@@ -405,6 +406,10 @@ class ResponsesShaper(Shaper):
 
     def failure(self, message: str) -> list[dict | str]:
         return [{"type": "error", "code": "server_error", "message": message, "param": None}]
+
+    def progress(self, report: dict) -> list[dict | str]:
+        """llama-server's: ``response.in_progress`` carrying ``prompt_progress``."""
+        return [{"type": "response.in_progress", "response": self._response("in_progress", self.items, None), "prompt_progress": report}]
 
 
 def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Callable[[Request], Awaitable[dict]]) -> list[Route]:

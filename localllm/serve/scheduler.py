@@ -86,6 +86,7 @@ class Job:
     finish_reason: str | None = None
     logprobs: int | None = None  # emit ("logprob", (id, bytes, logprob, [(id, bytes, logprob)] * this many)) per token; None: off
     cache_prompt: bool = True  # False: read the whole prompt, no prefix reuse (llama-server's cache_prompt)
+    progress: bool = False  # emit ("progress", {total, cache, processed, time_ms}) as its prompt is read (llama-server's return_progress)
     n_indent: int = 0  # >0: a line after the first indented less ends the reply, that line's text dropped (llama-server's)
     t_max_predict_ms: int = 0  # >0: a new line past this long after the first token ends the reply (llama-server's)
     # n > 1: a sibling waits until this job has read the shared prompt, then shares its cells (seq_cp)
@@ -464,6 +465,8 @@ class Scheduler:
         job.n_cached = n
         job.start_ns = time.perf_counter_ns()
         job.slot = target.id
+        if job.progress:  # llama-server's first report: before any token is read, the cached ones counted as processed
+            job.emit("progress", {"total": len(job.tokens), "cache": n, "processed": n, "time_ms": 0.0})
         self.metrics.prompt(len(toks), n)
         self.metrics.running = sum(1 for s in self.slots if s.job)
         if self.prompt_cache is not None:  # as llama-server: idle slots go to RAM when a task starts
@@ -540,6 +543,10 @@ class Scheduler:
             elif s.chunk:
                 s.cache.extend(s.chunk)
                 s.chunk = []
+                job = _job(s)
+                if job.progress:
+                    job.emit("progress", {"total": len(job.tokens), "cache": job.n_cached, "processed": len(s.cache),
+                                          "time_ms": (time.perf_counter_ns() - job.start_ns) / 1e6})
         # one call for the step's rows (the greedy ones are one argmax: BatchModel.sample_all)
         toks = self.model.sample_all([(s.sampler, i) for s, i in outputs])
         now = time.perf_counter_ns()
