@@ -7,6 +7,7 @@ by name with the reason rather than ignored or reported as unknown."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import NoReturn
 
 DEFAULT_PARALLEL = 4  # serve's --parallel, as llama-server's -np auto (tools/server/server.cpp: "using n_parallel = 4")
@@ -23,7 +24,6 @@ UNSUPPORTED = {
     ("--override-kv", "--override-tensor", "-ot"): "overriding the model's metadata or tensor placement is not supported",
     ("-nkvo", "--no-kv-offload", "--mlock", "--no-mmap", "--numa", "-sm", "--split-mode", "-ts", "--tensor-split", "-mg",
      "--main-gpu", "-dev", "--device"): "placement is planned by localllm (see --vram, --ngl, --rpc)",
-    ("--slot-save-path",): "saving slots is not supported",
     ("--props",): "changing the server's properties over HTTP is not supported",
     ("--path", "--webui", "--no-webui", "--api-prefix"): "serve has no web UI and no static files",
     ("--api-key-file",): "give --api-key, or LOCALLLM_API_KEY",
@@ -40,6 +40,14 @@ UNSUPPORTED = {
     ("--models-dir",): "serve with no MODEL serves the models of localllm list (localllm add DIR names a folder of GGUFs)",
 }
 
+
+
+def _folder(text: str) -> Path:
+    """An existing folder, resolved: slot files are only ever written inside it."""
+    p = Path(text).expanduser()
+    if not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder: create it first (mkdir -p {text})")
+    return p.resolve()
 
 def refused() -> frozenset[str]:
     """Every llama-server flag serve refuses (a presets INI may not set them either)."""
@@ -74,6 +82,9 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="serve these MCP servers' tools on GET/POST /tools ({\"mcpServers\": {NAME: {command, args, env}}}, llama-server's); "
                         "a chat completion never runs a tool itself")
     g.add_argument("--mcp-servers-json", default=None, metavar="JSON", help="the same, given as JSON text")
+    g.add_argument("--slot-save-path", default=None, metavar="DIR", type=_folder,
+                   help="POST /slots/{id}?action=save|restore|erase write and read a slot's cached prompt as a file in DIR "
+                        "(llama-server's flag; without it they answer 501)")
     g.add_argument("--cors", action="append", default=None, metavar="ORIGIN",
                    help="let web pages from ORIGIN call the API (repeatable; * for any; localhost for any page of this machine, any port); "
                         "without it no CORS headers are sent (llama-server sends them for any origin)")

@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -23,7 +24,7 @@ from starlette.routing import Route
 from localllm.engine_api import SamplingConfig
 from localllm.errors import EngineError, InputError
 from localllm.reasoning import Markers, Splitter
-from localllm.serve import anthropic, embeddings, handoff, infill, llama_routes, lora_routes, mcp_routes, ollama, ollama_embed, rerank, responses
+from localllm.serve import anthropic, embeddings, handoff, infill, llama_routes, lora_routes, mcp_routes, ollama, ollama_embed, rerank, responses, slot_files
 from localllm.serve.body import read_body as _read_body
 from localllm.serve.choices import Choices
 from localllm.serve.embeddings import Embeddings
@@ -70,6 +71,7 @@ class ServeState:
     prompt_tail: Callable[[list[int]], str] | None = None  # the text of a prompt's last tokens: did the template open the thinking?
     mcp: object | None = None  # --mcp-servers-config: a started localllm.mcp.Hub, for /tools (serve/mcp_routes.py); None: off
     vision: bool = False  # a projector is loaded (--mmproj): requests may hold images (serve/media.py)
+    slot_save_path: Path | None = None  # --slot-save-path: where POST /slots/{id}?action=save|restore writes and reads (serve/slot_files.py)
 
     def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
         """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
@@ -341,6 +343,7 @@ def build_app(state: ServeState) -> Guard:
         *rerank.routes(state, read_json),
         *lora_routes.routes(state),
         *mcp_routes.routes(state, read_json),
+        *slot_files.routes(state),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
     return Guard(app, state)

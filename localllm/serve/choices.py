@@ -39,7 +39,8 @@ class Choices:
             self.jobs.append(Job(tokens=tokens, sampling=replace(sampling, seed=seed), max_tokens=max_tokens, emit=emit,
                                  stop=params.stop, logprobs=top, cache_prompt=params.cache_prompt, progress=params.return_progress,
                                  n_indent=params.n_indent, t_max_predict_ms=params.t_max_predict_ms,
-                                 after=self.jobs[0] if self.jobs else None, lora=params.lora, media=media))
+                                 after=self.jobs[0] if self.jobs else None, lora=params.lora, media=media,
+                                 id_slot=params.id_slot if i == 0 else -1))
         self.texts: list[list[str]] = [[] for _ in self.jobs]
         self.pending: list[list[logprobs.Raw]] = [[] for _ in self.jobs]  # log-probabilities not yet sent
         self.sent: list[list[logprobs.Raw]] = [[] for _ in self.jobs]

@@ -204,13 +204,13 @@ def _settings(s, n_predict: int | None, stop: tuple[str, ...]) -> dict:
 # llama.cpp's web UI send them all), a 400 naming them otherwise, never silently dropped
 OFF = {"typical_p": 1, "mirostat": 0, "dynatemp_range": 0, "xtc_probability": 0, "dry_multiplier": 0, "min_keep": 0,
        "repeat_last_n": 64, "return_tokens": False, "post_sampling_probs": False}
-# without effect whatever their value: parameters of samplers that are off, a slot hint, n_keep (serve never shifts a context)
+# without effect whatever their value: parameters of samplers that are off, n_keep (serve never shifts a context)
 MOOT = frozenset({"dynatemp_exponent", "mirostat_tau", "mirostat_eta", "xtc_threshold", "dry_base", "dry_allowed_length",
-                  "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "id_slot", "n_keep", "top_n_sigma"})
+                  "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "n_keep", "top_n_sigma"})
 
 
 def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, native: bool = False, tool_format: Format = GENERIC,
-                max_n: int = 1) -> GenParams:
+                max_n: int = 1, n_slots: int | None = None) -> GenParams:
     """A body with llama-server's fields, which it takes on its OpenAI routes too:
     ``n_predict`` (-1: until the model stops; ``max_tokens`` wins where both are
     given), ``logit_bias`` pairs as the object does (``protocol._logit_bias``), its
@@ -227,7 +227,7 @@ def parse_llama(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, nati
     n_indent, t_max = (_whole(body.pop(key, None), key) for key in ("n_indent", "t_max_predict_ms"))
     if n_predict is not None and (not isinstance(n_predict, int) or isinstance(n_predict, bool) or n_predict == 0 or n_predict < -1):
         raise RequestError(400, "'n_predict' must be -1 (until the model stops) or a whole number of at least 1", param="n_predict")
-    params = parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format, max_n=max_n)
+    params = parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format, max_n=max_n, n_slots=n_slots)
     ignored = tuple(k for k in params.ignored if k not in OFF and k not in MOOT)
     limit = params.max_tokens
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
@@ -249,7 +249,7 @@ def _whole(v: object, key: str) -> int:
 
 def parse_completion(body: dict, *, chat: bool, n_vocab: int, defaults=DEFAULTS, tool_format: Format = GENERIC, max_n: int = 1) -> GenParams:
     """``/completion``'s body (see ``parse_llama``); no tools (it is not a chat) and one reply (llama-server's has no ``n``)."""
-    return parse_llama(body, chat=False, n_vocab=n_vocab, defaults=defaults, native=True)
+    return parse_llama(body, chat=False, n_vocab=n_vocab, defaults=defaults, native=True, n_slots=max_n)
 
 
 class CompletionShaper(Shaper):

@@ -76,6 +76,7 @@ class GenParams:
     logprobs: int | None = None  # alternatives per token (chat top_logprobs, completions' logprobs int); None: no logprobs
     n_probs: int | None = None  # llama-server's n_probs: logprobs.content with token ids; None: off
     cache_prompt: bool = True  # llama-server's: False reads the whole prompt again
+    id_slot: int = -1  # llama-server's: the slot (sequence) to run in, waiting for it if busy; -1: any
     return_progress: bool = False  # llama-server's: a streamed reply reports its prompt's reading (prompt_progress) batch by batch
     n_indent: int = 0  # llama-server's (its editors' /infill): a later line indented less ends the reply; 0: off
     t_max_predict_ms: int = 0  # llama-server's: past this many ms of generating, a new line ends the reply; 0: off
@@ -219,16 +220,19 @@ def _content(v: object, i: int, role: str, images: list[media.ImagePart], nonce:
 
 
 def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig = DEFAULTS,
-              tool_format: tool_calls.Format = tool_calls.GENERIC, max_n: int = 1) -> GenParams:
+              tool_format: tool_calls.Format = tool_calls.GENERIC, max_n: int = 1, n_slots: int | None = None) -> GenParams:
     """The request's fields; one it omits takes ``defaults`` (serve's --temp, --seed, -n ..., else llama.cpp's).
-    ``tool_format``: how the model's template writes tool calls (serve/tools.py); ``max_n``: the most choices (``n``), the server's sequences."""
+    ``tool_format``: how the model's template writes tool calls (serve/tools.py); ``max_n``: the most choices (``n``), the server's sequences;
+    ``n_slots``: the sequences an ``id_slot`` may name, where they differ from ``max_n`` (a route with one choice)."""
     try:
-        return _parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format, max_n=max_n)
+        return _parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format, max_n=max_n,
+                          n_slots=max_n if n_slots is None else n_slots)
     except (tool_calls.ToolsError, thinking.KwargsError) as exc:
         raise _bad(exc.field, exc.why) from None
 
 
-def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig, tool_format: tool_calls.Format, max_n: int) -> GenParams:
+def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig, tool_format: tool_calls.Format, max_n: int,
+               n_slots: int) -> GenParams:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     images: list[media.ImagePart] = []
@@ -323,6 +327,9 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
     cache_prompt = body.get("cache_prompt", True)
     if not isinstance(cache_prompt, bool):
         raise _bad("cache_prompt", "must be true or false")
+    id_slot = body.get("id_slot", -1)
+    if not isinstance(id_slot, int) or isinstance(id_slot, bool) or not -1 <= id_slot < n_slots:
+        raise _bad("id_slot", f"must be a slot of this server, 0..{n_slots - 1} (or -1: any)")
     return_progress = body.get("return_progress", False)
     if not isinstance(return_progress, bool):
         raise _bad("return_progress", "must be true or false")
@@ -338,6 +345,7 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         n_probs=_count(body, "n_probs", 100) or None,  # 0 is llama-server's default: off
         cache_prompt=cache_prompt,
         return_progress=return_progress,
+        id_slot=id_slot,
         logit_bias=bias[0],
         logit_bias_text=bias[1],
         ignored=tuple(sorted(k for k in body if k not in (CHAT_FIELDS if chat else COMPLETION_FIELDS) | NO_EFFECT)),
@@ -366,7 +374,8 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
 HONOURED = frozenset({
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format",  # OpenAI
-    "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt", "return_progress", "timings_per_token",  # llama-server's
+    "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt", "return_progress", "timings_per_token",
+    "id_slot",  # llama-server's
     "lora",  # llama-server's
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",

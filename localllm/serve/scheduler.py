@@ -86,6 +86,7 @@ class Job:
     finish_reason: str | None = None
     logprobs: int | None = None  # emit ("logprob", (id, bytes, logprob, [(id, bytes, logprob)] * this many)) per token; None: off
     cache_prompt: bool = True  # False: read the whole prompt, no prefix reuse (llama-server's cache_prompt)
+    id_slot: int = -1  # the slot it must run in (llama-server's id_slot), waiting while it is busy; -1: any
     progress: bool = False  # emit ("progress", {total, cache, processed, time_ms}) as its prompt is read (llama-server's return_progress)
     n_indent: int = 0  # >0: a line after the first indented less ends the reply, that line's text dropped (llama-server's)
     t_max_predict_ms: int = 0  # >0: a new line past this long after the first token ends the reply (llama-server's)
@@ -382,7 +383,8 @@ class Scheduler:
             with self._cv:
                 free = [s for s in self.slots if s.job is None]
                 # a sibling of an n > 1 request waits for the shared prompt to be read (prefix reuse copies it then)
-                ready = next((j for j in self.pending if not (self.prefix_reuse and j.after and not j.after.prompt_read)), None)
+                ready = next((j for j in self.pending if not (self.prefix_reuse and j.after and not j.after.prompt_read)
+                              and (j.id_slot < 0 or self.slots[j.id_slot].job is None)), None)
                 if not free or ready is None:
                     self.metrics.queued = len(self.pending)
                     return
@@ -397,7 +399,7 @@ class Scheduler:
                 job.emit("error", scales)
                 continue
             job.lora_scales = scales
-            self._assign(job, free)
+            self._assign(job, free if job.id_slot < 0 else [self.slots[job.id_slot]])
 
     def _scales(self, job: Job) -> tuple[float, ...] | Refused:
         """The adapter scales ``job`` runs with, as llama-server's construct_lora_list

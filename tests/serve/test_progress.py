@@ -8,6 +8,8 @@ where it applies."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from typing import cast
 
 import pytest
 
@@ -39,12 +41,13 @@ def _check(reports: list[dict], *, batches: int | None = None, cached: bool = Fa
 
 def test_chat_completions_report_each_batch_then_reuse_the_cache(server) -> None:
     from openai import OpenAI
+    from openai.types.chat import ChatCompletionChunk
 
     client = OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0)
     messages = [{"role": "user", "content": PROMPT}]
     stream = client.chat.completions.create(model="m", messages=messages, max_tokens=4, stream=True,
                                             extra_body={"return_progress": True, "cache_prompt": False})
-    chunks = list(stream)
+    chunks = list(cast(Iterable[ChatCompletionChunk], stream))
     reports = [c.model_extra["prompt_progress"] for c in chunks if "prompt_progress" in (c.model_extra or {})]
     total = reports[0]["total"]
     _check(reports, batches=1 + -(-total // 32))  # the first report, then one per batch of 32
