@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
                            vision=mmproj is not None, **({"max_body": media.MEDIA_BODY} if mmproj is not None else {}),
                            tokenize=_tokenizer(model, template_defaults(args, model)), api_key=api_key, json_log=args.json,
                            defaults=sampling_config(args), facts=model_facts(model, path, parallel, args.template, n_batch=args.batch,
-                                                                                   spm_infill=args.spm_infill, context=str(context)),
+                                                                                   spm_infill=args.spm_infill, context=str(context),
+                                                                                   extra=template_defaults(args, model)),
                            metrics_endpoint=args.metrics, slots_endpoint=args.slots, mcp=mcp_hub, slot_save_path=args.slot_save_path)
         switch.app = with_cors(build_app(state), tuple(args.cors or ()))
         say(f"serving {name} on {urls} ({parallel} parallel, {n_ctx_seq} tokens per request ({context.reason}), "

@@ -8,14 +8,16 @@ from pathlib import Path
 
 from localllm.engine.fim import fim_tokens, prompt_text
 from localllm.modelfile.model_info import inspect_model
+from localllm.serve import thinking
 from localllm.serve.llama_routes import ModelFacts
 
 
 def model_facts(model, path: Path, n_parallel: int, template: str | None = None, *, n_batch: int = 2048, spm_infill: bool = False,
-                context: str = "") -> ModelFacts:
+                context: str = "", extra: dict | None = None) -> ModelFacts:
     """``model``: a loaded ``engine.batch.BatchModel``; ``template``: serve's --chat-template(-file);
     ``n_batch`` and ``spm_infill``: serve's --batch and --spm-infill, for /infill; ``context``: a
-    request's context and why (``fitting.context_why``), for ``/api/ps``."""
+    request's context and why (``fitting.context_why``), for ``/api/ps``; ``extra``: serve's own
+    template variables (--reasoning, --chat-template-kwargs), which /apply-template renders with."""
     tok = model.tok
     header = tok.header
     info = inspect_model(path)
@@ -44,7 +46,7 @@ def model_facts(model, path: Path, n_parallel: int, template: str | None = None,
         n_embd=info.n_embd,
         tokenize=lambda text, add_special, parse_special: tok.tokenize(text, add_special=add_special, parse_special=parse_special),
         piece=lambda t: tok.token_bytes(t, special=True),
-        render=lambda messages: tok.render_chat(messages),
+        render=lambda messages, tools=None, kwargs=None: tok.render_chat(messages, tools=tools, extra=thinking.merged(extra or {}, kwargs)),
         prompt_text=lambda tokens: prompt_text(tok, tokens),
         fim=fim_tokens(tok),
         n_batch=n_batch,

@@ -156,6 +156,7 @@ class Tokenizer:
         self._no_special_in("chat_template_kwargs", extra)
         for i, m in enumerate(messages):
             self._no_special_in(f"messages[{i}].tool_calls", m.get("tool_calls"))
+            self._no_special_in(f"messages[{i}].reasoning_content", m.get("reasoning_content"))
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools, extra=extra)
         forged = [i for i, m in enumerate(messages) if self._holds_special(m.get("content", ""))]
         if not forged:

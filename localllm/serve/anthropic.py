@@ -12,9 +12,12 @@ Anthropic's ``{"type": "error", "error": {"type", "message"}}``.
 Choices where Anthropic's API says nothing for a local server (llama-server's
 ``server_chat_convert_anthropic_to_oai`` is followed where it decides):
 
-- ``thinking`` and ``redacted_thinking`` blocks a client sends back are
-  accepted and dropped: their signatures are another model's, and templates
-  drop earlier turns' thinking anyway. The ``thinking`` request field turns a
+- ``thinking`` blocks a client sends back become the assistant turn's
+  ``reasoning_content``, as llama-server converts them: a template that shows
+  a tool-calling turn's thinking (Qwen3's, after the last user message) shows
+  it, and ``count_tokens`` counts it; their signatures are not checked (a local
+  model signs nothing). ``redacted_thinking`` blocks are dropped: there is no
+  text to show. The ``thinking`` request field turns a
   thinking model's thinking on (``enabled``) or off (``disabled``) through its
   template's ``enable_thinking``, and ``output_config.effort`` is the template's
   ``reasoning_effort`` (serve/thinking.py); ``budget_tokens`` is not enforced
@@ -153,6 +156,7 @@ def _messages(raw: object, system: list[str]) -> list[dict]:
         results: list[dict] = []
         images: list[dict] = []
         order: list[dict] = []  # OpenAI's parts: the text blocks and the images, in the turn's order
+        thoughts: list[str] = []  # the turn's thinking blocks' text: its reasoning_content
         for j, b in enumerate(content):
             where = f"messages[{i}].content[{j}]"
             kind = b.get("type") if isinstance(b, dict) else None
@@ -168,6 +172,8 @@ def _messages(raw: object, system: list[str]) -> list[dict]:
             elif kind == "image":
                 images.append(_image(b, where, role))
                 order.append(images[-1])
+            elif kind == "thinking" and role == "assistant" and isinstance(b.get("thinking"), str):
+                thoughts.append(b["thinking"])  # see the module's docstring
             elif kind in ("thinking", "redacted_thinking"):
                 continue  # accepted and dropped: see the module's docstring
             elif kind == "tool_use":
@@ -198,8 +204,9 @@ def _messages(raw: object, system: list[str]) -> list[dict]:
                 out.append({"role": "user", "content": order})
             elif texts or not results:
                 out.append({"role": "user", "content": text})
-        elif texts or calls or not content:
-            out.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
+        elif texts or calls or thoughts or not content:
+            out.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {}),
+                        **({"reasoning_content": "\n\n".join(thoughts)} if thoughts else {})})
     if not out:
         raise _bad("messages", "must hold a user or assistant message (system messages alone leave nothing to answer)")
     return out

@@ -49,7 +49,8 @@ class ModelFacts:
     n_embd: int
     tokenize: Callable[[str, bool, bool], list[int]]  # (text, add_special, parse_special)
     piece: Callable[[int], bytes]
-    render: Callable[[list[dict]], str]  # the chat template, with the generation prompt
+    # the chat template, with the generation prompt: (messages, tools, a request's template variables over serve's)
+    render: Callable[..., str]
     prompt_text: Callable[[list[int]], str]  # token ids as llama-server writes a prompt (special tokens written out)
     fim: FimTokens | None = None  # the vocabulary's fill-in-the-middle tokens (engine/fim.py), for /infill (serve/infill.py)
     n_batch: int = 2048  # serve's --batch: /infill's budgets, as llama-server's params.n_batch
@@ -57,6 +58,8 @@ class ModelFacts:
     context: str = ""  # a request's context and why, "32768 (trained)" (plan.fitting.context_why): Ollama's /api/ps
 
 
+# what /apply-template reads of a chat body: what shapes the prompt
+APPLY_FIELDS = ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort")
 Handler = Callable[[Request], Awaitable[Response]]
 Generate = Callable[..., Awaitable[Response]]
 
@@ -122,9 +125,11 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
 
     async def apply_template(request: Request) -> Response:
         body = await read_json(request)
-        params = parse_gen({"messages": body.get("messages")}, chat=True, n_vocab=state.n_vocab)
+        # as a chat completion renders it: its tools, its template variables (llama-server's /apply-template)
+        params = parse_gen({k: body[k] for k in APPLY_FIELDS if k in body}, chat=True, n_vocab=state.n_vocab, tool_format=state.tool_format)
+        tools = params.tools.template_tools if params.tools else None
         try:
-            prompt = await run_in_threadpool(facts().render, params.messages or [])
+            prompt = await run_in_threadpool(facts().render, params.messages or [], tools, params.template_kwargs)
         except SettingError as exc:  # no chat template (a base model): what to pass, as run and chat say it
             fix = {"raw": "/completion with plain text", "template_choice": "start serve with --chat-template FILE|NAME"}
             raise RequestError(400, exc.worded(fix)[:500]) from None

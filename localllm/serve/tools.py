@@ -189,8 +189,8 @@ def _char(c: str) -> str:
 # -- messages ------------------------------------------------------------------------
 
 def message_extras(m: dict, i: int) -> dict[str, Any]:
-    """An assistant message's ``tool_calls`` and a tool message's
-    ``tool_call_id``, validated, as chat templates read them (Transformers'
+    """An assistant message's ``tool_calls`` and ``reasoning_content`` and a tool
+    message's ``tool_call_id``, validated, as chat templates read them (Transformers'
     shape: a call's ``arguments`` an object where the JSON string holds one)."""
     extras: dict[str, Any] = {}
     calls = m.get("tool_calls")
@@ -211,6 +211,12 @@ def message_extras(m: dict, i: int) -> dict[str, Any]:
             out.append({"id": cid if isinstance(cid, str) else "", "type": "function", "function": {"name": fn["name"], "arguments": args}})
         if out:
             extras["tool_calls"] = out
+    thought = m.get("reasoning_content")
+    if thought is not None and m.get("role") == "assistant":  # an earlier turn's thinking, as llama-server reads it: the template may show it
+        if not isinstance(thought, str):
+            raise ToolsError(f"messages[{i}].reasoning_content", "must be a string")
+        if thought:
+            extras["reasoning_content"] = thought
     if m.get("role") == "tool":
         cid = m.get("tool_call_id")
         if not isinstance(cid, str):
