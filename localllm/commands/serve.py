@@ -467,7 +467,8 @@ def _tokenizer(model, extra: dict):
             if tok.has_chat_template:
                 # a message's text cannot forge a turn; tools reach the template as Transformers passes them
                 return tok.chat_tokens(params.messages, tools=params.tools.template_tools if params.tools else None,
-                                       extra=thinking.merged(extra, params.template_kwargs))
+                                       extra=thinking.merged(extra, params.template_kwargs), continue_final=params.continue_final,
+                                       add_generation_prompt=params.add_generation_prompt)
             text = "".join(f"{m['role']}: {m['content']}\n" for m in params.messages) + "assistant:"
             return tok.tokenize(text, add_special=True, parse_special=False)
         if isinstance(params.prompt, list):
@@ -480,7 +481,8 @@ def _tokenizer(model, extra: dict):
         """The prompt's text, cut where the images' marks stand (as ``tokenize`` reads it)."""
         if tok.has_chat_template:
             return tok.chat_runs(params.messages, marks, tools=params.tools.template_tools if params.tools else None,
-                                 extra=thinking.merged(extra, params.template_kwargs))
+                                 extra=thinking.merged(extra, params.template_kwargs), continue_final=params.continue_final,
+                                 add_generation_prompt=params.add_generation_prompt)
         text = "".join(f"{m['role']}: {m['content']}\n" for m in params.messages) + "assistant:"
         return tok.text_runs(text, marks)
 

@@ -116,11 +116,14 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self.template.available(self.header)
 
-    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, continue_final: bool = False,
                     tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> str:
         """Apply the chat template (the model's, or ``use_template``'s) under
         time and size limits; a failing template is an ``InputError``. ``extra``:
-        more template variables (``enable_thinking``, ``chat_template_kwargs``)."""
+        more template variables (``enable_thinking``, ``chat_template_kwargs``);
+        ``continue_final``: the last (assistant) message continued, as ``chat_tokens``."""
+        if continue_final and messages and messages[-1].get("role") == "assistant":
+            return self.render_chat(messages[:-1], tools=tools, extra=extra) + (messages[-1].get("content") or "")
         self._require()
         # BOS/EOS as llama.cpp's vocabulary has them (it ignores ids out of range).
         bos = llama_cpp.llama_vocab_bos(self.vocab)
@@ -130,7 +133,7 @@ class Tokenizer:
         return self.template.render(self.header, messages, bos_text, eos_text, add_generation_prompt, tools, extra)
 
     def chat_tokens(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> list[int]:
+                    tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None, continue_final: bool = False) -> list[int]:
         """The chat template's tokens for ``messages``, where a message's text is
         only ever text: the template's own special tokens are parsed, but a
         message holding special-token text (``<|im_end|>``) cannot forge a turn.
@@ -140,18 +143,26 @@ class Tokenizer:
         and assistant messages' ``tool_calls`` reach the template as JSON it
         re-encodes, where no marker survives: one holding special-token text is
         an ``InputError`` naming it instead; so is such text in ``extra``'s values
-        (a request's ``chat_template_kwargs``: the template writes them raw)."""
-        runs, _ = self.chat_runs(messages, (), add_generation_prompt=add_generation_prompt, tools=tools, extra=extra)
+        (a request's ``chat_template_kwargs``: the template writes them raw).
+        ``continue_final``: the last (assistant) message is continued, not closed
+        (a prefill): the others with the generation prompt, then its text, as text."""
+        runs, _ = self.chat_runs(messages, (), add_generation_prompt=add_generation_prompt, tools=tools, extra=extra,
+                                 continue_final=continue_final)
         return runs[0]
 
     def chat_runs(self, messages: list[dict[str, Any]], marks: Sequence[str], *, add_generation_prompt: bool = True,
-                  tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> tuple[list[list[int]], list[int]]:
+                  tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
+                  continue_final: bool = False) -> tuple[list[list[int]], list[int]]:
         """``chat_tokens``, the rendered prompt cut where ``marks`` stand (serve's images:
         each mark was put in a message's text where its picture goes). Returns the token
         runs between the marks and, for each cut, which mark stood there, in prompt
         order (a mark the template drops is not there; one it repeats is there twice).
         Each run is tokenized apart, as libmtmd tokenizes the text between its media
         markers; without ``marks``, one run: exactly ``chat_tokens``."""
+        if continue_final and messages and messages[-1].get("role") == "assistant":
+            runs, order = self.chat_runs(messages[:-1], marks, tools=tools, extra=extra)
+            runs[-1] += self.tokenize(messages[-1].get("content") or "", add_special=False, parse_special=False)
+            return runs, order
         self._no_special_in("tools", tools)
         self._no_special_in("chat_template_kwargs", extra)
         for i, m in enumerate(messages):

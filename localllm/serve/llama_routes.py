@@ -59,7 +59,8 @@ class ModelFacts:
 
 
 # what /apply-template reads of a chat body: what shapes the prompt
-APPLY_FIELDS = ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort")
+APPLY_FIELDS = ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort", "add_generation_prompt",
+                "continue_final_message")
 Handler = Callable[[Request], Awaitable[Response]]
 Generate = Callable[..., Awaitable[Response]]
 
@@ -129,7 +130,8 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
         params = parse_gen({k: body[k] for k in APPLY_FIELDS if k in body}, chat=True, n_vocab=state.n_vocab, tool_format=state.tool_format)
         tools = params.tools.template_tools if params.tools else None
         try:
-            prompt = await run_in_threadpool(facts().render, params.messages or [], tools, params.template_kwargs)
+            prompt = await run_in_threadpool(facts().render, params.messages or [], tools, params.template_kwargs, params.continue_final,
+                                             params.add_generation_prompt)
         except SettingError as exc:  # no chat template (a base model): what to pass, as run and chat say it
             fix = {"raw": "/completion with plain text", "template_choice": "start serve with --chat-template FILE|NAME"}
             raise RequestError(400, exc.worded(fix)[:500]) from None

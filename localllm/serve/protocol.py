@@ -76,6 +76,8 @@ class GenParams:
     logprobs: int | None = None  # alternatives per token (chat top_logprobs, completions' logprobs int); None: no logprobs
     n_probs: int | None = None  # llama-server's n_probs: logprobs.content with token ids; None: off
     cache_prompt: bool = True  # llama-server's: False reads the whole prompt again
+    add_generation_prompt: bool = True  # the template's assistant turn opened after the messages
+    continue_final: bool = False  # the last (assistant) message is continued, not closed: its text is the reply's start (prefill)
     id_slot: int = -1  # llama-server's: the slot (sequence) to run in, waiting for it if busy; -1: any
     return_progress: bool = False  # llama-server's: a streamed reply reports its prompt's reading (prompt_progress) batch by batch
     n_indent: int = 0  # llama-server's (its editors' /infill): a later line indented less ends the reply; 0: off
@@ -318,6 +320,7 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
     if refused is not None:
         raise _bad(*refused)
     tools = tool_calls.parse_request(body, tool_format) if chat else None
+    add_generation_prompt, continue_final = _continuation(body, messages) if messages is not None else (True, False)
     if messages is not None:
         messages = tool_calls.for_template(messages, tool_format, tools)
     grammar = _grammar(body)
@@ -345,6 +348,8 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         n_probs=_count(body, "n_probs", 100) or None,  # 0 is llama-server's default: off
         cache_prompt=cache_prompt,
         return_progress=return_progress,
+        add_generation_prompt=add_generation_prompt,
+        continue_final=continue_final,
         id_slot=id_slot,
         logit_bias=bias[0],
         logit_bias_text=bias[1],
@@ -375,7 +380,7 @@ HONOURED = frozenset({
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format",  # OpenAI
     "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt", "return_progress", "timings_per_token",
-    "id_slot",  # llama-server's
+    "id_slot", "add_generation_prompt", "continue_final_message",  # llama-server's
     "lora",  # llama-server's
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
@@ -430,6 +435,32 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     if top and not on:
         raise _bad("top_logprobs", "needs 'logprobs': true")
     return (top or 0) if on else None
+
+
+def _continuation(body: dict, messages: list[dict]) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue the last message) as llama-server decides them
+    (server-common.cpp, with its default --prefill-assistant): a last assistant
+    message is continued (Anthropic's prefill, vLLM's ``continue_final_message``),
+    unless the request says otherwise; both at once is a 400."""
+    agp = body.get("add_generation_prompt", True)
+    if not isinstance(agp, bool):
+        raise _bad("add_generation_prompt", "must be true or false")
+    asked = body.get("continue_final_message")
+    if asked is not None and not isinstance(asked, bool) and asked != "content":
+        raise _bad("continue_final_message", 'must be true, false or "content" (continuing the thinking is not supported)')
+    last = messages[-1] if messages else {}
+    cont = asked is True or asked == "content"
+    if asked is None and last.get("role") == "assistant":
+        if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+            raise _bad("messages", "cannot end with two assistant messages: the last one is continued, so merge them")
+        cont, agp = True, False
+    if cont and agp:
+        raise _bad("continue_final_message", "cannot be true with add_generation_prompt true: set add_generation_prompt to false")
+    if cont and last.get("role") != "assistant":
+        raise _bad("continue_final_message", "needs the last message to be the assistant's: its text is what is continued")
+    if cont and last.get("tool_calls"):
+        raise _bad("continue_final_message", "cannot continue an assistant message that holds tool calls")
+    return agp, cont
 
 
 MAX_BIAS_ENTRIES = 1024
