@@ -99,19 +99,26 @@ def _system(raw: object, field: str = "system") -> str:
     return "\n\n".join(t for t in texts if t)
 
 
-def _result_text(raw: object, where: str) -> str:
+def _result_text(raw: object, where: str) -> tuple[str, list[dict]]:
+    """A ``tool_result``'s text, and its ``image`` blocks as OpenAI image parts: a
+    tool message holds text only in chat templates, so the images follow the
+    results in a user turn of their own (a text-only model then answers the
+    400 naming --mmproj, as for any image)."""
     if raw is None:
-        return ""
+        return "", []
     if isinstance(raw, str):
-        return raw
+        return raw, []
     if isinstance(raw, list):
-        parts = []
+        parts, images = [], []
         for k, b in enumerate(raw):
+            if isinstance(b, dict) and b.get("type") == "image":
+                images.append(_image(b, f"{where}.content[{k}]", "user"))
+                continue
             if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-                raise _bad(f"{where}.content[{k}]", "may hold only text blocks (an image in a tool result is not supported)")
+                raise _bad(f"{where}.content[{k}]", "may hold only text and image blocks")
             parts.append(b["text"])
-        return "\n\n".join(parts)
-    raise _bad(f"{where}.content", "must be a string or a list of text blocks")
+        return "\n\n".join(parts), images
+    raise _bad(f"{where}.content", "must be a string or a list of text and image blocks")
 
 
 def _messages(raw: object, system: list[str]) -> list[dict]:
@@ -192,7 +199,11 @@ def _messages(raw: object, system: list[str]) -> list[dict]:
                 cid = b.get("tool_use_id")
                 if not isinstance(cid, str) or cid not in called:
                     raise _bad(f"{where}.tool_use_id", f"({str(cid)[:64]!r}) answers no tool_use of an earlier assistant turn")
-                results.append({"role": "tool", "tool_call_id": cid, "content": _result_text(b.get("content"), where)})
+                text_of, shown = _result_text(b.get("content"), where)
+                results.append({"role": "tool", "tool_call_id": cid, "content": text_of})
+                if shown:  # the result's images, in a user turn after the results
+                    order.extend([{"type": "text", "text": f"(the images {cid[:64]} returned)"}, *shown])
+                    images.extend(shown)
             elif kind == "document":
                 raise _bad(where, "is a document block: not supported (send its text as a text block)")
             else:

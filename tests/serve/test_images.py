@@ -226,6 +226,29 @@ def test_the_anthropic_client_sends_image_blocks(server: Server) -> None:
 
 
 @pytest.mark.slow
+def test_an_anthropic_tool_result_carries_its_images(server: Server, text_only: Server) -> None:
+    """An image block inside a tool_result (a screenshot tool's answer) reaches a
+    vision model after the results; a text-only one answers the 400 naming --mmproj
+    (llama-server answers a 500 there)."""
+    import anthropic
+
+    def turns(picture: bytes) -> Any:
+        shot = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _b64(picture)}}
+        return [{"role": "user", "content": "what is on the screen?"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                              "content": [{"type": "text", "text": "screen.png"}, shot]}]}]
+
+    client = anthropic.Anthropic(base_url=server.base, api_key=KEY, max_retries=0, timeout=120)
+    black, white = (client.messages.create(model="model", max_tokens=4, extra_body={"temperature": 0}, messages=turns(p)) for p in (BLACK, WHITE))
+    assert black.usage.model_extra["image_count"] == 1 and black.content[0].text != white.content[0].text  # the picture was read
+    text_client = anthropic.Anthropic(base_url=text_only.base, api_key=KEY, max_retries=0, timeout=120)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        text_client.messages.create(model="model", max_tokens=4, messages=turns(BLACK))
+    assert "--mmproj" in info.value.message
+
+
+@pytest.mark.slow
 def test_responses_take_input_image(server: Server) -> None:
     client = openai_client(server)
 
