@@ -70,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--models-preset sets the options of the models serve with no MODEL serves: give it without a MODEL")
     path = model_path(args)
     rerank = args.rerank or args.pooling == "rank"
+    head = True
     if rerank:
-        _check_reranker(path)
+        head = _check_reranker(path)
         if getattr(args, "mmproj", None):
             raise UsageError("--mmproj goes with a model that generates, not with --rerank")
     # --mmproj, else a projector beside the model (as run finds it; --no-mmproj: none): checked against the model now,
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         state = ServeState(scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
                            check_grammar=model.check_grammar,
                            embeddings=_embeddings(model, n_ctx_seq, None if rerank else args.pooling, scheduler.run, at_start=args.embeddings),
-                           rerank=_rerank(model, n_ctx_seq, scheduler) if rerank else None,
+                           rerank=_rerank(model, n_ctx_seq, scheduler, head) if rerank else None,
                            no_generation=None if model.can_generate else NO_GENERATION,
                            tool_format=tools.detect(model.tok.template.source(model.tok.header)),
                            reasoning=reasoning.markers(model.tok.template.source(model.tok.header))[0],
@@ -402,20 +403,25 @@ NO_GENERATION = ("this model cannot generate text: llama.cpp computes no logits 
                  "it serves /v1/embeddings, and /v1/rerank with --rerank")
 
 
-def _check_reranker(path) -> None:
-    """--rerank on a GGUF without a classification head: refused before loading, with the reason.
-    llama-server accepts one, and its rank pooling then scores a pair by the first
-    component of the first token's hidden state: numbers that rank nothing."""
+def _check_reranker(path) -> bool:
+    """Whether the GGUF has a classification head. Without one, llama-server's rank
+    pooling scores a pair by the first component of the first token's hidden state:
+    numbers that rank nothing. serve answers as llama-server does (clients and its
+    tests rely on the route), but says so at start and on every answer
+    (``X-Rerank-Head: none``)."""
     from localllm.modelfile.gguf_file import read_header  # lazy: as inspect_model, only on this path
 
     header = read_header(path)
     names = {t.name for t in header.tensors}
-    if not any(t in names for t in HEAD_TENSORS):
-        raise InputError(f"{path.name} has no classification head (no cls or cls.output tensors), so it cannot rerank: "
-                         "--rerank needs a reranker GGUF (bge-reranker, jina-reranker, Qwen3-Reranker)")
+    if any(t in names for t in HEAD_TENSORS):
+        return True
+    say(f"warning: {path.name} has no classification head (no cls or cls.output tensors): /v1/rerank answers as llama-server does, "
+        "but its scores rank nothing (each answer says X-Rerank-Head: none); a reranker GGUF (bge-reranker, jina-reranker, "
+        "Qwen3-Reranker) gives real ones")
+    return False
 
 
-def _rerank(model, n_ctx: int, scheduler):
+def _rerank(model, n_ctx: int, scheduler, head: bool = True):
     """/v1/rerank on the served model: its rank context (engine/rank.py), opened now so that a failure shows at start.
     Its decodes run on the scheduler's engine thread, as the embeddings' (``Scheduler.call``: the route awaits them)."""
     import functools
@@ -425,7 +431,7 @@ def _rerank(model, n_ctx: int, scheduler):
     ranker = model.ranker(n_ctx)
     ranker.open(scheduler.run)
     return Rerank(pair=lambda query, doc: ranker.pair(query, doc, model.tok.tokenize), batches=ranker.batches,
-                  decode=lambda groups: scheduler.call(functools.partial(ranker.decode_slice, groups)), n_ctx=ranker.n_ctx)
+                  decode=lambda groups: scheduler.call(functools.partial(ranker.decode_slice, groups)), n_ctx=ranker.n_ctx, head=head)
 
 
 def template_defaults(args: argparse.Namespace, model) -> dict:

@@ -63,6 +63,7 @@ class Rerank:
     # batches -> a Future of the first ones' outputs (a list per batch, the head's outputs per pair), completed on the engine thread
     decode: Callable[[Sequence[Sequence[Sequence[int]]]], concurrent.futures.Future]
     n_ctx: int  # the longest pair, in tokens
+    head: bool = True  # False: the model has no classification head, so its scores rank nothing (said in X-Rerank-Head: none)
 
 
 INLINE_CHARS = 16384  # a request's text tokenized on the event loop up to this (about 4 ms here); more goes to a worker thread
@@ -164,6 +165,7 @@ def routes(state, read_json: Callable[[Request], Awaitable[dict]]) -> list[Route
         header = ", ".join(f[:40] for f in ignored[:20])
         n_docs = len(body.get("documents") or body.get("texts") or ())
         state.log(method, path, 200, f"{n_docs} documents, {n} tokens" + (f"; ignored fields: {header}" if header else ""))
-        return JSONResponse(out, headers={"X-Ignored-Fields": header} if header else {})
+        said = {**({"X-Ignored-Fields": header} if header else {}), **({} if svc.head else {"X-Rerank-Head": "none"})}
+        return JSONResponse(out, headers=said)
 
     return [Route(p, rerank, methods=["POST"]) for p in PATHS]

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,6 @@ from localllm.router.proxy import PROXIED
 from localllm.serve.rerank import MAX_DOCUMENTS, PATHS
 from scripts import llama_tools
 from scripts.synth_gguf import RerankerSpec, write_reranker_gguf
-from tests.helpers.paths import REPO
 from tests.helpers.server import KEY, Server, http_client
 from tests.helpers.workers import free_port
 
@@ -170,12 +167,19 @@ def test_bad_input_is_a_400_and_the_server_stays_up(servers) -> None:
         assert r.status_code == 200 and len(r.json()["results"]) == 2
 
 
-def test_a_model_without_a_classification_head_is_refused_at_start(tmp_path: Path) -> None:
+def test_a_model_without_a_classification_head_answers_as_llama_server_and_says_so(tmp_path: Path) -> None:
+    """llama-server serves /v1/rerank on any model (its rank pooling then scores the first
+    token's first hidden value); serve answers the same, warns at start, and marks
+    every answer X-Rerank-Head: none."""
     plain = write_reranker_gguf(tmp_path / "bert.gguf", RerankerSpec(head=False))
-    r = subprocess.run([sys.executable, "-m", "localllm", "serve", str(plain), "--rerank", "--port", "0"], cwd=REPO, capture_output=True,
-                       text=True, timeout=60, env={**os.environ, "LOCALLLM_HOME": str(tmp_path / "home")})
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert "bert.gguf has no classification head" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    s = Server(str(plain), "--rerank", env={"LOCALLLM_HOME": str(tmp_path / "home")})
+    try:
+        assert "bert.gguf has no classification head" in s.log and "X-Rerank-Head: none" in s.log
+        r = httpx2.post(s.base + "/v1/rerank", json={"query": "a", "documents": ["b", "c"]}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["results"]) == 2 and r.headers["X-Rerank-Head"] == "none", r.text
+    finally:
+        s.stop()
+    assert "Traceback" not in s.log
 
 
 def test_flags_and_router() -> None:
