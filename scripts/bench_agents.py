@@ -9,7 +9,7 @@ and the shaping of each streamed event.
 Measured in rounds, the order of the routes rotating each round (so that the
 load of a shared machine, and going first, hit all alike); the figure is the
 geometric mean of the per-round ratios, with its 95% interval
-(bench_common.verdict_line). Each round sends a prompt of its own (no route
+(paired_runs.verdict_line). Each round sends a prompt of its own (no route
 reads another's cached prompt in the same way twice).
 
     python scripts/bench_agents.py [--quick] [--rounds N] [--clients 1,4]
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localllm.plan.hardware import physical_cores  # noqa: E402
-from scripts.bench_common import free_port, serve_cmd, start_server, stop_server, verdict_line, wait_ready  # noqa: E402
+from scripts.paired_runs import free_port, serve_cmd, start_server, stop_server, verdict_line, wait_ready  # noqa: E402
 
 ROUTES = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
 

@@ -34,8 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scripts.bench_common import free_port, start_server, stop_server, verdict_line, wait_ready  # noqa: E402
 from scripts.llama_tools import tool  # noqa: E402
+from scripts.paired_runs import free_port, start_server, stop_server, verdict_line, wait_ready  # noqa: E402
 
 CAPTURED = REPO / "tests" / "serve" / "captured" / "claude_code_2.1.332_all_tools.json"
 

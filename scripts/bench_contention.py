@@ -19,7 +19,7 @@ one loaded model for all conditions, as a long chat does, so its controller
 follows the load as it changes.
 
 Ratios (geometric mean of the rounds' pairs, with the 95% interval of
-``bench_common.interval``) against the targets:
+``paired_runs.interval``) against the targets:
 
 - localllm adaptive / llama-bench at the best fixed count of that condition >= 0.97;
 - localllm adaptive / llama-bench at its default threads, one core busy >= 1.4;
@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from localllm.engine_api import LoadConfig, SamplingConfig  # noqa: E402
 from localllm.store.resolver import resolve  # noqa: E402
 from localllm.threads.topology import allowed_cpus  # noqa: E402
-from scripts.bench_common import interval, verdict_line  # noqa: E402
 from scripts.llama_tools import FIX, tool  # noqa: E402
+from scripts.paired_runs import interval, verdict_line  # noqa: E402
 
 IDLE_TARGET = 0.97
 BUSY_DEFAULT_TARGET = 1.4

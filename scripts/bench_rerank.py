@@ -43,8 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localllm.plan.hardware import physical_cores  # noqa: E402
-from scripts.bench_common import free_port, start_server, stop_server, verdict_line, wait_ready  # noqa: E402
 from scripts.llama_tools import tool  # noqa: E402
+from scripts.paired_runs import free_port, start_server, stop_server, verdict_line, wait_ready  # noqa: E402
 
 OURS, THEIRS = "localllm serve", "llama-server"
 NP = 16  # llama-server's slots: pairs in one batch

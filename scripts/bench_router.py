@@ -31,8 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scripts.bench_common import free_port, interval, start_server, stop_server, wait_ready  # noqa: E402
 from scripts.llama_tools import require  # noqa: E402
+from scripts.paired_runs import free_port, interval, start_server, stop_server, wait_ready  # noqa: E402
 
 PROMPT = "1, 2, 3, 4, 5,"
 MODELS = ("smollm2", "gemma3-270m")

@@ -50,8 +50,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localllm.plan.hardware import physical_cores  # noqa: E402
-from scripts.bench_common import free_port, measure_level, rate_of, serve_cmd, start_server, stop_server, verdict_line, wait_ready  # noqa: E402
 from scripts.llama_tools import tool  # noqa: E402
+from scripts.paired_runs import free_port, measure_level, rate_of, serve_cmd, start_server, stop_server, verdict_line, wait_ready  # noqa: E402
 
 COUNT_PROMPT = "1, 2, 3, 4, 5,"
 COUNT_GRAMMAR = 'root ::= (" " [1-9] [0-9]* ",")+'  # never complete: every request runs its full length under it

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from localllm.plan.hardware import physical_cores  # noqa: E402
-from scripts.bench_common import free_port, serve_cmd, start_server, stop_server, wait_ready  # noqa: E402
+from scripts.paired_runs import free_port, serve_cmd, start_server, stop_server, wait_ready  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city, in Celsius or Fahrenheit",

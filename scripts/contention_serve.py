@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from scripts.bench_common import free_port, measure_level, rate_of, start_server, stop_server, verdict_line, wait_ready
+from scripts.paired_runs import free_port, measure_level, rate_of, start_server, stop_server, verdict_line, wait_ready
 
 SERVE_TARGET = 1.3
 

@@ -2,7 +2,7 @@
 # The GPU acceptance run (issue 28), from the repository root on a lent NVIDIA
 # machine (no network) with build/gpu-check/gpu-check.tar.gz carried
 # (scripts/prepare_gpu_check.sh makes it). Writes gpu_compare.md, gpu_compare.json
-# and gpu_compare.log under $OUT (the README's run call tees the whole log there too).
+# and gpu_compare.log under $OUT (the run call in docs/development.md tees the whole log there too).
 #
 #   scripts/gpu_check.sh                 # on the device: build, install, compare
 #   scripts/gpu_check.sh --dry           # here / CI: every step checked and printed, nothing built;

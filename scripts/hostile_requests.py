@@ -10,7 +10,7 @@ lie about their length, invalid UTF-8, wrong types and ranges, token ids outside
 the vocabulary, an invalid grammar, a prompt over the context, a 100 KB header,
 bytes that are not HTTP, a queue flood, a client that leaves mid-stream; then a
 hostile chat template (4 GB asked for) and ``--api-key ""``. Each must be
-answered as the README says (an OpenAI error, a 408, a closed socket), never a
+answered as docs/serve.md says (an OpenAI error, a 408, a closed socket), never a
 5xx, a hang or a traceback, and the server must answer a valid request after.
 When it started the server itself it ends with SIGTERM then SIGINT during a
 stream: an error event and [DONE], exit 0, a true request count, no traceback.

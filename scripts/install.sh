@@ -104,7 +104,7 @@ if [ "$test" = 1 ]; then
   done
   PYTHON="$py" "$here/scripts/build_llama_tools.sh" >/dev/null
   # The agents people point at serve, their own CLIs from npm, pinned to the versions
-  # the README's compatibility table names (tests/clients): each ships its program as a
+  # the compatibility table of docs/clients.md names (tests/clients): each ships its program as a
   # native binary inside the package. Node and npm from the system's packages where missing.
   if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing nodejs and npm (the real-client tests run Claude Code, Codex and opencode)" >&2

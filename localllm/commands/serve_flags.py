@@ -29,7 +29,7 @@ UNSUPPORTED = {
     ("--api-key-file",): "give --api-key, or LOCALLLM_API_KEY",
     ("--ssl-key-file", "--ssl-cert-file"): "serve has no TLS: put a reverse proxy in front",
     ("--threads-http",): "not configurable in serve",
-    ("--cache-reuse", "--no-cache-prompt", "--ctx-checkpoints", "--swa-checkpoints"): "prefix reuse is automatic (see README: Serve)",
+    ("--cache-reuse", "--no-cache-prompt", "--ctx-checkpoints", "--swa-checkpoints"): "prefix reuse is automatic (see docs/serve.md)",
     ("--no-cont-batching", "-nocb"): "serve always batches continuously",
     ("--no-context-shift", "--context-shift", "--keep", "-k"): "serve does not shift the context: a request gets up to --ctx tokens",
     ("--no-jinja",): "chat templates are always rendered with Jinja (or a llama.cpp built-in given by --chat-template)",

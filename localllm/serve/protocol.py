@@ -375,7 +375,7 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
     )
 
 
-# Every field the APIs define, by what the server does with it (the README's table says the same, row by row).
+# Every field the APIs define, by what the server does with it (docs/api/openai.md's table says the same, row by row).
 HONOURED = frozenset({
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format",  # OpenAI

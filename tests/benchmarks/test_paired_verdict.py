@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from scripts.bench_common import interval, verdict_line
+from scripts.paired_runs import interval, verdict_line
 
 
 def test_the_interval_is_the_geometric_means_from_the_log_ratios() -> None:

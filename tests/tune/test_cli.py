@@ -3,7 +3,7 @@ measures, writes the section, and ``plan`` shows it; Ctrl+C at any step leaves
 the config file untouched or with a valid partial section. The runs are on a
 synthetic model paced like a small real one (``paced``): what is tested is what
 tune decides and keeps, not SmolLM2's figures (a quick tune on SmolLM2 was 40 s
-of the suite; README gives its full tune's time)."""
+of the suite; docs/benchmarks.md gives its full tune's time)."""
 
 from __future__ import annotations
 
