@@ -19,7 +19,6 @@ refuses leaves the slot empty. A slot busy with a request is not touched (409).
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import struct
 import time
@@ -30,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localllm.serve.protocol import RequestError, error_body, parse_json
+from localllm.util import atomic
 
 MAGIC = 0x67677371  # LLAMA_STATE_SEQ_MAGIC ('ggsq')
 VERSION = 2  # LLAMA_STATE_SEQ_VERSION
@@ -135,12 +135,7 @@ async def _save(state, slot, name: str, path: Path) -> dict:
     tokens, kv = await _engine(state, take)
     data = pack(tokens, kv)
 
-    def write() -> None:
-        tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-
-    await asyncio.to_thread(write)
+    await asyncio.to_thread(atomic.write_bytes, path, data)  # a crash leaves the old file or the new one
     return {"id_slot": slot.id, "filename": name, "n_saved": len(tokens), "n_written": len(data),
             "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
 
