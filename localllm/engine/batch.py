@@ -34,7 +34,7 @@ from localllm.engine import grammar
 from localllm.engine.checked_sampler import CheckedSampler, GrammarTooSlow
 from localllm.engine.embed import Embedder
 from localllm.engine.llamalog import ROUTER
-from localllm.engine.logprobs import row_logprobs
+from localllm.engine.logprobs import post_sampling_probs, row_logprobs
 from localllm.engine.lora import Adapters, AdapterSpec
 from localllm.engine.model import ModelHandle, llama_params, load_model_and_context
 from localllm.engine.native import gpu_offload_supported, install_log_router
@@ -378,6 +378,11 @@ class BatchModel:
         """log p of ``token`` at batch entry ``i``, and the ``n_top`` likeliest
         tokens': the model's distribution before sampling (``engine.logprobs``)."""
         return row_logprobs(self.ctx, i, self.tok.n_vocab, token, n_top)
+
+    def post_probs(self, i: int, token: int, n_top: int, sampling: SamplingConfig) -> tuple[float, list[tuple[int, float]]]:
+        """p of ``token`` and the ``n_top`` likeliest tokens' of the distribution
+        ``sampling`` draws from at batch entry ``i`` (``engine.logprobs.post_sampling_probs``)."""
+        return post_sampling_probs(self.ctx, i, self.tok.n_vocab, token, n_top, sampling)
 
 
 class _Host:

@@ -38,6 +38,7 @@ class Choices:
 
             self.jobs.append(Job(tokens=tokens, sampling=replace(sampling, seed=seed), max_tokens=max_tokens, emit=emit,
                                  stop=params.stop, logprobs=top, cache_prompt=params.cache_prompt, progress=params.return_progress,
+                                 post_sampling=params.post_sampling_probs,
                                  n_indent=params.n_indent, t_max_predict_ms=params.t_max_predict_ms,
                                  after=self.jobs[0] if self.jobs else None, lora=params.lora, media=media,
                                  id_slot=params.id_slot if i == 0 else -1))
@@ -67,7 +68,7 @@ class Choices:
             self.offsets[i] += sum(len(t) for t in out["tokens"])
             return out
         n_top = p.n_probs if p.logprobs is None else max(p.logprobs, p.n_probs or 0)
-        return {"content": logprobs.content(raw, n_top or 0, ids=p.n_probs is not None)}
+        return {"content": logprobs.content(raw, n_top or 0, ids=p.n_probs is not None, post=p.post_sampling_probs)}
 
     def usage(self) -> dict:
         """OpenAI's: the prompt once, the completion tokens of every choice; cached tokens are choice 0's (it read the prompt)."""

@@ -210,7 +210,7 @@ def _settings(s, n_predict: int | None, stop: tuple[str, ...]) -> dict:
 # llama-server's sampling fields serve does not implement: accepted at their "off" value (clients such as
 # llama.cpp's web UI send them all), a 400 naming them otherwise, never silently dropped
 OFF = {"typical_p": 1, "mirostat": 0, "dynatemp_range": 0, "xtc_probability": 0, "dry_multiplier": 0, "min_keep": 0,
-       "repeat_last_n": 64, "return_tokens": False, "post_sampling_probs": False}
+       "repeat_last_n": 64, "return_tokens": False}
 # without effect whatever their value: parameters of samplers that are off, n_keep (serve never shifts a context)
 MOOT = frozenset({"dynatemp_exponent", "mirostat_tau", "mirostat_eta", "xtc_threshold", "dry_base", "dry_allowed_length",
                   "dry_penalty_last_n", "dry_sequence_breakers", "penalize_nl", "n_keep", "top_n_sigma"})

@@ -23,13 +23,16 @@ def _text(b: bytes) -> str:
     return b.decode("utf-8", errors="replace")
 
 
-def content(raw: list[Raw], n_top: int, *, ids: bool) -> list[dict]:
-    """Entries of ``logprobs.content``: each token with its ``n_top`` alternatives."""
+def content(raw: list[Raw], n_top: int, *, ids: bool, post: bool = False) -> list[dict]:
+    """Entries of ``logprobs.content``: each token with its ``n_top`` alternatives;
+    ``post``: the values are probabilities after the samplers, written ``prob`` and
+    ``top_probs`` as llama-server writes them with ``post_sampling_probs``."""
+    key, tops = ("prob", "top_probs") if post else ("logprob", "top_logprobs")
     out = []
     for tok, b, lp, top in raw:
         e: dict = {"id": tok} if ids else {}
-        e.update(token=_text(b), logprob=lp, bytes=list(b))
-        e["top_logprobs"] = [{**({"id": t} if ids else {}), "token": _text(tb), "logprob": v, "bytes": list(tb)} for t, tb, v in top[:n_top]]
+        e.update({"token": _text(b), key: lp, "bytes": list(b)})
+        e[tops] = [{**({"id": t} if ids else {}), "token": _text(tb), key: v, "bytes": list(tb)} for t, tb, v in top[:n_top]]
         out.append(e)
     return out
 

@@ -75,6 +75,7 @@ class GenParams:
     n: int = 1  # choices, each its own sequence
     logprobs: int | None = None  # alternatives per token (chat top_logprobs, completions' logprobs int); None: no logprobs
     n_probs: int | None = None  # llama-server's n_probs: logprobs.content with token ids; None: off
+    post_sampling_probs: bool = False  # llama-server's: those values as probabilities after the samplers
     cache_prompt: bool = True  # llama-server's: False reads the whole prompt again
     add_generation_prompt: bool = True  # the template's assistant turn opened after the messages
     continue_final: bool = False  # the last (assistant) message is continued, not closed: its text is the reply's start (prefill)
@@ -227,10 +228,14 @@ def parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig 
     ``tool_format``: how the model's template writes tool calls (serve/tools.py); ``max_n``: the most choices (``n``), the server's sequences;
     ``n_slots``: the sequences an ``id_slot`` may name, where they differ from ``max_n`` (a route with one choice)."""
     try:
-        return _parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format, max_n=max_n,
-                          n_slots=max_n if n_slots is None else n_slots)
+        params = _parse_gen(body, chat=chat, n_vocab=n_vocab, defaults=defaults, tool_format=tool_format, max_n=max_n,
+                            n_slots=max_n if n_slots is None else n_slots)
     except (tool_calls.ToolsError, thinking.KwargsError) as exc:
         raise _bad(exc.field, exc.why) from None
+    if params.post_sampling_probs and (params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty):
+        raise _bad("post_sampling_probs", "cannot go with penalties (the request's or the server's): "
+                   "they change each token's probabilities by the reply so far")
+    return params
 
 
 def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig, tool_format: tool_calls.Format, max_n: int,
@@ -348,6 +353,7 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         n_probs=_count(body, "n_probs", 100) or None,  # 0 is llama-server's default: off
         cache_prompt=cache_prompt,
         return_progress=return_progress,
+        post_sampling_probs=_post_sampling(body, grammar is not None or tools is not None),
         add_generation_prompt=add_generation_prompt,
         continue_final=continue_final,
         id_slot=id_slot,
@@ -402,8 +408,6 @@ def _refused(body: dict, chat: bool) -> tuple[str, str] | None:
         ("modalities", body.get("modalities") not in (None, ["text"]), "may only be [\"text\"]"),
         ("audio", body.get("audio") is not None, "is not supported"),
         ("prediction", body.get("prediction") is not None, "is not supported"),
-        ("post_sampling_probs", body.get("post_sampling_probs") not in (None, False),
-         "is not supported: probabilities are the model's, before sampling (llama-server's default)"),
     ]
     for field, bad, why in checks:
         if bad:
@@ -435,6 +439,19 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     if top and not on:
         raise _bad("top_logprobs", "needs 'logprobs': true")
     return (top or 0) if on else None
+
+
+def _post_sampling(body: dict, constrained: bool) -> bool:
+    """llama-server's ``post_sampling_probs``: checked, and refused where the samplers
+    change the row by the reply so far (penalties, a grammar), which the engine does
+    not replay (``engine.logprobs.post_sampling_probs``)."""
+    on = body.get("post_sampling_probs", False)
+    if not isinstance(on, bool):
+        raise _bad("post_sampling_probs", "must be true or false")
+    if on and constrained:
+        raise _bad("post_sampling_probs", "cannot go with penalties, a grammar, a response_format or tools: "
+                   "those change each token's probabilities by the reply so far")
+    return on
 
 
 def _continuation(body: dict, messages: list[dict]) -> tuple[bool, bool]:

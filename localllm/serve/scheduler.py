@@ -87,6 +87,7 @@ class Job:
     logprobs: int | None = None  # emit ("logprob", (id, bytes, logprob, [(id, bytes, logprob)] * this many)) per token; None: off
     cache_prompt: bool = True  # False: read the whole prompt, no prefix reuse (llama-server's cache_prompt)
     id_slot: int = -1  # the slot it must run in (llama-server's id_slot), waiting while it is busy; -1: any
+    post_sampling: bool = False  # the ("logprob", ...) values are probabilities after the samplers (llama-server's post_sampling_probs)
     progress: bool = False  # emit ("progress", {total, cache, processed, time_ms}) as its prompt is read (llama-server's return_progress)
     n_indent: int = 0  # >0: a line after the first indented less ends the reply, that line's text dropped (llama-server's)
     t_max_predict_ms: int = 0  # >0: a new line past this long after the first token ends the reply (llama-server's)
@@ -185,6 +186,7 @@ class BatchModel(Protocol):
     def seq_save(self, seq: int) -> bytes | bytearray: ...
     def seq_load(self, seq: int, data: bytes | bytearray) -> bool: ...
     def logprobs(self, i: int, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]: ...
+    def post_probs(self, i: int, token: int, n_top: int, sampling: SamplingConfig) -> tuple[float, list[tuple[int, float]]]: ...
     def new_sampler(self, sampling: SamplingConfig, prompt: Sequence[int] = ()) -> Any: ...
     def free_sampler(self, sampler: Any) -> None: ...
     def sample(self, sampler: Any, i: int) -> int: ...
@@ -639,7 +641,8 @@ class Scheduler:
             self._finish(s, "stop")
             return
         if job.logprobs is not None:
-            lp, top = self.model.logprobs(i, tok, job.logprobs)
+            lp, top = (self.model.post_probs(i, tok, job.logprobs, job.sampling) if job.post_sampling
+                       else self.model.logprobs(i, tok, job.logprobs))
             job.emit("logprob", (tok, self.model.piece(tok), lp, [(t, self.model.piece(t), v) for t, v in top]))
         prev = job.token_ns[-1] if job.token_ns else None
         job.token_ns.append(now)

@@ -91,6 +91,31 @@ def test_n_probs_as_llama_server_answers(server) -> None:
 
 
 @pytest.mark.slow
+def test_post_sampling_probs_as_llama_server_answers(server) -> None:
+    """Its test_n_probs_post_sampling: prob and top_probs, each in (0, 1], summing to 1
+    where the samplers left fewer than asked; refused where penalties or a grammar
+    would make them untrue."""
+    body = {"prompt": "Today was the day. Today I would finally become a", "n_probs": 10, "temperature": 1.0, "n_predict": 5,
+            "post_sampling_probs": True, "seed": 3}
+    with http_client(server) as c:
+        r = c.post("/completion", json=body)
+        assert r.status_code == 200, r.text
+        probs = r.json()["completion_probabilities"]
+        assert len(probs) == 5
+        for i, tok in enumerate(probs):
+            assert set(tok) == {"id", "token", "bytes", "prob", "top_probs"} and 0.0 < tok["prob"] <= 1.0
+            assert all(0.0 < p["prob"] <= 1.0 and set(p) == {"id", "token", "bytes", "prob"} for p in tok["top_probs"])
+            assert tok["id"] in [p["id"] for p in tok["top_probs"]] or len(tok["top_probs"]) == 10
+            if i == 0:
+                assert len(tok["top_probs"]) == 10  # a vague prompt: top-k 40 and top-p 0.95 leave more than 10
+            if len(tok["top_probs"]) < 10:
+                assert sum(p["prob"] for p in tok["top_probs"]) == pytest.approx(1.0)
+        for extra in ({"repeat_penalty": 1.1}, {"grammar": 'root ::= "a"'}):
+            r = c.post("/completion", json={**body, **extra})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "post_sampling_probs", r.text
+
+
+@pytest.mark.slow
 def test_n_choices_each_sampled_and_streamed_with_index(server) -> None:
     client = openai_client(server)
     r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Tell me a word."}], n=3, temperature=1.5,
@@ -140,7 +165,7 @@ def test_n_over_the_sequences_and_bad_logprobs_are_400(server) -> None:
             ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
             ("/v1/completions", {"prompt": "x", "n_probs": -1}, "n_probs"),
             ("/v1/completions", {"prompt": "x", "cache_prompt": "no"}, "cache_prompt"),
-            ("/v1/chat/completions", {"messages": MSG, "n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
+            ("/v1/chat/completions", {"messages": MSG, "n_probs": 2, "post_sampling_probs": "yes"}, "post_sampling_probs"),
         ):
             r = c.post(path, json=body)
             assert r.status_code == 400 and r.json()["error"]["param"] == field, (body, r.text)
