@@ -1,9 +1,9 @@
 """localllm as a library: load a model, chat or complete with streaming and
 stats, ask whether a model fits, quantize it.
 
-The command line and the cockpit are clients of these same functions: both
-fit through ``prepare`` (the fitting service, refereed by llama.cpp's dry run)
-and check each load against it. Everything here is typed against the
+The command line and the cockpit are clients of the same load path
+(``localllm.runtime``): the fitting service, refereed by llama.cpp's dry run,
+then the load, checked against it. Everything here is typed against the
 ``Engine`` protocol, so a test can hand ``load`` the scripted fake
 (``localllm.testing.ScriptedEngine``) instead of llama.cpp::
 
@@ -21,36 +21,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from localllm import runtime
 from localllm.chat.session import ChatSession
 from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig, LoadInfo, SamplingConfig
 from localllm.errors import InputError, UsageError
-from localllm.plan import fitting, hardware, placement, referee
+from localllm.plan import fitting
 from localllm.plan import prepare as prepare_mod
 from localllm.plan.hardware import Hardware
-from localllm.plan.memcheck import MemoryCheck, load_checked
+from localllm.plan.memcheck import MemoryCheck
 from localllm.quantize import naming, pipeline
-from localllm.store import resolver
-from localllm.util.units import parse_size
 
 ModelRef = str | Path | None  # a name (catalog, built-in, pulled), a path, or None for the default model
 
 
 def resolve(model: ModelRef = None) -> Path:
     """The GGUF file a model name or path stands for (``localllm list`` shows the names)."""
-    return resolver.resolve(None if model is None else str(model))
-
-
-def _vram_bytes(vram: int | str | None) -> int | None:
-    """``vram`` as bytes: an int is bytes, a string has its unit ("4GiB", "6 GB")."""
-    if vram is None or isinstance(vram, int):
-        return vram
-    return parse_size(vram)  # a Size: bytes that keep their unit for messages
-
-
-def _local_gpu() -> bool:
-    from localllm.engine.rpc import has_local_gpu  # lazy: loads llama.cpp (~169 ms here), asked only with rpc and vram
-
-    return has_local_gpu()
+    return runtime.resolve(model)
 
 
 def prepare(path: Path, request: fitting.Request, *, vram: int | str | None = None, n_ctx: int | None = None, n_seq: int = 1,
@@ -62,57 +48,41 @@ def prepare(path: Path, request: fitting.Request, *, vram: int | str | None = No
     a config llama.cpp refuses raised as ``EngineError``. ``vram`` overrides the
     detected GPU budget (``hw``: hardware already detected); ``rpc`` lists llama.cpp
     RPC workers whose devices join this machine's (each is probed first). What
-    every command, the cockpit and ``fit``/``load`` ask before a load.
-    ``serving`` with no ``n_ctx``: a server's default context, the trained one
-    for each of ``n_seq`` sequences (``fitting.for_header``)."""
-    hw = hw if hw is not None else hardware.detect(_vram_bytes(vram))
-    runner = referee.dry_run if dry_run else None
-    if rpc:
-        devices, cpu = placement.rpc_devices(list(rpc), hw, _local_gpu)
-        return prepare_mod.prepare_load(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, devices=devices, cpu=cpu, dry_run=runner,
-                                        serving=serving)
-    return prepare_mod.prepare_load(path, request, hw, n_ctx=n_ctx, n_seq=n_seq, dry_run=runner, cross_check=cross_check,
-                                    serving=serving)
+    ``plan``, the router's memory plan and the cockpit's screens ask; a load asks
+    ``localllm.runtime``, which asks the same. ``serving`` with no ``n_ctx``: a
+    server's default context, the trained one for each of ``n_seq`` sequences
+    (``fitting.for_header``)."""
+    return runtime.prepare(path, request, vram=vram, n_ctx=n_ctx, n_seq=n_seq, rpc=rpc, hw=hw, dry_run=dry_run, cross_check=cross_check,
+                           serving=serving)
 
 
-def _request(ctx: int | None, kv_type: str | None, n_gpu_layers: int | None, threads: int | None, flash_attn: str,
-             policy: str) -> fitting.Request:
-    return fitting.LoadOptions(n_ctx=ctx or fitting.DEFAULT_CTX, threads=threads, n_gpu_layers=n_gpu_layers, type_k=kv_type,
-                               type_v=kv_type, flash_attn=flash_attn, policy=policy).request()
+def _request(model: ModelRef, ctx: int | None, vram: int | str | None, kv_type: str | None, n_gpu_layers: int | None,
+             threads: int | None, flash_attn: str, policy: str) -> runtime.LoadRequest:
+    options = fitting.LoadOptions(n_ctx=ctx, threads=threads, n_gpu_layers=n_gpu_layers, type_k=kv_type, type_v=kv_type,
+                                  flash_attn=flash_attn, policy=policy)
+    return runtime.LoadRequest(model=model, options=options, vram=vram)
 
 
 def fit(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | None = None, kv_type: str | None = None,
         n_gpu_layers: int | None = None, threads: int | None = None, flash_attn: str = "auto",
         policy: str = "ctx") -> fitting.Fit:
     """Does ``model`` fit this machine (or ``vram``), and with which settings?
-    The settings you name are kept; the others shrink until it fits. Reads the
-    file's header (and llama.cpp's dry run of it, where the graph replay does
-    not cover the model): nothing is loaded."""
-    path = resolve(model)
-    return prepare(path, _request(ctx, kv_type, n_gpu_layers, threads, flash_attn, policy), vram=vram, n_ctx=ctx).fit
+    The settings you name are kept; the others shrink until it fits. ``ctx``
+    None: the model's trained context, at most 4096. Reads the file's header
+    (and llama.cpp's dry run of it, where the graph replay does not cover the
+    model): nothing is loaded."""
+    return runtime.plan(_request(model, ctx, vram, kv_type, n_gpu_layers, threads, flash_attn, policy)).fit
 
 
 def load(model: ModelRef = None, *, ctx: int | None = None, vram: int | str | None = None, kv_type: str | None = None,
          n_gpu_layers: int | None = None, threads: int | None = None, flash_attn: str = "auto", policy: str = "ctx",
          engine: Engine | None = None) -> Model:
     """Fit ``model`` to this machine (as ``fit``) and load it: a ``Model`` to chat
-    with or complete from. ``engine`` defaults to llama.cpp; a test may pass
+    with or complete from; ``DoesNotFit`` (an ``InputError``) when it does not
+    fit. ``engine`` defaults to llama.cpp; a test may pass
     ``localllm.testing.ScriptedEngine()``. Close the model (or use ``with``)."""
-    path = resolve(model)
-    lp = prepare(path, _request(ctx, kv_type, n_gpu_layers, threads, flash_attn, policy), vram=vram, n_ctx=ctx)
-    fitted = lp.fit
-    if not fitted.fits:
-        raise InputError(f"does not fit: {fitted.sentence}")
-    if engine is None:
-        from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp (~155 ms here), which fit and resolve do not need
-
-        engine = LlamaCppBackend()
-    try:
-        info, check = load_checked(engine, path, fitted.config, lp.placement, lp.plan)
-    except BaseException:
-        engine.close()
-        raise
-    return Model(path, engine, fitted, info, check)
+    loaded = runtime.open_model(_request(model, ctx, vram, kv_type, n_gpu_layers, threads, flash_attn, policy), engine)
+    return Model(loaded.path, loaded.engine, loaded.planned.fit, loaded.info, loaded.memory_check)
 
 
 _DEF = SamplingConfig()  # the one set of sampling defaults (llama.cpp's), as the CLI, the cockpit and serve use

@@ -187,15 +187,18 @@ class _Typed(argparse.Action):
         setattr(namespace, f"{self.dest}_typed", True)
 
 
-# what a --ctx left out asks for (plan.fitting.default_ctx decides it)
+# what a --ctx left out asks for (plan.fitting.default_ctx decides it, and fits it: it may shrink)
 RUN_CTX = "the model's trained context, at most 4096"
 SERVE_CTX = "the model's trained context, or the largest that fits with --parallel of them"
+BENCH_CTX = "what the longest prompt and its reply need"
+TUI_CTX = "4096, or the cockpit's setting"
 
 
-def _add_load_options(p: argparse.ArgumentParser, *, ctx_default: int | None, fit: bool = True, rpc: bool = True,
-                      ctx_help: str = "context size in tokens (default: %(default)s)") -> None:
+def _add_load_options(p: argparse.ArgumentParser, *, fit: bool = True, rpc: bool = True,
+                      ctx_help: str = f"context size in tokens (default: {RUN_CTX})") -> None:
     g = p.add_argument_group("load options")
-    g.add_argument("--ctx", "-c", "--ctx-size", type=_int_at_least(1, "--ctx", MAX_CTX), default=ctx_default, metavar="N", action=_Typed,
+    # no default: None lets the plan decide (plan.fitting.default_ctx), the one place the default context is chosen
+    g.add_argument("--ctx", "-c", "--ctx-size", type=_int_at_least(1, "--ctx", MAX_CTX), default=None, metavar="N", action=_Typed,
                    help=ctx_help)
     g.add_argument("--threads", "-t", type=_threads, default=None, metavar="N",
                    help="CPU threads, fixed (default: chosen as it decodes, starting from the fast physical cores)")
@@ -289,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pull_options(p)
     p.add_argument("--system", "-sys", "--system-prompt", default=None, help="system prompt (default: a helpful assistant)")
     _add_sampling(p)
-    _add_load_options(p, ctx_default=None)
+    _add_load_options(p, ctx_help=f"context size in tokens (default: {TUI_CTX})")
     _add_lora(p)
     _add_vision(p, image=False)  # a vision model: pictures attached on screen (Ctrl+F, or a path pasted)
     p.add_argument("--tools", default=None, metavar="NAME[,NAME]|all",
@@ -317,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculate", choices=("lookup", "draft"), default=None, help="speculative decoding (greedy, --temp 0): prompt lookup, or a --draft model")
     p.add_argument("--draft", default=None, metavar="MODEL", help="the draft model for --speculate draft (same vocabulary)")
     p.add_argument("--draft-k", type=_int_at_least(1, "--draft-k", 64), default=8, metavar="N", help="tokens drafted per step (default: 8)")
-    _add_load_options(p, ctx_default=4096)
+    _add_load_options(p)
     _add_lora(p)
     p.add_argument("--json", action="store_true", help="one JSON object with the text and the stats")
     _add_vision(p, image=True)
@@ -331,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-stats", action="store_true", help="no summary line after each reply")
     p.add_argument("--no-prompt-cache", action="store_true", help="do not save or load the system prompt's KV state")
     _add_template(p)
-    _add_load_options(p, ctx_default=None)
+    _add_load_options(p)
     _add_lora(p)
     p.add_argument("--json", action="store_true", help="one JSON line per turn")
     _add_vision(p, image=False)
@@ -356,12 +359,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-file", default=None, metavar="F", help="a prompt like yours (default: a page of text and a question)")
     p.add_argument("--gen-tokens", type=_int_at_least(2, "--gen-tokens"), default=64, metavar="N", help="tokens to generate (default: 64)")
     p.add_argument("--no-quality", action="store_true", help="skip measuring what a q8_0 KV cache costs")
-    _add_load_options(p, ctx_default=None)
+    _add_load_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object")
 
     p = sub.add_parser("plan", help="memory per device: weights, KV cache, compute; what fits a GPU budget")
     _add_model(p)
-    _add_load_options(p, ctx_default=None, ctx_help=f"context size in tokens, as run loads it (default: {RUN_CTX}; serve's is shown too)")
+    _add_load_options(p, ctx_help=f"context size in tokens, as run loads it (default: {RUN_CTX}; serve's is shown too)")
     _add_lora(p)
     _add_vision(p, image=False)
     p.add_argument("--json", action="store_true", help="one JSON object")
@@ -428,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how /v1/embeddings pools a sequence (default: what the model declares, else mean); rank: as --rerank")
     p.add_argument("--rerank", "--reranking", action="store_true",
         help="serve /v1/rerank with the model's classification head (llama-server's flag: rank pooling; a reranker GGUF is needed)")
-    _add_load_options(p, ctx_default=None, ctx_help=f"each request's context in tokens; the KV cache holds --parallel of them (default: {SERVE_CTX})")
+    _add_load_options(p, ctx_help=f"each request's context in tokens; the KV cache holds --parallel of them (default: {SERVE_CTX})")
     _add_lora(p)
     _add_vision(p, image=False)  # requests' images (serve/media.py)
     _add_sampling(p)  # the defaults of a request's omitted fields, as llama-server's --temp, --seed, -n ...
@@ -465,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=_int_at_least(1, "--gen-tokens"), default=128, metavar="N", help="tokens to generate per run (default: 128)")
     p.add_argument("--reps", type=_int_at_least(1, "--reps"), default=3, metavar="N", help="repetitions per prompt length (default: 3)")
     _add_vision(p, image=True)  # --image: the vision encoder timed too (a vision model's TTFT has a third phase)
-    _add_load_options(p, ctx_default=None, fit=False)
+    _add_load_options(p, fit=False, ctx_help=f"context size in tokens (default: {BENCH_CTX})")
     u = p.add_argument_group("server options (--url)")
     u.add_argument("--url", default=None, metavar="URL", help="measure this OpenAI-compatible server instead, e.g. http://127.0.0.1:8080/v1")
     u.add_argument("--model", dest="served_model", default=None, metavar="NAME", help="model name to ask for (default: the server's first in /v1/models)")

@@ -28,7 +28,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
-from localllm import api
+from localllm import runtime
 from localllm.chat import resume, sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
 from localllm.engine_api import Engine, GenerationStats, LoadConfig
@@ -43,7 +43,6 @@ from localllm.measure.starved import StarveWatch, advice, busiest_process
 from localllm.modelfile.gguf_file import read_header
 from localllm.plan import fitting, hardware, planner
 from localllm.plan.hardware import Hardware, gpu_memory_bandwidth, physical_cores
-from localllm.plan.memcheck import load_checked
 from localllm.plan.workers import Endpoint, probe_all
 from localllm.store import resolver
 from localllm.tui.attachments import (
@@ -65,7 +64,6 @@ from localllm.tui.attachments import shown as shown_message
 from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.controls import BINDINGS as CONTROL_BINDINGS
 from localllm.tui.controls import ConversationControls, ThinkClock
-from localllm.tui.devices import fit_over_workers
 from localllm.tui.help import HelpScreen, app_keys
 from localllm.tui.prompt import PromptBox
 from localllm.tui.replies import BATCH_NS, ReplyDone, TokenBatch
@@ -359,42 +357,37 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         self.query_one(ChatView).add("note", f"loading {shown(req.path)} …")
         self._load(req)
 
-    def _choose_config(self, path: Path, s: Settings, projector: Path | None = None) -> tuple[LoadConfig, str, Footprint]:
-        """Ask the fitting service, as the CLI does: the settings' cache types
-        are kept, blank GPU layers are fitted, the context shrinks (or layers
+    def _choose_config(self, path: Path, s: Settings, projector: Path | None = None) -> tuple[runtime.Planned, str, Footprint]:
+        """Ask the load path's fitting service, as the CLI does: the settings' cache
+        types are kept, blank GPU layers are fitted, the context shrinks (or layers
         move to the CPU, by the policy) when the budget is short. With --rpc,
-        across the workers' devices, a local GPU and the CPU."""
+        across the workers' devices, a local GPU and the CPU. The header is read
+        once, by ``runtime.plan``; the memory panel's shape comes from it."""
 
         hw = self.hardware
-        if self.rpc:
-
-            if self._lost_text:
-                # llama.cpp keeps the lost connection (its dispatcher, held) for this endpoint in this
-                # process, and would queue the new load's calls to it: the load would never end
-                raise InputError("llama.cpp still holds the connection to the worker that stopped: "
-                                 "quit (Ctrl+Q) and start localllm tui --rpc again")
-
-            cfg, note, placement = fit_over_workers(path, s, hw, self.rpc)
-            shape = planner.ModelShape.from_header(read_header(path))
-            return cfg, note, Footprint(shape, placement.plan, "RAM", hw.ram_available_bytes, placement)
-        shape = planner.ModelShape.from_header(read_header(path))
-        request = s.fit_request()
-        # llama.cpp's dry run referees the compute figure where the replay does not cover the model
-        lp = api.prepare(path, request, n_ctx=request.config.n_ctx, hw=hw)
-        fit = lp.fit
-        if not fit.fits:
-            raise InputError(f"does not fit: {fit.sentence}")
-        short = projector_choice.shortfall(fit, projector) if projector is not None else None
-        if short:
-            raise InputError(short)
+        if self.rpc and self._lost_text:
+            # llama.cpp keeps the lost connection (its dispatcher, held) for this endpoint in this
+            # process, and would queue the new load's calls to it: the load would never end
+            raise InputError("llama.cpp still holds the connection to the worker that stopped: "
+                             "quit (Ctrl+Q) and start localllm tui --rpc again")
+        # llama.cpp's dry run referees the compute figure where the replay does not cover the model;
+        # does not fit (the model, or its projector beside it): one line, before the model loaded now is closed
+        request = runtime.LoadRequest(model=path, options=s.load_options(), hardware=hw, rpc=tuple(self.rpc or ()),
+                                      lora=tuple(s.adapter_specs()), projector=projector, projector_optional=True)
+        planned = runtime.plan(request).check()
+        fit = planned.fit
+        shape = planner.ModelShape.from_header(planned.header)
         note = "" if fit.outcome is fitting.Outcome.FITS_AS_ASKED else f"auto-fit: {fit.sentence}"
+        if self.rpc:
+            pl = planned.placement
+            return planned, note, Footprint(shape, pl.plan, "RAM", hw.ram_available_bytes, pl)
         if hw.gpu_budget is not None:
             label = {"--vram": "GPU budget (--vram)", "nvml": f"GPU {hw.gpu_name}", "apple-unified": "unified memory"}.get(hw.gpu_source, "GPU")
-            fp = Footprint(shape, lp.plan, label, hw.gpu_budget)
+            fp = Footprint(shape, planned.lp.plan, label, hw.gpu_budget)
         else:
-            fp = Footprint(shape, lp.plan, "RAM", hw.ram_available_bytes)
+            fp = Footprint(shape, planned.lp.plan, "RAM", hw.ram_available_bytes)
         fp.max_ctx_by_kv_type, fp.trained_ctx = fit.max_ctx_by_kv_type, fit.trained_ctx
-        return fit.config, note, fp
+        return planned, note, fp
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def _load(self, req: LoadRequest) -> None:
@@ -434,46 +427,34 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
                                              "quit (Ctrl+Q) and start the cockpit again to load one")
 
     def _load_on_engine_thread(self, req: LoadRequest) -> ModelLoaded:
-        """Load the requested model. The previous one is closed first (two models
-        at once may not fit); if the new one fails, the previous one is loaded
-        again as it was, so a bad file or an absurd setting costs nothing."""
+        """Load the requested model through the load path. The previous one is
+        closed first (two models at once may not fit); if the new one fails, the
+        previous one is loaded again as it was (``runtime.reload_or_restore``),
+        so a bad file or an absurd setting costs nothing."""
         notes: list[str] = []
         try:
             ensure_built_in(req.path)  # gemma3-270m chosen on F2 before its first use: assembled here, off the UI thread
             projector = self._projector_for(req, notes)
-            cfg, note, fp = self._choose_config(req.path, req.settings, projector)
+            planned, note, fp = self._choose_config(req.path, req.settings, projector)
         except Exception as exc:  # noqa: BLE001 - a bad file must not end the app
             return ModelLoaded(req, error=reason(exc), kept=req.previous is not None)
-        old, old_path, old_cfg = req.previous or (None, req.path, None)
-        old_projector = getattr(getattr(old, "projector", None), "path", None)  # loaded again with the old model, if it comes back
-        if old is not None:
-            old.close()
-        try:
-
-            backend = self.backend_factory()
-            _, check = load_checked(backend, req.path, cfg, fp.placement, fp.plan)
-            if req.settings.lora:  # --lora: each file checked against the model, one line if wrong (LlamaCppBackend.load_adapters)
-                load_adapters = getattr(backend, "load_adapters", None)
-                if load_adapters is None:
-                    raise InputError("this engine cannot load LoRA adapters")
-                try:
-                    load_adapters(req.settings.adapter_specs())
-                except BaseException:
-                    backend.close()  # not left loaded beside the previous model, which is loaded again below
-                    raise
-        except Exception as exc:  # noqa: BLE001
-            error, kept = reason(exc), False
-            if old is not None and old_cfg is not None:
-                try:
-                    old.load(old_path, old_cfg)
-                    kept = True
-                except Exception as again:  # noqa: BLE001
-                    error += f"; reloading {shown(old_path)} failed too: {reason(again)}"
-                if kept and old_projector is not None:
-                    lost: list[str] = []
-                    if self._load_projector(old, old_projector, lost) is None:
-                        error += f"; {lost[-1]}" if lost else ""
-            return ModelLoaded(req, error=error, kept=kept)
+        previous = None
+        if req.previous is not None:
+            old, old_path, old_cfg = req.previous
+            old_projector = getattr(getattr(old, "projector", None), "path", None)  # loaded again with the old model, if it comes back
+            # --lora is given on the command line only: the previous model had the same adapters
+            previous = runtime.Previous(old, old_path, old_cfg, projector=old_projector, lora=tuple(req.settings.adapter_specs()))
+        switched = runtime.reload_or_restore(previous, planned, self.backend_factory)
+        if switched.loaded is None:
+            assert switched.error is not None, "a switch that loaded nothing says why"
+            error = reason(switched.error)
+            if switched.restore_error is not None and previous is not None:
+                error += f"; reloading {shown(previous.path)} failed too: {reason(switched.restore_error)}"
+            if switched.projector_error is not None and previous is not None and previous.projector is not None:
+                error += "; " + self._projector_note(previous.projector, None, switched.projector_error)
+            return ModelLoaded(req, error=error, kept=switched.kept)
+        loaded = switched.loaded
+        backend, cfg = loaded.engine, loaded.config
 
         bandwidth = req.bandwidth
         if bandwidth is None:
@@ -483,14 +464,16 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
             except Exception:  # noqa: BLE001 - the roofline line is then left out
                 bandwidth = None
         gpu_bandwidth = req.gpu_bandwidth if req.bandwidth is not None else gpu_memory_bandwidth()
-        info = self._load_projector(backend, projector, notes) if projector is not None else None
+        info = loaded.projector
+        if projector is not None:
+            notes.append(self._projector_note(projector, info, loaded.projector_error))
         messages, images = req.messages, []
         if messages and any(MARKER in m["content"] for m in messages):  # the conversation's images, read again where not at hand
             have = req.images or {}
             messages, images, lost = restore_images(messages, req.image_refs or [], can_see=info is not None, have=have)
             notes += lost
         return ModelLoaded(req, backend=backend, config=cfg, note=note, footprint=fp, bandwidth=bandwidth, gpu_bandwidth=gpu_bandwidth,
-                           memory_check=check, projector=info, notes=notes, messages=messages, images=images)
+                           memory_check=loaded.memory_check, projector=info, notes=notes, messages=messages, images=images)
 
     @staticmethod
     def _projector_for(req: LoadRequest, notes: list[str]) -> Path | None:
@@ -508,21 +491,15 @@ class LocalLLMApp(ToolControls, ConversationControls, App):
         return found
 
     @staticmethod
-    def _load_projector(backend: Engine, path: Path, notes: list[str]) -> ProjectorInfo | None:
-        """Load the projector on the loaded model (engine thread); one that fails is a note, and the chat goes on text only."""
-        load = getattr(backend, "load_projector", None)  # the llama.cpp engine's; the scripted fake takes no images
-        if load is None:
-            notes.append(f"this engine takes no images: the projector {shown(path)} is not loaded")
-            return None
-        try:
-            info: ProjectorInfo = load(path)
-        except Exception as exc:  # noqa: BLE001 - the model is loaded; a projector llama.cpp refuses leaves it text only
-            notes.append(f"the projector {shown(path)} was not loaded: {reason(exc)} · text only")
-            return None
+    def _projector_note(path: Path, info: ProjectorInfo | None, error: Exception | None) -> str:
+        """The log's line on the projector the load path loaded (or why not: the chat goes on text only)."""
+        if isinstance(error, runtime.NoImages):  # the scripted fake takes no images
+            return f"this engine takes no images: the projector {shown(path)} is not loaded"
+        if info is None:
+            return f"the projector {shown(path)} was not loaded: {reason(error) if error is not None else 'n/a'} · text only"
         size = f"{info.image_size} px" if info.image_size else "n/a"
         tokens = f"{info.tokens_per_image} tokens an image" if info.tokens_per_image is not None else "tokens by picture size"
-        notes.append(f"vision: projector {shown(path)} ({printable(info.projector_type)}, images at {size}, {tokens}) · Ctrl+F attaches")
-        return info
+        return f"vision: projector {shown(path)} ({printable(info.projector_type)}, images at {size}, {tokens}) · Ctrl+F attaches"
 
     @on(ModelLoaded)
     def _loaded(self, msg: ModelLoaded) -> None:

@@ -1,5 +1,6 @@
-"""Helpers the model-loading commands share: options -> load config, and the
-fitting service (``localllm.plan.fitting``) asked with them."""
+"""Helpers the model-loading commands share: the flags -> a ``runtime.LoadRequest``,
+and the load path (``localllm.runtime``: the fitting service, then the load)
+asked with it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from localllm import api
-from localllm.engine_api import Engine, LoadConfig, SamplingConfig
+from localllm import runtime
+from localllm.engine_api import LoadConfig, SamplingConfig
 from localllm.errors import UsageError
-from localllm.modelfile.gguf_file import read_header
+from localllm.modelfile.gguf_file import GGUFHeader, read_header
 from localllm.modelfile.lora import AdapterSpec, read_adapter, specs_from_flags
 from localllm.plan import fitting, placement, planner
 from localllm.plan.prepare import LoadPlan
@@ -20,10 +20,10 @@ from localllm.store import first_use
 from localllm.util.fmt import safe
 
 
-def load_options(args: argparse.Namespace, n_ctx: int) -> fitting.LoadOptions:
+def load_options(args: argparse.Namespace, n_ctx: int | None) -> fitting.LoadOptions:
     """The load options the flags give (``fitting.LoadOptions``, the shape the
     cockpit's settings take too): ``--kv-type`` sets both cache types,
-    ``--k-type``/``--v-type`` one each."""
+    ``--k-type``/``--v-type`` one each; ``n_ctx`` None: the plan decides."""
     return fitting.LoadOptions(
         n_ctx=n_ctx, threads=args.threads, n_gpu_layers=args.ngl, type_k=args.k_type or args.kv_type,
         type_v=args.v_type or args.kv_type, flash_attn=args.flash_attn, swa_full=args.swa_full, n_batch=args.batch,
@@ -32,7 +32,7 @@ def load_options(args: argparse.Namespace, n_ctx: int) -> fitting.LoadOptions:
     )
 
 
-def load_config(args: argparse.Namespace, n_ctx: int) -> LoadConfig:
+def load_config(args: argparse.Namespace, n_ctx: int | None) -> LoadConfig:
     """The load settings the options ask for, saying so when a quantized V
     cache turns flash attention on against --flash-attn off."""
     cfg = load_options(args, n_ctx).config()
@@ -47,7 +47,7 @@ def sampling_config(args: argparse.Namespace, *, ignore_eos: bool = False) -> Sa
                           repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.n_predict, ignore_eos=ignore_eos)
 
 
-def fit_request(args: argparse.Namespace, n_ctx: int) -> fitting.Request:
+def fit_request(args: argparse.Namespace, n_ctx: int | None) -> fitting.Request:
     """What the options fix: the config, the cache types and GPU layers the user
     named (kept), the policy, and the LoRA adapters to count (``--lora``)."""
     load_config(args, n_ctx)  # says when flash attention was turned on
@@ -64,29 +64,44 @@ def lora_specs(args: argparse.Namespace) -> list[AdapterSpec]:
 Fitted = LoadPlan  # what the loading commands get: the fit, the hardware, the refereed figures
 
 
-def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq: int = 1, cross_check: bool = False,
-               n_outputs: int | None = None, serving: bool = False) -> LoadPlan:
-    """Fit the options to the GPU budget (detected or --vram) and RAM through the
-    library's ``prepare``: the settings that fit, the user's explicit choices
-    kept, llama.cpp's dry run as the referee where the replay does not cover the
-    model (unless --no-dry-run). ``n_seq`` > 1 plans serve's batch engine as it
-    loads; ``cross_check`` dry-runs where the replay covers the model too (plan);
-    ``n_outputs``: rows of logits per batch to plan for (speculative drafts);
-    ``serving`` with no ``n_ctx``: a server's default context (``fitting.for_header``)."""
-    request = fit_request(args, n_ctx or fitting.DEFAULT_CTX)
-    if n_outputs is not None:
-        request = replace(request, config=replace(request.config, n_outputs_max=n_outputs))
-    lp = api.prepare(path, request, vram=getattr(args, "vram", None), n_ctx=n_ctx, n_seq=n_seq,
-                     rpc=getattr(args, "rpc", None) or (), dry_run=not getattr(args, "no_dry_run", False), cross_check=cross_check,
-                     serving=serving)
-    fit = lp.fit
+def load_request(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq: int = 1, serving: bool = False,
+                 n_outputs: int | None = None, cross_check: bool = False, projector: Path | None = None,
+                 template: str | None = None) -> runtime.LoadRequest:
+    """What the flags ask the load path (``runtime.LoadRequest``): the options
+    (``n_ctx`` None: the plan's default), --vram, --rpc, --lora, the projector,
+    the template. ``n_seq`` sequences in one cache (serve's --parallel);
+    ``serving``: serve's batch engine and a server's default context;
+    ``n_outputs``: rows of logits per batch (speculative drafts); ``cross_check``:
+    a dry run where the replay covers the model too (plan)."""
+    load_config(args, n_ctx)  # says when flash attention was turned on
+    return runtime.LoadRequest(
+        model=path, options=load_options(args, n_ctx), vram=getattr(args, "vram", None), rpc=tuple(getattr(args, "rpc", None) or ()),
+        lora=tuple(lora_specs(args)), projector=projector, template=template, parallel=n_seq, serving=serving, n_outputs=n_outputs,
+        dry_run=not getattr(args, "no_dry_run", False), cross_check=cross_check)
+
+
+def plan_load(args: argparse.Namespace, request: runtime.LoadRequest) -> runtime.Planned:
+    """``runtime.plan``, saying what the user should know of the fit: a typed
+    --ctx beyond the trained context, a refit on llama.cpp's larger compute figure."""
+    planned = runtime.plan(request)
+    fit, n_ctx, n_seq = planned.fit, request.options.n_ctx, max(request.parallel, 1)
     if getattr(args, "ctx_typed", False) and n_ctx and fit.trained_ctx and n_ctx // n_seq > fit.trained_ctx:
         # llama.cpp warns too (src/llama-context.cpp: "n_ctx_seq (%u) > n_ctx_train (%u) -- possible training context overflow");
         # serve's --ctx is each sequence's (the pool holds n_seq of them)
         say(f"--ctx {n_ctx // n_seq:,} is beyond the {fit.trained_ctx:,} tokens this model was trained on: replies past that point degrade")
-    if lp.refits:
+    if planned.lp.refits:
         say(f"llama.cpp's dry run needs a larger compute buffer than estimated: refitted ({fit.sentence})")
-    return lp
+    return planned
+
+
+def fit_config(args: argparse.Namespace, path: Path, n_ctx: int | None, *, n_seq: int = 1, cross_check: bool = False,
+               n_outputs: int | None = None, serving: bool = False) -> LoadPlan:
+    """The options fitted to the GPU budget (detected or --vram) and RAM, as a
+    load would fit them (``plan_load``): the settings that fit, the user's
+    explicit choices kept, llama.cpp's dry run as the referee where the replay
+    does not cover the model (unless --no-dry-run). What ``plan`` shows."""
+    request = load_request(args, path, n_ctx, n_seq=n_seq, serving=serving, n_outputs=n_outputs, cross_check=cross_check)
+    return plan_load(args, request).lp
 
 
 def model_path(args: argparse.Namespace) -> Path:
@@ -95,27 +110,15 @@ def model_path(args: argparse.Namespace) -> Path:
     return first_use.model_path(args.model, yes=getattr(args, "yes", False), no_pull=getattr(args, "no_pull", False),
                                 ask=first_use.terminal_ask(), say=say, progress=not getattr(args, "json", False),
                                 vram=getattr(args, "vram", None), n_ctx=getattr(args, "ctx", None),
-                                request=fit_request(args, getattr(args, "ctx", None) or fitting.DEFAULT_CTX))
+                                request=fit_request(args, getattr(args, "ctx", None)))
 
 
-def load_lora(backend: Any, args: argparse.Namespace) -> None:
-    """``--lora``/``--lora-scaled`` (run, chat, the cockpit): the adapters on the
-    loaded model (``LlamaCppBackend.load_adapters``), each file checked against
-    the model's header first (one line naming the cause)."""
-    specs = lora_specs(args)
-    if specs:
-        backend.load_adapters(specs)
-
-
-def apply_template(backend: Engine, args: argparse.Namespace) -> None:
+def template_spec(args: argparse.Namespace) -> str | None:
     """``--template FILE|NAME`` (run, chat): the chat template to use instead of the model's."""
     spec = getattr(args, "template", None)
-    if spec is None:
-        return
-    if getattr(args, "raw", False):
-
+    if spec is not None and getattr(args, "raw", False):
         raise UsageError("--raw uses no chat template: drop --template, or drop --raw")
-    backend.use_template(spec)
+    return spec
 
 
 def say(msg: str) -> None:
@@ -123,26 +126,14 @@ def say(msg: str) -> None:
     print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
 
-def placement_for(fitted: Fitted, path: Path, cfg: LoadConfig):
-    """The per-device placement of ``cfg`` (the fitted settings, perhaps with more
-    rows of logits), over the devices and split the fit chose; None without --rpc."""
-    pl = fitted.placement
-    if pl is None:
-        return None
-    if cfg == fitted.config:
-        return pl
-    header = read_header(path)
-    shape = planner.ModelShape.from_header(header)
-    return placement.place(shape, cfg, [u.device for u in pl.uses[:-1]], pl.uses[-1].device, list(pl.split), header=header)
-
-
-def device_table(fitted: Fitted, path: Path, logged: dict | None = None) -> list[dict]:
+def device_table(fitted: Fitted, path: Path, logged: dict | None = None, header: GGUFHeader | None = None) -> list[dict]:
     """Per device (workers' devices, a local GPU, the CPU): the planned weights,
     KV, compute and output bytes and the free memory; with ``logged`` (the engine's
-    ``logged_buffers``) also what llama.cpp printed for each, in MiB."""
+    ``logged_buffers``) also what llama.cpp printed for each, in MiB. ``header``:
+    the file's, read already for the fit."""
     pl = fitted.placement
     if pl is None:
-        header = read_header(path)
+        header = header if header is not None else read_header(path)
         shape = planner.ModelShape.from_header(header)
         hw = fitted.hardware
         devices = [placement.Device(hw.gpu_name or "GPU", "gpu", hw.gpu_budget, hw.gpu_total_bytes)] if hw.gpu_budget is not None else []

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localllm.commands._common import load_config
+from localllm import runtime
+from localllm.commands._common import load_request, plan_load, say
 from localllm.errors import UsageError
 from localllm.measure.bench import BenchRow, ImageRow, run_bench, run_image_bench
 from localllm.measure.loadtest import run_url
 from localllm.modelfile.model_info import inspect_model
+from localllm.plan import fitting
 from localllm.store import resolver
 from localllm.util import fmt
 
@@ -44,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
     images, mmproj = vision_cli.prepare(args, path) if args.image else ([], None)
     info = inspect_model(path)
     need = max(args.prompt_tokens) + args.gen_tokens
-    n_ctx = args.ctx or (need + 255) // 256 * 256
-    from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
-
-    with LlamaCppBackend() as backend:
-        li = backend.load(path, load_config(args, n_ctx))
+    # fitted as run fits (a context the machine cannot hold is shrunk, and said; the check below then names it)
+    planned = plan_load(args, load_request(args, path, args.ctx or fitting.measured_ctx(need), projector=mmproj)).check()
+    if planned.fit.outcome is not fitting.Outcome.FITS_AS_ASKED and not args.json:
+        say(f"fitted to this machine: {planned.fit.sentence}")
+    with runtime.load(planned) as loaded:
+        backend, li = loaded.engine, loaded.info
         if need > li.n_ctx:
 
             raise UsageError(f"prompt {max(args.prompt_tokens)} + gen {args.gen_tokens} tokens exceed --ctx {li.n_ctx}: raise --ctx or drop the longest prompt")
@@ -65,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
         )
         image_row = None
         if images:
-            assert mmproj is not None
-            vision_cli.attach(backend, mmproj, quiet=args.json)
+            assert loaded.projector is not None
+            if not args.json:
+                say(f"vision: {vision_cli.describe(loaded.projector)}")
             image_row = run_image_bench(backend, images, gen_tokens=args.gen_tokens, reps=args.reps, progress=progress)
     if args.json:
         fmt.print_json([r.to_dict() for r in rows] + ([image_row.to_dict()] if image_row is not None else []))

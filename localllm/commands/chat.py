@@ -16,12 +16,13 @@ import sys
 import time
 from typing import Any
 
+from localllm import runtime
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
 from localllm.commands import files_cli, vision_cli
-from localllm.commands._common import apply_template, fit_config, load_lora, lora_specs, model_path, sampling_config, say
+from localllm.commands._common import load_request, lora_specs, model_path, plan_load, sampling_config, say, template_spec
 from localllm.engine_api import GenerationStats
-from localllm.errors import InputError, UsageError
+from localllm.errors import UsageError
 from localllm.util import fmt
 
 
@@ -40,30 +41,24 @@ def summary(s: GenerationStats, shifts_total: int, forecast: str = "") -> str:
 
 def run(args: argparse.Namespace) -> int:
     path = model_path(args)
-    args._mmproj_path = vision_cli.projector_path(args, path)  # a projector as the model, or one that does not fit: one line
-    fitted = fit_config(args, path, args.ctx)
-    if not fitted.fit.fits:
-        raise InputError(f"does not fit: {fitted.fit.sentence}")
-    if args._mmproj_path is not None:
-        vision_cli.check_fit(fitted, args._mmproj_path)
+    mmproj = vision_cli.projector_path(args, path)  # a projector as the model, or one that does not fit: one line
+    request = load_request(args, path, args.ctx, projector=mmproj, template=template_spec(args))
+    planned = plan_load(args, request).check()  # does not fit (the model, or its projector beside it): one line, before the load
     interactive = sys.stdin is not None and sys.stdin.isatty() and not args.json
     if getattr(args, "tools", None):  # the MCP servers first: a failing one is said before the model loads
         from localllm.commands import tools_cli  # lazy: localllm.mcp and the tool-call formats, only with --tools
 
         with tools_cli.start_hub(args.tools) as hub:
-            return _chat(args, path, fitted, interactive, hub)
-    return _chat(args, path, fitted, interactive, None)
+            return _chat(args, planned, interactive, hub)
+    return _chat(args, planned, interactive, None)
 
 
-def _chat(args: argparse.Namespace, path, fitted, interactive: bool, hub) -> int:
-    from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
-
-    with LlamaCppBackend() as backend:
-        backend.load(path, fitted.config)
-        load_lora(backend, args)
-        if args._mmproj_path is not None:
-            vision_cli.attach(backend, args._mmproj_path, quiet=args.json)
-        apply_template(backend, args)
+def _chat(args: argparse.Namespace, planned: runtime.Planned, interactive: bool, hub) -> int:
+    path, fitted = planned.path, planned.lp
+    with runtime.load(planned) as loaded:
+        backend = loaded.engine
+        if loaded.projector is not None and not args.json:
+            say(f"vision: {vision_cli.describe(loaded.projector)}")
         if not backend.has_chat_template:
             raise UsageError(f"{path.name} has no chat template (a base model): use localllm run --raw")
         cfg = fitted.config

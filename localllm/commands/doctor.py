@@ -7,7 +7,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from localllm.commands._common import fit_config, placement_for
+from localllm import runtime
+from localllm.commands._common import load_request, plan_load
 from localllm.errors import InputError, LocalLLMError, UsageError
 from localllm.measure.doctor import examine, measure, measure_speculation
 from localllm.measure.quality import eval_text, kv_cache_quality
@@ -15,7 +16,6 @@ from localllm.measure.roofline import measure_by_threads
 from localllm.measure.starved import contention
 from localllm.measure.thread_counts import decode_by_threads, thread_action
 from localllm.plan.hardware import gpu_memory_bandwidth, physical_cores
-from localllm.plan.memcheck import load_checked
 from localllm.store import resolver
 from localllm.util import fmt
 
@@ -125,21 +125,17 @@ def render(r, name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
-
     path = resolver.resolve(args.model)
     prompt = _prompt(args)
     # Room for 9 rows of logits, so the same context can check speculative drafts.
-    fitted = fit_config(args, path, args.ctx, n_outputs=9)
-    if not fitted.fit.fits:
-        raise InputError(f"does not fit: {fitted.fit.sentence}")
+    planned = plan_load(args, load_request(args, path, args.ctx, n_outputs=9)).check()
+    fitted = planned.lp
     say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
     say("measuring how busy the machine is")
     load = contention()  # before the model loads: what else runs, not this process
-    with LlamaCppBackend() as backend:
-        cfg = fitted.config
-        placement = placement_for(fitted, path, cfg)
-        info, memory_check = load_checked(backend, path, cfg, placement, fitted.plan)
+    placement = planned.placement
+    with runtime.load(planned) as loaded:
+        backend, info, memory_check = loaded.engine, loaded.info, loaded.memory_check
         say("measuring prefill and decode")
         stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
         header = backend.header

@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from localllm import runtime
 from localllm.chat.speculative import DraftModel, PromptLookup, generate
 from localllm.commands import files_cli, vision_cli
-from localllm.commands._common import apply_template, device_table, fit_config, load_lora, model_path, placement_for, sampling_config, say
-from localllm.engine_api import Engine, Generation, GenerationStats, LoadConfig
-from localllm.errors import InputError, UsageError
+from localllm.commands._common import device_table, load_request, model_path, plan_load, sampling_config, say, template_spec
+from localllm.engine_api import Engine, Generation, GenerationStats
+from localllm.errors import UsageError
 from localllm.modelfile.model_info import describe
 from localllm.plan import fitting
-from localllm.plan.memcheck import load_checked
-from localllm.store import resolver
 from localllm.util import fmt
 
 
@@ -66,8 +65,6 @@ def run(args: argparse.Namespace) -> int:
     prompt = files_cli.compose(read_prompt(args), attachments)
     path = model_path(args)
     images, mmproj = vision_cli.prepare(args, path)  # a projector as the model, a bad image: one line before any load
-    from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp
-
     if args.ignore_eos and args.n_predict < 0:
         raise UsageError("--ignore-eos needs -n N: without an end-of-generation token nothing stops the reply")
     sampling = sampling_config(args, ignore_eos=args.ignore_eos)
@@ -79,29 +76,25 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--draft goes with --speculate draft")
     if getattr(args, "tools", None) and (args.raw or args.speculate):
         raise UsageError("--tools needs the chat template and plain decoding: drop --raw and --speculate")
-    fitted = fit_config(args, path, args.ctx, n_outputs=args.draft_k + 1 if args.speculate else None)
-    if not fitted.fit.fits:
-        raise InputError(f"does not fit: {fitted.fit.sentence}")
-    if mmproj is not None:
-        vision_cli.check_fit(fitted, mmproj)
+    request = load_request(args, path, args.ctx, n_outputs=args.draft_k + 1 if args.speculate else None, projector=mmproj,
+                           template=template_spec(args))
+    planned = plan_load(args, request).check()  # does not fit (the model, or its projector beside it): one line, before the load
+    fitted = planned.lp
     if fitted.fit.outcome is not fitting.Outcome.FITS_AS_ASKED or args.vram is not None:
         c = fitted.config
         say(
             f"fitted to {'--vram ' + fmt.size(args.vram) if args.vram else 'this machine'}: context {c.n_ctx}, KV {c.type_k}/{c.type_v}, "
             f"{fitted.fit.plan.n_gpu_layers} layers {'offloaded' if c.rpc_servers else 'on the GPU'} ({fitted.fit.sentence})"
         )
-    with LlamaCppBackend() as backend:
-        cfg = fitted.config
-        _, memory_check = load_checked(backend, path, cfg, placement_for(fitted, path, cfg), fitted.plan)
-        load_lora(backend, args)
-        if mmproj is not None:
-            vision_cli.attach(backend, mmproj, quiet=args.json)
+    with runtime.load(planned) as loaded:
+        backend, memory_check = loaded.engine, loaded.memory_check
+        if loaded.projector is not None and not args.json:
+            say(f"vision: {vision_cli.describe(loaded.projector)}")
         if getattr(args, "verbose", False) and not args.json:
             for line in memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]:
                 say(line)
             for line in vision_cli.memory_lines(backend):
                 say(line)
-        apply_template(backend, args)
         if attachments:  # the prompt's tokens against the context, before anything is sent
             attachments = files_cli.check_run(backend, fitted, prompt, attachments, args)
         if getattr(args, "tools", None):
@@ -124,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                 **stats.to_dict(),
                 "memory_check": memory_check.to_dict() if memory_check else None,
                 "plan": fitted.to_dict(),  # the figures the load was budgeted with, each with its source
-                "devices": device_table(fitted, path, backend.logged_buffers),
+                "devices": device_table(fitted, path, backend.logged_buffers, planned.header),
                 "lora": [{"id": i, "path": str(p), "scale": sc} for i, (p, sc) in enumerate(backend.adapters)],  # --lora, by id
                 "projector": vision_cli.json_block(backend) if mmproj is not None else None,
             }
@@ -157,11 +150,10 @@ def _speculative(backend: Engine, prompt: str, args: argparse.Namespace) -> Gene
     max_tokens = args.n_predict if args.n_predict > 0 else room
     if args.speculate == "lookup":
         return generate(backend, tokens, PromptLookup(), max_tokens=max_tokens, k=args.draft_k)
-    # lazy: loads llama.cpp (~155 ms here), which run does not load at import
-    from localllm.engine import LlamaCppBackend
-
-    draft = LlamaCppBackend()
-    draft.load(resolver.resolve(args.draft), LoadConfig(n_ctx=backend.n_ctx, n_outputs_max=args.draft_k + 1))
+    # the draft through the load path too: fitted to what the model left, its context kept (fewer layers on the GPU instead)
+    options = fitting.LoadOptions(n_ctx=backend.n_ctx, policy="offload")
+    draft = runtime.open_model(runtime.LoadRequest(model=args.draft, options=options, n_outputs=args.draft_k + 1,
+                                                   dry_run=not getattr(args, "no_dry_run", False))).engine
     if not _same_vocabulary(backend, draft):
         draft.close()
         raise UsageError("the draft model's vocabulary differs from the model's: pick a draft from the same family")

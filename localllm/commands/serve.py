@@ -15,11 +15,10 @@ import argparse
 import os
 import socket
 import sys
-from dataclasses import replace
 
-from localllm import api, reasoning
+from localllm import api, reasoning, runtime
 from localllm.commands import serve_flags, vision_cli
-from localllm.commands._common import fit_config, fit_request, lora_specs, model_path, sampling_config, say
+from localllm.commands._common import fit_request, load_request, model_path, plan_load, sampling_config, say
 from localllm.commands.serve_models import PerModel, preset_of
 from localllm.errors import InputError, LocalLLMError, UsageError
 from localllm.plan import fitting, hardware, planner
@@ -84,11 +83,10 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < parallel:
         raise UsageError(f"--batch {args.batch} cannot hold one token of each of --parallel {parallel} sequences: raise --batch")
     # --ctx is each sequence's; with none, the plan's default (fitting.for_header): the trained context for each, fitted
-    fitted = fit_config(args, path, args.ctx * parallel if args.ctx else None, n_seq=parallel, serving=True)
-    if not fitted.fit.fits:
-        raise InputError(f"does not fit: {fitted.fit.sentence}")
-    if mmproj is not None:
-        vision_cli.check_fit(fitted, mmproj)
+    request = load_request(args, path, args.ctx * parallel if args.ctx else None, n_seq=parallel, serving=True, projector=mmproj,
+                           template=args.template)
+    planned = plan_load(args, request).check()  # does not fit (the model, or its projector beside it): one line, before listening
+    fitted = planned.lp
     n_ctx_seq = fitted.config.n_ctx // parallel
     context = fitting.context_choice(fitted.fit, parallel)  # said at start and on /api/ps
     if n_ctx_seq < 16:
@@ -122,15 +120,14 @@ def run(args: argparse.Namespace) -> int:
         from localllm.serve.handoff import ENGINE  # lazy: asyncio, which the app above loads anyway
 
         model = BatchModel()
-        models.append(model)
-        info = model.load(path, replace(fitted.config, n_ctx=n_ctx_seq * parallel), parallel)
-        adapters = model.load_adapters(lora_specs(args))  # --lora: checked by fit_config already, against this model
+        models.append(model)  # closed after serving, even when a signal stops the load midway
+        # the load path: the pool of n_ctx_seq x parallel cells, --lora (counted by the fit), the projector, --template
+        loaded = runtime.load(planned, model)
+        info, adapters = loaded.info, loaded.adapters
         if mmproj is not None:
-            _load_projector(model, mmproj)
+            _check_projector(model, mmproj, loaded.projector)
         if switch.stopped:  # stopped by a signal while loading
             return
-        if args.template is not None:
-            model.tok.template.use(args.template)
         metrics = ServerMetrics()
         metrics.kv_cells_total = info.n_ctx
         # with adapters, a stored state would need its adapter scales along: none kept in RAM (prefix reuse in the KV cache stays)
@@ -279,7 +276,7 @@ def _memory(args: argparse.Namespace, residency, per):
         mine = per.args(name)  # the model's own options (its config table, its preset section)
         parallel = mine.parallel
         n_ctx = mine.ctx * parallel if mine.ctx else None  # None: the plan's default, as serve MODEL asks (run above)
-        request = fit_request(mine, n_ctx or fitting.DEFAULT_CTX)
+        request = fit_request(mine, n_ctx)
         lp = api.prepare(path, request, hw=hw, n_ctx=n_ctx, n_seq=parallel, dry_run=not mine.no_dry_run, serving=True)
         if lp.refits:
             say(f"{path.name}: llama.cpp's dry run needs a larger compute buffer than estimated: refitted ({lp.fit.sentence})")
@@ -444,12 +441,11 @@ def template_defaults(args: argparse.Namespace, model) -> dict:
         raise UsageError(str(exc)) from None
 
 
-def _load_projector(model, path) -> None:
-    """The projector on the loaded model; refused at start when an image would not fit
-    one ubatch where libmtmd decodes it whole (Gemma 3's: every request would fail)."""
+def _check_projector(model, path, info) -> None:
+    """The projector the load path loaded on the model: refused at start when an image
+    would not fit one ubatch where libmtmd decodes it whole (Gemma 3's: every request would fail)."""
     from localllm.vision.image import RGBImage  # lazy: as the projector, only for a vision model
 
-    info = model.load_projector(path)
     mp = model.image_prompt(RGBImage(name="probe", width=8, height=8, rgb=bytes(8 * 8 * 3), file_bytes=0, sha256="probe"))
     try:
         for piece in mp.pieces:

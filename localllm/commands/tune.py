@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from localllm import api
+from localllm import runtime
 from localllm.commands import config_file
-from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, InputError, LocalLLMError, UsageError
+from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, LocalLLMError, UsageError
 from localllm.measure.bench import run_bench
 from localllm.measure.quality import KV_CHUNK, kv_cache_quality
 from localllm.measure.starved import Contention, contention
@@ -98,21 +98,19 @@ class Measurer:
     """The engine side: one model loaded at a time, reloaded when a candidate needs
     other load settings, every run pinned to the candidate's thread count."""
 
-    def __init__(self, path: Path, plans: dict[tuple[int, str, str], LoadPlan], prompts: list[int], gen: int) -> None:
-        from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp, which --help and the bad-input checks do not need
-
+    def __init__(self, path: Path, plans: dict[tuple[int, str, str], runtime.Planned], prompts: list[int], gen: int) -> None:
         self.path = path
         self.plans = plans
         self.prompts = prompts
         self.gen = gen
-        self.backend = LlamaCppBackend()
+        self.backend = runtime.new_engine(serving=False)  # llama.cpp's, loaded and reloaded through the load path
         self.loaded: tuple[int, str, str] | None = None
         self.n_vocab = inspect_model(path).n_vocab
 
     def __call__(self, s: Setting, rnd: int) -> Run:
         key = s.load_key()
         if key != self.loaded:
-            self.backend.load(self.path, replace(self.plans[key].config, n_threads=None))
+            runtime.load(self.plans[key], self.backend)  # threads not fixed in the plan: each run pins its own count below
             self.loaded = key
         header = self.backend.header
         bos = header.get("tokenizer.ggml.bos_token_id") if header else None
@@ -168,10 +166,11 @@ def _tune(args: argparse.Namespace, model: str, path: Path, cfg_path: Path, tabl
     ubatch0 = fixed.get(UBATCH, (512, ""))[0]
     kv0 = fixed.get(KV_TYPE, (None, ""))[0]
     fa0 = fixed.get(FLASH_ATTN, ("auto", ""))[0]
-    base_opts = fitting.LoadOptions(n_ctx=args.ctx or fitting.DEFAULT_CTX, type_k=kv0, type_v=kv0, flash_attn=fa0, n_batch=batch, n_ubatch=ubatch0)
-    base_plan = api.prepare(path, base_opts.request(), vram=args.vram, n_ctx=args.ctx)
+    # no --ctx: the context run uses (the plan's default, fitting.default_ctx)
+    base_opts = fitting.LoadOptions(n_ctx=args.ctx, type_k=kv0, type_v=kv0, flash_attn=fa0, n_batch=batch, n_ubatch=ubatch0)
+    base_plan = runtime.plan(runtime.LoadRequest(model=path, options=base_opts, vram=args.vram)).lp
     if not base_plan.fit.fits:
-        raise InputError(f"does not fit: {base_plan.fit.sentence} (localllm plan {model} shows where the memory goes)")
+        raise runtime.DoesNotFit(f"does not fit: {base_plan.fit.sentence} (localllm plan {model} shows where the memory goes)", base_plan.fit)
     cfg = base_plan.config
     n_ctx = cfg.n_ctx
     if n_ctx < MIN_CTX:
@@ -183,14 +182,14 @@ def _tune(args: argparse.Namespace, model: str, path: Path, cfg_path: Path, tabl
                    kv_type=cfg.type_k, threads=threads0)
     mode = QUICK if args.quick else FULL
     prompts = prompt_lengths(n_ctx, mode["gen"], args.quick)
-    plans: dict[tuple[int, str, str], LoadPlan] = {}
+    plans: dict[tuple[int, str, str], runtime.Planned] = {}
 
     def plan(s: Setting) -> Plan:
         key = s.load_key()
         if key not in plans:
             opts = fitting.LoadOptions(n_ctx=n_ctx, type_k=s.kv_type, type_v=s.kv_type, flash_attn=s.flash_attn, n_batch=batch, n_ubatch=s.ubatch)
-            plans[key] = api.prepare(path, opts.request(), vram=args.vram, n_ctx=n_ctx)
-        lp = plans[key]
+            plans[key] = runtime.plan(runtime.LoadRequest(model=path, options=opts, vram=args.vram))
+        lp = plans[key].lp
         c = lp.config
         as_asked = lp.fit.fits and c.n_ctx == n_ctx and c.type_k == s.kv_type and c.n_ubatch == s.ubatch
         return Plan(as_asked, lp.total, None if as_asked else lp.fit.sentence)

@@ -134,6 +134,8 @@ def kv_cache_quality(path: Path, types: Sequence[str] = ("q8_0", "q4_0"), *, max
         for kv in ("f16", *types):
             b = LlamaCppBackend()
             backends[kv] = b  # closed below even when the load fails
+            # not through the load path (localllm.runtime): the cache types are what is measured, so each engine
+            # gets exactly this config, one 256-token chunk, never a fitted one (tests/architecture/test_one_load_path.py)
             b.load(path, LoadConfig(n_ctx=KV_CHUNK, n_batch=KV_CHUNK, n_ubatch=KV_CHUNK, n_outputs_max=0, type_k=kv, type_v=kv,
                                     flash_attn="on", n_threads=threads))
         ref = backends["f16"]

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import sys
 
-from localllm.engine_api import LoadConfig, SamplingConfig
-from localllm.store import resolver
+from localllm import runtime
+from localllm.engine_api import SamplingConfig
+from localllm.plan import fitting
 from localllm.util import fmt
 
 
 def main() -> int:
     # lazy: loads gguf, llama.cpp, numpy (~155 ms here), which smoke does not load at import
-    from localllm.engine import LlamaCppBackend, system_info
+    from localllm.engine import system_info
 
-    with LlamaCppBackend() as backend:
-        backend.load(resolver.resolve(None), LoadConfig(n_ctx=256))
+    # the default model through the load path every command takes: a build that crashes there crashes here first
+    with runtime.open_model(runtime.LoadRequest(options=fitting.LoadOptions(n_ctx=256))) as loaded:
+        backend = loaded.engine
         with backend.stream("The capital of France is", SamplingConfig(temperature=0, max_tokens=8), chat=False) as gen:
             text = "".join(e.text for e in gen)
         stats = gen.stats

@@ -84,7 +84,7 @@ class LoadOptions:
     (``Settings.load_options``) and the library (``api.fit``/``api.load``): what
     is None was not given, so the fit may choose it."""
 
-    n_ctx: int = DEFAULT_CTX
+    n_ctx: int | None = None  # None: the plan decides (``default_ctx``, from the model's trained context)
     threads: int | None = None
     n_gpu_layers: int | None = None  # None: as many as fit (-1 asks for all)
     type_k: str | None = None  # None: f16, or a cheaper type where the fit needs one
@@ -100,10 +100,11 @@ class LoadOptions:
     def config(self) -> LoadConfig:
         """The load config asked: a quantized V cache turns flash attention on
         (``llama_rules.flash_attn_mode``); the physical batch is never above the
-        logical one (``LoadConfig``)."""
+        logical one (``LoadConfig``). A context not given stands at ``DEFAULT_CTX``
+        here, until the model's header decides it (``for_header``)."""
         type_v = self.type_v or "f16"
         return LoadConfig(
-            n_ctx=self.n_ctx, n_threads=self.threads, n_gpu_layers=-1 if self.n_gpu_layers is None else self.n_gpu_layers,
+            n_ctx=self.n_ctx or DEFAULT_CTX, n_threads=self.threads, n_gpu_layers=-1 if self.n_gpu_layers is None else self.n_gpu_layers,
             flash_attn=flash_attn_mode(self.flash_attn, type_v), type_k=self.type_k or "f16", type_v=type_v,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch, swa_full=self.swa_full, rpc_servers=self.rpc_servers,
             n_cpu_moe=self.n_cpu_moe or 0,
@@ -183,6 +184,13 @@ def default_ctx(trained_ctx: int | None, *, serving: bool = False) -> int:
     if serving:
         return trained_ctx or DEFAULT_CTX
     return min(trained_ctx or DEFAULT_CTX, DEFAULT_CTX)
+
+
+def measured_ctx(need: int) -> int:
+    """The context a measurement asks when the user names none (``bench``): what
+    its longest prompt and reply need, in whole 256-cell steps (llama.cpp pads
+    the cache to 256 anyway). Decided here, with ``default_ctx``."""
+    return (need + 255) // 256 * 256
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ src/llama-context.cpp). ``check`` parses those lines and compares them with
 ``planner.plan_memory`` for the same settings, so every user's load is also a
 test of the planner. Pure Python: the lines are the engine's ``load_log``.
 
-For the cockpit (or any caller that loads a model):
+Every load goes through ``localllm.runtime``, which calls ``check_after_load``
+with the engine's log and the header it read for the fit:
 
-    info, mc = memcheck.load_checked(backend, path, cfg)   # mc is None when unreadable
+    mc = memcheck.check_after_load(path, cfg, engine.load_log, header=header)   # None when unreadable
     mc.ok, mc.report_lines(), mc.to_dict()
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from localllm.engine_api import Engine
+    from localllm.modelfile.gguf_file import GGUFHeader
 
 from localllm.plan.buffer_log import buffer_lines
 from localllm.util.units import MiB, format_size
@@ -137,11 +138,12 @@ def check(plan, allocations: dict[str, list[tuple[str, int]]], tol: float = TOLE
 
 
 def check_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, str]], *, gpu: bool | None = None,
-               tol: float = TOLERANCE, planned=None) -> MemoryCheck:
+               tol: float = TOLERANCE, planned=None, header: GGUFHeader | None = None) -> MemoryCheck:
     """Plan ``path`` with the settings it was loaded with (a ``backend.LoadConfig``)
     and compare with the lines llama.cpp logged while loading it. ``planned``:
     the plan the load was chosen with (``prepare.LoadPlan.plan``, llama.cpp's dry
-    run figures in it), used unless llama.cpp turned flash attention off."""
+    run figures in it), used unless llama.cpp turned flash attention off;
+    ``header``: the file's, read already for the fit (else read here)."""
     from dataclasses import replace
 
     # lazy: loads gguf, numpy (~87 ms here), which memcheck does not load at import
@@ -159,7 +161,7 @@ def check_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, s
         return check(planned, alloc, tol)
     if gpu is None:
         gpu = any(dev not in ("CPU", "CPU_Mapped") and not dev.startswith("CPU") for kind in alloc.values() for dev, _ in kind)
-    shape = planner.ModelShape.from_header(read_header(path))
+    shape = planner.ModelShape.from_header(header if header is not None else read_header(path))
     return check(planner.plan_memory(shape, cfg, gpu=gpu), alloc, tol)
 
 
@@ -194,25 +196,18 @@ def check_placement(placement, lines: Iterable[str | tuple[int, str]], tol: floa
 
 
 def check_after_load(path: str | Path, load_config, lines: Iterable[str | tuple[int, str]], placement=None,
-                     planned=None) -> MemoryCheck | None:
-    """``check_load`` for commands: None (shown as n/a / null) when the log holds
-    no allocation lines or the check itself fails, so a load never fails on it.
-    With a ``placement`` (a load over several devices), ``check_placement``."""
+                     planned=None, *, header: GGUFHeader | None = None) -> MemoryCheck | None:
+    """``check_load`` for the load path (``localllm.runtime``): None (shown as
+    n/a / null) when the log holds no allocation lines; a check that itself
+    fails says so, and a load never fails on it. With a ``placement`` (a load
+    over several devices), ``check_placement``; ``header``: as ``check_load``."""
     lines = list(lines)
     try:
         if not any(parse_allocations(lines).values()):
             return None
         if placement is not None:
             return check_placement(placement, lines)
-        return check_load(path, load_config, lines, planned=planned)
+        return check_load(path, load_config, lines, planned=planned, header=header)
     except Exception as exc:  # noqa: BLE001 - a check of the plan must never break a run, nor hide that it broke
         return MemoryCheck(False, TOLERANCE, True, [], error=f"{type(exc).__name__}: {exc}")
 
-
-def load_checked(backend: Engine, path: str | Path, load_config, placement=None, planned=None):
-    """``backend.load(path, load_config)`` and the memory check of that load:
-    (the backend's LoadInfo, a MemoryCheck or None). For run, doctor and the cockpit.
-    ``placement``: the per-device plan of a load over ``--rpc`` workers;
-    ``planned``: the refereed plan of exactly ``load_config`` (``prepare.LoadPlan.plan``)."""
-    info = backend.load(Path(path), load_config)
-    return info, check_after_load(path, load_config, backend.load_log, placement, planned)

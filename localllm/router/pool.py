@@ -39,6 +39,7 @@ from typing import Any
 from localllm.router import durations, residency
 from localllm.router.catalog import path_of
 from localllm.router.children import Child, ChildFailed, Spares, Spawn
+from localllm.runtime import errors as runtime_errors
 from localllm.store.registry import ModelEntry
 from localllm.util import fmt
 
@@ -52,9 +53,10 @@ class LoadFailed(Exception):
     """The model could not be loaded (a 502, with the child's last error line)."""
 
 
-class DoesNotFit(LoadFailed):
+class DoesNotFit(LoadFailed, runtime_errors.DoesNotFit):
     """The model does not fit this machine even with no other model loaded: the
-    message is the plan's reason (the proxy answers 507)."""
+    message is the plan's reason (the proxy answers 507). The load path's
+    ``DoesNotFit``, as the router raises it: a ``LoadFailed`` to the pool too."""
 
 
 class Busy(Exception):

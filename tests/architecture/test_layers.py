@@ -34,6 +34,7 @@ RANKS = {
     "plan": 4,
     "threads": 4.5,  # the thread-count controller: on plan's core counts, under the engine that drives it
     "engine": 5, "store": 5, "chat": 5,
+    "runtime": 5.5,  # the one load path: resolve, fit (plan), load (engine), check; under every front end, the smoke test included
     "measure": 6, "testing": 6,
     "quantize": 7, "serve": 7,
     "tune": 7,  # tune's search, choice and config section: on measure's figures and the planner's, under the command
