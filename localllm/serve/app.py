@@ -309,8 +309,10 @@ def build_app(state: ServeState) -> Guard:
     async def metrics(request: Request) -> Response:
         if not state.metrics_endpoint:
             return _error(501, "This server does not support metrics endpoint. Start it with `--metrics`", kind="not_supported_error")
-        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4",
-                                 headers={"Process-Start-Time-Unix": str(int(state.metrics.started))})  # llama-server's header
+        resp = PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+        # llama-server's header, in its case (Starlette lowercases the names it is given; h11 keeps raw ones as they are)
+        resp.raw_headers.append((b"Process-Start-Time-Unix", str(int(state.metrics.started)).encode()))
+        return resp
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)  # registered for HTTPException only

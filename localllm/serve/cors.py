@@ -11,6 +11,10 @@ reflected only where allowed (a refused origin gets no ``Allow-Origin``, which
 is what makes the browser refuse). An allowed origin is reflected on every
 answer, a 401 included, so the page can read why it was refused.
 
+Header names go out in their usual case (``Access-Control-Allow-Origin``), as
+llama-server writes them: HTTP says case does not matter, but some clients (and
+llama.cpp's own server tests) look them up as written.
+
 Unlike llama-server, without ``--cors`` no CORS header is sent at all, so the
 browser's same-origin rule holds: llama-server's default (any origin, with
 credentials) lets any web page a user opens drive the model on their machine.
@@ -73,11 +77,11 @@ class Cors:
         origin = headers.get(b"origin", b"").decode("latin-1")
         allowed = self.allows(origin)
         if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
-            out = [(b"access-control-allow-methods", METHODS), (b"access-control-allow-credentials", b"true"),
-                   (b"access-control-allow-headers", headers.get(b"access-control-request-headers", b"*")[:1024]),
-                   (b"access-control-max-age", b"600"), (b"vary", b"Origin"), (b"content-length", b"0")]
+            out = [(b"Access-Control-Allow-Methods", METHODS), (b"Access-Control-Allow-Credentials", b"true"),
+                   (b"Access-Control-Allow-Headers", headers.get(b"access-control-request-headers", b"*")[:1024]),
+                   (b"Access-Control-Max-Age", b"600"), (b"Vary", b"Origin"), (b"Content-Length", b"0")]
             if allowed:
-                out.append((b"access-control-allow-origin", origin.encode("latin-1")))
+                out.append((b"Access-Control-Allow-Origin", origin.encode("latin-1")))
             await send({"type": "http.response.start", "status": 200, "headers": out})
             await send({"type": "http.response.body", "body": b""})
             return
@@ -87,9 +91,9 @@ class Cors:
 
         async def reflected(message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), (b"access-control-allow-origin", origin.encode("latin-1")),
-                                                  (b"access-control-allow-credentials", b"true"),
-                                                  (b"access-control-expose-headers", b"X-Ignored-Fields"), (b"vary", b"Origin")]}
+                message = {**message, "headers": [*message.get("headers", ()), (b"Access-Control-Allow-Origin", origin.encode("latin-1")),
+                                                  (b"Access-Control-Allow-Credentials", b"true"),
+                                                  (b"Access-Control-Expose-Headers", b"X-Ignored-Fields"), (b"Vary", b"Origin")]}
             await send(message)
 
         await self.app(scope, receive, reflected)
