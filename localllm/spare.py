@@ -30,10 +30,10 @@ def main() -> int:
     # What a serve child imports before it can load a model, before it is told which (that is this process's whole point):
     import localllm.cli  # lazy: the CLI, which runs the command it is handed
     import localllm.commands.serve  # lazy: serve's command (uvicorn's config, the fit)
-    import localllm.commands.serve_facts  # lazy: what serve reads of a loaded model
     import localllm.engine.batch  # lazy: llama-cpp-python and libllama (~0.3 s of the 0.6 s)
     import localllm.serve.app  # lazy: Starlette and the routes
     import localllm.serve.lifecycle  # noqa: F401 - lazy: uvicorn and uvloop; imported ahead, used by serve once told
+    import localllm.serve.server  # lazy: the server over a loaded model, and what it reads of one (serve.wiring)
 
     try:
         line = sys.stdin.readline(MAX_LINE)

@@ -59,7 +59,7 @@ class ScriptedEngine:
         self._state_error: str | None = None
 
     # -- the loaded model --------------------------------------------------------
-    def load(self, path: Path, config: LoadConfig) -> LoadInfo:
+    def load(self, path: Path, config: LoadConfig, header: object = None) -> LoadInfo:
         self.config = config
         self.loads += 1
         self._cache = []

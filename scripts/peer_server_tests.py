@@ -79,7 +79,9 @@ llama-server                           serve
 --chat-template, --chat-template-file,
 --no-mmproj, --sleep-idle-seconds,
 --mcp-servers-config, --mcp-servers-json,
---threads, --reasoning
+--tools, --threads, --reasoning,
+--tags, --verbose, --media-path,
+--ui-mcp-proxy
 --batch-size / --ubatch-size           --batch / --ubatch
 --n-gpu-layers                         --ngl
 --n-predict                            -n
@@ -107,19 +109,16 @@ and passes it nowhere):
 =====================================  ==============================================================
 --cont-batching                        serve always batches continuously (its default)
 --kv-unified                           no flag: only changes the --ctx computed above
---tags                                 serve has no model tags
 --grp-attn-n, --grp-attn-w             serve refuses self-extend
 --context-shift                        serve does not shift the context (refuses the flag)
---verbose                              serve has no debug log level
 --model-draft, --spec-type,            serve has no speculative decoding
 --spec-draft-n-min/-max,
 --spec-synth-len, --spec-synth-rates
 --no-ui                                serve has no web UI (so this is its default)
 --no-jinja                             serve always renders Jinja (refuses the flag)
 --mmproj-url                           replaced by the vision mapping's local projector
---media-path                           serve reads no local media folder
---ui-mcp-proxy                         serve has no web UI MCP/CORS proxy
---tools, --tools-runtime               serve has no built-in server tools
+--tools-runtime                        serve starts no container for the tools (a call's x-tool-runtime
+                                       header still attaches to a running one, or an ssh host)
 --backend_sampling                     no backend sampling in serve
 --models-dir                           serve's router serves ``localllm list``
 --pooling none, other choices          outside serve's choices
@@ -180,7 +179,8 @@ SAME = {f: f for f in (
     "--host", "--port", "--temp", "--seed", "--alias", "--api-key", "--metrics", "--slots", "--no-slots", "--swa-full",
     "--models-max", "--models-preset", "--no-models-autoload", "--jinja", "--cors-origins", "--slot-save-path", "--lora",
     "--cache-ram", "-ctk", "-ctv", "-fa", "--chat-template", "--chat-template-file", "--no-mmproj", "--sleep-idle-seconds",
-    "--mcp-servers-config", "--mcp-servers-json", "--threads", "--reasoning", "--pooling", "--reasoning-format")}
+    "--mcp-servers-config", "--mcp-servers-json", "--tools", "--threads", "--reasoning", "--pooling", "--reasoning-format",
+    "--tags", "--verbose", "--media-path", "--ui-mcp-proxy")}
 RENAMED = {"--batch-size": "--batch", "--ubatch-size": "--ubatch", "--n-gpu-layers": "--ngl", "--n-predict": "-n",
            "--embedding": "--embeddings", "--reranking": "--rerank", "--offline": "--no-pull"}
 CHOICES = {"--pooling": {"mean", "cls", "last", "rank"}, "--reasoning-format": {"auto", "deepseek", "deepseek-legacy", "none"},
@@ -188,19 +188,15 @@ CHOICES = {"--pooling": {"mean", "cls", "last", "rank"}, "--reasoning-format": {
 CTX_FLAGS = frozenset({"--ctx-size", "-c", "--parallel", "-np", "--kv-unified"})
 NOT_MAPPED = {
     "--cont-batching": "serve always batches continuously (its default)",
-    "--tags": "serve has no model tags",
     "--grp-attn-n": "serve refuses self-extend", "--grp-attn-w": "serve refuses self-extend",
     "--context-shift": "serve does not shift the context",
-    "--verbose": "serve has no debug log level",
     "--model-draft": "serve has no speculative decoding", "--spec-type": "serve has no speculative decoding",
     "--spec-draft-n-min": "serve has no speculative decoding", "--spec-draft-n-max": "serve has no speculative decoding",
     "--spec-synth-len": "serve has no speculative decoding", "--spec-synth-rates": "serve has no speculative decoding",
     "--no-ui": "serve has no web UI (its default)",
     "--no-jinja": "serve always renders Jinja",
     "--mmproj-url": "replaced by the vision mapping's local projector",
-    "--media-path": "serve reads no local media folder",
-    "--ui-mcp-proxy": "serve has no web UI MCP/CORS proxy",
-    "--tools": "serve has no built-in server tools", "--tools-runtime": "serve has no built-in server tools",
+    "--tools-runtime": "serve starts no container for the tools (x-tool-runtime still attaches to a running one)",
     "--backend_sampling": "no backend sampling in serve",
     "--models-dir": "serve's router serves localllm list",
 }

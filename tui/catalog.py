@@ -155,7 +155,7 @@ class CatalogPane(Vertical):
     def _judge(self, offer: offers.Offer) -> str:
         """The verdict's words at the cockpit's settings (its context capped at the
         model's trained one), as the local tab's "fits" column asks."""
-        request = self.settings.fit_request(min(self.settings.n_ctx, offer.model.context))
+        request = self.settings.fit_request(self.settings.ctx_for(offer.model.context))
         try:
             return offers.judge(offer, self.hardware, request).text
         except SettingError:  # llama.cpp would refuse the settings' cache types for this model

@@ -15,14 +15,14 @@ from textual.app import App
 from textual.binding import Binding
 from textual.reactive import reactive
 
-from localllm.tui.attachments import typed_part, without_markers
+from localllm.cockpit.attachments import typed_part, without_markers
 from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.markdown import answer_of, code_blocks
 from localllm.vision.marker import MARKER
 
 if TYPE_CHECKING:
     from localllm.chat.session import ChatSession
-    from localllm.tui.attachments import Count, Pending
+    from localllm.cockpit.attachments import Count, Pending
     from localllm.tui.prompt import PromptBox
     from localllm.vision.image import RGBImage
 

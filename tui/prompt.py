@@ -21,7 +21,7 @@ from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
-from localllm.tui.attachments import dropped_paths
+from localllm.cockpit.attachments import dropped_paths
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter")
 REISSUE_S = 0.002  # keys closer than this came in one read: a "^" among them was an Esc

@@ -22,7 +22,6 @@ from localllm.plan.prepare import prepare_load
 from localllm.quantize.naming import default_output
 from localllm.quantize.pipeline import SOURCE_TYPES, Job, Progress, dry_report, run
 from localllm.store import registry
-from localllm.store.builtin import CATALOG, embedded_path, path_of
 from localllm.tui.catalog import CatalogPane
 from localllm.tui.quantize_confirm import QuantizeConfirm, QuantizePlan
 from localllm.tui.saved import reason
@@ -34,21 +33,11 @@ def local_models() -> list[registry.ModelEntry]:
     """Every model on disk the registry names: built-in, pulled, the Hugging Face
     cache, LM Studio, Ollama, added folders, localllm's models directory; and the
     built-in gemma3-270m before its first use, as ``localllm list`` shows it
-    (choosing it assembles it, on the engine thread: ``ensure_built_in``)."""
+    (choosing it assembles it, on the engine thread: ``cockpit.loading.ensure_built_in``)."""
     try:
         return [e for e in registry.discover() if e.present or e.source == "embedded"]
     except Exception:  # noqa: BLE001 - an unreadable or malformed registry.json: show the loaded model alone
         return []
-
-
-def ensure_built_in(path: Path) -> Path:
-    """``path`` itself, once a built-in model that lives there is assembled (the
-    file of gemma3-270m is made from its PyPI package on first use)."""
-    if not path.exists():
-        for entry in CATALOG:
-            if embedded_path(entry.name) == path:
-                return path_of(entry)
-    return path
 
 
 COLUMNS = {"size": 10, "quant": 7, "context": 7, "fits": 12, "source": 8}  # the widest value each shows
@@ -84,7 +73,7 @@ def read_rows(current: Path, made: list[Path], settings: Settings, hw: Hardware)
         try:
             header = read_header(p)
             info = describe(header)
-            request = settings.fit_request(min(settings.n_ctx, info.context_length or settings.n_ctx))
+            request = settings.fit_request(settings.ctx_for(info.context_length))
             try:
                 # the one way in (plan.prepare), without llama.cpp's dry run: a list of many
                 # models; the load of the one chosen is refereed

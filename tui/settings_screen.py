@@ -103,9 +103,10 @@ class SettingsScreen(ModalScreen[Settings | None]):
     """
     BINDINGS = [("escape", "cancel", "Cancel")]
 
-    def __init__(self, current: Settings, tools: list[Switch] | None = None) -> None:
+    def __init__(self, current: Settings, tools: list[Switch] | None = None, planned_ctx: int | None = None) -> None:
         super().__init__()
         self.current = current
+        self.planned_ctx = planned_ctx  # the context the plan chose for the loaded model (shown where the setting is blank)
         self.tools = tools  # the MCP servers' switches; None: no Tools tab (no server is configured)
         self.tools_off: frozenset[str] | None = None  # on Apply: "server/tool" switched off
         self.servers_on: frozenset[str] = frozenset()  # on Apply: servers not running switched on (to start)
@@ -122,7 +123,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 with TabPane("Model", id="model-tab"):
                     with Grid():
                         yield Label("context tokens *")
-                        yield box("n_ctx", s.n_ctx, "integer")
+                        yield box("n_ctx", s.n_ctx, "integer", f"the plan's: {self.planned_ctx:,}" if self.planned_ctx else "the plan's")
                         yield Label("K cache type *")
                         yield Select(kv, value=s.type_k, allow_blank=False, id="type_k", compact=True)
                         yield Label("V cache type *")
@@ -170,8 +171,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
         return self.query_one(f"#{field}", Input).value
 
     def _read(self) -> Settings:
-        n_ctx = _whole("n_ctx", self._text("n_ctx"), blank=False)
-        if n_ctx is None or n_ctx < 1:
+        n_ctx = _whole("n_ctx", self._text("n_ctx"), blank=True)  # blank: the plan decides
+        if n_ctx is not None and n_ctx < 1:
             raise BadValue("n_ctx", f"context tokens must be at least 1, got {n_ctx}")
         new = replace(  # the settings this screen does not show (flash attention, batches, policy...) stay as they are
             self.current,

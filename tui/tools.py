@@ -16,7 +16,8 @@ server ``notifications/cancelled`` and stops waiting at once: a tool that
 ignores the cancellation is cut off); the model is told the call was
 cancelled and goes on. A second Esc stops the reply.
 
-A mixin of ``LocalLLMApp``, as ``controls.py`` is: app.py holds the engine.
+A mixin of ``LocalLLMApp``, as ``controls.py`` is: the session (``localllm.cockpit``)
+holds the engine thread, which runs the loop here.
 """
 
 from __future__ import annotations
@@ -33,19 +34,21 @@ from textual import work
 from textual.app import App
 from textual.message import Message
 
+from localllm.cockpit.events import ReplyEnded
+from localllm.cockpit.replies import Batcher
+from localllm.cockpit.wording import printable, reason
 from localllm.errors import LocalLLMError
 from localllm.mcp.agent import CallDone, CallRun, Decision, Event, Notice, StepDone, TextOut, ToolCall, ToolChat
 from localllm.mcp.config import load_settings
 from localllm.mcp.hub import Hub, start_configured
 from localllm.tui.chatview import ChatView, MessageView
-from localllm.tui.replies import BATCH_NS, ReplyDone, TokenBatch
-from localllm.tui.saved import printable, reason
 from localllm.tui.settings_screen import Switch
 from localllm.tui.tool_blocks import ApproveScreen, call_text, result_lines
 from localllm.tui.widgets import MemoryPanel
 
 if TYPE_CHECKING:
     from localllm.chat.session import ChatSession
+    from localllm.cockpit.session import CockpitSession
 
 BETTER = ("qwen2.5-7b-instruct", "llama-3.1-8b-instruct", "mistral-7b-instruct-v0.3")  # the catalog's models that call tools well
 
@@ -131,6 +134,7 @@ class ToolControls(App):
     _own_hub: Hub | None = None  # a hub the cockpit started (the settings' switches), closed at its end
 
     if TYPE_CHECKING:  # what the mixin uses of the app
+        core: CockpitSession
         _view: ChatView
         _reply: MessageView | None
         _stop: threading.Event
@@ -182,36 +186,19 @@ class ToolControls(App):
     def _generate_tools_on_engine_thread(self, chat: ChatSession, text: str, submitted_ns: int) -> None:
         """The reply to ``text`` with tools: its text in batches (as a plain
         reply's), the loop's events as messages, and the last step's stats."""
-        start = submitted_ns
-        first_text: int | None = None
-        pieces: list[str] = []
-        stamps: list[int] = []
-        last_post = 0
+        emit = self.core.emit
+        batch = Batcher(submitted_ns, emit)
         stopped, error, stats = False, None, None
-
-        def flush() -> None:
-            nonlocal pieces, stamps
-            if pieces:
-                self.post_message(TokenBatch("".join(pieces), stamps, start, first_text, tuple(pieces)))
-                pieces, stamps = [], []
-
         events: Iterator[Event] | None = None
         try:
-            events = self._tool_chat_for(chat).send(text, start_ns=start)
+            events = self._tool_chat_for(chat).send(text, start_ns=submitted_ns)
             for ev in events:
                 if isinstance(ev, TextOut):
-                    now = time.perf_counter_ns()  # the loop yields text as the model writes it
-                    pieces.append(ev.text)
-                    stamps.append(now)
-                    if first_text is None and ev.text:
-                        first_text = now
-                    if now - last_post >= BATCH_NS:
-                        flush()
-                        last_post = now
+                    batch.add(ev.text, time.perf_counter_ns())  # the loop yields text as the model writes it
                 elif isinstance(ev, StepDone):
                     stats = ev.stats if ev.stats is not None else stats
                 else:
-                    flush()
+                    batch.flush()
                     self.post_message(ToolStep(ev))
                 if self._stop.is_set():
                     stopped = True
@@ -222,8 +209,8 @@ class ToolControls(App):
             close = getattr(events, "close", None)  # a generator: closing it ends the generation in flight now
             if close is not None:
                 close()
-        flush()
-        self.post_message(ReplyDone(stats if error is None else None, stopped, error))
+        batch.flush()
+        emit(ReplyEnded(stats if error is None else None, stopped, error))
 
     # -- the UI thread ------------------------------------------------------------------
     def _close_reply(self) -> None:

@@ -3,17 +3,40 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localllm.commands._common import say
 from localllm.errors import InputError
-from localllm.modelfile.gguf_file import read_header
-from localllm.store import registry
 from localllm.util import fmt
+
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("add", help="name GGUFs you already have: a file, or a folder of them")
+    p.add_argument("path", metavar="PATH", help="a .gguf file or a folder")
+    p.add_argument("--json", action="store_true", help="a JSON list of the models it names")
+
+
+@dataclass(frozen=True)
+class Options:
+    path: str
+    json: bool
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(path=ns.path, json=ns.json)
 
 
 def run(args: argparse.Namespace) -> int:
-    path = Path(args.path).expanduser()
+    from localllm.modelfile.gguf_file import read_header  # lazy: loads gguf (~0.1 s), which --help (register above) does not need
+    from localllm.store import registry  # lazy: the store's registry (hashlib, tempfile: ~12 ms), which --help (register above) does not need
+
+    opts = Options.from_args(args)
+    path = Path(opts.path).expanduser()
     if not path.exists():
         raise InputError(f"{path} does not exist")
     if path.is_file():
@@ -25,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"{path} holds no GGUF files")
     root = registry.add_path(path)
     named = [e for e in registry.discover() if e.source == "added" and (e.path == root or root in e.path.parents)]
-    if args.json:
+    if opts.json:
         fmt.print_json([e.to_dict() for e in named])
         return 0
     for e in named:

@@ -12,9 +12,31 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from localllm.errors import UsageError
-from localllm.store import curated, registry
+
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("completion", help="a shell completion script (bash, zsh, fish), model names included")
+    p.add_argument("shell", nargs="?", choices=("bash", "zsh", "fish"), default=None, help="the shell")
+    p.add_argument("--names", action="store_true", help="print the model names a model argument takes, one per line")
+    p.set_defaults(subparsers=None)  # every command's parser: cli.main hands them over
+
+
+@dataclass(frozen=True)
+class Options:
+    shell: str | None
+    names: bool
+    subparsers: dict[str, argparse.ArgumentParser]  # each command's parser (cli.main: the commands do not import the CLI)
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(shell=ns.shell, names=ns.names, subparsers=dict(ns.subparsers or {}))
 
 
 def model_names() -> list[str]:
@@ -23,6 +45,9 @@ def model_names() -> list[str]:
     a file on disk, so it is untrusted: one with a control character (a newline
     would split it into two names, an escape would draw on the terminal) is left
     out; the scripts quote every other one."""
+    # lazy: the catalog loads gguf (~0.1 s), the registry hashlib and tempfile (~12 ms): --help (register above) needs neither
+    from localllm.store import curated, registry
+
     names = {e.name for e in registry.discover()}
     for m in curated.load():
         names.add(m.name)
@@ -86,11 +111,11 @@ SHELLS = {"bash": bash, "zsh": zsh, "fish": fish}
 
 
 def run(args: argparse.Namespace) -> int:
-    """``args.subparsers``: each command's parser (handed over by ``cli.main``)."""
-    if args.names:
+    opts = Options.from_args(args)
+    if opts.names:
         print("\n".join(model_names()))
         return 0
-    if args.shell is None:
+    if opts.shell is None:
         raise UsageError("name the shell: localllm completion bash (or zsh, fish)")
-    print(SHELLS[args.shell](args.subparsers), end="")
+    print(SHELLS[opts.shell](opts.subparsers), end="")
     return 0

@@ -3,20 +3,41 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from localllm.commands import config_file as config
 from localllm.util import fmt
+
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("config", help="where the config file is and the defaults it sets, per command")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(subparsers=None)  # every command's parser: cli.main hands them over
+
+
+@dataclass(frozen=True)
+class Options:
+    json: bool
+    subparsers: dict[str, argparse.ArgumentParser]  # each command's parser (cli.main: the commands sit below the CLI and do not import it)
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(json=ns.json, subparsers=dict(ns.subparsers or {}))
 
 
 def run(args: argparse.Namespace) -> int:
-    """``args.subparsers``: each command's parser (``cli.main`` hands them over:
-    the commands sit below the CLI and do not import it)."""
+    from localllm.commands import config_file as config  # lazy: the config file's reader (tomllib, tempfile: ~11 ms), which --help does not need
+
+    opts = Options.from_args(args)
     path = config.config_file()
     table = config.load(path)
-    subs = args.subparsers
+    subs = opts.subparsers
     flags = {name: config.tokens(table, name, subs, path) for name in subs}
     flags = {name: f for name, f in flags.items() if f}
-    if args.json:
+    if opts.json:
         fmt.print_json({"path": str(path), "exists": path.exists(), "settings": table, "flags": flags})
         return 0
     if not path.exists():

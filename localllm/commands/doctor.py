@@ -4,25 +4,47 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from localllm import runtime
+from localllm import flags
 from localllm.commands._common import load_request, plan_load
 from localllm.errors import InputError, LocalLLMError, UsageError
-from localllm.measure.doctor import examine, measure, measure_speculation
-from localllm.measure.quality import eval_text, kv_cache_quality
-from localllm.measure.roofline import measure_by_threads
-from localllm.measure.starved import contention
-from localllm.measure.thread_counts import decode_by_threads, thread_action
-from localllm.plan.hardware import gpu_memory_bandwidth, physical_cores
-from localllm.store import resolver
 from localllm.util import fmt
 
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
 
-def _prompt(args: argparse.Namespace) -> str:
-    if args.prompt_file:
-        p = Path(args.prompt_file)
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("doctor", help="why is it slow? measure TTFT, ITL and the roofline, name the bottleneck, rank fixes")
+    flags.add_model(p)
+    p.add_argument("--prompt-file", default=None, metavar="F", help="a prompt like yours (default: a page of text and a question)")
+    p.add_argument("--gen-tokens", type=flags.int_at_least(2, "--gen-tokens"), default=64, metavar="N", help="tokens to generate (default: 64)")
+    p.add_argument("--no-quality", action="store_true", help="skip measuring what a q8_0 KV cache costs")
+    flags.add_load_options(p)
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+
+@dataclass(frozen=True)
+class Options:
+    model: str | None
+    prompt_file: str | None
+    gen_tokens: int
+    no_quality: bool
+    load: flags.Load
+    json: bool
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(model=ns.model, prompt_file=ns.prompt_file, gen_tokens=ns.gen_tokens, no_quality=ns.no_quality,
+                   load=flags.Load.from_args(ns), json=ns.json)
+
+
+def _prompt(opts: Options) -> str:
+    if opts.prompt_file:
+        p = Path(opts.prompt_file)
         if not p.is_file():
             raise InputError(f"prompt file not found: {p}")
         text = p.read_text(encoding="utf-8", errors="replace")
@@ -31,11 +53,15 @@ def _prompt(args: argparse.Namespace) -> str:
         return text
 
     # A typical request: a page of context and a question about it.
+    from localllm.measure.quality import eval_text  # lazy: numpy (~0.1 s), which --help (register above) does not need
+
     return eval_text()[:2000] + "\n\nSummarize the text above in three sentences."
 
 
 def _kv_kl(path: Path, threads: int | None) -> dict[str, float]:
     """Mean KL of q8_0 and q4_0 caches against f16 on one 256-token chunk of the shipped text."""
+    from localllm.measure.quality import kv_cache_quality  # lazy: as in _prompt
+
     return {r.name: r.kl_mean for r in kv_cache_quality(path, ("q8_0", "q4_0"), threads=threads)}
 
 
@@ -125,37 +151,47 @@ def render(r, name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = resolver.resolve(args.model)
-    prompt = _prompt(args)
+    # lazy: the load path, the store and the measurements load gguf and numpy (~0.2 s), which --help does not need
+    from localllm import runtime
+    from localllm.measure.doctor import examine, measure, measure_speculation  # lazy: as above
+    from localllm.measure.roofline import measure_by_threads  # lazy: as above
+    from localllm.measure.starved import contention  # lazy: as above
+    from localllm.measure.thread_counts import decode_by_threads, thread_action  # lazy: as above
+    from localllm.plan.hardware import gpu_memory_bandwidth, physical_cores  # lazy: the GPU and CPU probes (psutil: ~3 ms), which --help does not need
+    from localllm.store import resolver  # lazy: as above
+
+    opts = Options.from_args(args)
+    path = resolver.resolve(opts.model)
+    prompt = _prompt(opts)
     # Room for 9 rows of logits, so the same context can check speculative drafts.
-    planned = plan_load(args, load_request(args, path, args.ctx, n_outputs=9)).check()
+    planned = plan_load(opts.load, load_request(opts.load, flags.NO_LORA, path, opts.load.ctx, n_outputs=9)).check()
     fitted = planned.lp
-    say = (lambda m: None) if args.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
+    say = (lambda m: None) if opts.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
     say("measuring how busy the machine is")
     load = contention()  # before the model loads: what else runs, not this process
     placement = planned.placement
     with runtime.load(planned) as loaded:
         backend, info, memory_check = loaded.engine, loaded.info, loaded.memory_check
         say("measuring prefill and decode")
-        stats = measure(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
+        stats = measure(backend, prompt, gen_tokens=opts.gen_tokens, chat=backend.has_chat_template)
         header = backend.header
         assert header is not None  # loaded just above
         spec = None
-        if backend.context_used + args.gen_tokens + 10 < backend.n_ctx:
+        if backend.context_used + opts.gen_tokens + 10 < backend.n_ctx:
             say("measuring prompt-lookup speculative decoding")
-            spec = measure_speculation(backend, prompt, gen_tokens=args.gen_tokens, chat=backend.has_chat_template)
+            spec = measure_speculation(backend, prompt, gen_tokens=opts.gen_tokens, chat=backend.has_chat_template)
         threads = info.n_threads or 1
-        counts = {threads} if args.threads else {1, threads, max(1, threads - 1), physical_cores() or threads}
+        counts = {threads} if opts.load.threads else {1, threads, max(1, threads - 1), physical_cores() or threads}
         say(f"measuring decode on {', '.join(map(str, sorted(counts)))} thread(s), alternated")
-        rates = decode_by_threads(backend, counts, gen_tokens=min(args.gen_tokens, 24), chat=backend.has_chat_template)
+        rates = decode_by_threads(backend, counts, gen_tokens=min(opts.gen_tokens, 24), chat=backend.has_chat_template)
     say("measuring memory bandwidth")
     by_threads = measure_by_threads([1, threads])
     bandwidth = by_threads[threads]  # what the decode's threads can pull from memory
     gpu_bw = gpu_memory_bandwidth() if info.gpu_offload_supported or (placement is not None and any(u.device.kind == "gpu" for u in placement.uses)) else None
     kl: dict[str, float] = {}
-    if fitted.config.type_k == "f16" and not args.no_quality:
+    if fitted.config.type_k == "f16" and not opts.no_quality:
         say("measuring what q8_0 and q4_0 KV caches cost")
-        kl = _kv_kl(path, args.threads)
+        kl = _kv_kl(path, opts.load.threads)
     report = examine(header, info, fitted.config, stats, fitted.hardware, bandwidth, kl.get("q8_0"), spec,
                      gpu_bandwidth=gpu_bw, bandwidth_by_threads=by_threads, placement=placement)
     report.contention = {**asdict(load), "busy": load.busy, "line": load.words()}
@@ -164,12 +200,12 @@ def run(args: argparse.Namespace) -> int:
     tip = thread_action(rates, threads, f"{b.name} (pid {b.pid}) is using {b.cpu_percent:.0f}% of a core" if b is not None else None)
     if tip is not None:
         report.actions = sorted([*report.actions, tip], key=lambda a: -a.gain)[:3]
-    report.tune = _tune_advice(args.model)
+    report.tune = _tune_advice(opts.model)
     report.kv_types = {
         t: {"max_ctx": fitted.fit.max_ctx_by_kv_type.get(t, 0), "kl_mean": kl.get(t, 0.0 if t == "f16" else None)}
         for t in ("f16", "q8_0", "q4_0")
     }
-    if args.json:
+    if opts.json:
         d = report.to_dict()
         d["kv_q8_0_kl_mean"] = kl.get("q8_0")
         d["memory_check"] = memory_check.to_dict() if memory_check else None

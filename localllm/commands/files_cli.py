@@ -11,19 +11,21 @@ text), ``chat`` marks the message ``"data"`` for the session's untrusted spans.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm import attach
 from localllm.attach import Attachment
 from localllm.chat import untrusted
-from localllm.commands._common import Fitted, say
+from localllm.commands._common import say
 from localllm.engine_api import Engine, GenerationStats
 from localllm.errors import InputError, UsageError
 from localllm.forecast import Forecast, Forecaster, Room, check
 from localllm.forecast.prompt import check_message, count, names, reply_room
 from localllm.util import fmt
+
+if TYPE_CHECKING:
+    from localllm.plan.prepare import LoadPlan as Fitted
 
 
 def read_all(paths: Sequence[str] | None, *, quiet: bool = False) -> list[Attachment]:
@@ -41,23 +43,24 @@ def compose(prompt: str, attachments: Sequence[Attachment]) -> str:
     return attach.message(prompt, attachments)
 
 
-def check_run(backend: Engine, fitted: Fitted, prompt: str, attachments: Sequence[Attachment], args: argparse.Namespace) -> list[Attachment]:
+def check_run(backend: Engine, fitted: Fitted, prompt: str, attachments: Sequence[Attachment], *, raw: bool, n_predict: int, tools: bool,
+              quiet: bool) -> list[Attachment]:
     """``run --file``: the attachments with their tokens counted (and said, but
     for --json), after checking that the prompt and the reply fit the context
     (an ``InputError`` naming ``--ctx``/``--kv-type`` that would, else). With
     ``--tools`` the prompt goes through a chat session that parses special
     tokens in a user's message: a file holding control-token text is refused
     there rather than read as turns."""
-    tokens = backend.prompt_tokens(prompt, chat=not args.raw)
-    room = Room(len(tokens), 0, reply_room(args.n_predict, backend.n_ctx), backend.n_ctx)
+    tokens = backend.prompt_tokens(prompt, chat=not raw)
+    room = Room(len(tokens), 0, reply_room(n_predict, backend.n_ctx), backend.n_ctx)
     line = check(room, fitted.fit.max_ctx_by_kv_type, trained_ctx=fitted.fit.trained_ctx,
                  what=f"the prompt with {names(attachments)}")
     if line:
         raise InputError(line)
-    if getattr(args, "tools", None) and any(untrusted.holds_special(backend, a.text) for a in attachments):
+    if tools and any(untrusted.holds_special(backend, a.text) for a in attachments):
         raise UsageError("a --file holds the text of the model's control tokens: with --tools it cannot be kept as data; drop --tools")
     counted = count(backend, attachments)
-    if not args.json:
+    if not quiet:
         for a in counted:
             say(f"attached {a.chip()} (the prompt: {len(tokens):,} tokens of {backend.n_ctx:,})")
     return counted

@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from localllm import toolcalls
-from localllm.modelfile.gguf_file import read_header
-from localllm.modelfile.model_info import ModelInfo, inspect_model
-from localllm.store import names, resolver
+from localllm import flags
 from localllm.util import fmt
-from localllm.vision.projector import ProjectorInfo, beside, describe, is_projector
+
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
+    from localllm.modelfile.model_info import ModelInfo
+    from localllm.vision.projector import ProjectorInfo
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("inspect", help="what a GGUF model is, from its header (no load)")
+    flags.add_model(p)
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+@dataclass(frozen=True)
+class Options:
+    model: str | None
+    json: bool
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(model=ns.model, json=ns.json)
 
 
 def render(info: ModelInfo, tool_format: str = "") -> str:
@@ -78,12 +96,20 @@ def _projector_only(p: ProjectorInfo, as_json: bool) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: the header reader and the store load gguf (~0.1 s), which --help (this module's register) does not need
+    from localllm import toolcalls
+    from localllm.modelfile.gguf_file import read_header  # lazy: as above
+    from localllm.modelfile.model_info import inspect_model  # lazy: as above
+    from localllm.store import names, resolver  # lazy: as above
+    from localllm.vision.projector import beside, describe, is_projector  # lazy: as above
+
+    opts = Options.from_args(args)
     proj: ProjectorInfo | None = None
     try:
-        path = resolver.resolve(args.model)
+        path = resolver.resolve(opts.model)
         header = read_header(path)
         if is_projector(header):
-            return _projector_only(describe(header), args.json)
+            return _projector_only(describe(header), opts.json)
         near = beside(path)
         proj = describe(read_header(near)) if near is not None else None
         info = inspect_model(path)
@@ -93,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         with names.header_of(nd.name) as (stub, remote):
             info = replace(inspect_model(stub), path=f"{remote.label} (not downloaded: its header read from the Hub, nothing stored)")
         tool_format = ""
-    if args.json:
+    if opts.json:
         fmt.print_json({**info.to_dict(), "tool_call_format": tool_format or None, "projector": proj.to_dict() if proj is not None else None})
     else:
         print(render(info, tool_format))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from localllm.store import curated, registry
@@ -10,14 +9,15 @@ from localllm.util import fmt
 from localllm.util.units import format_size
 
 
-def run(args: argparse.Namespace) -> int:
+def run(*, as_json: bool) -> int:
+    """``list --catalog`` (``as_json``: --json)."""
     table = curated.rows()
     here = {(e.repo, e.filename): e.path for e in registry.discover() if e.repo}
     for r in table:
         path = here.get((r["repo"], r["file"]))
         r["here"] = path is not None
         _exact_sizes(r, path)
-    if args.json:
+    if as_json:
         fmt.print_json(table)
         return 0
     head = ("MODEL", "QUANT", "SIZE", "CTX", "ARCH", "LICENSE", *(f"{curated.budget_label(k)} GPU" for k in curated.BUDGETS), "HERE")

@@ -5,12 +5,33 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from localllm import flags
 from localllm.errors import LocalLLMError
-from localllm.plan import hardware
-from localllm.store import registry
 from localllm.util import fmt
+from localllm.util.units import Size
+
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("list", help="models here: pulled, Hugging Face cache, LM Studio, Ollama, added; and whether each fits")
+    p.add_argument("--catalog", action="store_true", help="the curated list of models for 4-6 GiB GPUs, with the planner's verdicts")
+    p.add_argument("--vram", type=flags.size, default=None, metavar="SIZE", help="judge fit against this GPU budget (default: detected)")
+    p.add_argument("--json", action="store_true", help="a JSON list")
+
+
+@dataclass(frozen=True)
+class Options:
+    catalog: bool
+    vram: Size | None
+    json: bool
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(catalog=ns.catalog, vram=ns.vram, json=ns.json)
 
 
 @dataclass
@@ -42,6 +63,7 @@ def rows(hw: Any) -> list[Row]:
 
     # lazy: loads gguf, numpy (~116 ms here), which list_models does not load at import
     from localllm.plan import planner, verdict
+    from localllm.store import registry  # lazy: the store's registry (hashlib, tempfile: ~12 ms), which --help (register above) does not need
 
     ram = hw.ram_available_bytes
     out = []
@@ -113,15 +135,18 @@ def render(table: list[Row], budget_note: str, columns: int | None = None) -> st
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.catalog:
+    opts = Options.from_args(args)
+    if opts.catalog:
         # lazy: loads gguf, numpy (~142 ms here), which list_models does not load at import
         from localllm.commands import list_catalog
 
-        return list_catalog.run(args)
+        return list_catalog.run(as_json=opts.json)
 
-    hw = hardware.detect(args.vram)
+    from localllm.plan import hardware  # lazy: reads the GPU and RAM (~3 ms at import), which --help (register above) does not need
+
+    hw = hardware.detect(opts.vram)
     table = rows(hw)
-    if args.json:
+    if opts.json:
         fmt.print_json([r.to_dict() for r in table])
         return 0
     note = f"({fmt.size(hw.gpu_budget)} GPU)" if hw.gpu_budget else "(RAM)"

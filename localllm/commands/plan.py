@@ -3,31 +3,46 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from localllm import api
-from localllm.commands import config_file, vision_cli
-from localllm.commands._common import Fitted, fit_config, load_options, lora_specs
+from localllm import flags
+from localllm.commands._common import load_options, load_request, lora_specs, plan_load
 from localllm.commands.serve_flags import DEFAULT_PARALLEL
 from localllm.errors import EXIT_ERROR
-from localllm.measure.predict import Prediction, predict
-from localllm.modelfile.arch_rules import M_ROPE
-from localllm.modelfile.gguf_file import read_header
-from localllm.modelfile.lora import read_adapter
-from localllm.modelfile.model_info import inspect_model
-from localllm.plan import fitting
-from localllm.plan.hardware import gpu_memory_bandwidth, physical_cores
-from localllm.plan.placement import experts_rule
-from localllm.plan.planner import ModelShape, layers_phrase
-from localllm.plan.prepare import ESTIMATE
-from localllm.store import names, resolver
-from localllm.store.builtin import DEFAULT_MODEL
-from localllm.tune import section
 from localllm.util import fmt
-from localllm.vision import choice
-from localllm.vision.memory import ProjectorMemory
-from localllm.vision.projector import read_projector
+
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
+    from localllm.measure.predict import Prediction
+    from localllm.plan import fitting
+    from localllm.plan.prepare import LoadPlan as Fitted
+    from localllm.store import names
+    from localllm.tune import section
+    from localllm.vision.memory import ProjectorMemory
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("plan", help="memory per device: weights, KV cache, compute; what fits a GPU budget")
+    flags.add_model(p)
+    flags.add_load_options(p, ctx_help=f"context size in tokens, as run loads it (default: {flags.RUN_CTX}; serve's is shown too)")
+    flags.add_lora(p)
+    flags.add_vision(p, image=False)
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+
+@dataclass(frozen=True)
+class Options:
+    model: str | None
+    load: flags.Load
+    lora: flags.Lora
+    vision: flags.Vision
+    json: bool
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(model=ns.model, load=flags.Load.from_args(ns), lora=flags.Lora.from_args(ns), vision=flags.Vision.from_args(ns), json=ns.json)
 
 
 def fit_line(r) -> str:
@@ -38,6 +53,11 @@ def fit_line(r) -> str:
 
 
 def render(f: Fitted, architecture: str = "", projector: ProjectorMemory | None = None, *, default_ctx: bool = False) -> str:
+    # lazy: the planner's rules load gguf (~0.1 s), which --help (register above) does not need
+    from localllm.modelfile.arch_rules import M_ROPE
+    from localllm.plan.placement import experts_rule  # lazy: as in render
+    from localllm.plan.planner import layers_phrase  # lazy: as in render
+
     r = f.fit
     p = r.plan
     shown = f
@@ -99,11 +119,13 @@ def render(f: Fitted, architecture: str = "", projector: ProjectorMemory | None 
 
 def _context(fit: fitting.Fit, default_ctx: bool) -> str:
     """"4096 tokens (run's default, at most 4096; trained 32768)"."""
+    from localllm.plan import fitting  # lazy: as in render
+
     c = fitting.context_choice(fit, default=default_ctx)
     return f"{c.n_ctx} tokens ({c.reason})"
 
 
-def served(args: argparse.Namespace, path: Path, f: Fitted) -> tuple[Fitted, fitting.ContextChoice] | None:
+def served(opts: Options, path: Path, f: Fitted) -> tuple[Fitted, fitting.ContextChoice] | None:
     """What ``serve MODEL`` with no ``--ctx`` loads here: each of its default
     ``--parallel`` sequences the trained context, or the largest that fits
     (``fitting.default_ctx``), fitted as serve fits it, with this plan's other
@@ -111,16 +133,22 @@ def served(args: argparse.Namespace, path: Path, f: Fitted) -> tuple[Fitted, fit
     the model, else an estimate, which the line says: no second dry run of
     llama.cpp (about 0.5 s a model) for one line; serve's own start dry-runs it.
     None with ``--rpc``: the workers would be probed a second time."""
-    if getattr(args, "rpc", None):
+    from localllm import api  # lazy: as in render
+    from localllm.modelfile.lora import read_adapter  # lazy: as in render
+    from localllm.plan import fitting  # lazy: as in render
+
+    if opts.load.rpc:
         return None
     n = DEFAULT_PARALLEL
-    request = replace(load_options(args, fitting.DEFAULT_CTX).request(), adapters=tuple(read_adapter(s.path) for s in lora_specs(args)))
+    request = replace(load_options(opts.load, fitting.DEFAULT_CTX).request(), adapters=tuple(read_adapter(s.path) for s in lora_specs(opts.lora)))
     lp = api.prepare(path, request, hw=f.hardware, n_seq=n, dry_run=False, serving=True)
     return lp, fitting.context_choice(lp.fit, n, default=True)
 
 
 def served_line(s: tuple[Fitted, fitting.ContextChoice]) -> str:
     """"serve with no --ctx: 32768 tokens per request (trained) x 4 parallel, KV cache f16/f16 421.50 MiB (131072 cells), 808.93 MiB in all"."""
+    from localllm.plan.prepare import ESTIMATE  # lazy: as in render
+
     lp, c = s
     head = f"serve with no --ctx: {c.n_ctx} tokens per request ({c.reason}) x {lp.config.n_seq} parallel"
     if not lp.fit.fits:
@@ -133,6 +161,8 @@ def served_line(s: tuple[Fitted, fitting.ContextChoice]) -> str:
 
 def served_dict(s: tuple[Fitted, fitting.ContextChoice] | None) -> dict | None:
     """``plan --json``'s ``serve``: the figures ``served_line`` says."""
+    from localllm.plan.prepare import ESTIMATE  # lazy: as in render
+
     if s is None:
         return None
     lp, c = s
@@ -155,6 +185,8 @@ def _projector_rows(mem: ProjectorMemory | None) -> list[tuple[str, str, str]]:
 
 
 def _total(total: tuple[int, int], mem: ProjectorMemory | None) -> tuple[int, int]:
+    from localllm.vision import choice  # lazy: as in render
+
     if mem is None:
         return total
     need = choice.need(mem)
@@ -163,6 +195,8 @@ def _total(total: tuple[int, int], mem: ProjectorMemory | None) -> tuple[int, in
 
 def projector_line(path: Path, mem: ProjectorMemory, free: int | None) -> str:
     """Whether the projector fits beside the model: what it needs, and what is left or short."""
+    from localllm.vision import choice  # lazy: as in render
+
     need = choice.need(mem)
     head = f"projector {path.name}: {fmt.size(need)} on the {mem.device} (compute an estimate)"
     if free is None:
@@ -173,6 +207,8 @@ def projector_line(path: Path, mem: ProjectorMemory, free: int | None) -> str:
 
 def render_devices(f: Fitted, *, default_ctx: bool = False) -> str:
     """One column per device (with --rpc): the workers' devices, a local GPU, the CPU."""
+    from localllm.plan.planner import layers_phrase  # lazy: as in render
+
     r = f.fit
     p = r.plan
     pl = f.placement
@@ -212,19 +248,27 @@ def render_devices(f: Fitted, *, default_ctx: bool = False) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from localllm.store import names, resolver  # lazy: as in render
+
+    opts = Options.from_args(args)
     try:
-        path = resolver.resolve(args.model)
+        path = resolver.resolve(opts.model)
     except names.NotDownloaded as nd:
         # a model not downloaded: planned from its header, read over HTTP ranges into a sparse stub
         with names.header_of(nd.name) as (stub, remote):
-            return _plan(args, stub, remote)
-    return _plan(args, path, None)
+            return _plan(opts, stub, remote)
+    return _plan(opts, path, None)
 
 
-def _predicted(args: argparse.Namespace, f: Fitted, path: Path) -> Prediction | None:
+def _predicted(opts: Options, f: Fitted, path: Path) -> Prediction | None:
     """The decode ceiling of the chosen plan (``measure.predict``); None when it does not fit.
     GPU memory's bandwidth is NVML's or the Apple chip's, unknown for a --vram
     budget on a machine without one and for a worker's device."""
+    from localllm.measure.predict import predict  # lazy: as in render
+    from localllm.modelfile.gguf_file import read_header  # lazy: as in render
+    from localllm.plan.hardware import gpu_memory_bandwidth, physical_cores  # lazy: as in render
+    from localllm.plan.planner import ModelShape  # lazy: as in render
+
     if not f.fit.fits:
         return None
     hw = f.hardware
@@ -232,32 +276,37 @@ def _predicted(args: argparse.Namespace, f: Fitted, path: Path) -> Prediction | 
     known = f.placement is None and hw.gpu_source in ("nvml", "apple-unified")
     shape = ModelShape.from_header(read_header(path))
     return predict(shape, f.fit.plan, gpu=gpu, gpu_bandwidth=gpu_memory_bandwidth() if known else None,
-                   threads=args.threads or physical_cores())
+                   threads=opts.load.threads or physical_cores())
 
 
-def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> int:
+def _plan(opts: Options, path: Path, remote: names.Remote | None) -> int:
+    from localllm.commands import vision_cli  # lazy: as in render
+    from localllm.modelfile.model_info import inspect_model  # lazy: as in render
+    from localllm.vision import choice  # lazy: as in render
+    from localllm.vision.projector import read_projector  # lazy: as in render
+
     # a vision model's projector (given, or beside the model; a stub of a remote model has none)
-    proj = vision_cli.projector_path(args, path, quiet=args.json) if remote is None or args.mmproj else None
-    f = fit_config(args, path, args.ctx, cross_check=True)
-    predicted = _predicted(args, f, path)
+    proj = vision_cli.projector_path(opts.vision, path, quiet=opts.json) if remote is None or opts.vision.mmproj else None
+    f = fit_config(opts, path, opts.load.ctx)
+    predicted = _predicted(opts, f, path)
     info = inspect_model(path)
     mem, free = choice.room(f.fit, proj) if proj is not None else (None, None)
-    serve = served(args, path, f)
-    if args.json:
-        d = as_dict(f, info, predicted, remote, default_ctx=args.ctx is None)
+    serve = served(opts, path, f)
+    if opts.json:
+        d = as_dict(f, info, predicted, remote, default_ctx=opts.load.ctx is None)
         d["serve"] = served_dict(serve)
         d["projector"] = None if proj is None or mem is None else {
             **read_projector(proj).to_dict(), "memory": mem.to_dict(),
             "left_bytes": None if free is None else free - choice.need(mem),
             "fits": None if free is None else free >= choice.need(mem)}
-        tuned = _from_tune(args)
+        tuned = _from_tune(opts)
         d["from_tune"] = tuned.to_dict() if tuned is not None else None
         fmt.print_json(d)
     else:
-        print(as_text(f, info, predicted, remote, mem, default_ctx=args.ctx is None))
+        print(as_text(f, info, predicted, remote, mem, default_ctx=opts.load.ctx is None))
         if serve is not None:
             print(served_line(serve))
-        tuned = _from_tune(args)
+        tuned = _from_tune(opts)
         if tuned is not None:
             print(f"settings {tuned.line()}")
         if proj is not None and mem is not None:
@@ -266,14 +315,22 @@ def _plan(args: argparse.Namespace, path: Path, remote: names.Remote | None) -> 
     return 0 if f.fit.fits and fits_projector else EXIT_ERROR
 
 
-def _from_tune(args: argparse.Namespace) -> section.FromTune | None:
+def _from_tune(opts: Options) -> section.FromTune | None:
     """The settings planned with that ``localllm tune`` chose (its record in the model's
     config table), less any a flag typed or an edit since changed."""
-    return section.from_tune(config_file.load(), args.model or DEFAULT_MODEL, section.flag_values(args))
+    from localllm.commands import config_file  # lazy: the config file's reader (tomllib, tempfile: ~11 ms), which --help does not need
+    from localllm.store.builtin import DEFAULT_MODEL  # lazy: as config_file
+    from localllm.tune import section  # lazy: as config_file
+
+    return section.from_tune(config_file.load(), opts.model or DEFAULT_MODEL, section.flag_values(
+        ubatch=opts.load.ubatch, flash_attn=opts.load.flash_attn, kv_type=opts.load.kv_type, threads=opts.load.threads))
 
 
 def as_dict(f: Fitted, info, predicted: Prediction | None, remote: names.Remote | None, *, default_ctx: bool = False) -> dict:
     """``plan --json``: the figures ``as_text`` shows, from the same refereed plan (issue 45 item 7)."""
+    from localllm.modelfile.arch_rules import M_ROPE  # lazy: as in render
+    from localllm.plan import fitting  # lazy: as in render
+
     d = f.plan.to_dict()  # the refereed plan: llama.cpp's compute where its dry run gave it, as the table shows
     d.update(
         context=fitting.context_choice(f.fit, default=default_ctx).to_dict(),
@@ -311,3 +368,11 @@ def as_text(f: Fitted, info, predicted: Prediction | None, remote: names.Remote 
     if predicted is not None:
         out.append(predicted.line())
     return "\n".join(out)
+
+
+def fit_config(opts: Options, path: Path, n_ctx: int | None) -> Fitted:
+    """The options fitted to the GPU budget (detected or --vram) and RAM, as a
+    load would fit them (``plan_load``): the settings that fit, the user's
+    explicit choices kept, llama.cpp's dry run as the referee where the replay
+    does not cover the model (unless --no-dry-run), and where it covers it too (a cross-check)."""
+    return plan_load(opts.load, load_request(opts.load, opts.lora, path, n_ctx, cross_check=True)).lp

@@ -23,12 +23,34 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from localllm.errors import InputError, UsageError
 from localllm.util import fmt
 from localllm.util.net import is_loopback
+
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("ps", help="the models a running server (localllm serve, Ollama) has loaded: memory, CPU/GPU split, until when")
+    p.add_argument("--url", default="http://127.0.0.1:8080", metavar="URL", help="the server (default: http://127.0.0.1:8080, serve's)")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="the server's key, sent as 'Authorization: Bearer KEY' (also: LOCALLLM_API_KEY)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+
+@dataclass(frozen=True)
+class Options:
+    url: str
+    api_key: str | None
+    json: bool
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(url=ns.url, api_key=ns.api_key, json=ns.json)
+
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 MAX_BYTES = 1 << 20  # an answer past this is not a list of loaded models
@@ -73,10 +95,11 @@ class Row:
 
 
 def run(args: argparse.Namespace) -> int:
-    base = base_url(args.url)
-    key = args.api_key or os.environ.get("LOCALLLM_API_KEY") or None
+    opts = Options.from_args(args)
+    base = base_url(opts.url)
+    key = opts.api_key or os.environ.get("LOCALLLM_API_KEY") or None
     rows = parse(fetch(base, key), base)
-    if args.json:
+    if opts.json:
         fmt.print_json({"url": base, "models": [{**asdict(r), "processor": r.processor, "context": r.context} for r in rows]})
         return 0
     if not rows:

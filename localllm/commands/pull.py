@@ -13,33 +13,72 @@ repo's only GGUF.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from localllm import api, paths
+from localllm import flags, paths
 from localllm.commands._common import say
-from localllm.engine_api import LoadConfig
 from localllm.errors import InputError, UsageError
-from localllm.modelfile.stub import header_stub
-from localllm.plan import fitting, hardware, verdict
-from localllm.plan.prepare import DRY_RUN
-from localllm.store import hf_cache, hub, pulling
 from localllm.util import fmt
+from localllm.util.units import Size
+
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
+    from localllm.plan import hardware
+    from localllm.store import hub
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("pull", help="download a GGUF from Hugging Face into its cache (resumable, checksum verified)")
+    p.add_argument("repo", metavar="REPO[:QUANT]",
+        help="owner/name on the Hub, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M, or a catalog name (list --catalog)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--file", default=None, metavar="NAME", help="the file in the repo")
+    which.add_argument("--quant", default=None, metavar="Q", help="the quant to take, e.g. Q4_K_M or Q8_0")
+    p.add_argument("--vram", type=flags.size, default=None, metavar="SIZE",
+        help="with no --file/--quant: the largest quant that fits this GPU budget, by the planner")
+    p.add_argument("--revision", default="main", metavar="REV", help="branch, tag or commit (default: main)")
+    p.add_argument("--offline", action="store_true", help="use the cache only; never touch the network (also: HF_HUB_OFFLINE=1)")
+    p.add_argument("--no-dry-run", action="store_true",
+        help="with --vram: judge each quant by the rules alone, without llama.cpp's dry run of its header")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+
+@dataclass(frozen=True)
+class Options:
+    repo: str
+    file: str | None
+    quant: str | None
+    vram: Size | None
+    revision: str
+    offline: bool
+    no_dry_run: bool
+    json: bool
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(repo=ns.repo, file=ns.file, quant=ns.quant, vram=ns.vram, revision=ns.revision, offline=ns.offline,
+                   no_dry_run=ns.no_dry_run, json=ns.json)
 
 
 def run(args: argparse.Namespace) -> int:
-    repo_id, tag = pulling.target(args.repo)
-    if tag and (args.quant or args.file):
+    # lazy: the resolver loads gguf (~0.1 s), the Hub's client and the cache's names ~15 ms: --help (register above) needs none
+    from localllm.store import hf_cache, hub, pulling
+
+    opts = Options.from_args(args)
+    repo_id, tag = pulling.target(opts.repo)
+    if tag and (opts.quant or opts.file):
         raise UsageError("give the quant once: REPO:QUANT, or --quant, or --file")
-    quant = args.quant or tag
-    revision = hf_cache.check_revision(args.revision)
-    if args.file:
-        hf_cache.check_filename(args.file)
-    off = hub.offline(args.offline)
-    filename, reason = _choose(args, repo_id, revision, quant, off)
-    if args.file:
-        pulling.single(hub.RemoteFile(args.file, 0, None), repo_id)
-    result = hub.pull_all(repo_id, filename, revision, progress=not args.json, reason=reason, offline_mode=off)
-    if args.json:
+    quant = opts.quant or tag
+    revision = hf_cache.check_revision(opts.revision)
+    if opts.file:
+        hf_cache.check_filename(opts.file)
+    off = hub.offline(opts.offline)
+    filename, reason = _choose(opts, repo_id, revision, quant, off)
+    if opts.file:
+        pulling.single(hub.RemoteFile(opts.file, 0, None), repo_id)
+    result = hub.pull_all(repo_id, filename, revision, progress=not opts.json, reason=reason, offline_mode=off)
+    if opts.json:
         fmt.print_json(result.to_dict())
         return 0
     if result.from_cache:
@@ -53,16 +92,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | None, off: bool) -> tuple[str, str]:
-    if args.file:
-        return args.file, "the file asked for"
+def _choose(opts: Options, repo_id: str, revision: str, quant: str | None, off: bool) -> tuple[str, str]:
+    if opts.file:
+        return opts.file, "the file asked for"
+    from localllm.plan import hardware  # lazy: reads the GPU and RAM (~3 ms at import), only to pick a quant
+    from localllm.store import hub, pulling  # lazy: as in run
+
     files = hub.cached_ggufs(repo_id, revision) if off else hub.list_ggufs(repo_id, revision)
     if not files:
         where = "cached (offline)" if off else "in the repo"
         raise InputError(f"no GGUF files of {repo_id} {where}" + ("; run without --offline to look on the Hub" if off else ""))
     if quant:
         return pulling.by_quant(files, quant, repo_id, offline_mode=off)
-    budget = args.vram
+    budget: int | None = opts.vram
     if budget is None:
 
         hw = hardware.detect(None)
@@ -71,7 +113,7 @@ def _choose(args: argparse.Namespace, repo_id: str, revision: str, quant: str | 
         import psutil
 
         hw = hardware.Hardware("GPU", budget, None, "--vram", psutil.virtual_memory().total, psutil.virtual_memory().available)
-        f, why = hub.pick_by_budget(files, lambda rf: _judge(repo_id, revision, rf, off, hw, not args.no_dry_run), budget)
+        f, why = hub.pick_by_budget(files, lambda rf: _judge(repo_id, revision, rf, off, hw, not opts.no_dry_run), budget)
         return pulling.single(f, repo_id), why
     return pulling.by_default(files, repo_id)
 
@@ -81,6 +123,13 @@ def _judge(repo_id: str, revision: str, f: hub.RemoteFile, off: bool, hw: hardwa
     from the cached file, or (not downloaded) from its header read with HTTP
     ranges and written into a sparse stub, so llama.cpp's dry run referees the
     compute figure either way (``plan.prepare``)."""
+    from localllm import api  # lazy: the library's planner loads gguf (~0.1 s), which --help does not need
+    from localllm.engine_api import LoadConfig  # lazy: as above
+    from localllm.modelfile.stub import header_stub  # lazy: as above
+    from localllm.plan import fitting, verdict  # lazy: as above
+    from localllm.plan.prepare import DRY_RUN  # lazy: as above
+    from localllm.store import hf_cache, hub  # lazy: as in run
+
     request = fitting.Request(LoadConfig())
     if off:
 

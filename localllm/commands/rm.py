@@ -13,32 +13,57 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localllm.commands._common import say
 from localllm.errors import InputError
-from localllm.store import registry, removal
 from localllm.util import fmt
+
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("rm", help="delete a model localllm stored (asks first); says who owns the others")
+    p.add_argument("name", metavar="NAME", help="a name from localllm list (that model only), or a folder given to add (all of it)")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+
+@dataclass(frozen=True)
+class Options:
+    name: str
+    yes: bool
+    json: bool
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(name=ns.name, yes=ns.yes, json=ns.json)
 
 
 def run(args: argparse.Namespace) -> int:
-    folder = _added_folder(args.name)
+    from localllm.store import registry, removal  # lazy: the store's registry (hashlib, tempfile: ~12 ms), which --help (register above) does not need
+
+    opts = Options.from_args(args)
+    folder = _added_folder(opts.name)
     if folder is not None:
-        return _forget_folder(folder, args)
-    entry = registry.find(args.name)
+        return _forget_folder(folder, opts)
+    entry = registry.find(opts.name)
     if entry is None:
-        raise InputError(f"no model named '{args.name}' (see localllm list)")
+        raise InputError(f"no model named '{opts.name}' (see localllm list)")
     refused = removal.refusal(entry)
     if refused is not None:
         raise InputError(refused)
     action = removal.action(entry)
     size = entry.path.stat().st_size if entry.path.exists() else 0
     what = f"{action} {entry.name} ({fmt.size(size)}, {entry.path})"
-    if not args.yes and not _confirm(what):
+    if not opts.yes and not _confirm(what):
         say("nothing deleted (answer y, or pass --yes)")
         return 1
     deleted = removal.remove(entry).deleted
-    if args.json:
+    if opts.json:
         fmt.print_json({"name": entry.name, "source": entry.source, "action": action, "deleted": deleted, "path": str(entry.path)})
     elif entry.source == "added":
         say(f"forgot {entry.name} ({entry.path}; the file stays: localllm did not store it; localllm add {entry.path} brings it back)")
@@ -49,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _added_folder(name: str) -> Path | None:
     """``rm FOLDER``: the added folder ``name`` is, or None."""
+    from localllm.store import registry  # lazy: as in run
+
     p = Path(name).expanduser()
     if not p.is_dir():
         return None
@@ -56,14 +83,16 @@ def _added_folder(name: str) -> Path | None:
     return root if str(root) in registry.load_record().added else None
 
 
-def _forget_folder(root: Path, args: argparse.Namespace) -> int:
+def _forget_folder(root: Path, opts: Options) -> int:
     """Forget an added folder and every model in it (the files stay)."""
+    from localllm.store import registry  # lazy: as in run
+
     named = [e for e in registry.discover() if e.source == "added" and root in e.path.parents]
-    if not args.yes and not _confirm(f"forget the folder {root} ({len(named)} model(s); the files stay)"):
+    if not opts.yes and not _confirm(f"forget the folder {root} ({len(named)} model(s); the files stay)"):
         say("nothing forgotten (answer y, or pass --yes)")
         return 1
     registry.forget_added(root)
-    if args.json:
+    if opts.json:
         fmt.print_json({"folder": str(root), "action": "forget", "forgot": [e.name for e in named], "deleted": []})
     else:
         say(f"forgot the folder {root}: {len(named)} model(s) (the files stay)")

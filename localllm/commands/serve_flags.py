@@ -82,6 +82,22 @@ def add(p: argparse.ArgumentParser) -> None:
                    help="serve these MCP servers' tools on GET/POST /tools ({\"mcpServers\": {NAME: {command, args, env}}}, llama-server's); "
                         "a chat completion never runs a tool itself")
     g.add_argument("--mcp-servers-json", default=None, metavar="JSON", help="the same, given as JSON text")
+    g.add_argument("--tools", default=None, metavar="NAME[,NAME]|all",
+                   help="serve llama-server's built-in tools on GET/POST /tools: read_file, file_glob_search, grep_search, "
+                        "exec_shell_command, write_file, edit_file, get_info, or all (experimental, off by default: they read, "
+                        "write and run what this user may, for whoever can reach the API; CORS then allows pages of this machine "
+                        "only, unless --cors says otherwise; llama-server's flag)")
+    g.add_argument("--ui-mcp-proxy", action="store_true",
+                   help="serve /cors-proxy?url=URL, which forwards a web page's request to URL with only the headers it names "
+                        "(x-llama-server-proxy-header-NAME); experimental, off by default: it reaches whatever this machine "
+                        "reaches (llama-server's flag, for its web UI's MCP client)")
+    g.add_argument("--media-path", default=None, metavar="DIR", type=_folder,
+                   help="read file:// pictures of requests under DIR (named relative to it, no '..'); without it file:// URLs "
+                        "are a 400 (llama-server's flag)")
+    g.add_argument("--tags", default=None, metavar="TAG[,TAG]", help="labels listed with the model on /v1/models (llama-server's flag)")
+    g.add_argument("--verbose", dest="verbose_replies", action="store_true",
+                   help="every reply carries llama-server's __verbose field (its /completion fields and the prompt as templated) "
+                        "unless its request says \"verbose\": false (llama-server's flag; localllm -v shows llama.cpp's log)")
     g.add_argument("--slot-save-path", default=None, metavar="DIR", type=_folder,
                    help="POST /slots/{id}?action=save|restore|erase write and read a slot's cached prompt as a file in DIR "
                         "(llama-server's flag; without it they answer 501)")

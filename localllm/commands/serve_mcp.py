@@ -6,7 +6,6 @@ that fails is one line and left out; serve goes on, as llama-server does."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from localllm.errors import UsageError
@@ -16,9 +15,8 @@ from localllm.mcp.hub import Hub, Limits
 from localllm.util.fmt import safe
 
 
-def hub_from_flags(args: argparse.Namespace, say) -> Hub | None:
-    """The started hub, or None when neither flag is given."""
-    file, text = getattr(args, "mcp_servers_config", None), getattr(args, "mcp_servers_json", None)
+def hub_from_flags(file: str | None, text: str | None, say) -> Hub | None:
+    """The started hub from ``--mcp-servers-config FILE`` / ``--mcp-servers-json JSON``, or None when neither is given."""
     if file is None and text is None:
         return None
     if file is not None and text is not None:

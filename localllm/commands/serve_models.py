@@ -19,20 +19,24 @@ from __future__ import annotations
 import argparse
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from localllm.commands import config_file as config
 from localllm.commands._common import say
-from localllm.commands.preset_ini import Preset
 from localllm.errors import UsageError
+
+if TYPE_CHECKING:
+    from localllm.commands.preset_ini import Preset
 
 
 class PerModel:
     """``serve``'s options for each model the router loads."""
 
     def __init__(self, args: argparse.Namespace, preset: Preset | None, refused: frozenset[str] = frozenset()) -> None:
+        from localllm.commands import config_file as config  # lazy: the config file's reader (tomllib, tempfile: ~11 ms), which --help does not need
+
         self.base = args
         self.serve: argparse.ArgumentParser = args.subparsers["serve"]
-        self.typed: list[str] = list(getattr(args, "typed_argv", None) or [])
+        self.typed: list[str] = list(args.typed_argv or [])
         self.preset = preset
         self._refused = refused
         self.path = config.config_file()
@@ -41,6 +45,8 @@ class PerModel:
     @functools.lru_cache(maxsize=256)  # noqa: B019 - one per router, for the router's life
     def args(self, name: str) -> argparse.Namespace:
         """The namespace ``serve`` would have for ``name``: the layers above, parsed as typed ones are."""
+        from localllm.commands import config_file as config  # lazy: as in __init__
+
         if not self.table and self.preset is None:
             return self.base
         subs = self.base.subparsers
@@ -58,6 +64,7 @@ class PerModel:
     def reload(self) -> None:
         """Read the config file and the presets INI again (llama-server's POST /models/reload);
         a file that became bad keeps the options read before, and says why."""
+        from localllm.commands import config_file as config  # lazy: as in __init__
         from localllm.commands import preset_ini  # lazy: as preset_of
 
         try:
@@ -71,6 +78,8 @@ class PerModel:
 
     def check(self) -> None:
         """Parse each named model's options now, so a bad combination is said at start, not at its first request."""
+        from localllm.commands import config_file as config  # lazy: as in __init__
+
         named = set(self.preset.models) if self.preset is not None else set()
         tables = self.table.get(config.MODELS)
         named |= set(tables) if isinstance(tables, dict) else set()
@@ -78,9 +87,8 @@ class PerModel:
             self.args(name)
 
 
-def preset_of(args: argparse.Namespace, refused: frozenset[str]) -> Preset | None:
-    """``--models-preset``'s file, read (None without one)."""
+def preset_of(path: str | None, serve: argparse.ArgumentParser, refused: frozenset[str]) -> Preset | None:
+    """``--models-preset``'s file (``path``), read with serve's parser (None without one)."""
     from localllm.commands import preset_ini  # lazy: configparser, for router mode with a preset only
 
-    path = getattr(args, "models_preset", None)
-    return None if path is None else preset_ini.read(Path(path).expanduser(), args.subparsers["serve"], refused)
+    return None if path is None else preset_ini.read(Path(path).expanduser(), serve, refused)

@@ -10,17 +10,19 @@ refuses each call with one line (nobody could answer).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm.chat.session import ChatSession
 from localllm.mcp.agent import CallDone, CallRun, Decision, Notice, TextOut, ToolCall, ToolChat
 from localllm.mcp.hub import Hub, start_configured
 from localllm.util import fmt
 from localllm.util.fmt import safe
+
+if TYPE_CHECKING:
+    from localllm.flags import Tools
 
 CHOICE = "auto"  # tool_choice: the model calls when it wants to (a test sets "required": a grammar-forced call)
 
@@ -34,9 +36,9 @@ def start_hub(spec: str) -> Hub:
     return start_configured(spec, say)[0]
 
 
-def approver(args: argparse.Namespace) -> Callable[[ToolCall], Decision]:
+def approver(tools: Tools) -> Callable[[ToolCall], Decision]:
     """``--yes-tools``: allow; a terminal: ask; else refuse."""
-    if args.yes_tools:
+    if tools.yes_tools:
         return lambda call: Decision.ONCE
     if sys.stdin is None or not sys.stdin.isatty():
         return lambda call: Decision.REFUSE
@@ -62,8 +64,8 @@ def ask(call: ToolCall) -> Decision:
             return decision
 
 
-def tool_chat(session: ChatSession, hub: Hub, args: argparse.Namespace) -> ToolChat:
-    chat = ToolChat(session, hub, approve=approver(args), max_steps=args.max_tool_steps, choice=CHOICE)
+def tool_chat(session: ChatSession, hub: Hub, tools: Tools) -> ToolChat:
+    chat = ToolChat(session, hub, approve=approver(tools), max_steps=tools.max_tool_steps, choice=CHOICE)
     for line in chat.notices:
         say(line)
     if not chat.tools:

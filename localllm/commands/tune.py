@@ -15,27 +15,79 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localllm import runtime
-from localllm.commands import config_file
+from localllm import flags
 from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, LocalLLMError, UsageError
-from localllm.measure.bench import run_bench
-from localllm.measure.quality import KV_CHUNK, kv_cache_quality
-from localllm.measure.starved import Contention, contention
-from localllm.modelfile.model_info import inspect_model
-from localllm.plan import fitting
-from localllm.plan.prepare import LoadPlan
-from localllm.store import resolver
-from localllm.store.builtin import DEFAULT_MODEL
-from localllm.threads import topology
-from localllm.tune import section
 from localllm.tune.candidates import FLASH_ATTN, KV_TYPE, ORDER, THREADS, UBATCH, Setting, values
-from localllm.tune.choose import REPLY_TOKENS, Run
-from localllm.tune.runner import BecameBusy, Plan, Quality, Tuner
+from localllm.tune.choose import MAX_KL, REPLY_TOKENS, Run
 from localllm.util import fmt
+from localllm.util.units import Size
+
+if TYPE_CHECKING:
+    from localllm import runtime
+    from localllm.flags import Subparsers
+    from localllm.measure.starved import Contention
+    from localllm.plan.prepare import LoadPlan
+    from localllm.threads import topology
+    from localllm.tune.runner import Tuner
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("tune", help="measure ubatch, flash attention, KV cache type and threads on this machine; keep the fastest in the config file",
+        description="Each setting is measured on prefill and decode, alternated with the others, at the context you run; the "
+        "fastest the memory plan allows goes into the model's [models.\"NAME\"] table of the config file, where run, chat, "
+        "serve and the cockpit read it (a flag typed still wins; localllm plan shows what came from tune). Ctrl+C keeps "
+        "what was measured.")
+    flags.add_model(p)
+    p.add_argument("--ctx", "-c", "--ctx-size", type=flags.int_at_least(1, "--ctx", flags.MAX_CTX), default=None, metavar="N",
+                   help="the context to tune at (default: the one run uses: the model's, at most 4096)")
+    p.add_argument("--threads", "-t", type=flags.threads, default=None, metavar="N", help="fix the thread count: it is then not tuned")
+    p.add_argument("--vram", type=flags.size, default=None, metavar="SIZE", help="GPU memory budget for the plan (default: detected)")
+    p.add_argument("--quick", action="store_true", help="a short run: few tokens, two candidates a setting (the test suite's)")
+    p.add_argument("--force", action="store_true", help="measure even when another program keeps the CPU busy (the figures will be off)")
+    p.add_argument("--max-kl", type=flags.float_in(0.0, None, "--max-kl", above=True), default=MAX_KL, metavar="X",
+                   help="the most mean KL divergence against an f16 cache a quantized KV cache may cost to be chosen (default: %(default)s)")
+    p.add_argument("--no-write", action="store_true", help="measure and show; leave the config file as it is")
+    p.add_argument("--json", action="store_true", help="one JSON object: every figure, null where not measured")
+    p.set_defaults(subparsers=None, typed_argv=None)  # cli.main and cli._parse set them: what was typed is not tuned
+
+
+@dataclass(frozen=True)
+class Options:
+    model: str | None
+    ctx: int | None
+    threads: int | None
+    vram: Size | None
+    quick: bool
+    force: bool
+    max_kl: float
+    no_write: bool
+    json: bool
+    subparsers: dict[str, argparse.ArgumentParser]  # each command's parser (cli.main)
+    typed_argv: tuple[str, ...]  # what was typed after tune (cli._parse), to tell typed flags from the config file's
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(model=ns.model, ctx=ns.ctx, threads=ns.threads, vram=ns.vram, quick=ns.quick, force=ns.force, max_kl=ns.max_kl,
+                   no_write=ns.no_write, json=ns.json, subparsers=dict(ns.subparsers or {}), typed_argv=tuple(ns.typed_argv or ()))
+
+
+def contention() -> Contention:
+    """``measure.starved.contention``: what else keeps this machine's CPUs busy, imported when tune measures."""
+    from localllm.measure.starved import contention as now  # lazy: psutil (~40 ms with the module), which --help does not need
+
+    return now()
+
+
+def kv_cache_quality(path: Path, types: Sequence[str], **kw: Any) -> list:
+    """``measure.quality.kv_cache_quality``, imported when tune scores a KV type."""
+    from localllm.measure.quality import kv_cache_quality as score  # lazy: numpy (~0.1 s), which --help (register above) does not need
+
+    return score(path, types, **kw)
 
 
 class Busy(LocalLLMError):
@@ -44,6 +96,7 @@ class Busy(LocalLLMError):
 
 # (tokens generated after each prompt, rounds, KV quality tokens) per mode: the prompts are
 # ``prompt_lengths``'s. Quick is the suite's: fewer tokens, one prompt, the shortest quality check.
+KV_CHUNK = 256  # measure.quality.KV_CHUNK, the tokens of a KL chunk (that module loads numpy, which tune's --help does not)
 FULL = {"gen": 32, "rounds": 2, "kl_tokens": 2 * KV_CHUNK}
 QUICK = {"gen": 8, "rounds": 2, "kl_tokens": KV_CHUNK}
 MIN_CTX = 64
@@ -99,6 +152,9 @@ class Measurer:
     other load settings, every run pinned to the candidate's thread count."""
 
     def __init__(self, path: Path, plans: dict[tuple[int, str, str], runtime.Planned], prompts: list[int], gen: int) -> None:
+        from localllm import runtime  # lazy: the load path loads gguf (~0.1 s), which --help does not need
+        from localllm.modelfile.model_info import inspect_model  # lazy: as above
+
         self.path = path
         self.plans = plans
         self.prompts = prompts
@@ -108,6 +164,9 @@ class Measurer:
         self.n_vocab = inspect_model(path).n_vocab
 
     def __call__(self, s: Setting, rnd: int) -> Run:
+        from localllm import runtime  # lazy: as in __init__
+        from localllm.measure.bench import run_bench  # lazy: the bench loop (~3 ms), which --help does not need
+
         key = s.load_key()
         if key != self.loaded:
             runtime.load(self.plans[key], self.backend)  # threads not fixed in the plan: each run pins its own count below
@@ -125,16 +184,22 @@ class Measurer:
 
 
 def run(args: argparse.Namespace) -> int:
+    from localllm.commands import config_file  # lazy: the config file's reader (tomllib, tempfile: ~11 ms), which --help does not need
+    from localllm.store import resolver  # lazy: the store loads gguf (~0.1 s), which --help does not need
+    from localllm.store.builtin import DEFAULT_MODEL  # lazy: as config_file
+    from localllm.tune import section  # lazy: as config_file
+
+    opts = Options.from_args(args)
     t0 = time.monotonic()
-    model = args.model or DEFAULT_MODEL
+    model = opts.model or DEFAULT_MODEL
     cfg_path = config_file.config_file()
     table = config_file.load(cfg_path)
-    if not args.no_write:
+    if not opts.no_write:
         section.check_writable(cfg_path, model)  # a file tune cannot write: said now, not after minutes of measuring
-    path = resolver.resolve(args.model)
-    progress = Progress(enabled=not args.json)
+    path = resolver.resolve(opts.model)
+    progress = Progress(enabled=not opts.json)
     try:
-        return _tune(args, model, path, cfg_path, table, progress, t0)
+        return _tune(opts, model, path, cfg_path, table, progress, t0)
     except KeyboardInterrupt:  # before the measuring started, or (a second Ctrl+C) while the result was written and shown
         progress.end()
         print("localllm: interrupted while the result was written: the config file holds the old section or the new one, "
@@ -143,19 +208,27 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
 
 
-def _fixed(args: argparse.Namespace, table: dict[str, Any], model: str, cfg_path: Path) -> dict[str, tuple[Any, str]]:
+def _fixed(opts: Options, table: dict[str, Any], model: str, cfg_path: Path) -> dict[str, tuple[Any, str]]:
     """The settings not to tune, with why: a typed --threads, and what the user wrote in the file."""
+    from localllm.tune import section  # lazy: as in run
+
     out = {k: (_user_value(k, v, where, cfg_path), f"{where} in the config file") for k, (v, where) in section.user_settings(table, model).items()}
-    typed = args.subparsers["tune"].parse_args(getattr(args, "typed_argv", []) or []) if getattr(args, "subparsers", None) else args
-    if typed.threads is not None:
-        out[THREADS] = (typed.threads, f"--threads {typed.threads}")
+    typed = opts.subparsers["tune"].parse_args(list(opts.typed_argv)).threads if opts.subparsers else opts.threads
+    if typed is not None:
+        out[THREADS] = (typed, f"--threads {typed}")
     return out
 
 
-def _tune(args: argparse.Namespace, model: str, path: Path, cfg_path: Path, table: dict[str, Any], progress: Progress, t0: float) -> int:
-    fixed = _fixed(args, table, model, cfg_path)
+def _tune(opts: Options, model: str, path: Path, cfg_path: Path, table: dict[str, Any], progress: Progress, t0: float) -> int:
+    from localllm import runtime  # lazy: as in run
+    from localllm.plan import fitting  # lazy: as above
+    from localllm.threads import topology  # lazy: the CPU's topology (subprocess, platform: ~12 ms), which --help does not need
+    from localllm.tune import section  # lazy: as in run
+    from localllm.tune.runner import BecameBusy, Plan, Quality, Tuner  # lazy: the measuring loop (~2 ms), which --help does not need
+
+    fixed = _fixed(opts, table, model, cfg_path)
     load = contention()  # before the model loads: what else runs, not this process
-    if load.busy and not args.force:
+    if load.busy and not opts.force:
         raise Busy(f"the machine is too busy to measure: {load.cause()}; close it or wait, or add --force to measure anyway")
     if load.busy:
         say(f"warning: measuring on a busy machine (--force): {load.cause()}; the figures will be lower and noisier than on a quiet one")
@@ -167,34 +240,36 @@ def _tune(args: argparse.Namespace, model: str, path: Path, cfg_path: Path, tabl
     kv0 = fixed.get(KV_TYPE, (None, ""))[0]
     fa0 = fixed.get(FLASH_ATTN, ("auto", ""))[0]
     # no --ctx: the context run uses (the plan's default, fitting.default_ctx)
-    base_opts = fitting.LoadOptions(n_ctx=args.ctx, type_k=kv0, type_v=kv0, flash_attn=fa0, n_batch=batch, n_ubatch=ubatch0)
-    base_plan = runtime.plan(runtime.LoadRequest(model=path, options=base_opts, vram=args.vram)).lp
+    base_opts = fitting.LoadOptions(n_ctx=opts.ctx, type_k=kv0, type_v=kv0, flash_attn=fa0, n_batch=batch, n_ubatch=ubatch0)
+    base_plan = runtime.plan(runtime.LoadRequest(model=path, options=base_opts, vram=opts.vram)).lp
     if not base_plan.fit.fits:
         raise runtime.DoesNotFit(f"does not fit: {base_plan.fit.sentence} (localllm plan {model} shows where the memory goes)", base_plan.fit)
     cfg = base_plan.config
     n_ctx = cfg.n_ctx
     if n_ctx < MIN_CTX:
         raise UsageError(f"a context of {n_ctx} tokens is too small to measure: give --ctx {MIN_CTX} or more")
-    if args.ctx and n_ctx < args.ctx:
+    if opts.ctx and n_ctx < opts.ctx:
         say(f"tuning at context {n_ctx}: {base_plan.fit.sentence}")
     threads0 = fixed.get(THREADS, (start.threads, ""))[0]
     base = Setting(ubatch=cfg.n_ubatch, flash_attn=fa0 if FLASH_ATTN in fixed else ("on" if cfg.uses_flash_attn else "off"),
                    kv_type=cfg.type_k, threads=threads0)
-    mode = QUICK if args.quick else FULL
-    prompts = prompt_lengths(n_ctx, mode["gen"], args.quick)
+    mode = QUICK if opts.quick else FULL
+    prompts = prompt_lengths(n_ctx, mode["gen"], opts.quick)
     plans: dict[tuple[int, str, str], runtime.Planned] = {}
 
     def plan(s: Setting) -> Plan:
+        from localllm import runtime  # lazy: as in __init__
+
         key = s.load_key()
         if key not in plans:
-            opts = fitting.LoadOptions(n_ctx=n_ctx, type_k=s.kv_type, type_v=s.kv_type, flash_attn=s.flash_attn, n_batch=batch, n_ubatch=s.ubatch)
-            plans[key] = runtime.plan(runtime.LoadRequest(model=path, options=opts, vram=args.vram))
+            load_opts = fitting.LoadOptions(n_ctx=n_ctx, type_k=s.kv_type, type_v=s.kv_type, flash_attn=s.flash_attn, n_batch=batch, n_ubatch=s.ubatch)
+            plans[key] = runtime.plan(runtime.LoadRequest(model=path, options=load_opts, vram=opts.vram))
         lp = plans[key].lp
         c = lp.config
         as_asked = lp.fit.fits and c.n_ctx == n_ctx and c.type_k == s.kv_type and c.n_ubatch == s.ubatch
         return Plan(as_asked, lp.total, None if as_asked else lp.fit.sentence)
 
-    stages = _stages(fixed, args.quick, min(n_ctx, batch), start.threads)
+    stages = _stages(fixed, opts.quick, min(n_ctx, batch), start.threads)
     measurer = Measurer(path, plans, prompts, mode["gen"])
 
     def quality(types: list[str]) -> dict[str, Quality]:
@@ -207,12 +282,12 @@ def _tune(args: argparse.Namespace, model: str, path: Path, cfg_path: Path, tabl
         now = contention()
         if not now.taken:
             return None
-        if args.force:
+        if opts.force:
             say(f"warning: the machine is busy (--force): {now.cause()}")
             return None
         return now.cause()
 
-    tuner = Tuner(base, stages, rounds=mode["rounds"], measure=measurer, plan=plan, quality=quality, progress=progress, max_kl=args.max_kl,
+    tuner = Tuner(base, stages, rounds=mode["rounds"], measure=measurer, plan=plan, quality=quality, progress=progress, max_kl=opts.max_kl,
                   busy=busy)
     interrupted = False
     became_busy: BecameBusy | None = None
@@ -232,11 +307,11 @@ def _tune(args: argparse.Namespace, model: str, path: Path, cfg_path: Path, tabl
     written: str | None = None
     date = time.strftime("%Y-%m-%d %H:%M")
     partial = interrupted or became_busy is not None
-    if chosen and not args.no_write:
+    if chosen and not opts.no_write:
         written = section.write(cfg_path, model, chosen, date, partial=partial)
-    report = _report(args, path, n_ctx, prompts, mode, load, start, tuner, base_plan, chosen, written, cfg_path, interrupted,
+    report = _report(opts, path, n_ctx, prompts, mode, load, start, tuner, base_plan, chosen, written, cfg_path, interrupted,
                      time.monotonic() - t0)
-    if args.json:
+    if opts.json:
         fmt.print_json(report)
     else:
         print(render(report))
@@ -281,7 +356,7 @@ def _to_write(tuner: Tuner, base: Setting, best: Setting) -> dict[str, Any]:
     return out
 
 
-def _report(args: argparse.Namespace, path: Path, n_ctx: int, prompts: list[int], mode: dict[str, int], load: Contention,
+def _report(opts: Options, path: Path, n_ctx: int, prompts: list[int], mode: dict[str, int], load: Contention,
             start: topology.Start, tuner: Tuner, base_plan: LoadPlan, chosen: dict[str, Any], written: str | None,
             cfg_path: Path, interrupted: bool, elapsed: float) -> dict[str, Any]:
     """``--json``: every figure the table shows, a figure not measured as null."""
@@ -289,9 +364,9 @@ def _report(args: argparse.Namespace, path: Path, n_ctx: int, prompts: list[int]
     busy = next(({"stage": st.key, "why": st.busy} for st in tuner.stages if st.busy), None)
     partial = interrupted or busy is not None  # the section holds the stages decided before the stop
     return {
-        "model": path.name, "path": str(path), "n_ctx": n_ctx, "quick": bool(args.quick), "rounds": mode["rounds"],
-        "prompt_tokens": prompts, "gen_tokens": mode["gen"], "reply_tokens": REPLY_TOKENS, "max_kl": args.max_kl,
-        "contention": {**asdict(load), "busy": load.busy, "line": load.words()}, "forced": bool(args.force and load.busy),
+        "model": path.name, "path": str(path), "n_ctx": n_ctx, "quick": bool(opts.quick), "rounds": mode["rounds"],
+        "prompt_tokens": prompts, "gen_tokens": mode["gen"], "reply_tokens": REPLY_TOKENS, "max_kl": opts.max_kl,
+        "contention": {**asdict(load), "busy": load.busy, "line": load.words()}, "forced": bool(opts.force and load.busy),
         "threads_start": {"threads": start.threads, "why": start.why, "note": start.note},
         "offload": ("GPU present: offload left to the plan's choice (not tuned: no GPU to test it on here)" if gpu
                     else "no GPU: offload not tuned"),
@@ -299,7 +374,7 @@ def _report(args: argparse.Namespace, path: Path, n_ctx: int, prompts: list[int]
         "chosen": chosen,
         "written": None if written is None else {"path": str(cfg_path), "table": f'models."{written}"', "settings": chosen,
                                                   "partial": partial},
-        "no_write": bool(args.no_write), "interrupted": interrupted, "partial": partial, "elapsed_s": round(elapsed, 1),
+        "no_write": bool(opts.no_write), "interrupted": interrupted, "partial": partial, "elapsed_s": round(elapsed, 1),
         "runs": tuner.done, "runs_s": round(tuner.runs_s, 1), "quality_s": None if tuner.quality_s is None else round(tuner.quality_s, 1),
         "became_busy": busy,
     }

@@ -9,9 +9,8 @@ as llama-server's ``-hf`` finds it), unless ``--no-mmproj``.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm.commands._common import say
 from localllm.errors import InputError, LocalLLMError, UsageError
@@ -19,24 +18,28 @@ from localllm.vision import choice
 from localllm.vision.image import RGBImage, load_image
 from localllm.vision.projector import ProjectorInfo
 
+if TYPE_CHECKING:
+    from localllm.flags import Vision
 
-def projector_path(args: argparse.Namespace, model: Path, *, quiet: bool = False) -> Path | None:
+
+def projector_path(vision: Vision, model: Path, *, quiet: bool = False) -> Path | None:
     """The projector for ``model``: ``--mmproj``, else one beside it; checked against its header
     (``vision.choice.choose``). A given one that is wrong is an error; a found one that is wrong
     (another model's, in a shared folder) is a notice, and the model runs text-only."""
-    found, notice = choice.choose(model, getattr(args, "mmproj", None), no_mmproj=bool(getattr(args, "no_mmproj", False)))
-    if notice and not quiet and not getattr(args, "json", False):
+    found, notice = choice.choose(model, vision.mmproj, no_mmproj=vision.no_mmproj)
+    if notice and not quiet:
         say(notice)
     return found
 
 
-def prepare(args: argparse.Namespace, model: Path) -> tuple[list[RGBImage], Path | None]:
-    """``run``'s images (decoded, bounded) and projector, before any load."""
-    images = [load_image(f) for f in getattr(args, "image", None) or []]
-    proj = projector_path(args, model)
+def prepare(vision: Vision, model: Path, *, quiet: bool, alone: bool) -> tuple[list[RGBImage], Path | None]:
+    """``run``'s images (decoded, bounded) and projector, before any load; ``quiet``:
+    no notice (--json); ``alone``: neither --speculate nor --tools, which images cannot go with."""
+    images = [load_image(f) for f in vision.images]
+    proj = projector_path(vision, model, quiet=quiet)
     if images and proj is None:
         raise UsageError(f"--image needs a vision model: no projector beside {model.name}; pass --mmproj FILE")
-    if images and (getattr(args, "speculate", None) or getattr(args, "tools", None)):
+    if images and not alone:
         raise UsageError("--image goes without --speculate and --tools")
     return images, proj
 
@@ -51,9 +54,7 @@ def attach(backend: Any, path: Path, *, quiet: bool = False) -> ProjectorInfo:
 
 def describe(info: ProjectorInfo) -> str:
     """One line: the projector's file, type, image size and tokens an image."""
-    size = f"{info.image_size} px" if info.image_size else "n/a"
-    tokens = f"{info.tokens_per_image} tokens an image" if info.tokens_per_image is not None else "tokens by each picture's size"
-    return f"projector {info.path.name} ({info.projector_type}, images at {size}, {tokens})"
+    return info.line()
 
 
 def image_command(arg: str, backend: Any, attached: list[RGBImage]) -> None:

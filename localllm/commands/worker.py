@@ -17,10 +17,55 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from localllm import flags
 from localllm.errors import EXIT_INTERRUPTED, InputError
-from localllm.plan.workers import Endpoint, check_bind_host, probe
 from localllm.util.units import format_size
+
+if TYPE_CHECKING:
+    from localllm.flags import Subparsers
+    from localllm.plan.workers import Endpoint
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("worker", help="serve this machine's devices to another machine's --rpc (llama.cpp's RPC server)")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="IPv4 address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=_worker_port, default=50052, metavar="N", help="TCP port (default: 50052)")
+    p.add_argument("--threads", type=flags.int_at_least(1, "--threads"), default=None, metavar="N",
+                   help="CPU threads for a CPU device (default: physical cores)")
+    p.add_argument("--device", type=lambda t: [d for d in t.split(",") if d], default=None, metavar="DEV[,DEV]",
+        help="devices to serve, e.g. CUDA0 or CPU (default: the GPUs, else the CPU)")
+    p.add_argument("--i-understand-this-is-open", action="store_true",
+
+                       help="allow a --host other than loopback: the RPC protocol has no authentication, anyone who reaches the "
+                       "port can use this machine's devices and memory")
+    p.add_argument("--json", action="store_true", help="one JSON line on stdout when the worker is ready (endpoint, devices)")
+
+
+def _worker_port(text: str) -> int:
+    """A worker's port: llama.cpp's RPC server needs a fixed one (clients name it)."""
+    value = flags.int_at_least(1, "--port")(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"--port must be at most 65535, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Options:
+    host: str
+    port: int
+    threads: int | None
+    device: tuple[str, ...]
+    i_understand_this_is_open: bool
+    json: bool
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Options:
+        return cls(host=ns.host, port=ns.port, threads=ns.threads, device=tuple(ns.device or ()),
+                   i_understand_this_is_open=ns.i_understand_this_is_open, json=ns.json)
+
 
 OPEN_WARNING = (
     "WARNING: llama.cpp's RPC protocol has no authentication and no encryption. Anyone who can reach {ep} "
@@ -49,13 +94,15 @@ def _port_free(ep: Endpoint) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    opts = Options.from_args(args)
     # lazy: loads gguf, llama.cpp, numpy (~169 ms here), which worker does not load at import
     from localllm.engine import default_threads, rpc
+    from localllm.plan.workers import Endpoint, check_bind_host, probe  # lazy: the RPC client (socket, ipaddress: ~6 ms), which --help does not need
 
-    host = check_bind_host(args.host, args.i_understand_this_is_open)
-    ep = Endpoint(host, args.port)
-    devices = rpc.server_devices(args.device or [])
-    threads = args.threads or default_threads()
+    host = check_bind_host(opts.host, opts.i_understand_this_is_open)
+    ep = Endpoint(host, opts.port)
+    devices = rpc.server_devices(list(opts.device))
+    threads = opts.threads or default_threads()
     _port_free(ep)
     if host != "127.0.0.1" and not host.startswith("127."):
         _say(OPEN_WARNING.format(ep=ep))
@@ -97,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         if done.is_set():
             raise InputError(f"llama.cpp's RPC server could not listen on {ep} (see its message above)")
         _say(f"worker ready on {ep}, serving {'; '.join(names)} with {threads} threads")
-        if args.json:
+        if opts.json:
             devs = [{"name": rpc.dev_name(d), "description": rpc.dev_description(d),
                      "free_bytes": rpc.dev_memory(d)[0], "total_bytes": rpc.dev_memory(d)[1]} for d in devices]
             out.write(json.dumps({"endpoint": str(ep), "threads": threads, "devices": devs}) + "\n")

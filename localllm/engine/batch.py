@@ -88,9 +88,10 @@ class BatchModel:
         self.steer: Steered | None = None  # the thread counts, chosen per kind of step (engine.threadctl)
         self._projector: Projector | None = None  # a vision model's mmproj (load_projector)
 
-    def load(self, path: Path, config: LoadConfig, n_seq: int) -> BatchLoadInfo:
-        """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences."""
-        header = ModelHandle.check(path, config)  # the same checks as the single-sequence engine
+    def load(self, path: Path, config: LoadConfig, n_seq: int, header: GGUFHeader | None = None) -> BatchLoadInfo:
+        """Load ``path`` with a unified KV cache of ``config.n_ctx`` cells for ``n_seq`` sequences
+        (``header``: read already by the load path)."""
+        header = ModelHandle.check(path, config, header)  # the same checks as the single-sequence engine
         shape = describe(header)
         install_log_router()
         self.close()

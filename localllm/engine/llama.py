@@ -58,8 +58,8 @@ class LlamaCppBackend:
         self.prefill_progress: generator.Progress | None = None
 
     # -- load / close -----------------------------------------------------------
-    def load(self, path: Path, config: LoadConfig) -> LoadInfo:
-        header = ModelHandle.check(path, config)  # a bad file or setting keeps the loaded model
+    def load(self, path: Path, config: LoadConfig, header: GGUFHeader | None = None) -> LoadInfo:
+        header = ModelHandle.check(path, config, header)  # a bad file or setting keeps the loaded model
         self.close()
         handle = ModelHandle.open(path, config, header)
         self._handle, self._cache = handle, KVCache(handle)

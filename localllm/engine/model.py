@@ -140,11 +140,13 @@ class ModelHandle:
     steer: Steered | None = None  # the thread counts, chosen per step (engine.threadctl); None: as loaded
 
     @staticmethod
-    def check(path: Path, config: LoadConfig) -> GGUFHeader:
+    def check(path: Path, config: LoadConfig, header: GGUFHeader | None = None) -> GGUFHeader:
         """Validate the file and the settings before llama.cpp sees them (and
-        before a loaded model is given up for them); returns the file's header."""
+        before a loaded model is given up for them); returns the file's header.
+        ``header``: read already by the load path (``runtime.plan``), so that a
+        load reads it once; else read here."""
         check_config(config)
-        header = read_header(path)
+        header = header if header is not None else read_header(path)
         # llama.cpp's cache-type rules, over every layer's head sizes and K row (it refuses or aborts otherwise)
         shape = planner.ModelShape.from_header(header)
         planner.check_cache_types(shape, config)

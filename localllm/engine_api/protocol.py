@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from localllm.engine_api.config import LoadConfig
 from localllm.engine_api.records import LoadInfo, SamplingConfig, SpecStats, TokenEvent
@@ -110,7 +110,10 @@ class Engine(Protocol):
     @property
     def n_ctx(self) -> int: ...
 
-    def load(self, path: Path, config: LoadConfig) -> LoadInfo: ...
+    def load(self, path: Path, config: LoadConfig, header: Any = None) -> LoadInfo:
+        """Load ``path`` as ``config`` says; ``header``: its GGUF header, read
+        already by the load path (``localllm.runtime``), else the engine reads it."""
+        ...
 
     def close(self) -> None: ...
 

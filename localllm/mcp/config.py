@@ -45,6 +45,7 @@ class ServerConfig:
     url: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     allow: tuple[str, ...] = ()  # tools that run without asking ("always allow", kept in the config)
+    call_timeout: float | None = None  # seconds a call of its tools may take (llama-server's "timeout_ms"); None: the [mcp] limit
 
     @property
     def transport(self) -> str:

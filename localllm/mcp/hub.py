@@ -263,7 +263,8 @@ class Hub:
             done: concurrent.futures.Future[ToolResult] = concurrent.futures.Future()
             done.set_result(ToolResult(where, name, f"no tool named {safe(name)!r} is offered", is_error=True, failed=True))
             return PendingCall(done, where, name)
-        return PendingCall(self._run(self._call(tool, arguments, timeout or self.limits.call_timeout)), tool.server, name)
+        bound = timeout or self.servers[tool.server].config.call_timeout or self.limits.call_timeout  # the call's, the server's, [mcp]'s
+        return PendingCall(self._run(self._call(tool, arguments, bound)), tool.server, name)
 
     def call(self, name: str, arguments: dict[str, Any], *, server: str | None = None, timeout: float | None = None) -> ToolResult:
         """A call, waited for; Ctrl+C cancels it (the server is told) and goes on up."""

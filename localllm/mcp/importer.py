@@ -83,8 +83,12 @@ def _server(name: str, entry: object, where: str, stdio_only: bool) -> ServerCon
         raise UsageError(f"{here}: left out: disabled in the file")
     if stdio_only and "command" not in entry:
         raise UsageError(f"{here}: left out: no \"command\" (only stdio servers are taken here)")
-    table = {k: v for k, v in entry.items() if k not in _IGNORED}
-    return parse_server(name, table, f"{here}: left out")
+    timeout_ms = entry.get("timeout_ms")  # llama-server's per-server bound on a call (its --mcp-servers-config)
+    if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not 0 < timeout_ms <= 86_400_000):
+        raise UsageError(f"{here}: left out: \"timeout_ms\" must be a number of milliseconds above 0 (at most a day)")
+    table = {k: v for k, v in entry.items() if k not in _IGNORED and k != "timeout_ms"}
+    server = parse_server(name, table, f"{here}: left out")
+    return replace(server, call_timeout=timeout_ms / 1000) if timeout_ms is not None else server
 
 
 def toml_string(text: str) -> str:

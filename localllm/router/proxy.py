@@ -157,7 +157,7 @@ class Router:
             loaded = [(c.name, c.url) for c in self.pool.children.values() if c.state == "loaded" and c.url]
             texts = await metrics.collect(self.client, loaded, self.internal)
             return Response(metrics.merge(texts, metrics.router_lines(len(loaded), self.pool.loads)), media_type=metrics.CONTENT_TYPE)
-        body = parse_json(await _read_body(request))
+        body = parse_json(await read_body(request))
         if path == "/api/pull":
             return await self.manage.pull(body)
         if path == "/api/delete":
@@ -185,13 +185,13 @@ class Router:
             return JSONResponse({"success": True})
         if method == "DELETE":
             return await self.admin.delete(request)
-        return await self.admin.download(parse_json(await _read_body(request)))
+        return await self.admin.download(parse_json(await read_body(request)))
 
     # -- the proxy ------------------------------------------------------------------
 
     async def _proxy(self, request: Request, scope, receive, send) -> None:
         path = scope["path"]
-        body = await _read_body(request)
+        body = await read_body(request)
         fields = parse_json(body) if body.strip() else {}
         name = fields.get("model", request.query_params.get("model"))
         keep_alive: object = DEFAULT
@@ -329,18 +329,19 @@ class Router:
         print(f"localllm: {safe(method)} {safe(path[:200])} {status}{' ' + safe(note[:300]) if note else ''}", file=sys.stderr, flush=True)
 
 
-async def _read_body(request: Request) -> bytes:
+async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
     """The body, at most ``MAX_BODY`` bytes (413 past it), as serve reads it. The
     bound is a vision model's (``serve.media.MEDIA_BODY``: its images come as base64):
-    the child that serves a text model holds its requests to serve's own 1 MiB."""
+    the child that serves a text model holds its requests to serve's own 1 MiB.
+    ``limit``: another route's bound (``/tools``: ``router.tools.MAX_BODY``)."""
     length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-        raise RequestError(413 if length.isdigit() else 400, f"the body is over {MAX_BODY} bytes" if length.isdigit() else "bad Content-Length")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        raise RequestError(413 if length.isdigit() else 400, f"the body is over {limit} bytes" if length.isdigit() else "bad Content-Length")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY:
-            raise RequestError(413, f"the body is over {MAX_BODY} bytes", code="request_too_large")
+        if size > limit:
+            raise RequestError(413, f"the body is over {limit} bytes", code="request_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
 

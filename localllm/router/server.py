@@ -27,6 +27,7 @@ from localllm.router.catalog import Catalog
 from localllm.router.children import Spawn
 from localllm.router.pool import Pool
 from localllm.router.proxy import Router
+from localllm.router.tools import ToolsGate
 from localllm.serve.accept import MAX_HEAD_BYTES, bounded
 from localllm.serve.cors import with_cors
 from localllm.serve.lifecycle import Server
@@ -51,6 +52,10 @@ class Settings:
     autoload: tuple[str, ...] = ()  # loaded at start and kept while idle: the config's default model, preset's load-on-startup
     memory: residency.Memory | None = None  # the memory plan that decides which models fit together; None: --models-max alone
     header_timeout: float | None = None  # --timeout: seconds for a request's head (serve.accept.bounded)
+    # GET/POST /tools (router.tools): a started localllm.mcp.Hub of --mcp-servers-config/--mcp-servers-json (the command
+    # starts it and closes it after run() returns), and the built-in tools --tools chose (localllm.server_tools.choose)
+    mcp: object | None = None
+    tools: tuple[str, ...] = ()
 
 
 def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], None]) -> int:
@@ -75,11 +80,12 @@ def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], Non
 
         router = Router(catalog, pool, key=settings.api_key, internal_key=key, json_log=settings.json_log,
                         autoload=settings.models_autoload, reload=reload)
+        gate = ToolsGate(router, key=settings.api_key, mcp=settings.mcp, tools=settings.tools, log=router.log, count=lambda: _count(router))
         state.update(pool=pool, router=router)
-        config = uvicorn.Config(with_cors(router, settings.cors), log_level="warning", access_log=False, lifespan="off",
+        config = uvicorn.Config(with_cors(gate, settings.cors), log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=None, http=bounded(settings.header_timeout), limit_concurrency=None,
                                 h11_max_incomplete_event_size=MAX_HEAD_BYTES, server_header=False, date_header=False)
-        server = _RouterServer(config, pool)
+        server = _RouterServer(config, pool, gate)
         state["server"] = server
         served = [e.name for e in await catalog.entries()]
         cap = f"at most {settings.models_max} at once" if settings.models_max else "no cap on how many"
@@ -89,6 +95,9 @@ def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], Non
         say(f"serving {len(served)} model(s) on {urls} (loaded on demand, {cap}, unloaded after {durations.shown(settings.keep_alive)} "
             f"idle: {', '.join(served) or 'none yet: localllm pull or localllm add one'}{'; API key required' if settings.api_key else ''})"
             "; Ctrl+C stops")
+        if settings.tools:
+            say(f"built-in tools on GET/POST /tools: {', '.join(settings.tools)} (experimental, llama-server's: they read, write and run "
+                "what this user may, for whoever can reach the API)")
         reaper = asyncio.create_task(pool.reap())
         pool.spares.start()  # the next model's process, its imports done before a request needs it (localllm.spare)
         pool.kept.update(settings.autoload)
@@ -100,6 +109,7 @@ def run(socks: list[socket.socket], settings: Settings, say: Callable[[str], Non
             reaper.cancel()
             for task in starting:
                 task.cancel()
+            gate.abort()  # stops the built-in tools' commands, if any still run
             await pool.close()
             await router.aclose()
 
@@ -132,14 +142,17 @@ async def _autoload(catalog: Catalog, pool: Pool, name: str, say: Callable[[str]
 
 class _RouterServer(Server):
     """serve's stopping rules; the abort is the children's, and the pool knows the
-    router is closing (children that end now are not reported as failures)."""
+    router is closing (children that end now are not reported as failures). The
+    tool calls in flight end at the first signal: they are no model's answer to
+    finish, and an MCP call may wait minutes on its server."""
 
-    def __init__(self, config: uvicorn.Config, pool: Pool) -> None:
+    def __init__(self, config: uvicorn.Config, pool: Pool, gate: ToolsGate) -> None:
         super().__init__(config, lambda reason: pool.abort())
-        self.pool = pool
+        self.pool, self.gate = pool, gate
 
     def handle_exit(self, sig, frame) -> None:
         self.pool.closing = True
+        self.gate.abort()
         super().handle_exit(sig, frame)
 
 
@@ -161,6 +174,10 @@ def _run_loop(main) -> None:
         asyncio.run(main)
         return
     uvloop.run(main)
+
+
+def _count(router: Router) -> None:
+    router.requests += 1  # a /tools request, answered before the router: in its count all the same
 
 
 def _shown(host: str) -> str:

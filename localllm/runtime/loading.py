@@ -95,9 +95,9 @@ def _load_checked(engine: Any, planned: Planned) -> tuple[Any, MemoryCheck | Non
     (llama.cpp's logged allocations against the refereed plan)."""
     cfg, request = planned.config, planned.request
     if request.serving:
-        info = engine.load(planned.path, cfg, max(request.parallel, 1))  # serve's batch engine: one unified cache of n sequences
+        info = engine.load(planned.path, cfg, max(request.parallel, 1), header=planned.header)  # serve's batch engine: one unified cache of n sequences
     else:
-        info = engine.load(planned.path, cfg)
+        info = engine.load(planned.path, cfg, header=planned.header)  # the header read once, by plan
     log = getattr(engine, "load_log", None)  # serve's batch engine keeps none
     if log is None:
         return info, None

@@ -24,7 +24,23 @@ from starlette.routing import Route
 from localllm.engine_api import SamplingConfig
 from localllm.errors import EngineError, InputError
 from localllm.reasoning import Markers, Splitter
-from localllm.serve import anthropic, embeddings, handoff, infill, llama_routes, lora_routes, mcp_routes, ollama, ollama_embed, rerank, responses, slot_files
+from localllm.serve import (
+    anthropic,
+    cors_proxy,
+    embeddings,
+    gcp,
+    handoff,
+    infill,
+    llama_routes,
+    lora_routes,
+    mcp_routes,
+    ollama,
+    ollama_embed,
+    prompt_count,
+    rerank,
+    responses,
+    slot_files,
+)
 from localllm.serve.body import read_body as _read_body
 from localllm.serve.choices import Choices
 from localllm.serve.embeddings import Embeddings
@@ -70,8 +86,13 @@ class ServeState:
     reasoning_format: str = "deepseek"  # --reasoning-format: deepseek (thinking apart), deepseek-legacy (also left in the text), none
     prompt_tail: Callable[[list[int]], str] | None = None  # the text of a prompt's last tokens: did the template open the thinking?
     mcp: object | None = None  # --mcp-servers-config: a started localllm.mcp.Hub, for /tools (serve/mcp_routes.py); None: off
+    cors_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy forwards a page's requests (serve/cors_proxy.py); else 403
+    server_tools: object | None = None  # --tools: llama-server's built-in tools (a localllm.server_tools.Toolbox), for /tools; None: off
     vision: bool = False  # a projector is loaded (--mmproj): requests may hold images (serve/media.py)
     slot_save_path: Path | None = None  # --slot-save-path: where POST /slots/{id}?action=save|restore writes and reads (serve/slot_files.py)
+    verbose: bool = False  # llama-server's --verbose: every OpenAI reply carries "__verbose" unless its request says "verbose": false
+    aliases: tuple[str, ...] = ()  # --alias a,b: every name of the model (llama-server's /v1/models "aliases"); model_name is the first
+    tags: tuple[str, ...] = ()  # --tags: free labels a client may filter by (llama-server's /v1/models "tags")
 
     def log(self, method: str, path: str, status: int | str, note: str | None = None, job: Job | None = None) -> None:
         """The one line per request: method, path, status, then tokens, TTFT and ITL p50 when it generated."""
@@ -99,6 +120,23 @@ class ServeState:
             if note:
                 line += f" {fields['note']}"
         print(f"localllm: {line}" if not self.json_log else line, file=sys.stderr, flush=True)
+
+
+def model_list(state: ServeState) -> dict:
+    """``/v1/models`` as llama-server answers it (tools/server/server-context.cpp,
+    get_res_models): OpenAI's ``data`` list with llama-server's ``aliases``, ``tags``
+    and ``meta``, and an Ollama-like ``models`` list whose ``capabilities`` say
+    "multimodal" with a projector. ``created`` is when the server started."""
+    caps = ["completion", "multimodal"] if state.vision else ["completion"]
+    f = state.facts
+    meta = None if f is None else {"n_vocab": state.n_vocab, "n_ctx": state.n_ctx_seq, "n_ctx_train": f.n_ctx_train, "n_embd": f.n_embd,
+                                   "n_params": f.n_params, "size": f.size_bytes, "ftype": f.file_type}
+    entry = {"name": state.model_name, "model": state.model_name, "modified_at": "", "size": "", "digest": "", "type": "model",
+             "description": "", "tags": list(state.tags) or [""], "capabilities": caps, "parameters": "",
+             "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""], "parameter_size": "", "quantization_level": ""}}
+    data = {"id": state.model_name, "aliases": list(state.aliases), "tags": list(state.tags), "object": "model",
+            "created": int(state.metrics.started), "owned_by": "localllm", "capabilities": caps, **({"meta": meta} if meta else {})}
+    return {"models": [entry], "object": "list", "data": [data]}
 
 
 def _error(status: int, message: str, **kw) -> JSONResponse:
@@ -221,6 +259,7 @@ def build_app(state: ServeState) -> Guard:
         choices = Choices(params, tokens, sampling, max_tokens, put)
         job = choices.jobs[0]
         shaper = dialect.shaper(chat, state.model_name, params)
+        shaper.eog = state.facts.eog if state.facts is not None else None
         if chat and shaper.splits_reasoning and state.reasoning is not None and state.reasoning_format != "none":
             choices.think = (state.reasoning, _thinking_open(state, tokens), state.reasoning_format == "deepseek-legacy")
         if not all(state.scheduler.submit(j) for j in choices.jobs):
@@ -264,10 +303,27 @@ def build_app(state: ServeState) -> Guard:
         finally:
             watch.cancel()
         log_done("200")
-        return JSONResponse(choices.response(shaper), headers=ignored)
+        out = choices.response(shaper)
+        if (params.verbose if params.verbose is not None else state.verbose) and state.facts is not None and "choices" in out:
+            first = out["choices"][0]
+            text = first["message"].get("content") or "" if "message" in first else first.get("text", "")
+            prompt = state.facts.prompt_text([t for t in tokens if t >= 0])  # an image's filler ids are no tokens
+            out["__verbose"] = llama_routes.verbose_fields(state.model_name, params, job, text, prompt)
+        return JSONResponse(out, headers=ignored)
 
     async def read_json(request: Request) -> dict:
         return parse_json(await _read_body(request, state.max_body))
+
+    async def chat_input_tokens(request: Request) -> Response:
+        """llama-server's count of a chat body's prompt, as /v1/chat/completions would read it (template, tools, images)."""
+        try:
+            body = parse_json(await _read_body(request, state.max_body))
+            params = llama_routes.OPENAI_WITH_LLAMA_FIELDS.parse(body, chat=True, n_vocab=state.n_vocab, defaults=state.defaults,
+                                                                 tool_format=state.tool_format, max_n=len(state.scheduler.slots))
+            n = await prompt_count.count(state, params)
+        except RequestError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
 
     async def chat_completions(request: Request) -> Response:
         return await generate(request, True, llama_routes.OPENAI_WITH_LLAMA_FIELDS)
@@ -294,10 +350,7 @@ def build_app(state: ServeState) -> Guard:
         return JSONResponse(out, headers={"X-Ignored-Fields": header} if header else {})
 
     async def models(request: Request) -> Response:
-        # capabilities: as llama-server lists them (its /v1/models "models" entries): "multimodal" with a projector
-        caps = ["completion", "multimodal"] if state.vision else ["completion"]
-        return JSONResponse({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "localllm",
-                                                         "capabilities": caps}]})
+        return JSONResponse(model_list(state))
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -346,8 +399,15 @@ def build_app(state: ServeState) -> Guard:
         *lora_routes.routes(state),
         *mcp_routes.routes(state, read_json),
         *slot_files.routes(state),
+        *cors_proxy.routes(state.cors_proxy),
+        Route("/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
+        Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
     ]
+    inner: list[Starlette] = []
+    posts = [r.path for r in routes if isinstance(r, Route) and "POST" in (r.methods or ())]
+    routes += gcp.routes(posts, lambda: inner[0], read_json, health)  # AIP_MODE=PREDICTION only
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
+    inner.append(app)
     return Guard(app, state)
 
 

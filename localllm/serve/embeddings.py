@@ -3,7 +3,9 @@ process that serves chat (a second llama.cpp context on the same weights,
 ``localllm.engine.embed``, reached through the callables of ``Embeddings``).
 
 OpenAI's fields: ``input`` (a string, a list of strings, a list of token ids
-or a list of such lists; at most 2048 inputs, none empty), ``model``,
+or a list of such lists; at most 2048 inputs, none empty; and llama-server's
+forms: strings among token ids, ``{"prompt_string": ...}``, ``{"content":
+[text parts]}``), ``model``,
 ``encoding_format`` (``float`` or ``base64``: little-endian float32, as
 OpenAI sends; the ``openai`` client asks for it by default), ``dimensions``
 (only the model's own: a 400 otherwise, as for a model that cannot shorten
@@ -36,32 +38,74 @@ class Embeddings:
     n_vocab: int
     n_embd: int
     pooling: str
+    tokenize_piece: Callable[[str], list[int]] | None = None  # text -> ids without the model's specials (a piece among token ids)
 
 
 def _bad(field: str, what: str) -> RequestError:
     return RequestError(400, f"'{field}' {what}", param=field)
 
 
-def _inputs(body: dict, n_vocab: int) -> list[str | list[int]]:
+def _is_id(t: object) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def _text_of(x: dict, where: str) -> str:
+    """llama-server's object prompts: ``{"prompt_string": text}``, or ``{"content": [text parts]}``
+    (their texts joined as written: the parts of one text)."""
+    if isinstance(x.get("prompt_string"), str):
+        return x["prompt_string"]
+    parts = x.get("content")
+    if not isinstance(parts, list) or not parts:
+        raise _bad("input", f"{where} must hold 'prompt_string' (a string) or 'content' (a list of text parts)")
+    texts = []
+    for k, p in enumerate(parts):
+        if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+            kind = p.get("type") if isinstance(p, dict) else None
+            raise _bad("input", f"{where}.content[{k}] must be a text part ({{'type': 'text', 'text': ...}}); "
+                       f"{kind!r} parts need a multimodal embedding model" if kind else f"{where}.content[{k}] must be a text part")
+        texts.append(p["text"])
+    return "".join(texts)
+
+
+def _prompt(x: object, i: int, n_vocab: int) -> str | list[int | str]:
+    """One input: a string, token ids, token ids mixed with strings (each string's
+    tokens in its place, as llama-server's tokenize_mixed), or an object prompt."""
+    if isinstance(x, dict):
+        x = _text_of(x, f"[{i}]")
+    if isinstance(x, str):
+        if not x:
+            raise _bad("input", f"[{i}] is empty")
+        return x
+    if isinstance(x, list) and x and all(_is_id(t) or isinstance(t, str) for t in x) and any(_is_id(t) for t in x):
+        if not all(0 <= t < n_vocab for t in x if _is_id(t)):
+            raise _bad("input", f"[{i}] holds token ids outside the vocabulary (0..{n_vocab - 1})")
+        return list(x)
+    raise _bad("input", f"[{i}] must be a non-empty string, a list of token ids (strings may stand among them) or a text object")
+
+
+def _inputs(body: dict, n_vocab: int) -> list[str | list[int | str]]:
     raw = body.get("input")
-    if isinstance(raw, str) or (isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw)):
+    # one prompt: a string, an object, or a flat list with token ids in it (strings among ids are part of that prompt)
+    if isinstance(raw, (str, dict)) or (isinstance(raw, list) and any(_is_id(t) for t in raw)):
         raw = [raw]
     if not isinstance(raw, list) or not raw:
         raise _bad("input", "must be a string, a list of strings, a list of token ids or a list of those lists")
     if len(raw) > MAX_INPUTS:
         raise _bad("input", f"holds {len(raw)} inputs; at most {MAX_INPUTS}")
-    out: list[str | list[int]] = []
-    for i, x in enumerate(raw):
-        if isinstance(x, str):
-            if not x:
-                raise _bad("input", f"[{i}] is empty")
-            out.append(x)
-        elif isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x):
-            if not all(0 <= t < n_vocab for t in x):
-                raise _bad("input", f"[{i}] holds token ids outside the vocabulary (0..{n_vocab - 1})")
-            out.append(list(x))
+    return [_prompt(x, i, n_vocab) for i, x in enumerate(raw)]
+
+
+def _tokens(x: str | list[int | str], svc: Embeddings) -> list[int]:
+    """An input's token ids (in a worker thread): a string's with the model's specials,
+    as llama-server's; in a mixed list, only a leading string gets them."""
+    if isinstance(x, str):
+        return svc.tokenize(x)
+    out: list[int] = []
+    for k, piece in enumerate(x):
+        if isinstance(piece, str):
+            out += svc.tokenize(piece) if k == 0 or svc.tokenize_piece is None else svc.tokenize_piece(piece)
         else:
-            raise _bad("input", f"[{i}] must be a non-empty string or list of token ids")
+            out.append(piece)
     return out
 
 
@@ -83,9 +127,7 @@ async def answer(body: dict, svc: Embeddings, model_name: str) -> tuple[dict, tu
     """The response body, and the fields no API defines (for X-Ignored-Fields)."""
     inputs = _inputs(body, svc.n_vocab)
     fmt = _options(body, svc.n_embd)
-    texts = [x for x in inputs if isinstance(x, str)]
-    tokenized = iter(await run_in_threadpool(lambda: [svc.tokenize(t) for t in texts]) if texts else [])
-    token_lists = [x if isinstance(x, list) else next(tokenized) for x in inputs]
+    token_lists = await run_in_threadpool(lambda: [_tokens(x, svc) for x in inputs])
     for i, toks in enumerate(token_lists):
         if not toks:
             raise _bad("input", f"[{i}] has no tokens")

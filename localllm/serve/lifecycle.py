@@ -168,7 +168,9 @@ def serve(switch: Switch, socks: list[socket.socket], load: Callable[[], None], 
     # Ours until uvicorn installs the same (and after it restores them): a signal
     # before the loop runs stops the server too, and SIGTERM never ends the process
     # before the model is freed.
-    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Only the main thread may set them: a server a program runs in a thread of its own (``serve.Server.start``) is stopped by ``switch.stop``.
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         thread = threading.Thread(target=loader, name="localllm-load", daemon=True)
         thread.start()

@@ -10,8 +10,10 @@ and the tests compare keys against them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -56,12 +58,14 @@ class ModelFacts:
     n_batch: int = 2048  # serve's --batch: /infill's budgets, as llama-server's params.n_batch
     spm_infill: bool = False  # serve's --spm-infill: /infill puts the suffix first
     context: str = ""  # a request's context and why, "32768 (trained)" (plan.fitting.context_why): Ollama's /api/ps
+    eog: Callable[[], tuple[int, ...]] | None = None  # the vocabulary's end-of-generation tokens (found on first use)
 
 
 # what /apply-template reads of a chat body: what shapes the prompt
 APPLY_FIELDS = ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort", "add_generation_prompt",
                 "continue_final_message")
 Handler = Callable[[Request], Awaitable[Response]]
+MAX_PROMPTS = 64  # prompts in one /completion body (llama-server has no bound; each is a request of its own)
 Generate = Callable[..., Awaitable[Response]]
 
 
@@ -101,7 +105,57 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
         return state.facts
 
     async def completion(request: Request) -> Response:
-        return await generate(request, False, LLAMA_COMPLETION)
+        """llama-server's prompt forms (its tokenize_input_prompts): a string, token
+        ids, strings among token ids (one prompt), ``{"prompt_string": ...}``, or a
+        list of those (several prompts: a list of replies, in order)."""
+        body = await read_json(request)
+        prompts = await prompt_forms(body.get("prompt"))
+        if prompts is None:
+            return await generate(request, False, LLAMA_COMPLETION, body=body)
+        if len(prompts) == 1:
+            return await generate(request, False, LLAMA_COMPLETION, body={**body, "prompt": prompts[0]})
+        if body.get("stream"):
+            raise RequestError(400, "several prompts are answered whole: send 'stream': false, or one prompt a request", param="stream")
+        if len(prompts) > MAX_PROMPTS:
+            raise RequestError(400, f"'prompt' holds {len(prompts)} prompts; at most {MAX_PROMPTS} a request", param="prompt")
+        answers = await asyncio.gather(*(generate(request, False, LLAMA_COMPLETION, body={**body, "prompt": p}) for p in prompts))
+        for a in answers:
+            if a.status_code != 200:
+                return a
+        return JSONResponse([json.loads(bytes(a.body)) for a in answers])
+
+    async def prompt_forms(p: object) -> list[str | list[int]] | None:
+        """The prompts of a /completion body in forms ``generate`` reads; None: as given (a string, ids, or a bad value it names)."""
+        def one(x: object) -> str | list[int]:
+            if isinstance(x, dict):
+                if x.get("multimodal_data"):
+                    raise RequestError(400, "'prompt' has multimodal_data: this server reads images in chat messages "
+                                       "(/v1/chat/completions image_url parts), with --mmproj", param="prompt")
+                if not isinstance(x.get("prompt_string"), str):
+                    raise RequestError(400, "a prompt object must hold 'prompt_string' (a string)", param="prompt")
+                return x["prompt_string"]
+            if isinstance(x, list) and any(isinstance(t, str) for t in x):  # strings among token ids: one prompt, tokenized in place
+                return mixed(x)
+            return x  # type: ignore[return-value]  # a string or ids: generate checks them
+
+        def mixed(x: list) -> list[int]:
+            if not all(isinstance(t, str) or (isinstance(t, int) and not isinstance(t, bool)) for t in x):
+                raise RequestError(400, "'prompt' mixes token ids with something other than strings", param="prompt")
+            f = facts()
+            ids: list[int] = []
+            for k, piece in enumerate(x):
+                ids += f.tokenize(piece, k == 0, True) if isinstance(piece, str) else [piece]  # a leading string gets the specials
+            return ids
+
+        if isinstance(p, dict):
+            return [one(p)]
+        if not isinstance(p, list) or not p:
+            return None
+        if all(isinstance(t, (int, str)) and not isinstance(t, bool) for t in p) and any(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            return [await run_in_threadpool(mixed, p)] if any(isinstance(t, str) for t in p) else None  # one prompt
+        if len(p) == 1 and isinstance(p[0], (str, list)) and not (isinstance(p[0], list) and any(isinstance(t, str) for t in p[0])):
+            return None  # a batch of one, as generate reads it
+        return [await run_in_threadpool(one, x) for x in p]
 
     async def tokenize(request: Request) -> Response:
         body = await read_json(request)
@@ -185,10 +239,16 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
     ]
 
 
-def _settings(s, n_predict: int | None, stop: tuple[str, ...]) -> dict:
+def _settings(s, n_predict: int | None, stop: tuple[str, ...], eog: Callable[[], tuple[int, ...]] | None = None) -> dict:
     """llama-server's ``generation_settings``/``params`` for a ``SamplingConfig``
-    (its field names; -1 for no limit, as it writes them)."""
+    (its field names; -1 for no limit, as it writes them). ``logit_bias`` lists
+    the request's biases and, with ``ignore_eos``, each end-of-generation token
+    at -inf (JSON null), as llama-server adds them (``eog``: the vocabulary's)."""
+    bias = [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in s.logit_bias]  # a ban (-inf) is null, as llama-server writes it
+    if s.ignore_eos and eog is not None:
+        bias += [{"bias": None, "token": t} for t in eog()]
     return {
+        "logit_bias": bias,
         "n_predict": n_predict if n_predict else -1,
         "temperature": s.temperature,
         "top_k": s.top_k,
@@ -286,7 +346,7 @@ class CompletionShaper(Shaper):
         return {
             "index": 0, "content": text, "tokens": [], "id_slot": job.slot, "stop": True, "model": self.model,
             "tokens_predicted": job.n_gen, "tokens_evaluated": len(job.tokens),
-            "generation_settings": _settings(job.sampling, job.max_tokens, self.params.stop),
+            "generation_settings": _settings(job.sampling, job.max_tokens, self.params.stop, self.eog),
             "prompt": prompt if isinstance(prompt, str) else "", "has_new_line": "\n" in text, "truncated": False,
             "stop_type": stop_type, "stopping_word": stop_word or "", "tokens_cached": len(job.tokens) + job.n_gen,
             "timings": job.timings(),
@@ -301,6 +361,13 @@ class CompletionShaper(Shaper):
 
     def progress(self, report: dict) -> list[dict | str]:
         return [{"content": "", "tokens": [], "stop": False, "prompt_progress": report}]
+
+
+def verbose_fields(model: str, params: GenParams, job: Finished, text: str, prompt: str) -> dict:
+    """llama-server's ``__verbose`` (a request's ``verbose``, or its ``--verbose``):
+    the reply as ``/completion`` writes it, with the prompt as the model read it
+    (the chat template applied, special tokens written out)."""
+    return {**CompletionShaper(False, model, params).full(text, job), "prompt": prompt}
 
 
 LLAMA_COMPLETION = Dialect(parse_completion, CompletionShaper)

@@ -26,10 +26,12 @@ import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 MAX_B64 = 64 * 1024 * 1024 * 4 // 3 + 4  # vision.image's MAX_BYTES, as base64
 MEDIA_BODY = 32 * 1024 * 1024  # a request's body on a server with a projector (1 MiB without): a ~24 MB photo as base64
+FILE_SCHEME = "file://"
 OFFLINE = "this server is offline and fetches no URLs: send the picture itself as a data URI (data:image/png;base64,...)"
 _DATA = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,", re.IGNORECASE)
 
@@ -65,6 +67,8 @@ def data_uri(url: object, where: str) -> str:
     head = url[:16].lower()
     if head.startswith(("http://", "https://")):
         raise ImageError(where, f"is a remote URL: {OFFLINE}")
+    if head.startswith(FILE_SCHEME):
+        return url  # read by picture_bytes, under --media-path only
     m = _DATA.match(url)
     if m is None:
         if head.startswith("data:"):
@@ -84,8 +88,38 @@ def base64_payload(value: object, where: str) -> str:
     return value
 
 
-def picture_bytes(part: ImagePart) -> bytes:
-    """The part's payload as bytes, bounded before decoding; ``ImageError`` naming it."""
+def local_file(url: str, where: str, media_path: Path | None) -> bytes:
+    """A ``file://`` picture, as llama-server's --media-path reads one
+    (tools/server/server-common.cpp): only under that folder, named relative to
+    it; a name with ``..`` or ``.`` parts, a backslash or a NUL is refused,
+    whatever the file system holds; bounded as a data URI's picture."""
+    if media_path is None:
+        raise ImageError(where, "is a file:// URL: this server reads local files only under a folder named at start "
+                                "(serve --media-path DIR); send the picture as a data URI otherwise")
+    name = url[len(FILE_SCHEME):]
+    parts = [p for p in name.split("/") if p]
+    if not parts or any(p in (".", "..") or "\\" in p or "\0" in p or ":" in p for p in parts) or len(name) > 1024:
+        raise ImageError(where, f"names a file path that is not allowed: {name[:200]!r} (a path under --media-path, with no '..')")
+    path = media_path.joinpath(*parts)
+    try:
+        if not path.is_file():  # a folder, a FIFO (whose open would wait), a device
+            raise OSError
+        if path.stat().st_size > MAX_B64 * 3 // 4:
+            raise ImageError(where, f"is over {MAX_B64 * 3 // 4 // 2**20} MiB")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_B64 * 3 // 4 + 1)
+    except OSError:
+        raise ImageError(where, f"names a file that does not exist or cannot be read: {name[:200]!r}") from None
+    if not raw:
+        raise ImageError(where, "is empty")
+    return raw
+
+
+def picture_bytes(part: ImagePart, media_path: Path | None = None) -> bytes:
+    """The part's payload as bytes, bounded before decoding; ``ImageError`` naming it.
+    ``media_path``: serve's --media-path, where ``file://`` pictures are read."""
+    if part.data[:7].lower() == FILE_SCHEME:
+        return local_file(part.data, part.where, media_path)
     data = part.data.strip()
     if len(data) > MAX_B64:
         raise ImageError(part.where, f"is over {MAX_B64 * 3 // 4 // 2**20} MiB")

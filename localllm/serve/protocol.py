@@ -86,6 +86,7 @@ class GenParams:
     lora: dict[int, float] | None = None  # llama-server's per-request adapter scales by id (the others 0); None: the server's
     template_kwargs: dict | None = None  # chat_template_kwargs, reasoning_effort (serve/thinking.py), over serve's; None: serve's
     images: tuple[media.ImagePart, ...] = ()  # image parts, each marked in its message's text (serve/media.py)
+    verbose: bool | None = None  # llama-server's: the reply carries "__verbose", its /completion fields with the prompt; None: the server's
 
 
 def _bad(field: str, what: str) -> RequestError:
@@ -343,8 +344,12 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         raise _bad("return_progress", "must be true or false")
     lora = parse_lora(body["lora"]) if body.get("lora") is not None else None
     bias = _logit_bias(body, n_vocab)
+    verbose = body.get("verbose")
+    if verbose is not None and not isinstance(verbose, bool):
+        raise _bad("verbose", "must be true or false")
     return GenParams(
         images=tuple(images),
+        verbose=verbose,
         template_kwargs=thinking.from_request(body) if chat else None,
         lora=lora or None,  # an empty list: the server's scales, as llama-server's
         tools=tools,
@@ -387,7 +392,7 @@ HONOURED = frozenset({
     "frequency_penalty", "logit_bias", "response_format",  # OpenAI
     "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt", "return_progress", "timings_per_token",
     "id_slot", "add_generation_prompt", "continue_final_message",  # llama-server's
-    "lora",  # llama-server's
+    "lora", "verbose",  # llama-server's
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
                           "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
@@ -531,7 +536,7 @@ def resolve_bias(params: GenParams, tokenize: Callable[[str, bool, bool], list[i
 
 def _grammar(body: dict) -> str | None:
     """The GBNF a request constrains its reply with: OpenAI's ``response_format``
-    (``text``; ``json_object``; ``json_schema`` with its ``schema``, ``strict``
+    (``text``; ``json_object``, with llama-server's ``schema`` or not; ``json_schema`` with its ``schema``, ``strict``
     or not: the grammar always holds the reply to it), or llama-server's
     ``grammar`` (GBNF text) and ``json_schema`` (a schema). One of them at most."""
     from localllm.engine import grammar  # lazy: loads llama.cpp's grammar converter, asked only when a request constrains its reply
@@ -556,7 +561,12 @@ def _grammar(body: dict) -> str | None:
         if kind == "text":
             return None
         if kind == "json_object":
-            return grammar.json_object()
+            schema = rf.get("schema")  # llama-server's: a json_object with a schema is held to the schema
+            if schema is None:
+                return grammar.json_object()
+            if not isinstance(schema, dict):
+                raise _bad("response_format.schema", "must be a JSON schema object")
+            return grammar.from_json_schema(schema)
         if kind == "json_schema":
             js = rf.get("json_schema")
             if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
@@ -579,6 +589,7 @@ class Shaper:
     each framed by ``frame``."""
 
     media_type = "text/event-stream"
+    eog: Callable[[], tuple[int, ...]] | None = None  # the vocabulary's end-of-generation tokens (set by the route: llama-server's logit_bias)
     splits_reasoning = True  # a reasoning model's thinking goes to ``thinking`` and ``reasoning`` (False: it stays in the text)
 
     def __init__(self, chat: bool, model: str, *, per_token: bool = False) -> None:

@@ -433,4 +433,6 @@ def routes(state, generate: Callable[..., Awaitable[Response]], read_json: Calla
             return JSONResponse(exc.body(), status_code=exc.status)
         return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
 
-    return [Route(PATHS[0], create, methods=["POST"]), Route(PATHS[1], input_tokens, methods=["POST"])]
+    # with llama-server's unprefixed aliases
+    return [Route(PATHS[0], create, methods=["POST"]), Route(PATHS[1], input_tokens, methods=["POST"]),
+            Route(PATHS[0].removeprefix("/v1"), create, methods=["POST"]), Route(PATHS[1].removeprefix("/v1"), input_tokens, methods=["POST"])]

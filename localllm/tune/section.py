@@ -124,10 +124,9 @@ def user_settings(table: Mapping[str, Any], model: str) -> dict[str, tuple[Any, 
     return out
 
 
-def flag_values(args: object) -> dict[str, Any]:
+def flag_values(*, ubatch: int | None, flash_attn: str | None, kv_type: str | None, threads: int | None) -> dict[str, Any]:
     """The tuned settings a loading command's options hold now (after the config file and typed flags)."""
-    return {UBATCH: getattr(args, "ubatch", None), FLASH_ATTN: getattr(args, "flash_attn", None),
-            KV_TYPE: getattr(args, "kv_type", None), THREADS: getattr(args, "threads", None)}
+    return {UBATCH: ubatch, FLASH_ATTN: flash_attn, KV_TYPE: kv_type, THREADS: threads}
 
 
 def from_tune(table: Mapping[str, Any], model: str | None, effective: Mapping[str, Any]) -> FromTune | None:

@@ -50,6 +50,12 @@ class ProjectorInfo:
     def to_dict(self) -> dict[str, object]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
 
+    def line(self) -> str:
+        """One line: the projector's file, type, image size and tokens an image."""
+        size = f"{self.image_size} px" if self.image_size else "n/a"
+        tokens = f"{self.tokens_per_image} tokens an image" if self.tokens_per_image is not None else "tokens by each picture's size"
+        return f"projector {self.path.name} ({self.projector_type}, images at {size}, {tokens})"
+
 
 def is_projector(header: GGUFHeader) -> bool:
     """A clip GGUF (an mmproj), not a model that generates."""

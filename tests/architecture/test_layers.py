@@ -27,6 +27,7 @@ RANKS = {
     "errors": 0, "paths": 0, "models": 0,
     "util": 1, "reasoning": 1,
     "toolcalls": 1.5,  # tool-call formats: read from a template, parsed from a reply (pure; the reasoning split under it)
+    "server_tools": 1.5,  # llama-server's built-in tools (--tools): files and commands, bounded; no server framework
     "modelfile": 2,
     "vision": 2.5, "attach": 2.5,  # images and files into a prompt: decoded and bounded (Pillow, pypdf), projector headers
     "forecast": 4.2,  # the TTFT forecast: pure, on plan's figures
@@ -36,13 +37,15 @@ RANKS = {
     "engine": 5, "store": 5, "chat": 5,
     "runtime": 5.5,  # the one load path: resolve, fit (plan), load (engine), check; under every front end, the smoke test included
     "measure": 6, "testing": 6,
+    "flags": 6.5,  # the flags and typed options the commands share (argparse): under every command-line module, quantize's and the cockpit's included
+    "cockpit": 6.5,  # the cockpit's session without its screen: engine thread, load and rollback, counting, saving (no Textual)
     "quantize": 7, "serve": 7,
     "tune": 7,  # tune's search, choice and config section: on measure's figures and the planner's, under the command
     "api": 8, "router": 8, "mcp": 8,  # mcp: the tool loop reads serve's tool-call formats
     "tui": 9, "commands": 9,
     "cli": 10, "__init__": 10, "__main__": 11, "spare": 11,
 }
-ARGPARSE_FACING = ("localllm.cli", "localllm.commands", "localllm.tui.cli", "localllm.quantize.cli")
+ARGPARSE_FACING = ("localllm.cli", "localllm.flags", "localllm.commands", "localllm.tui.cli", "localllm.quantize.cli")
 CLIENT_ONLY = ("textual", "starlette", "uvicorn", "argparse")
 
 

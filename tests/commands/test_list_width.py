@@ -41,7 +41,7 @@ def test_the_cli_fits_eighty_columns_and_json_keeps_the_path(tmp_path: Path, syn
 
 
 def test_plan_names_the_output_layer() -> None:
-    from localllm.commands.plan import layers_phrase
+    from localllm.plan.planner import layers_phrase
 
     assert [layers_phrase(n, 31) for n in (31, 99, 12, 1, 0)] == [
         "all 30 layers + output", "all 30 layers + output", "11 of 30 layers + output", "the output layer only", "no layer"]

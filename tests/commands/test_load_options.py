@@ -8,6 +8,7 @@ import pytest
 
 from localllm.cli import build_parser
 from localllm.commands._common import fit_request, load_options
+from localllm.flags import Load, Lora
 from localllm.plan import fitting
 from localllm.tui.settings import Settings
 
@@ -22,12 +23,12 @@ from localllm.tui.settings import Settings
 ])
 def test_flags_and_settings_ask_the_same(flags: list[str], settings: Settings) -> None:
     args = build_parser().parse_args(["run", *flags])
-    assert load_options(args, args.ctx) == settings.load_options()
-    assert fit_request(args, args.ctx) == settings.fit_request()
+    load = Load.from_args(args)
+    assert load_options(load, load.ctx) == settings.load_options()
+    assert fit_request(load, Lora.from_args(args), load.ctx) == settings.fit_request()
 
 
 def test_what_was_not_given_is_left_to_the_fit() -> None:
-    args = build_parser().parse_args(["run"])
-    req = load_options(args, 4096).request()
+    req = load_options(Load.from_args(build_parser().parse_args(["run"])), 4096).request()
     assert not req.kv_fixed and not req.ngl_fixed and req.config.type_k == "f16" and req.config.n_gpu_layers == -1
     assert req == fitting.LoadOptions(n_ctx=4096).request()

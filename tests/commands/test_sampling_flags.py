@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from localllm.cli import build_parser
-from localllm.commands._common import sampling_config
 from localllm.engine_api import SamplingConfig
+from localllm.flags import Sampling
 from localllm.serve.protocol import parse_gen
 from localllm.tui.cli import settings_from_args
 from tests.helpers.cli import cli, one_line
@@ -26,8 +26,8 @@ def _parse(command: str, *argv: str):
 
 def test_one_set_of_defaults_everywhere() -> None:
     assert SamplingConfig() == LLAMA_CPP
-    assert sampling_config(_parse("run")) == LLAMA_CPP
-    assert sampling_config(_parse("chat")) == LLAMA_CPP
+    assert Sampling.from_args(_parse("run")).config() == LLAMA_CPP
+    assert Sampling.from_args(_parse("chat")).config() == LLAMA_CPP
     assert settings_from_args(_parse("tui")).sampling() == LLAMA_CPP
     body = parse_gen({"messages": [{"role": "user", "content": "hi"}]}, chat=True, n_vocab=100)
     assert (body.temperature, body.top_p) == (LLAMA_CPP.temperature, LLAMA_CPP.top_p)
@@ -35,8 +35,8 @@ def test_one_set_of_defaults_everywhere() -> None:
 
 @pytest.mark.parametrize("command", ["run", "chat"])
 def test_every_flag_reaches_the_sampling(command: str) -> None:
-    assert sampling_config(_parse(command, *FLAGS)) == ASKED
-    assert sampling_config(_parse(command, "--max-tokens", "5")).max_tokens == 5
+    assert Sampling.from_args(_parse(command, *FLAGS)).config() == ASKED
+    assert Sampling.from_args(_parse(command, "--max-tokens", "5")).config().max_tokens == 5
 
 
 def test_tui_flags_reach_the_settings() -> None:

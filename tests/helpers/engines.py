@@ -16,7 +16,7 @@ class FailingEngine(ScriptedEngine):
         super().__init__()
         self.fail, self.closed = fail, 0
 
-    def load(self, path: Path, config: LoadConfig) -> LoadInfo:
+    def load(self, path: Path, config: LoadConfig, header: object = None) -> LoadInfo:
         if self.fail is not None:
             raise self.fail
         return super().load(path, config)

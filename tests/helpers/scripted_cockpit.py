@@ -34,7 +34,7 @@ class StallingEngine(ScriptedEngine):
     stall: list[float] = []  # noqa: RUF012 - written once, by the one load
     started: Path | None = None  # written ("{}") as the stall starts
 
-    def load(self, path: Path, config: LoadConfig) -> LoadInfo:
+    def load(self, path: Path, config: LoadConfig, header: object = None) -> LoadInfo:
         if not self.stall:
             if self.started is not None:
                 self.started.write_text("{}")

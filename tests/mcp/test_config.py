@@ -132,3 +132,14 @@ def test_always_allow_is_kept_in_the_config(_isolated_home: Path) -> None:
     assert cli("config").returncode == 0
     with pytest.raises(Exception, match="no MCP server named 'v'"):
         allow_tool(cfg, "v", "add")
+
+
+def test_llama_servers_timeout_ms_bounds_that_servers_calls() -> None:
+    """llama-server's per-server "timeout_ms" (its test_mcp_servers.py's slow tool) is taken, not a reason to leave the server out."""
+    from localllm.mcp.importer import parse_json
+
+    doc = {"mcpServers": {"slow": {"command": "python", "args": ["s.py"], "timeout_ms": 1500}, "plain": {"command": "python"},
+                          "bad": {"command": "python", "timeout_ms": -1}, "worse": {"command": "python", "timeout_ms": "soon"}}}
+    parsed = parse_json(json.dumps(doc), "f.json", stdio_only=True)
+    assert parsed.servers["slow"].call_timeout == 1.5 and parsed.servers["plain"].call_timeout is None
+    assert sorted(parsed.servers) == ["plain", "slow"] and all("timeout_ms" in line for line in parsed.skipped), parsed.skipped

@@ -89,7 +89,7 @@ def test_the_router_plans_each_model_with_it(gemma: Path) -> None:
         parser = cli.build_parser()
         args = parser.parse_args(["serve", *flags])
         args.subparsers = cli.subparsers(parser)
-        memory = serve._memory(args, residency, PerModel(args, None))
+        memory = serve._memory(serve.Options.from_args(args), residency, PerModel(args, None))
         return memory.plan(gemma)
 
     lp = plan()

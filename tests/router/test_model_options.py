@@ -58,7 +58,7 @@ def per_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *typed: str, conf
     parser = build_parser()
     args = _parse(parser, argv)
     args.subparsers = subparsers(parser)
-    return PerModel(args, preset_of(args, serve_flags.refused()))
+    return PerModel(args, preset_of(args.models_preset, args.subparsers["serve"], serve_flags.refused()))
 
 
 def test_typed_beats_the_preset_section_which_beats_star_which_beats_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

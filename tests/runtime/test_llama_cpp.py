@@ -20,10 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_smollm2_loads_checked_and_its_header_is_read_once_before_the_engine(smollm2: Path, header_reads: list[str]) -> None:
-    """Outside the engine the header is read once (``runtime.plan``): the fit and
-    the memory check take it from there. The engine validates the file on its
-    own as it loads it (``engine.model.ModelHandle.check``): that read is the
-    engine's, from the parsed copy ``gguf_file`` keeps per file version."""
+    """The header is read once (``runtime.plan``): the fit, the memory check and
+    the engine's own checks before llama.cpp sees the file
+    (``engine.model.ModelHandle.check``) take it from there."""
     seen = header_reads
     request = runtime.LoadRequest(model="smollm2", options=fitting.LoadOptions(n_ctx=512, threads=1, n_gpu_layers=0), hardware=ROOMY)
     with runtime.open_model(request) as loaded:
@@ -31,8 +30,7 @@ def test_smollm2_loads_checked_and_its_header_is_read_once_before_the_engine(smo
         assert loaded.memory_check is not None and loaded.memory_check.ok, loaded.memory_check
         text = loaded.engine.detokenize(loaded.engine.tokenize("Paris", add_special=False))
         assert text.strip() == "Paris"
-    outside = [m for m in seen if not m.startswith("localllm.engine.")]
-    assert outside == ["localllm.runtime.planning"], seen
+    assert seen == ["localllm.runtime.planning"], seen
 
 
 def test_no_context_given_loads_the_plans_default(smollm2: Path) -> None:

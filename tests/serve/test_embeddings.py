@@ -94,6 +94,32 @@ def test_bad_inputs_are_400s_naming_the_cause(server) -> None:
 
 
 @pytest.mark.slow
+def test_llama_servers_input_forms_embed_as_their_text(server) -> None:
+    """llama-server's forms (its test_embedding.py): strings among token ids, in one
+    prompt or several; ``prompt_string`` and ``content`` text parts objects; each
+    embeds as the same text written as a string does."""
+    with http_client(server) as c:
+        def vectors(value: object) -> list[list[float]]:
+            r = c.post("/v1/embeddings", json={"input": value})
+            assert r.status_code == 200, (value, r.text)
+            return [d["embedding"] for d in r.json()["data"]]
+
+        ids = c.post("/tokenize", json={"content": "Hello world", "add_special": True}).json()["tokens"]
+        world = c.post("/tokenize", json={"content": " world"}).json()["tokens"]
+        string = vectors("Hello world")[0]
+        assert _cos(vectors(["Hello", *world])[0], vectors(ids)[0]) > 0.9999  # a leading string gets the model's specials
+        assert len(vectors([12, 34, "string", 56, 78])) == 1 and len(vectors([[12, 34, 56], [12, "string", 34, 56]])) == 2
+        assert _cos(vectors({"prompt_string": "Hello world"})[0], string) > 0.9999
+        parts = vectors(["Hello world", {"content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "world"}]}])
+        assert _cos(parts[0], parts[1]) > 0.9999
+        assert len(vectors(["a", {"prompt_string": "b"}, {"content": [{"type": "text", "text": "c"}]}])) == 3
+        for bad in ({"content": "string"}, {"content": [{"type": "unknown"}]},
+                    {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}):
+            r = c.post("/v1/embeddings", json={"input": bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "input", (bad, r.text)
+
+
+@pytest.mark.slow
 def test_fuzzed_bodies_get_200_or_400(server) -> None:
     import json
     import random
@@ -258,14 +284,14 @@ def test_no_callback_where_nothing_follows_the_hidden_states_or_off_the_cpu(tmp_
 def test_embeddings_flag_makes_the_context_at_start(smollm2: Path) -> None:
     """serve --embeddings (llama-server's flag) makes the embedding context as the
     server starts; without it, the first request makes it."""
-    from localllm.commands.serve import _embeddings
     from localllm.engine.batch import BatchModel
+    from localllm.serve.wiring import embeddings
 
     for at_start in (False, True):
         m = BatchModel()
         try:
             m.load(smollm2, LoadConfig(n_ctx=256, n_threads=1), 1)
-            _embeddings(m, 256, None, lambda fn: fn(), at_start=at_start)
+            embeddings(m, 256, None, lambda fn: fn(), at_start=at_start)
             assert m.embedder(256, None).is_open is at_start
         finally:
             m.close()

@@ -54,3 +54,19 @@ def test_a_prefilled_reply_reads_the_prefill_as_its_start(server) -> None:
         assert r.status_code == 200, r.text
         read = r.json()["usage"]["input_tokens"] + r.json()["usage"].get("cache_read_input_tokens", 0)
     assert read == bare + len(prefill)
+
+
+def test_verbose_replies_carry_the_prompt_the_model_read(server) -> None:
+    """llama-server's ``verbose``: the reply's ``__verbose`` is its /completion
+    fields with the prompt as templated (its test_chat_completion.py reads the
+    prefill there); asked not to, or not asked (serve without --verbose), none."""
+    with http_client(server) as http:
+        body = {"messages": [*ASK, {"role": "assistant", "content": "Whill"}], "max_tokens": 2}
+        r = http.post("/v1/chat/completions", json={**body, "verbose": True})
+        assert r.status_code == 200, r.text
+        verbose = r.json()["__verbose"]
+        assert verbose["prompt"].endswith(TURN + "Whill") and verbose["tokens_evaluated"] == r.json()["usage"]["prompt_tokens"]
+        assert verbose["content"] == r.json()["choices"][0]["message"]["content"] and "generation_settings" in verbose
+        for quiet in ({**body, "verbose": False}, body):
+            assert "__verbose" not in http.post("/v1/chat/completions", json=quiet).json()
+        assert http.post("/v1/chat/completions", json={**body, "verbose": "yes"}).status_code == 400

@@ -39,6 +39,21 @@ def test_json_object_is_json(server) -> None:
 
 
 @pytest.mark.slow
+def test_a_json_object_with_a_schema_is_held_to_it(server) -> None:
+    """llama-server's ``{"type": "json_object", "schema": ...}`` (its test_chat_completion.py): the schema holds."""
+    import httpx2 as httpx
+
+    def ask(fmt: object):
+        return httpx.post(server.base + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=120, json={
+            "max_tokens": 6, "messages": [{"role": "user", "content": "Write an example"}], "response_format": fmt})
+
+    r = ask({"type": "json_object", "schema": {"const": "42"}})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == '"42"', r.text
+    for bad in ({"type": "json_object", "schema": 123}, {"type": "json_object", "schema": {"type": "hiccup"}}):
+        assert ask(bad).status_code == 400, bad
+
+
+@pytest.mark.slow
 def test_pydantic_parse_with_nested_objects_enums_and_arrays(server) -> None:
     from pydantic import BaseModel, Field
 

@@ -23,16 +23,9 @@ from PIL import Image
 from textual import events
 
 from localllm.chat import sessions
+from localllm.cockpit.attachments import dropped_paths, restore_images, shown_saved, split_message
 from localllm.tui.app import create_app
-from localllm.tui.attachments import (
-    AttachScreen,
-    ChipClose,
-    ReloadConfirm,
-    dropped_paths,
-    restore_images,
-    shown_saved,
-    split_message,
-)
+from localllm.tui.attachments import AttachScreen, ChipClose, ReloadConfirm
 from localllm.tui.settings import Settings
 from localllm.util import fmt
 from localllm.vision.image import load_image

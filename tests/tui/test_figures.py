@@ -68,10 +68,10 @@ def _advice(app) -> list[str]:
 
 @pytest.mark.slow
 async def test_starved_decode_is_told_once_with_the_fix(synth_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localllm.cockpit import session as session_module
     from localllm.measure import starved
-    from localllm.tui import app as app_module
 
-    monkeypatch.setattr(app_module, "busiest_process", lambda: starved.Busy("stress", 4242, 150.0))
+    monkeypatch.setattr(session_module, "busiest_process", lambda: starved.Busy("stress", 4242, 150.0))
     app, _ = scripted_app(synth_model, ttft_ms=20, itl_ms=10, tokens=6)
     app.settings = dataclasses.replace(app.settings, threads=4)
     asked: list[float] = []  # the rates the app looked up the busiest program for (the advice's worker), as each reply ended

@@ -3,13 +3,13 @@ as --cpu-moe / --n-cpu-moe do, and a dense model refuses it in one line."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from textual.widgets import Input, TabbedContent
 
+from localllm.cli import build_parser
 from localllm.tui.cli import settings_from_args
 from localllm.tui.settings import Settings
 from localllm.tui.settings_screen import SettingsScreen
@@ -22,7 +22,7 @@ def test_the_setting_is_a_load_option_and_reloads() -> None:
     s = Settings(n_cpu_moe=-1)
     assert s.load_options().config().n_cpu_moe == -1 and Settings().load_options().config().n_cpu_moe == 0
     assert s.needs_reload(Settings())
-    assert settings_from_args(argparse.Namespace(n_cpu_moe=2)).n_cpu_moe == 2
+    assert settings_from_args(build_parser().parse_args(["tui", "--n-cpu-moe", "2"])).n_cpu_moe == 2
     assert Settings.from_dict({"n_cpu_moe": -1}).n_cpu_moe == -1
     assert Settings.from_dict({"n_cpu_moe": -7}).n_cpu_moe is None  # a hand-edited session falls back
 

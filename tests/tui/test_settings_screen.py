@@ -136,3 +136,25 @@ def test_an_older_session_opens_with_the_defaults_and_bad_values_fall_back() -> 
     kept = Settings.from_dict({"top_k": 0, "top_p": 1, "min_p": 0, "repeat_penalty": 1.1, "seed": 0, "max_tokens": -1})
     assert kept.sampling() == SamplingConfig(top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.1, seed=0, max_tokens=-1)
     assert type(kept.top_p) is float
+
+
+@pytest.mark.slow
+async def test_a_blank_context_is_the_plans_and_shown_as_what_it_chose(synth_model: Path) -> None:
+    """No context set: the plan decides it (``fitting.default_ctx``); the box stays
+    blank with the context the plan chose in it, and Apply with it blank reloads nothing."""
+    from localllm.testing import ScriptedEngine
+    from localllm.tui.app import create_app
+    from localllm.tui.settings import Settings
+
+    backend = ScriptedEngine(ttft_ms=5, itl_ms=5, tokens=2)
+    app = create_app(str(synth_model), vram=4 * 1024**3, settings=Settings(system_prompt=""), backend_factory=lambda: backend)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_idle(app, pilot)
+        planned = app.load_config.n_ctx
+        assert app.settings.n_ctx is None and any(f"context {planned} ·" in t for r, t in chat_text(app) if r == "note")
+        screen = await _open(app, pilot, "model-tab")
+        box = screen.query_one("#n_ctx", Input)
+        assert box.value == "" and box.placeholder == f"the plan's: {planned:,}"
+        await pilot.click("#apply")
+        await until(pilot, lambda: not isinstance(app.screen, SettingsScreen), "closed the settings screen on Apply")
+        assert backend.loads == 1 and app.settings.n_ctx is None
