@@ -174,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
         if not is_loopback(host) and not api_key:
             say(f"warning: listening on {host} without --api-key: anyone who can reach this address can use the model")
     tools = _builtin_tools(opts)
-    cors = opts.cors or (("localhost",) if tools else ())  # llama-server's default with its tools on: pages of this machine only
+    # a router's model process adds none: the router answers CORS for all of them
+    cors = () if os.environ.get(ROUTER_CHILD) == "1" else default_cors(opts.cors, tools, api_key)
     if opts.model is None or opts.models is not None:
         top = ("-v",) * args.verbose + ("--debug",) * args.debug  # localllm's own options, before the command: each child's too
         return _route(opts, api_key, hosts, top, tools, cors)
@@ -256,6 +257,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 MAX_PARALLEL = 256  # LLAMA_MAX_SEQ (src/llama-cparams.h); the router checks it too, so a bad value is found now, not per model
+
+
+def default_cors(given: tuple[str, ...], tools: tuple[str, ...], api_key: str | None) -> tuple[str, ...]:
+    """The origins web pages may call from: ``--cors`` as given; else, with the
+    built-in tools on, this machine's pages (llama-server's default then); else,
+    when an API key is required, any page (llama-server's default: the key, not the
+    page's origin, is what lets it in); else none, so a page the user opens cannot
+    drive a server that asks no key."""
+    if given:
+        return given
+    if tools:
+        return ("localhost",)
+    return ("*",) if api_key else ()
 
 
 def _tags(text: str | None) -> tuple[str, ...]:

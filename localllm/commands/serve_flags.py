@@ -103,7 +103,8 @@ def add(p: argparse.ArgumentParser) -> None:
                         "(llama-server's flag; without it they answer 501)")
     g.add_argument("--cors", action="append", default=None, metavar="ORIGIN",
                    help="let web pages from ORIGIN call the API (repeatable; * for any; localhost for any page of this machine, any port); "
-                        "without it no CORS headers are sent (llama-server sends them for any origin)")
+                        "without it: any origin when --api-key is set (as llama-server), this machine's pages with --tools, "
+                        "else no CORS headers at all")
     g.add_argument("--cors-origins", dest="cors", action="append", metavar="ORIGIN[,ORIGIN]",
                    help="llama-server's name for --cors, comma-separated")
     for flags in UNSUPPORTED:

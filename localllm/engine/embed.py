@@ -84,6 +84,7 @@ class Embedder:
     """Pooled, normalized embeddings of token lists, from ``model`` (a loaded llama_model the caller frees after ``close``)."""
 
     def __init__(self, model: object, cparams: Any, n_ctx: int, pooling: str | None, *, on_cpu: bool) -> None:
+        self.decodes = 0  # llama_decode calls made, for serve's /metrics
         if pooling is not None and pooling not in POOLING:
             raise EngineError(f"pooling must be one of {', '.join(POOLING)}, got {pooling!r}")
         self.model = model
@@ -214,6 +215,7 @@ class Embedder:
         rc = llama_cpp.llama_decode(self._ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed for embeddings ({rc}): {ROUTER.last_error() or 'no reason given'}")
+        self.decodes += 1  # llama-server's n_decode_total counts these too (serve's /metrics)
         rows = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings(self._ctx), shape=(i, self.n_embd))  # batch order
         vecs = []
         k = 0

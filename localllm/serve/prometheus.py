@@ -93,6 +93,15 @@ class ServerMetrics:
             w[2] += max(predicted_n - 1, 0) if predicted_s else 0  # the first token costs no decode step of its own
             w[3] += predicted_s or 0.0
 
+    def embedded(self, n_tokens: int, decodes: int, seconds: float) -> None:
+        """An embedding request: its prompt tokens read and their time, its decodes (llama-server counts them, none predicted)."""
+        with self._lock:
+            self.prompt_processed += n_tokens
+            self.prompt_seconds += seconds
+            self.steps += decodes
+            self._window[0] += n_tokens
+            self._window[1] += seconds
+
     def request_done(self, endpoint: str, status: int) -> None:
         with self._lock:
             key = (endpoint, status)

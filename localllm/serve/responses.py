@@ -295,7 +295,7 @@ class ResponsesShaper(Shaper):
     ``response.completed`` (``response.incomplete`` when cut by the limit)."""
 
     def __init__(self, chat: bool, model: str, params: GenParams) -> None:
-        super().__init__(chat, model)
+        super().__init__(chat, model, per_token=bool(params and params.timings_per_token))  # llama-server's: each delta carries its timings
         self.id = "resp_" + uuid.uuid4().hex
         self.echo = params.echo if isinstance(params, ResponsesParams) else {}
         self.seq = 0
@@ -373,7 +373,7 @@ class ResponsesShaper(Shaper):
                      "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}]
         self.text.append(text)
         out.append({"type": "response.output_text.delta", "item_id": self.message["id"], "output_index": len(self.items), "content_index": 0,
-                    "delta": text, "logprobs": []})
+                    "delta": text, "logprobs": [], **({"timings": job.timings()} if self.per_token else {})})
         return out
 
     def _close_message(self) -> list[dict | str]:

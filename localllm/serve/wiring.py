@@ -11,6 +11,7 @@ server for the command line and for a program that loaded its model itself.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ def template_defaults(reasoning_flag: str, kwargs: str | None, model: Any) -> di
         raise UsageError(str(exc)) from None
 
 
-def embeddings(model: Any, n_ctx: int, pooling: str | None, run: Callable, *, at_start: bool) -> Any:
+def embeddings(model: Any, n_ctx: int, pooling: str | None, run: Callable, *, at_start: bool, metrics: Any = None) -> Any:
     """/v1/embeddings on the served model (its embedding context is made on first use, or now with ``at_start``: --embeddings).
     ``run`` makes the embedder's llama.cpp calls: the scheduler's engine thread (``Scheduler.run``, in serve/scheduler.py's docstring why)."""
     from localllm.serve.embeddings import Embeddings  # lazy: with Starlette (~64 ms), which serve loads only once it starts
@@ -58,8 +59,17 @@ def embeddings(model: Any, n_ctx: int, pooling: str | None, run: Callable, *, at
     emb = model.embedder(n_ctx, pooling)
     if at_start:
         emb.open(run)
+
+    def embed(inputs: Any) -> list[list[float]]:
+        """The vectors, counted in ``metrics`` (serve's ServerMetrics) as llama-server counts an embedding request."""
+        before, t0 = getattr(emb, "decodes", 0), time.perf_counter()
+        out = emb.embed(inputs, run)
+        if metrics is not None:
+            metrics.embedded(sum(len(x) for x in inputs), getattr(emb, "decodes", 0) - before, time.perf_counter() - t0)
+        return out
+
     return Embeddings(tokenize=lambda text: model.tok.tokenize(text, add_special=True, parse_special=False),
-                      embed=lambda inputs: emb.embed(inputs, run),
+                      embed=embed,
                       n_ctx=emb.n_ctx, n_vocab=model.tok.n_vocab, n_embd=emb.n_embd, pooling=emb.pooling,
                       tokenize_piece=lambda text: model.tok.tokenize(text, add_special=False, parse_special=False))
 

@@ -51,3 +51,20 @@ def test_a_list_a_star_and_none() -> None:
     assert r.headers["access-control-allow-origin"] == "http://anywhere.example"  # echoed, as llama-server with credentials
     r = _client().options("/completions", headers={"Origin": "http://localhost", **PRE})
     assert r.status_code == 405 and not [h for h in r.headers if h.startswith("access-control-")]  # no --cors: no CORS at all
+
+
+def test_the_default_allows_any_page_only_where_a_key_is_asked() -> None:
+    """serve without --cors: any origin with an API key (llama-server's default; a page
+    needs the key to get in), this machine's pages with --tools, else no CORS at all."""
+    from localllm.commands.serve import default_cors
+
+    assert default_cors((), (), "k") == ("*",)
+    assert default_cors((), ("read_file",), "k") == default_cors((), ("read_file",), None) == ("localhost",)
+    assert default_cors((), (), None) == ()
+    assert default_cors(("http://a.example",), (), "k") == ("http://a.example",)
+    keyed = _client(*default_cors((), (), "k"))
+    r = keyed.options("/completions", headers={"Origin": "web.mydomain.fr", **PRE})
+    assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "web.mydomain.fr"
+    assert r.headers["Access-Control-Allow-Credentials"] == "true" and r.headers["Access-Control-Allow-Headers"] == "Authorization"
+    open_server = _client(*default_cors((), (), None))
+    assert "Access-Control-Allow-Origin" not in open_server.options("/completions", headers={"Origin": "http://evil.com", **PRE}).headers

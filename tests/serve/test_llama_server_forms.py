@@ -118,3 +118,33 @@ def test_generation_settings_list_the_biases_ignore_eos_adds(base: str) -> None:
     eog = settings(ignore_eos=True)["logit_bias"]
     assert eog and all(e["bias"] is None for e in eog) and {e["token"] for e in eog} >= {2}  # SmolLM2's <|im_end|> is id 2
     assert settings()["logit_bias"] == [] and settings(logit_bias=[[5, -1.0]])["logit_bias"] == [{"bias": -1.0, "token": 5}]
+
+
+@pytest.mark.slow
+def test_an_embedding_request_counts_in_llama_servers_metrics(base: str) -> None:
+    """Its prompt tokens and decodes count, no predicted token (llama-server's test_metrics.py)."""
+    h = {"Authorization": "Bearer k"}
+
+    def metrics() -> dict[str, float]:
+        text = httpx.get(f"{base}/metrics", headers=h).text
+        return {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("llamacpp:")}
+
+    before = metrics()
+    r = httpx.post(f"{base}/v1/embeddings", headers=h, json={"input": ["hello world", "goodbye world"]}, timeout=60)
+    assert r.status_code == 200, r.text
+    after = metrics()
+    assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == r.json()["usage"]["prompt_tokens"]
+    assert after["llamacpp:n_decode_total"] > before["llamacpp:n_decode_total"]
+    assert after["llamacpp:tokens_predicted_total"] == before["llamacpp:tokens_predicted_total"]
+
+
+@pytest.mark.slow
+def test_responses_deltas_carry_the_timings_when_asked(base: str) -> None:
+    """llama-server's timings_per_token on /responses (its test_compat_oai_responses.py): each text delta has them."""
+    import json
+
+    body = {"input": "This is a test " * 10, "max_output_tokens": 4, "stream": True, "timings_per_token": True}
+    with httpx.stream("POST", f"{base}/responses", headers={"Authorization": "Bearer k"}, json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("prompt_per_second" in e["timings"] and "predicted_per_second" in e["timings"] for e in deltas)
