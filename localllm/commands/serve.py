@@ -76,9 +76,11 @@ def register(sub: Subparsers) -> None:
     idle = r.add_mutually_exclusive_group()
     idle.add_argument("--keep-alive", default=None, metavar="DURATION",
         help="how long an idle model stays loaded: 30s, 5m, 1h, seconds; -1 for ever, 0 unload after each request "
-             "(Ollama's; a request's keep_alive wins; also OLLAMA_KEEP_ALIVE; default: 5m)")
+             "(Ollama's; a request's keep_alive wins; also OLLAMA_KEEP_ALIVE; default: 5m; with a MODEL: off unless given, "
+             "and the next request loads it again)")
     idle.add_argument("--sleep-idle-seconds", type=flags.int_at_least(-1, "--sleep-idle-seconds"), default=None, metavar="N",
-        help="llama-server's name for --keep-alive, in seconds (-1: for ever)")
+        help="llama-server's name for --keep-alive, in seconds (-1: for ever); with a MODEL the server sleeps: /health, /props, "
+             "/models and /metrics answer without waking it, any other request loads the model again")
     r.add_argument("--models-preset", default=None, metavar="FILE",
         help="a llama-server presets INI: [*] for every model, [NAME] for one (llama-server's option names, "
              "load-on-startup = true loads it at start); what is typed wins, then the model's section, then [*], then the config file")
@@ -203,6 +205,11 @@ def run(args: argparse.Namespace) -> int:
         c = fitted.config
         say(f"fitted to {'--vram ' + fmt.size(opts.load.vram) if opts.load.vram else 'this machine'}: context {c.n_ctx} ({n_ctx_seq} per sequence), "
             f"KV {c.type_k}/{c.type_v}, {fitted.fit.plan.n_gpu_layers} layers on the GPU ({fitted.fit.sentence})")
+    sleep_s = None  # serve MODEL sleeps only when asked (the router's 5 minutes are for its models)
+    if opts.keep_alive is not None or opts.sleep_idle_seconds is not None:
+        from localllm.router import durations  # lazy: the duration parser, only with --keep-alive or --sleep-idle-seconds
+
+        sleep_s = _keep_alive(opts, durations)
     head = wiring.has_rank_head(planned.header) if rerank else True
     if not head:
         say(f"warning: {path.name} {wiring.NO_HEAD}")
@@ -230,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
             reasoning_format=opts.reasoning_format, chat_template_kwargs=opts.chat_template_kwargs, spm_infill=opts.spm_infill,
             metrics=opts.metrics, slots=opts.slots, slot_save_path=opts.slot_save_path, media_path=opts.media_path, cors=cors,
             json_log=opts.json, header_timeout=opts.timeout, mcp=mcp_hub, server_tools=server_tools, verbose=opts.verbose_replies,
-            ui_mcp_proxy=opts.ui_mcp_proxy)
+            ui_mcp_proxy=opts.ui_mcp_proxy, sleep_idle_s=sleep_s)
         server = Server(planned, options, say=say, socks=socks, rerank_head=head)
         before = (lambda switch: recover_lost_workers(switch, socks, server.abort, opts.load.rpc)) if opts.load.rpc else None
         outcome = server.run(before=before)

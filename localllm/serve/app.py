@@ -164,24 +164,31 @@ class Guard:
                 status_box[0] = message["status"]
             await send(message)
 
+        internal = scope.get("localllm.internal", False)  # the server's own look at its answers (serve/sleep.py): no client sent it
         try:
-            if self._key is not None and path not in PUBLIC and not self._authorized(scope):
-                why = "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
-                resp = (JSONResponse(anthropic.error_body(401, why), status_code=401) if path in anthropic.PATHS
-                        else _error(401, why, kind="authentication_error", code="invalid_api_key"))
-                resp.headers["WWW-Authenticate"] = "Bearer"
-                await resp(scope, receive, send_wrapper)
+            if self._key is not None and path not in PUBLIC and not internal and not self._authorized(scope):
+                await unauthorized(path)(scope, receive, send_wrapper)
                 self.state.log(scope.get("method", "?"), endpoint, 401)
                 return
             await self.app(scope, receive, send_wrapper)
             if not scope.get("localllm.logged"):
                 self.state.log(scope.get("method", "?"), endpoint, status_box[0])
         finally:
-            self.state.metrics.request_done(endpoint, status_box[0])
+            if not internal and path != "/metrics":  # a scrape is not a request to count (what it shows would change as it is read)
+                self.state.metrics.request_done(endpoint, status_box[0])
 
     def _authorized(self, scope) -> bool:
         assert self._key is not None  # asked only when a key is set
         return authorized(scope, self._key)
+
+
+def unauthorized(path: str) -> Response:
+    """The 401 of a request without the key, in its API's shape."""
+    why = "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
+    resp = (JSONResponse(anthropic.error_body(401, why), status_code=401) if path in anthropic.PATHS
+            else _error(401, why, kind="authentication_error", code="invalid_api_key"))
+    resp.headers["WWW-Authenticate"] = "Bearer"
+    return resp
 
 
 def authorized(scope, key: bytes) -> bool:

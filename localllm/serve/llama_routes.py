@@ -211,6 +211,7 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
             "bos_token": f.bos_token,
             "eos_token": f.eos_token,
             "build_info": FINGERPRINT,
+            "is_sleeping": False,  # llama-server's; a sleeping server answers /props from serve/sleep.py
         })
 
     async def slots(request: Request) -> Response:

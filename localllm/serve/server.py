@@ -79,6 +79,7 @@ class ServeOptions:
     verbose: bool = False  # every reply carries llama-server's "__verbose" (its --verbose) unless its request says "verbose": false
     header_timeout: float | None = None  # seconds to send a request's head before a 408 (--timeout)
     mcp: Any = None  # a started ``localllm.mcp.Hub`` for /tools, closed by its owner
+    sleep_idle_s: float | None = None  # free the model after this long without a request, load it for the next (a Planned only)
     ui_mcp_proxy: bool = False  # /cors-proxy forwards a web page's requests to any URL (llama-server's --ui-mcp-proxy); off: 403
     server_tools: Any = None  # llama-server's built-in tools for /tools (a ``localllm.server_tools.Toolbox``), stopped by its owner
 
@@ -105,7 +106,7 @@ class Built:
     info: Any
 
 
-def build(loaded: runtime.Loaded, options: ServeOptions, name: str, *, rerank_head: bool = True) -> Built:
+def build(loaded: runtime.Loaded, options: ServeOptions, name: str, *, rerank_head: bool = True, metrics: ServerMetrics | None = None) -> Built:
     """The ASGI app over ``loaded`` (serve's batch engine): its scheduler started,
     embeddings, reranking, the facts, the template's tool and thinking formats."""
     from localllm.serve.app import ServeState, build_app  # lazy: Starlette's routing (~64 ms), once a server starts
@@ -115,7 +116,7 @@ def build(loaded: runtime.Loaded, options: ServeOptions, name: str, *, rerank_he
     model, info = loaded.engine, loaded.info
     parallel = max(loaded.planned.request.parallel, 1)
     n_ctx_seq = loaded.config.n_ctx // parallel  # as planned: llama.cpp pads its cells (info.n_ctx) to 256
-    metrics = ServerMetrics()
+    metrics = metrics if metrics is not None else ServerMetrics()  # a server that slept keeps counting where it was
     metrics.kv_cells_total = info.n_ctx
     # with adapters, a stored state would need its adapter scales along: none kept in RAM (prefix reuse in the KV cache stays)
     cache = (PromptCache(max_bytes=None if options.cache_ram_mib < 0 else options.cache_ram_mib * 2**20, max_tokens=info.n_ctx)
@@ -215,6 +216,8 @@ class Server:
         self._failed: list[BaseException] = []
         self.outcome: Any = None  # lifecycle.Server once stopped: signalled, aborted
         self._main = True
+        self._metrics = ServerMetrics()  # across sleeps (serve/sleep.py): the counters go on
+        self.sleeper: Any = None
 
     @property
     def urls(self) -> list[str]:
@@ -242,10 +245,36 @@ class Server:
             self.say(f"vision: {loaded.projector.line()}")
         if self._switch.stopped:  # stopped by a signal while loading
             return
-        built = build(loaded, self.options, self.name, rerank_head=self.rerank_head)
+        built = build(loaded, self.options, self.name, rerank_head=self.rerank_head, metrics=self._metrics)
         self.built = built
-        self._switch.app = built.app
+        if self.options.sleep_idle_s is not None and self._owns_model:
+            from localllm.serve.sleep import Sleeper  # lazy: only a server that sleeps
+
+            self.sleeper = Sleeper(built.app, self.options.sleep_idle_s, unload=self._unload, load=self._reload, metrics=self._metrics,
+                                   metrics_endpoint=self.options.metrics, api_key=self.options.api_key)
+            self._switch.app = self.sleeper
+        else:
+            self._switch.app = built.app
         self.say(self.serving_line())
+
+    def _unload(self) -> None:
+        """Asleep: the scheduler stopped and the model freed (the sockets and the app stay)."""
+        if self.built is not None:
+            self.built.scheduler.stop()
+        if self.loaded is not None:
+            self.loaded.close()
+        self.built = self.loaded = None
+        self.say(f"asleep after {self.options.sleep_idle_s:g} s idle: {self.name} freed, loaded again by the next request")
+
+    def _reload(self) -> Any:
+        """Awake: the same plan loaded again and the app rebuilt over it; the new app."""
+        assert isinstance(self.model, runtime.Planned)
+        engine = runtime.new_engine(serving=True)
+        self._engines.append(engine)
+        self.loaded = runtime.load(self.model, engine)
+        self.built = build(self.loaded, self.options, self.name, rerank_head=self.rerank_head, metrics=self._metrics)
+        self.say(f"awake: {self.name} loaded again")
+        return self.built.app
 
     def serving_line(self) -> str:
         """What is served, how: said once the model answers."""
@@ -293,6 +322,8 @@ class Server:
         return self.outcome
 
     def _close(self) -> None:
+        if self.sleeper is not None:
+            self.sleeper.close()
         if self._switch is not None and self._switch.lost is not None:
             return  # the engine thread is held in llama.cpp: it cannot be stopped, nor the model freed
         if self.built is not None:
