@@ -89,8 +89,8 @@ llama-server                           serve
 --reranking                            --rerank
 --offline                              --no-pull
 --no-cache-idle-slots                  --cache-ram 0 (idle prompts stay in the KV cache)
---pooling mean|cls|last|rank           --pooling (``none`` is not mapped: serve has no per-token
-                                       pooling choice)
+--pooling mean|cls|last|rank|none      --pooling (``none``: serve's embedding routes answer 400,
+                                       as llama-server's /v1/embeddings)
 --reasoning-format auto|deepseek|      --reasoning-format (other values not mapped)
 deepseek-legacy|none
 --ctx-size N, --parallel P,            --parallel P (4 when not given, llama-server's auto) and
@@ -121,7 +121,7 @@ and passes it nowhere):
                                        header still attaches to a running one, or an ssh host)
 --backend_sampling                     no backend sampling in serve
 --models-dir                           serve's router serves ``localllm list``
---pooling none, other choices          outside serve's choices
+--pooling, other choices               outside serve's choices
 =====================================  ==============================================================
 
 Skipped on both sides alike: the tests the vendored suite marks ``slow``
@@ -183,7 +183,7 @@ SAME = {f: f for f in (
     "--tags", "--verbose", "--media-path", "--ui-mcp-proxy")}
 RENAMED = {"--batch-size": "--batch", "--ubatch-size": "--ubatch", "--n-gpu-layers": "--ngl", "--n-predict": "-n",
            "--embedding": "--embeddings", "--reranking": "--rerank", "--offline": "--no-pull"}
-CHOICES = {"--pooling": {"mean", "cls", "last", "rank"}, "--reasoning-format": {"auto", "deepseek", "deepseek-legacy", "none"},
+CHOICES = {"--pooling": {"mean", "cls", "last", "rank", "none"}, "--reasoning-format": {"auto", "deepseek", "deepseek-legacy", "none"},
            "--reasoning": {"on", "off", "auto"}}
 CTX_FLAGS = frozenset({"--ctx-size", "-c", "--parallel", "-np", "--kv-unified"})
 NOT_MAPPED = {

@@ -57,8 +57,9 @@ def register(sub: Subparsers) -> None:
              "(llama-server's flag; -1: no byte limit, 0: off, idle prompts stay in the KV cache; default: 8192)")
     p.add_argument("--embeddings", action="store_true",
         help="make /v1/embeddings' context at start, not at the first request (llama-server's flag; embeddings are always served beside chat)")
-    p.add_argument("--pooling", choices=("mean", "last", "cls", "rank"), default=None,
-        help="how /v1/embeddings pools a sequence (default: what the model declares, else mean); rank: as --rerank")
+    p.add_argument("--pooling", choices=("mean", "last", "cls", "rank", "none"), default=None,
+        help="how /v1/embeddings pools a sequence (default: what the model declares, else mean); rank: as --rerank; "
+             "none: no pooling, so the embedding routes answer 400, as llama-server's /v1/embeddings does")
     p.add_argument("--rerank", "--reranking", action="store_true",
         help="serve /v1/rerank with the model's classification head (llama-server's flag: rank pooling; a reranker GGUF is needed)")
     flags.add_load_options(p, ctx_help=f"each request's context in tokens; the KV cache holds --parallel of them (default: {flags.SERVE_CTX})")

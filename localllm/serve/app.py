@@ -81,6 +81,7 @@ class ServeState:
     tool_format: Format = GENERIC  # how the chat template writes tool calls (serve/tools.py)
     embeddings: Embeddings | None = None  # /v1/embeddings (serve always sets it)
     rerank: Rerank | None = None  # /v1/rerank and its aliases (serve --rerank)
+    no_embeddings: str | None = None  # why the embedding routes answer 400 (--pooling none), where embeddings is None
     no_generation: str | None = None  # why this model cannot generate (an encoder: no logits): the generation routes' 400
     reasoning: Markers | None = None  # the thinking markers the chat template writes (localllm.reasoning)
     reasoning_format: str = "deepseek"  # --reasoning-format: deepseek (thinking apart), deepseek-legacy (also left in the text), none
@@ -343,7 +344,7 @@ def build_app(state: ServeState) -> Guard:
         method, path = request.method, request.url.path
         try:
             if state.embeddings is None:
-                raise RequestError(404, "this server does not serve embeddings")
+                raise RequestError(400, state.no_embeddings) if state.no_embeddings else RequestError(404, "this server does not serve embeddings")
             body = parse_json(await _read_body(request, state.max_body))
             out, ignored = await embeddings.answer(body, state.embeddings, state.model_name)
         except RequestError as exc:

@@ -115,7 +115,8 @@ def routes(state, read_json: Callable[[Request], Awaitable[dict]]) -> list[Route
         method, path = request.method, request.url.path
         try:
             if state.embeddings is None:
-                raise RequestError(404, "this server does not serve embeddings")
+                no = getattr(state, "no_embeddings", None)
+                raise RequestError(400, no) if no else RequestError(404, "this server does not serve embeddings")
             body = await read_json(request)
             if not isinstance(body.get("model", ""), str):
                 raise _bad("model", "must be a string")

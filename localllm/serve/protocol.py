@@ -327,6 +327,8 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         raise _bad(*refused)
     tools = tool_calls.parse_request(body, tool_format) if chat else None
     add_generation_prompt, continue_final = _continuation(body, messages) if messages is not None else (True, False)
+    if continue_final and messages:
+        messages[-1] = _continued_text(body["messages"][-1], messages[-1])
     if messages is not None:
         messages = tool_calls.for_template(messages, tool_format, tools)
     grammar = _grammar(body)
@@ -483,6 +485,15 @@ def _continuation(body: dict, messages: list[dict]) -> tuple[bool, bool]:
     if cont and last.get("tool_calls"):
         raise _bad("continue_final_message", "cannot continue an assistant message that holds tool calls")
     return agp, cont
+
+
+def _continued_text(raw: dict, message: dict) -> dict:
+    """The continued message's text parts joined by a blank line, as llama.cpp renders
+    the message it continues (common/chat.cpp, ``render_content``'s delimiter)."""
+    parts = raw.get("content") if isinstance(raw, dict) else None
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
+        return message
+    return {**message, "content": "\n\n".join(p["text"] for p in parts)}
 
 
 MAX_BIAS_ENTRIES = 1024

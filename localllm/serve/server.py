@@ -133,8 +133,9 @@ def build(loaded: runtime.Loaded, options: ServeOptions, name: str, *, rerank_he
         state = ServeState(
             scheduler=scheduler, metrics=metrics, model_name=name, n_ctx_seq=n_ctx_seq, n_vocab=info.n_vocab,
             check_grammar=model.check_grammar,
-            embeddings=wiring.embeddings(model, n_ctx_seq, None if rank else options.pooling, scheduler.run,
-                                         at_start=options.embeddings_at_start, metrics=metrics),
+            embeddings=None if options.pooling == "none" else wiring.embeddings(
+                model, n_ctx_seq, None if rank else options.pooling, scheduler.run, at_start=options.embeddings_at_start, metrics=metrics),
+            no_embeddings=wiring.NO_POOLING if options.pooling == "none" else None,
             rerank=wiring.rerank(model, n_ctx_seq, scheduler, rerank_head) if rank else None,
             no_generation=None if model.can_generate else wiring.NO_GENERATION,
             tool_format=tools.detect(template), reasoning=reasoning.markers(template)[0],

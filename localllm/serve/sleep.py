@@ -5,6 +5,7 @@ llama-server's sleeping server does (its tools/server/tests/unit/test_sleep.py).
 While asleep, ``GET /health``, ``/props``, ``/models``, ``/v1/models`` and
 ``/metrics`` answer without waking it: the first four from what they answered
 just before it slept (``/props`` then says ``"is_sleeping": true``), ``/metrics``
+with what it last answered when nothing ran since (llama-server's snapshot), else
 from the server's counters, which go on across the sleep (nothing runs, so its
 throughput window reads empty once scraped). Any other request wakes it: the
 model loads again (the load path's plan, unchanged) and the request is served.
@@ -71,6 +72,7 @@ class Sleeper:
         self._lock = threading.Lock()  # active, sleeping, last: the event loop and the watcher
         self._transition = threading.Lock()  # a sleep or a wake in progress
         self._cache: dict[str, tuple[int, bytes, str]] = {}
+        self._scraped: bytes | None = None  # the last /metrics answer since the last work: what a sleeping server shows again
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="localllm-sleep", daemon=True)
@@ -101,6 +103,10 @@ class Sleeper:
                 return
             await run_in_threadpool(self._wake)
         work = not (method == "GET" and (path in READ_ONLY or path == "/metrics"))  # a look at the server is not work that keeps it awake
+        if work:
+            self._scraped = None
+        elif path == "/metrics" and self.metrics_endpoint:
+            send = self._keeping(send)
         try:
             await self.app(scope, receive, send)
         finally:
@@ -116,12 +122,27 @@ class Sleeper:
         await JSONResponse(json.loads(body), status_code=status)(scope, receive, send) if "json" in kind else \
             await PlainTextResponse(body.decode("utf-8", "replace"), status_code=status)(scope, receive, send)
 
+    def _keeping(self, send: Callable) -> Callable:
+        """``send``, keeping the body of a /metrics answer (llama-server's snapshot: asleep, it shows what it last showed)."""
+        body: list[bytes] = []
+
+        async def keep(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    self._scraped = b"".join(body)
+            await send(message)
+
+        return keep
+
     async def _metrics(self, scope, receive, send) -> None:
         if not self.metrics_endpoint:  # the app's answer (app.py), which is asleep
             await JSONResponse({"error": {"code": 501, "message": "This server does not support metrics endpoint. Start it with `--metrics`",
                                           "type": "not_supported_error"}}, status_code=501)(scope, receive, send)
             return
-        resp = PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
+        # what it last answered, if nothing ran since (llama-server's snapshot); else the counters as they stand, the window emptied as read
+        text = self._scraped.decode("utf-8") if self._scraped is not None else self.metrics.render()
+        resp = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
         resp.raw_headers.append((b"Process-Start-Time-Unix", str(int(self.metrics.started)).encode()))
         await resp(scope, receive, send)
 

@@ -28,6 +28,8 @@ from localllm.serve.protocol import RequestError
 HEAD_TENSORS = ("cls.weight", "cls.output.weight")  # llama.cpp's LLM_TENSOR_CLS and LLM_TENSOR_CLS_OUT (src/llama-arch.cpp)
 NO_GENERATION = ("this model cannot generate text: llama.cpp computes no logits for it (an encoder such as BERT, with no KV cache); "
                  "it serves /v1/embeddings, and /v1/rerank with --rerank")
+NO_POOLING = ("--pooling none gives one vector per token, which an embeddings answer cannot carry (llama-server's /v1/embeddings "
+              "refuses it too): restart serve with --pooling mean, cls or last")
 NO_HEAD = ("has no classification head (no cls or cls.output tensors): /v1/rerank answers as llama-server does, "
            "but its scores rank nothing (each answer says X-Rerank-Head: none); a reranker GGUF (bge-reranker, jina-reranker, "
            "Qwen3-Reranker) gives real ones")

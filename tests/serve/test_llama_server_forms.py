@@ -148,3 +148,14 @@ def test_responses_deltas_carry_the_timings_when_asked(base: str) -> None:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert deltas and all("prompt_per_second" in e["timings"] and "predicted_per_second" in e["timings"] for e in deltas)
+
+
+@pytest.mark.slow
+def test_pooling_none_refuses_embeddings_as_llama_server_does(smollm2: Path) -> None:
+    """``--pooling none`` (its test_embedding.py's test_embedding_pooling_none_oai): /v1/embeddings is a 400 naming the cause."""
+    request = runtime.LoadRequest(model=smollm2, options=fitting.LoadOptions(n_ctx=256, threads=1, n_gpu_layers=0), hardware=ROOMY,
+                                  serving=True, parallel=1)
+    with runtime.open_model(request) as loaded, Server(loaded, ServeOptions(port=0, pooling="none"), say=lambda _: None).start() as s:
+        for path in ("/v1/embeddings", "/embeddings", "/api/embed"):
+            r = httpx.post(f"http://127.0.0.1:{s.port}{path}", json={"input": "hello hello hello", "model": "m"})
+            assert r.status_code == 400 and "--pooling none" in r.text, (path, r.text)

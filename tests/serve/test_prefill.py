@@ -70,3 +70,13 @@ def test_verbose_replies_carry_the_prompt_the_model_read(server) -> None:
         for quiet in ({**body, "verbose": False}, body):
             assert "__verbose" not in http.post("/v1/chat/completions", json=quiet).json()
         assert http.post("/v1/chat/completions", json={**body, "verbose": "yes"}).status_code == 400
+
+
+def test_a_continued_message_in_parts_reads_them_a_blank_line_apart(server) -> None:
+    """llama.cpp renders the message it continues with its text parts joined by a blank line (common/chat.cpp)."""
+    with http_client(server) as http:
+        parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+        r = http.post("/v1/chat/completions", json={"messages": [*ASK, {"role": "assistant", "content": parts}], "max_tokens": 1,
+                                                    "verbose": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["__verbose"]["prompt"].endswith(TURN + "Wh\n\nill")

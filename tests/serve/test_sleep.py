@@ -95,3 +95,14 @@ def test_the_command_line_flag_puts_serve_model_to_sleep(tmp_path_factory: pytes
             assert h.get("/props").json()["is_sleeping"] is False
     finally:
         s.stop()
+
+
+def test_asleep_metrics_show_what_they_last_showed_if_nothing_ran_since(server: tuple[str, Server]) -> None:
+    """llama-server's snapshot (its test_server_sleep_read_only_endpoints): scraped twice after work, the second scrape
+    (an empty window) is what a sleeping server shows, /props polls between them notwithstanding."""
+    base, _ = server
+    assert httpx2.post(f"{base}/completion", headers=H, json={"prompt": "Hello", "n_predict": 4}, timeout=60).status_code == 200
+    httpx2.get(f"{base}/metrics", headers=H)
+    awake = httpx2.get(f"{base}/metrics", headers=H).text
+    _wait_asleep(base)
+    assert httpx2.get(f"{base}/metrics", headers=H).text == awake and _sleeping(base)
