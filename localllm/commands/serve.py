@@ -164,15 +164,15 @@ def run(args: argparse.Namespace) -> int:
     from localllm.commands import vision_cli  # lazy: as in run
     from localllm.plan import fitting  # lazy: as in run
     from localllm.serve import wiring  # lazy: the engine's infill helpers, once serving
+    from localllm.serve.server import check_serving, refuse_empty_key  # lazy: the server's module (its scheduler), once serving
     from localllm.store import resolver  # lazy: the store's registry (~20 ms with plan.hardware), which register above does not need
 
     opts = Options.from_args(args)
-    if opts.api_key is not None and not opts.api_key.strip():
-        # an empty key would silently mean "no authentication": refuse it rather than guess
-        raise UsageError("--api-key is empty: give a key (e.g. \"$(openssl rand -hex 16)\"), or leave --api-key out to serve without one")
-    api_key = opts.api_key or os.environ.get("LOCALLLM_API_KEY") or None
-    wiring.template_defaults(opts.reasoning, opts.chat_template_kwargs, None)  # a bad --chat-template-kwargs is said before any model loads
+    refuse_empty_key(opts.api_key)  # first: an empty key must never reach a server
     hosts = _hosts(list(opts.host) if opts.host is not None else None)
+    # a model's or a router's: --parallel past llama.cpp's bound or above --batch, bad --chat-template-kwargs
+    check_serving(opts.api_key, opts.parallel, opts.load.batch, opts.reasoning, opts.chat_template_kwargs)
+    api_key = opts.api_key or os.environ.get("LOCALLLM_API_KEY") or None
     for host in hosts:
         if not is_loopback(host) and not api_key:
             say(f"warning: listening on {host} without --api-key: anyone who can reach this address can use the model")
@@ -192,8 +192,6 @@ def run(args: argparse.Namespace) -> int:
     # one line naming both files, before anything listens
     mmproj = None if rerank else vision_cli.projector_path(opts.vision, path)
     parallel = opts.parallel
-    if parallel > MAX_PARALLEL:  # LLAMA_MAX_SEQ (src/llama-cparams.h)
-        raise UsageError(f"--parallel can be at most {MAX_PARALLEL} (llama.cpp's LLAMA_MAX_SEQ)")
     # --ctx is each sequence's; with none, the plan's default (fitting.for_header): the trained context for each, fitted
     request = load_request(opts.load, opts.lora, path, opts.load.ctx * parallel if opts.load.ctx else None, n_seq=parallel, serving=True,
                            projector=mmproj, template=opts.template)
@@ -264,9 +262,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-MAX_PARALLEL = 256  # LLAMA_MAX_SEQ (src/llama-cparams.h); the router checks it too, so a bad value is found now, not per model
-
-
 def default_cors(given: tuple[str, ...], tools: tuple[str, ...], api_key: str | None) -> tuple[str, ...]:
     """The origins web pages may call from: ``--cors`` as given; else, with the
     built-in tools on, this machine's pages (llama-server's default then); else,
@@ -310,13 +305,11 @@ def _route(opts: Options, api_key: str | None, hosts: list[str], top: tuple[str,
         raise UsageError("--alias names the one model of serve MODEL: with no MODEL each model is served by its name in localllm list")
     if opts.lora:
         raise UsageError("--lora adapters are for one base model: give serve a MODEL with them")
+    if opts.ui_mcp_proxy:  # the router answers no /cors-proxy of its own: refused rather than passed to each model unseen
+        raise UsageError("--ui-mcp-proxy goes with serve MODEL: the router has no /cors-proxy")
     if opts.vision.mmproj:
         raise UsageError("--mmproj names one model's projector: give serve a MODEL with it (with no MODEL, each model's own "
                          "projector beside it is found; --no-mmproj turns that off)")
-    if opts.parallel > MAX_PARALLEL:
-        raise UsageError(f"--parallel can be at most {MAX_PARALLEL} (llama.cpp's LLAMA_MAX_SEQ)")
-    if opts.load.batch < opts.parallel:
-        raise UsageError(f"--batch {opts.load.batch} cannot hold one token of each of --parallel {opts.parallel} sequences: raise --batch")
     keep_alive = _keep_alive(opts, durations)
     only = None
     wanted = [n.strip() for n in (opts.models or "all").split(",")]

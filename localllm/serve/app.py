@@ -183,6 +183,11 @@ class Guard:
         return authorized(scope, self._key)
 
 
+def no_metrics() -> Response:
+    """/metrics without --metrics: llama-server's 501."""
+    return _error(501, "This server does not support metrics endpoint. Start it with `--metrics`", kind="not_supported_error")
+
+
 def unauthorized(path: str) -> Response:
     """The 401 of a request without the key, in its API's shape."""
     why = "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
@@ -369,7 +374,7 @@ def build_app(state: ServeState) -> Guard:
 
     async def metrics(request: Request) -> Response:
         if not state.metrics_endpoint:
-            return _error(501, "This server does not support metrics endpoint. Start it with `--metrics`", kind="not_supported_error")
+            return no_metrics()
         resp = PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
         # llama-server's header, in its case (Starlette lowercases the names it is given; h11 keeps raw ones as they are)
         resp.raw_headers.append((b"Process-Start-Time-Unix", str(int(state.metrics.started)).encode()))

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from localllm.serve import inprocess
 from localllm.serve.protocol import RequestError, error_body
 
 MAX_INSTANCES = 128  # llama-server's bound (server-http.cpp)
@@ -66,37 +67,14 @@ def _error(message: str, kind: str = "invalid_request_error") -> dict:
 
 async def _call(app: Callable, path: str, body: dict, headers: list[tuple[bytes, bytes]]) -> Any:
     """``POST path`` with ``body`` through ``app`` in this process: the route's JSON."""
-    raw = json.dumps(body).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
-             "raw_path": path.encode(), "query_string": b"", "root_path": "", "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0),
-             "headers": [*(h for h in headers if h[0] not in (b"content-length", b"content-type", b"transfer-encoding")),
-                         (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]}
-    sent = False
-    status, chunks = 500, []
-
-    async def receive() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        await asyncio.Event().wait()  # the client never goes: the route finishes on its own
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    await app(scope, receive, send)
-    data = b"".join(chunks)
-    if not data:
+    answer = await inprocess.call(app, "POST", path, json.dumps(body).encode(), headers)
+    if not answer.body:
         return None
+    text = answer.body.decode("utf-8", "replace")
     try:
-        return json.loads(data)
+        return json.loads(text)
     except ValueError:
-        return data.decode("utf-8", "replace") if status < 400 else _error(data.decode("utf-8", "replace")[:300], "server_error")
+        return text if answer.status < 400 else _error(text[:300], "server_error")
 
 
 def routes(paths: list[str], app: Callable[[], Callable], read_json: Callable, health: Callable) -> list[Route]:

@@ -85,21 +85,30 @@ class ServeOptions:
 
     def check(self, n_seq: int, n_batch: int) -> None:
         """The options that cannot work, before anything listens: one line each."""
-        if self.api_key is not None and not self.api_key.strip():
-            # an empty key would silently mean "no authentication": refuse it rather than guess
-            raise UsageError("--api-key is empty: give a key (e.g. \"$(openssl rand -hex 16)\"), or leave --api-key out to serve without one")
-        if n_seq > MAX_PARALLEL:
-            raise UsageError(f"--parallel can be at most {MAX_PARALLEL} (llama.cpp's LLAMA_MAX_SEQ)")
-        if n_batch < n_seq:
-            raise UsageError(f"--batch {n_batch} cannot hold one token of each of --parallel {n_seq} sequences: raise --batch")
-        wiring.template_defaults(self.reasoning, self.chat_template_kwargs, None)  # a bad --chat-template-kwargs, before any load
+        check_serving(self.api_key, n_seq, n_batch, self.reasoning, self.chat_template_kwargs)
+
+
+def refuse_empty_key(api_key: str | None) -> None:
+    """An empty key would silently mean "no authentication": refused rather than guessed."""
+    if api_key is not None and not api_key.strip():
+        raise UsageError("--api-key is empty: give a key (e.g. \"$(openssl rand -hex 16)\"), or leave --api-key out to serve without one")
+
+
+def check_serving(api_key: str | None, n_seq: int, n_batch: int, reasoning_flag: str = "auto", template_kwargs: str | None = None) -> None:
+    """What no server can be started with (``serve`` asks it first, for a model or a router): one line each."""
+    refuse_empty_key(api_key)
+    if n_seq > MAX_PARALLEL:
+        raise UsageError(f"--parallel can be at most {MAX_PARALLEL} (llama.cpp's LLAMA_MAX_SEQ)")
+    if n_batch < n_seq:
+        raise UsageError(f"--batch {n_batch} cannot hold one token of each of --parallel {n_seq} sequences: raise --batch")
+    wiring.template_defaults(reasoning_flag, template_kwargs, None)  # a bad --chat-template-kwargs, before any load
 
 
 @dataclass
 class Built:
     """The server's state over one loaded model: the app and what runs under it."""
 
-    app: Any
+    app: Any  # the routes behind the API key; CORS goes around whatever serves them (``Server``: the app, or the sleeper in front of it)
     scheduler: Scheduler
     cache: PromptCache | None
     n_ctx_seq: int
@@ -110,7 +119,6 @@ def build(loaded: runtime.Loaded, options: ServeOptions, name: str, *, rerank_he
     """The ASGI app over ``loaded`` (serve's batch engine): its scheduler started,
     embeddings, reranking, the facts, the template's tool and thinking formats."""
     from localllm.serve.app import ServeState, build_app  # lazy: Starlette's routing (~64 ms), once a server starts
-    from localllm.serve.cors import with_cors  # lazy: Starlette's middleware, as above
     from localllm.serve.handoff import ENGINE  # lazy: asyncio, which the app above loads anyway
 
     model, info = loaded.engine, loaded.info
@@ -153,7 +161,7 @@ def build(loaded: runtime.Loaded, options: ServeOptions, name: str, *, rerank_he
     except BaseException:
         scheduler.stop()
         raise
-    return Built(with_cors(build_app(state), options.cors), scheduler, cache, n_ctx_seq, info)
+    return Built(build_app(state), scheduler, cache, n_ctx_seq, info)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -253,9 +261,12 @@ class Server:
 
             self.sleeper = Sleeper(built.app, self.options.sleep_idle_s, unload=self._unload, load=self._reload, metrics=self._metrics,
                                    metrics_endpoint=self.options.metrics, api_key=self.options.api_key)
-            self._switch.app = self.sleeper
+            front = self.sleeper
         else:
-            self._switch.app = built.app
+            front = built.app
+        from localllm.serve.cors import with_cors  # lazy: Starlette's middleware, once serving
+
+        self._switch.app = with_cors(front, self.options.cors)  # answers asleep get their CORS headers too
         self.say(self.serving_line())
 
     def _unload(self) -> None:

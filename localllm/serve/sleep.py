@@ -26,32 +26,11 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, PlainTextResponse
 
-from localllm.serve.app import PUBLIC, authorized, unauthorized
+from localllm.serve import inprocess
+from localllm.serve.app import PUBLIC, authorized, no_metrics, unauthorized
 
 READ_ONLY = ("/health", "/v1/health", "/props", "/models", "/v1/models")  # answered asleep from their last answer
 TICK_S = 0.2
-
-
-async def _get(app: Callable, path: str) -> tuple[int, bytes, str]:
-    """``GET path`` through ``app`` in this process: (status, body, content type)."""
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http", "path": path,
-             "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": [], "client": ("127.0.0.1", 0),
-             "server": ("127.0.0.1", 0), "localllm.internal": True}
-    status, chunks, kind = 500, [], "application/json"
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict) -> None:
-        nonlocal status, kind
-        if message["type"] == "http.response.start":
-            status = message["status"]
-            kind = dict(message.get("headers", [])).get(b"content-type", b"application/json").decode("latin-1")
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    await app(scope, receive, send)
-    return status, b"".join(chunks), kind
 
 
 class Sleeper:
@@ -71,7 +50,7 @@ class Sleeper:
         self.last = time.monotonic()
         self._lock = threading.Lock()  # active, sleeping, last: the event loop and the watcher
         self._transition = threading.Lock()  # a sleep or a wake in progress
-        self._cache: dict[str, tuple[int, bytes, str]] = {}
+        self._cache: dict[str, inprocess.Answer] = {}
         self._scraped: bytes | None = None  # the last /metrics answer since the last work: what a sleeping server shows again
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
@@ -116,7 +95,8 @@ class Sleeper:
                     self.last = time.monotonic()
 
     async def _cached(self, path: str, scope, receive, send) -> None:
-        status, body, kind = self._cache[path]
+        answer = self._cache[path]
+        status, body, kind = answer.status, answer.body, answer.content_type
         if path == "/props" and status == 200:
             body = json.dumps({**json.loads(body), "is_sleeping": True}).encode()
         await JSONResponse(json.loads(body), status_code=status)(scope, receive, send) if "json" in kind else \
@@ -137,8 +117,7 @@ class Sleeper:
 
     async def _metrics(self, scope, receive, send) -> None:
         if not self.metrics_endpoint:  # the app's answer (app.py), which is asleep
-            await JSONResponse({"error": {"code": 501, "message": "This server does not support metrics endpoint. Start it with `--metrics`",
-                                          "type": "not_supported_error"}}, status_code=501)(scope, receive, send)
+            await no_metrics()(scope, receive, send)
             return
         # what it last answered, if nothing ran since (llama-server's snapshot); else the counters as they stand, the window emptied as read
         text = self._scraped.decode("utf-8") if self._scraped is not None else self.metrics.render()
@@ -161,7 +140,7 @@ class Sleeper:
             cache = {}
             for path in READ_ONLY:  # what answers while asleep, as the app answered it just now (/metrics renders live)
                 try:
-                    cache[path] = asyncio.run_coroutine_threadsafe(_get(self.app, path), loop).result(10)
+                    cache[path] = asyncio.run_coroutine_threadsafe(inprocess.call(self.app, "GET", path, internal=True), loop).result(10)
                 except Exception:  # noqa: BLE001 - a route that failed is answered by the waking path instead
                     continue
             with self._lock:

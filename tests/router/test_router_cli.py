@@ -47,6 +47,8 @@ def test_the_options_a_child_gets_parse_back_to_the_same_values() -> None:
     (("--models", "smollm2,,x"), "--models has an empty name"),
     (("--models", "nope"), "'nope' not found: localllm list"),
     (("--parallel", "300"), "--parallel can be at most 256"),
+    (("--ui-mcp-proxy",), "--ui-mcp-proxy goes with serve MODEL"),
+    (("smollm2", "--batch", "2", "--parallel", "4"), "--batch 2 cannot hold one token of each of --parallel 4"),
 ])
 def test_router_usage_errors_are_one_line(argv: tuple[str, ...], message: str) -> None:
     r = cli("serve", *argv, "--port", "0")

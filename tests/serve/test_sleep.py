@@ -73,7 +73,8 @@ def test_metrics_go_on_across_a_sleep_without_waking_it(server: tuple[str, Serve
         text = httpx2.get(f"{base}/metrics", headers=H).text
         return float(next(ln.split()[1] for ln in text.splitlines() if ln.startswith(f"llamacpp:{name} ")))
 
-    assert httpx2.post(f"{base}/completion", headers=H, json={"prompt": "Hello", "n_predict": 8}, timeout=60).status_code == 200
+    r = httpx2.post(f"{base}/completion", headers=H, json={"prompt": "Hello", "n_predict": 8, "ignore_eos": True}, timeout=60)
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
     _wait_asleep(base)
     assert metric("predicted_tokens_seconds") > 0  # the first scrape reports the last generation's throughput
     assert metric("predicted_tokens_seconds") == 0 and metric("tokens_predicted_total") == 8  # then an empty window, the counters kept
@@ -106,3 +107,15 @@ def test_asleep_metrics_show_what_they_last_showed_if_nothing_ran_since(server: 
     awake = httpx2.get(f"{base}/metrics", headers=H).text
     _wait_asleep(base)
     assert httpx2.get(f"{base}/metrics", headers=H).text == awake and _sleeping(base)
+
+
+def test_a_sleeping_servers_answers_carry_cors_headers(smollm2: Path) -> None:
+    """CORS goes around the sleeper: a page polling /props while the model sleeps can still read it."""
+    request = runtime.LoadRequest(model=smollm2, options=fitting.LoadOptions(n_ctx=256, threads=1, n_gpu_layers=0), hardware=ROOMY,
+                                  serving=True, parallel=1)
+    s = Server(runtime.plan(request), ServeOptions(port=0, api_key="k", sleep_idle_s=0.3, cors=("*",)), say=lambda _: None)
+    with s.start():
+        base = f"http://127.0.0.1:{s.port}"
+        _wait_asleep(base)
+        r = httpx2.get(f"{base}/props", headers={**H, "Origin": "http://page.example"})
+        assert r.json()["is_sleeping"] and r.headers["Access-Control-Allow-Origin"] == "http://page.example"
