@@ -184,16 +184,18 @@ class Sampling:
     repeat_penalty: float
     seed: int
     n_predict: int
+    reasoning_budget: int = -1
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Sampling:
         return cls(temp=ns.temp, top_k=ns.top_k, top_p=ns.top_p, min_p=ns.min_p, repeat_penalty=ns.repeat_penalty, seed=ns.seed,
-                   n_predict=ns.n_predict)
+                   n_predict=ns.n_predict, reasoning_budget=ns.reasoning_budget)
 
     def config(self, *, ignore_eos: bool = False) -> SamplingConfig:
         """The sampling the flags ask for."""
         return SamplingConfig(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                              repeat_penalty=self.repeat_penalty, seed=self.seed, max_tokens=self.n_predict, ignore_eos=ignore_eos)
+                              repeat_penalty=self.repeat_penalty, seed=self.seed, max_tokens=self.n_predict, ignore_eos=ignore_eos,
+                              reasoning_budget=self.reasoning_budget)
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -213,6 +215,29 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repeat-penalty", type=float_in(0, None, "--repeat-penalty", above=True), default=d.repeat_penalty, metavar="R",
                    help=f"make tokens seen in the last 64 less likely by a factor R, 1 for off (default: {d.repeat_penalty})")
     g.add_argument("--seed", "-s", type=int_at_least(0, "--seed", MAX_SEED), default=d.seed, metavar="N", help="sampling seed (default: random)")
+    g.add_argument("--reasoning-budget", type=int_at_least(-1, "--reasoning-budget", MAX_INT32), default=d.reasoning_budget, metavar="N",
+                   help="a thinking model's most tokens of thinking, then its end-of-thinking marker is forced and the answer follows: "
+                        "-1 unlimited, 0 no thinking (llama.cpp's flag; default: -1)")
+
+
+def add_speculate(p: argparse.ArgumentParser, *, draft: bool = False) -> None:
+    """Draftless speculation's mode (``localllm.speculation``), for run, chat and tui; run also takes a draft model."""
+    extra = ", or draft: a --draft model (greedy, --temp 0)" if draft else ""
+    p.add_argument("--speculate", choices=("auto", "lookup", "none", "draft") if draft else ("auto", "lookup", "none"), default="auto",
+                   help="speculative decoding from the text itself (n-grams of the prompt and the reply), the reply unchanged for any sampler: "
+                        f"auto drafts while drafts pay (default), lookup always, none never{extra}")
+
+
+def add_reasoning(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Whether a thinking model thinks (llama.cpp's ``-rea``), for serve, chat and tui."""
+    p.add_argument("-rea", "--reasoning", choices=("on", "off", "auto"), default="auto",
+                   help="whether a thinking model thinks: the template's enable_thinking (auto: where its template has a thinking format); "
+                        "in serve a request's reasoning_effort or chat_template_kwargs can change it, in chat /think on|off (llama.cpp's flag)")
+
+
+def thinking_of(reasoning: str) -> bool | None:
+    """``--reasoning`` as the template's enable_thinking; None (auto): the renderer's default."""
+    return None if reasoning == "auto" else reasoning == "on"
 
 
 # --- load options ------------------------------------------------------------
@@ -361,21 +386,27 @@ def add_lora(p: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class Vision:
-    """``--mmproj``, ``--no-mmproj`` and (run, bench) ``--image``."""
+    """``--mmproj``, ``--no-mmproj``, (run, bench) ``--image`` and (run) ``--audio``."""
 
     mmproj: str | None
     no_mmproj: bool
     images: tuple[str, ...]
+    audio: tuple[str, ...] = ()  # sound files for an audio projector (audio.read)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Vision:
-        return cls(mmproj=ns.mmproj, no_mmproj=ns.no_mmproj, images=tuple(ns.image or ()))
+        return cls(mmproj=ns.mmproj, no_mmproj=ns.no_mmproj, images=tuple(ns.image or ()), audio=tuple(getattr(ns, "audio", None) or ()))
 
 
-def add_vision(p: argparse.ArgumentParser, *, image: bool) -> None:
-    """A vision model's projector (llama.cpp's ``--mmproj``/``-mm``; found beside the model without it) and, for ``run``, images."""
+def add_vision(p: argparse.ArgumentParser, *, image: bool, audio: bool = False) -> None:
+    """A vision or audio model's projector (llama.cpp's ``--mmproj``/``-mm``; found beside the model without it)
+    and, for ``run``, images (and sound files with ``audio``)."""
     p.add_argument("--mmproj", "-mm", default=None, metavar="FILE",
-                   help="the vision projector (mmproj GGUF) for the model (default: one beside the model, as llama-server's -hf finds it)")
+                   help="the projector (mmproj GGUF: a vision or audio encoder) for the model (default: one beside the model, "
+                        "as llama-server's -hf finds it)")
+    if audio:
+        p.add_argument("--audio", action="append", default=None, metavar="FILE",
+                       help="a sound file for an audio model (WAV, MP3, FLAC; at most 10 minutes); repeat for several")
     p.add_argument("--no-mmproj", action="store_true", help="do not load a projector found beside the model (text only)")
     if image:
         p.add_argument("--image", action="append", default=None, metavar="FILE",

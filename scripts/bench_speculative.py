@@ -1,71 +1,150 @@
-"""Speculative decoding, with and without, side by side: a copy-heavy task
-(editing a given text) and a free-form one. Reports ITL (mean time per output
-token, TPOT, and p50) and the acceptance rate; greedy, same prompt, alternating.
+"""Draftless speculation side by side in one run: localllm without it
+(``--speculate none``), with it (``auto``, the default), and llama-server with
+``--spec-type ngram-mod`` and without, on the same model, threads and prompts.
 
-    python scripts/bench_speculative.py [--model smollm2] [--draft MODEL] [--reps 3] [--tokens 160]
+Two tasks: quoting-heavy (rewrite a ~600-token code file with one change,
+greedy, as a coding agent asks) and free text (a story, llama.cpp's default
+sampler, seeded). The figure is the decode rate: the reply's tokens after the
+first over the time from the first token to the last (each side's own clock:
+localllm's token stamps, llama-server's ``timings.predicted_per_second``).
+Prints the ratios the targets are about: auto over none (>= 1.5 quoting,
+>= 0.97 free text) and auto over llama-server ngram-mod, medians of paired,
+alternating runs.
+
+    python scripts/bench_speculative.py [--model smollm2] [--reps 3] [--tokens 256] [--json] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from localllm.chat.speculative import DraftModel, PromptLookup, generate  # noqa: E402
 from localllm.engine import LlamaCppBackend  # noqa: E402
 from localllm.engine_api import LoadConfig, SamplingConfig  # noqa: E402
+from localllm.speculation import rows  # noqa: E402
 from localllm.store import resolver  # noqa: E402
+from scripts.llama_tools import tool  # noqa: E402
 
-TEXT = ("The lighthouse stood on the northern cape, and its keeper, an old sailor named Tobias, "
-        "climbed the ninety steps every evening to light the lamp. He kept a log of every ship that passed, "
-        "the weather, and the colour of the sea at dusk. ")
-TASKS = {
-    "copy-heavy (edit a given text)": f"Rewrite this text, changing only 'Tobias' to 'Martha' and 'he' to 'she':\n\n{TEXT * 2}",
-    "free-form (write something new)": "Write a short story about a lighthouse keeper.",
-}
+CODE = Path(__file__).resolve().parents[1] / "localllm" / "speculation" / "control.py"
+FREE = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def tasks(source: str) -> dict[str, tuple[str, float]]:
+    """name: (prompt, temperature)."""
+    return {
+        "quoting (rewrite a code file, one change)": (
+            "Rewrite this Python file exactly as it is, except that the constant WINDOW becomes 48. Output only the file.\n\n" + source, 0.0),
+        "free text (a story)": (FREE, 0.8),
+    }
+
+
+def ours(b: LlamaCppBackend, prompt: str, temp: float, n: int, mode: str) -> tuple[float | None, float | None]:
+    """(decode tokens/s, acceptance) of one reply."""
+    gen = b.stream(prompt, SamplingConfig(temperature=temp, seed=42, max_tokens=n, ignore_eos=True, speculate=mode))
+    stamps = [e.t_ns for e in gen]
+    rate = (len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 1e9) if len(stamps) > 1 and stamps[-1] > stamps[0] else None
+    return rate, gen.spec.acceptance if gen.spec is not None else None
+
+
+class LlamaServer:
+    def __init__(self, binary: Path, model: Path, ctx: int, threads: int, spec: bool, port: int) -> None:
+        cmd = [str(binary), "-m", str(model), "--port", str(port), "-c", str(ctx), "-np", "1", "-t", str(threads), "--no-warmup"]
+        if spec:
+            cmd += ["--spec-type", "ngram-mod"]
+        self.base = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        import httpx2 as httpx
+
+        self.http = httpx.Client(timeout=600)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited: {(self.proc.stderr.read() if self.proc.stderr else '')[-400:]}")
+            try:
+                if self.http.get(f"{self.base}/health").status_code == 200:
+                    return
+            except Exception:  # noqa: BLE001 - not listening yet
+                pass
+            time.sleep(0.3)
+        raise RuntimeError("llama-server did not start in 120 s")
+
+    def rate(self, prompt: str, temp: float, n: int) -> tuple[float | None, float | None]:
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": temp, "seed": 42, "ignore_eos": True,
+                "cache_prompt": False}
+        t = self.http.post(f"{self.base}/v1/chat/completions", json=body).json()["timings"]
+        drafted, kept = t.get("draft_n"), t.get("draft_n_accepted")
+        return t.get("predicted_per_second"), (kept / drafted if drafted else None)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.http.close()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
-    ap.add_argument("--draft", default=None)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=160)
-    ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--quick", action="store_true", help="one repetition, few tokens (CI: checks that it completes and prints its figures)")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="one repetition, few tokens, no llama-server (CI: it completes and prints its figures)")
     a = ap.parse_args()
     if a.quick:
-        a.reps, a.tokens = 1, 24
+        a.reps, a.tokens = 1, 16
+    path = resolver.resolve(a.model)
+    source = CODE.read_text()[:2400]  # about 600 tokens of code
     b = LlamaCppBackend()
-    b.load(resolver.resolve(a.model), LoadConfig(n_ctx=2048, n_outputs_max=a.k + 1))
-    drafter = PromptLookup()
-    label = "prompt lookup"
-    if a.draft:
-        d = LlamaCppBackend()
-        d.load(resolver.resolve(a.draft), LoadConfig(n_ctx=2048, n_outputs_max=a.k + 1))
-        drafter, label = DraftModel(d), f"draft {a.draft}"
-    print(f"{b.info.path.name}, greedy, {a.tokens} tokens, k={a.k}, {label}, median of {a.reps}")
-    for name, prompt in TASKS.items():
-        tokens = b.prompt_tokens(prompt, chat=True)
-        plain, spec, acc = [], [], []
-        for r in range(a.reps):
-            for which in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
-                if which == "plain":
-                    s = b.stream(tokens, SamplingConfig(temperature=0, max_tokens=a.tokens, ignore_eos=True)).drain()
-                    plain.append((s.tpot_ms, s.itl_ms.p50))
-                else:
-                    run = generate(b, tokens, drafter, max_tokens=a.tokens, k=a.k, stop_at_eog=False)
-                    s = run.drain()
-                    spec.append((s.tpot_ms, s.itl_ms.p50))
-                    acc.append(run.spec.acceptance)
-        pt, st = statistics.median(x[0] for x in plain), statistics.median(x[0] for x in spec)
-        print(f"  {name}:")
-        print(f"    without: TPOT {pt:6.2f} ms, ITL p50 {statistics.median(x[1] for x in plain):6.2f} ms")
-        print(f"    with:    TPOT {st:6.2f} ms, ITL p50 {statistics.median(x[1] for x in spec):6.2f} ms, "
-              f"acceptance {100 * statistics.median(acc):.0f}%  ->  {pt / st:.2f}x tokens per second")
+    b.load(path, LoadConfig(n_ctx=4096, n_outputs_max=rows("auto") or 1, n_threads=a.threads))
+    binary = tool("llama-server")
+    servers: dict[str, LlamaServer] = {}
+    missing = "not run (--quick)" if a.quick else None
+    if not a.quick:
+        if binary.is_file():
+            servers = {"llama-server": LlamaServer(binary, path, 4096, a.threads, False, 18511),
+                       "llama-server ngram-mod": LlamaServer(binary, path, 4096, a.threads, True, 18512)}
+        else:
+            missing = f"not built ({binary} missing)"
+    report: dict[str, dict] = {}
+    try:
+        for name, (prompt, temp) in tasks(source).items():
+            runs: dict[str, list[tuple[float | None, float | None]]] = {k: [] for k in ("none", "auto", *servers)}
+            for r in range(a.reps):
+                order = list(runs) if r % 2 == 0 else list(reversed(runs))
+                for k in order:
+                    runs[k].append(servers[k].rate(prompt, temp, a.tokens) if k in servers else ours(b, prompt, temp, a.tokens, k))
+            med = {k: statistics.median(x[0] for x in v if x[0]) if any(x[0] for x in v) else None for k, v in runs.items()}
+            acc = {k: statistics.median(x[1] for x in v if x[1] is not None) if any(x[1] is not None for x in v) else None
+                   for k, v in runs.items()}
+            ratio = {"auto/none": med["auto"] / med["none"] if med["auto"] and med["none"] else None,
+                     "auto/llama-server ngram-mod": (med["auto"] / med["llama-server ngram-mod"]
+                                                     if med["auto"] and med.get("llama-server ngram-mod") else None)}
+            report[name] = {"temperature": temp, "tokens_per_s": med, "acceptance": acc, "ratios": ratio}
+    finally:
+        for s in servers.values():
+            s.close()
+        b.close()
+    if a.json:
+        print(json.dumps({"model": path.name, "threads": a.threads, "tokens": a.tokens, "reps": a.reps, "llama_server": missing or "run",
+                          "tasks": report}, indent=2))
+        return 0
+    print(f"{path.name}, {a.threads} threads, {a.tokens} tokens a reply, median of {a.reps} (decode tokens/s; acceptance)")
+    for name, r in report.items():
+        print(f"  {name}, temperature {r['temperature']}:")
+        for k, v in r["tokens_per_s"].items():
+            acc = r["acceptance"].get(k)
+            print(f"    {k:<24} {'n/a' if v is None else f'{v:7.1f}'}" + ("" if acc is None else f"   {100 * acc:.0f}% of drafts kept"))
+        if missing:
+            print(f"    llama-server             {missing}")
+        for k, v in r["ratios"].items():
+            print(f"    {k:<28} {'n/a' if v is None else f'x{v:.2f}'}")
     return 0
 
 

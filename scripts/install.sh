@@ -91,7 +91,7 @@ fi
 # llama.cpp's own tools built from the same vendored source (cached and keyed
 # like the wheel, under $XDG_CACHE_HOME: scripts/build_llama_tools.sh).
 if [ "$test" = 1 ]; then
-  for need in tmux curl zsh fish; do
+  for need in tmux curl zsh fish espeak-ng sox; do
     command -v "$need" >/dev/null 2>&1 && continue
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       echo "installing $need (the tests need it)" >&2

@@ -23,6 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Footer, Header
 
+from localllm.audio.sound import AudioClip
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession
 from localllm.cockpit.attachments import Count, Pending, shown_saved
@@ -39,6 +40,7 @@ from localllm.plan.hardware import Hardware
 from localllm.plan.workers import Endpoint
 from localllm.tui.attachments import AttachBar, ForecastLine
 from localllm.tui.chatview import ChatView, MessageView
+from localllm.tui.compacting import AutoCompacting, Compacting
 from localllm.tui.controls import BINDINGS as CONTROL_BINDINGS
 from localllm.tui.controls import ConversationControls, ThinkClock
 from localllm.tui.messages import EngineLost, ModelLoaded, Resumed, SaveFailed, poster
@@ -55,7 +57,7 @@ from localllm.vision.projector import ProjectorInfo
 PLACEHOLDER = "Message (Enter sends · Ctrl+J new line · Up: earlier ones · Esc stops)"
 
 
-class LocalLLMApp(ToolControls, ConversationControls, Replying, NextMessage, ScreenActions, App):
+class LocalLLMApp(Compacting, ToolControls, ConversationControls, Replying, AutoCompacting, NextMessage, ScreenActions, App):
     """Chat with a local model and watch TTFT, ITL, the budget and the KV cache."""
 
     CSS_PATH = "localllm.tcss"
@@ -111,6 +113,7 @@ class LocalLLMApp(ToolControls, ConversationControls, Replying, NextMessage, Scr
         self.count: Count | None = None  # the box's message, counted
         self._sent_forecast: Forecast | None = None  # the reply in flight's forecast, for "forecast against measured"
         self._sent_images = 0
+        self._sent_audio_s: float | None = None  # the sent clips' seconds, where all the reply's media were sound (the encode's rate)
         self._sent_count: Count | None = None
         self._reply_start_ns = 0
         self._reply_prefix = 0  # tokens the cache held when the reply in flight was sent
@@ -226,6 +229,7 @@ class LocalLLMApp(ToolControls, ConversationControls, Replying, NextMessage, Scr
             return
         self.model_name = shown(req.path)
         self._reset_latency()  # the figures shown were measured on the model (or settings) replaced
+        self.forget_compaction()
         self.count = None
         if req.redraw:
             self._redraw(res)
@@ -248,11 +252,12 @@ class LocalLLMApp(ToolControls, ConversationControls, Replying, NextMessage, Scr
         """The chat log shows the loaded conversation (a session reopened, another model)."""
         view = self._view
         view.clear_messages()
-        names = iter([im.name for im in res.images])  # the markers left are the images had again, in order
+        had = iter(res.images)  # the markers left are the images (and clips) had again, in order
         for m in res.messages or []:
             if m["role"] == "user":
-                n = m["content"].count(MARKER)
-                view.add("user", shown_saved(m["content"], bool(m.get("data")), [next(names, "image") for _ in range(n)]))
+                mine = [x for _, x in zip(range(m["content"].count(MARKER)), had, strict=False)]
+                view.add("user", shown_saved(m["content"], bool(m.get("data")), [x.name for x in mine],
+                                             ["audio" if isinstance(x, AudioClip) else "image" for x in mine]))
             elif m["role"] == "assistant":
                 view.add(m["role"], m["content"])
             elif m["role"] == "tool":  # a saved session's tool result, folded as it was shown
@@ -296,7 +301,8 @@ class LocalLLMApp(ToolControls, ConversationControls, Replying, NextMessage, Scr
         if self._gone():
             return
         if msg.event.text is None:
-            self._view.add("note", f"the conversation's KV cache was kept: its {msg.event.images} image(s) are not encoded again")
+            n = msg.event.images
+            self._view.add("note", "the conversation's KV cache was kept: " + (f"its {n} image(s) are not encoded again" if n else "it is not read again"))
         else:
             self._view.add("note", f"the kept KV cache is not used ({msg.event.text}): the next message reads the conversation again")
         self._update_footprint()
@@ -351,6 +357,7 @@ class LocalLLMApp(ToolControls, ConversationControls, Replying, NextMessage, Scr
         view.clear_messages()
         view.add("note", "new chat")
         self._reset_latency()  # its figures were the old chat's last reply
+        self.forget_compaction()
         self._update_footprint()
         self._said_after = False
         self._schedule_count()  # the box's message, forecast on an empty cache

@@ -52,7 +52,8 @@ class Chip(Horizontal):
 
     @staticmethod
     def label(pending: Pending) -> Text:
-        return Text(f"{'▣' if pending.image is not None else '▤'} {pending.kind} {pending.chip()}")
+        icon = "▣" if pending.image is not None else "♪" if pending.audio is not None else "▤"
+        return Text(f"{icon} {pending.kind} {pending.chip()}")
 
     def compose(self) -> ComposeResult:
         yield Static(self.label(self.pending), classes="chip-text")
@@ -134,14 +135,16 @@ class AttachScreen(ModalScreen[list[str] | None]):
     """
     BINDINGS = [("escape", "cancel", "Cancel")]
 
-    def __init__(self, vision: bool) -> None:
+    def __init__(self, vision: bool, audio: bool = False) -> None:
         super().__init__()
         self.vision = vision
+        self.audio = audio  # the projector has an audio encoder: sound files are offered
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
             box.border_title = "Attach a file"
             what = "a picture (PNG, JPEG, WebP, GIF), " if self.vision else ""
+            what += "a sound file (WAV, MP3, FLAC), " if self.audio else ""
             yield Label(f"Its path: {what}a text file or a PDF. Enter attaches it, Esc cancels. "
                         "A path pasted or dropped into the message box attaches too.")
             yield Input(placeholder="~/notes.md", id="attach-path")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localllm import flags
+from localllm.compaction import COCKPIT_AT, KEEP_TURNS, parse_fraction
 
 if TYPE_CHECKING:
     from localllm.flags import Subparsers
@@ -24,11 +25,24 @@ def register(sub: Subparsers) -> None:
     flags.add_pull_options(p)
     p.add_argument("--system", "-sys", "--system-prompt", default=None, help="system prompt (default: a helpful assistant)")
     flags.add_sampling(p)
+    flags.add_reasoning(p)
+    flags.add_speculate(p)
     flags.add_load_options(p, ctx_help=f"context size in tokens (default: {TUI_CTX})")
     flags.add_lora(p)
     flags.add_vision(p, image=False)  # a vision model: pictures attached on screen (Ctrl+F, or a path pasted)
     p.add_argument("--tools", default=None, metavar="NAME[,NAME]|all",
                    help="offer the model these MCP servers' tools (the config file's [mcp.servers]); each call is approved on screen")
+    p.add_argument("--compact-at", type=compact_at, default=COCKPIT_AT, metavar="FRACTION|off",
+                   help="summarize the older turns with the model when the context is this full, keeping the system prompt and "
+                        f"the last {KEEP_TURNS} turns; off: the sliding window alone (default: {COCKPIT_AT}; F3 changes it)")
+
+
+def compact_at(text: str) -> float | None:
+    """``--compact-at``'s value (``compaction.parse_fraction``), its error as argparse shows one."""
+    try:
+        return parse_fraction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -41,11 +55,16 @@ class Options:
     lora: flags.Lora
     vision: flags.Vision
     tools: str | None
+    compact_at: float | None = COCKPIT_AT
+    reasoning: str = "auto"
+    speculate: str = "auto"
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Options:
         return cls(model=ns.model, pull=flags.Pull.from_args(ns), system=ns.system, sampling=flags.Sampling.from_args(ns),
-                   load=flags.Load.from_args(ns), lora=flags.Lora.from_args(ns), vision=flags.Vision.from_args(ns), tools=ns.tools)
+                   load=flags.Load.from_args(ns), lora=flags.Lora.from_args(ns), vision=flags.Vision.from_args(ns), tools=ns.tools,
+                   compact_at=ns.compact_at,
+                   reasoning=ns.reasoning, speculate=ns.speculate)
 
 
 def settings_from_args(args: argparse.Namespace | Options) -> Settings:
@@ -77,6 +96,10 @@ def settings_from_args(args: argparse.Namespace | Options) -> Settings:
         repeat_penalty=sampling.repeat_penalty,
         max_tokens=sampling.n_predict,
         seed=sampling.seed,
+        reasoning_budget=sampling.reasoning_budget,
+        thinking=opts.reasoning != "off",
+        speculate=opts.speculate,
+        compact_at=opts.compact_at,
         system_prompt=Settings.system_prompt if opts.system is None else opts.system,
         lora=tuple((str(s.path), s.scale) for s in specs_from_flags(list(opts.lora.adapters) or None, opts.lora.init_without_apply)),
     )

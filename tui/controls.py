@@ -21,6 +21,7 @@ from localllm.tui.markdown import answer_of, code_blocks
 from localllm.vision.marker import MARKER
 
 if TYPE_CHECKING:
+    from localllm.audio.sound import AudioClip
     from localllm.chat.session import ChatSession
     from localllm.cockpit.attachments import Count, Pending
     from localllm.tui.prompt import PromptBox
@@ -85,7 +86,7 @@ class ConversationControls(App):
 
         _last_sent: tuple[str, list[Pending], str] | None
 
-        def _start_reply(self, message: dict[str, str], images: list[RGBImage] | None = None, count: Count | None = None) -> None: ...
+        def _start_reply(self, message: dict[str, str], images: list[RGBImage | AudioClip] | None = None, count: Count | None = None) -> None: ...
 
         def _set_chips(self, chips: list[Pending]) -> None: ...
 

@@ -18,7 +18,7 @@ from textual import on, work
 from textual.app import App
 from textual.reactive import reactive
 
-from localllm.cockpit.attachments import Count, Pending, is_image
+from localllm.cockpit.attachments import Count, Pending, is_audio, is_image
 from localllm.cockpit.attachments import message as attach_message
 from localllm.cockpit.attachments import read as read_attachment
 from localllm.cockpit.wording import printable, reason
@@ -132,7 +132,8 @@ class NextMessage(App):
         elif c.line:
             self._forecast.say(c.line + (" · Enter offers to reload" if c.fix else ""), warn=True)
         else:
-            f = self.core.forecaster.predict(c.new_tokens, prefix=self.chat.context_used if self.chat else 0, images=c.images)
+            f = self.core.forecaster.predict(c.new_tokens, prefix=self.chat.context_used if self.chat else 0, images=c.images,
+                                             audio_chunks=c.audio_chunks)
             self._forecast.say(f.line() + ("" if c.image_tokens_known else " (images' tokens: by picture size, not counted)"))
 
     @on(PromptBox.Changed, "#prompt")
@@ -146,7 +147,7 @@ class NextMessage(App):
         self._schedule_count()
 
     def _chips_after_load(self) -> None:
-        """Another model (or the same one reloaded): pictures need its projector, files its tokenizer."""
+        """Another model (or the same one reloaded): pictures need its projector, clips its audio encoder, files its tokenizer."""
         if not self.chips:
             self._schedule_count()
             return
@@ -156,8 +157,13 @@ class NextMessage(App):
             if c.image is not None and info is None:
                 self._view.add("note", f"{printable(c.name)} is no longer attached: this model has no projector")
                 continue
+            if c.audio is not None and (info is None or not info.has_audio):
+                self._view.add("note", f"{printable(c.name)} is no longer attached: this model's projector has no audio encoder")
+                continue
             if c.image is not None:
                 c.tokens = info.tokens_per_image if info is not None else None
+            elif c.audio is not None:
+                c.tokens = self.core.audio_info.tokens(c.audio.seconds) if self.core.audio_info is not None else None
             elif c.file is not None:
                 c.tokens = None
                 self._count_chip(c)
@@ -174,7 +180,8 @@ class NextMessage(App):
             if paths:
                 self._attach_paths([Path(p) for p in paths])
 
-        self.push_screen(AttachScreen(self.core.projector_info is not None), chosen)
+        info = self.core.projector_info
+        self.push_screen(AttachScreen(info is not None, info is not None and info.has_audio), chosen)
 
     @on(PromptBox.Dropped, "#prompt")
     def _dropped(self, event: PromptBox.Dropped) -> None:
@@ -195,17 +202,22 @@ class NextMessage(App):
             self._view.add("note", "no model is loaded: F2 picks one")
             return
         info = self.core.projector_info
-        self._read_attachments(paths, info is not None, info.tokens_per_image if info is not None else None)
+        self._read_attachments(paths, info is not None, info.tokens_per_image if info is not None else None,
+                               info is not None and info.has_audio)
 
     @work(thread=True, group="attach", exit_on_error=False)
-    def _read_attachments(self, paths: list[Path], vision: bool, tokens_per_image: int | None) -> None:
-        """Read ``paths`` in order off the UI thread (Pillow, pypdf), then count each file's tokens on the engine thread."""
+    def _read_attachments(self, paths: list[Path], vision: bool, tokens_per_image: int | None, hearing: bool = False) -> None:
+        """Read ``paths`` in order off the UI thread (Pillow, pypdf, a sound file's frames), then count each
+        file's tokens on the engine thread. ``hearing``: the projector has an audio encoder."""
         for path in paths:
             try:
                 if not vision and is_image(path):
                     raise InputError(f"{path.name} is a picture, and this model has no projector: start localllm tui with --mmproj FILE "
                                      f"(none was found beside {self.model_path.name})")
-                pending = read_attachment(path, tokens_per_image=tokens_per_image)
+                if not hearing and not is_image(path) and is_audio(path):
+                    raise InputError(f"{path.name} is a sound file, and this model has no audio encoder: start localllm tui with "
+                                     "--mmproj FILE (an audio model's projector)")
+                pending = read_attachment(path, tokens_per_image=tokens_per_image, audio=self.core.audio_info)
             except Exception as exc:  # noqa: BLE001 - a bad file is one line; the chat goes on
                 self.post_message(AttachRead(None, reason(exc)))
                 continue
@@ -230,8 +242,8 @@ class NextMessage(App):
             self._view.add("note", f"not attached: {msg.error or 'unreadable'}")
             return
         p = msg.pending
-        if p.image is not None:
-            self.core.image_refs[p.image.sha256] = p.ref()
+        if p.media is not None:  # where a picture or a clip came from, for the saved session
+            self.core.image_refs[p.media.sha256] = p.ref()
         known = any(c.id == p.id for c in self.chips)
         if not known and p.file is not None:
             for note in p.file.notes:

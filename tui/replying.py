@@ -20,6 +20,8 @@ from textual.app import App
 from textual.reactive import reactive
 from textual.worker import Worker, WorkerState
 
+from localllm import speculation
+from localllm.audio.sound import AudioClip
 from localllm.cockpit.attachments import Count, Pending
 from localllm.cockpit.attachments import message as attach_message
 from localllm.cockpit.attachments import shown as shown_message
@@ -77,6 +79,7 @@ class Replying(App):
         _editing: bool
         _sent_forecast: Forecast | None
         _sent_images: int
+        _sent_audio_s: float | None
         _sent_count: Count | None
         _reply_start_ns: int
         _reply_prefix: int
@@ -118,13 +121,16 @@ class Replying(App):
             if any(c.image is not None for c in chips):
                 view.add("note", "not sent: images do not go with tools yet (✕ removes the image, or start without --tools)")
                 return
+            if any(c.audio is not None for c in chips):
+                view.add("note", "not sent: sound files do not go with tools yet (✕ removes the clip, or start without --tools)")
+                return
             if any(c.special for c in chips):
                 view.add("note", "not sent: a file holds the text of the model's control tokens: with tools it cannot be kept as data")
                 return
         if self._editing:
             self._take_back_for_edit()
         message = attach_message(text, chips)
-        images = [c.image for c in chips if c.image is not None]
+        images = [c.media for c in chips if c.media is not None]  # pictures and clips, in the chips' order
         count = self._count_now(message, chips) if chips or self.count is None or self.count.key != self._count_key() else self.count
         if count is not None and count.line:  # the message does not fit: said, and a reload offered; the box and chips stay
             view.add("note", count.line)
@@ -137,15 +143,17 @@ class Replying(App):
         self._last_sent = (text, chips, message["content"]) if chips else None
         self._start_reply(message, images, count)
 
-    def _start_reply(self, message: dict[str, str], images: list[RGBImage] | None = None, count: Count | None = None) -> None:
+    def _start_reply(self, message: dict[str, str], images: list[RGBImage | AudioClip] | None = None, count: Count | None = None) -> None:
         """Stream the reply to ``message`` (the user's message is on the log) with
         ``images``; ``count``: its tokens, counted before (else now), for the forecast."""
         assert self.chat is not None
         if count is None:
             count = self._count_now(message, [], images=len(images or []))
-        self._sent_forecast = self.core.forecaster.predict(count.new_tokens, prefix=self.chat.context_used, images=count.images) \
-            if count is not None else None
+        self._sent_forecast = self.core.forecaster.predict(count.new_tokens, prefix=self.chat.context_used, images=count.images,
+                                                           audio_chunks=count.audio_chunks) if count is not None else None
         self._sent_images = len(images or [])
+        clips = [m for m in images or [] if isinstance(m, AudioClip)]  # the encode's rate in seconds of audio, where all it encodes is sound
+        self._sent_audio_s = sum(c.seconds for c in clips) if clips and len(clips) == len(images or []) else None
         self._sent_count = count
         self._reply = self._view.add("assistant", "")
         self.core.persist(extra_user=message, images=images or [])
@@ -164,7 +172,7 @@ class Replying(App):
         self._generate(self.chat, message, images or [], submitted)
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
-    def _generate(self, chat: ChatSession, message: dict[str, str], images: list[RGBImage], submitted_ns: int) -> None:
+    def _generate(self, chat: ChatSession, message: dict[str, str], images: list[RGBImage | AudioClip], submitted_ns: int) -> None:
         if self.hub is not None and not chat.completion:  # the tool loop: text turns (_submit refused images)
             self.core.engine.run(self._generate_tools_on_engine_thread, chat, message["content"], submitted_ns)
         else:
@@ -211,8 +219,10 @@ class Replying(App):
             self._schedule_count()
             return
         encode = s.encode_ms if s.images else None
-        self._latency.split = (encode, s.images_per_s if s.images else None, s.prefill_ms,
-                               max(s.ttft_ms - (encode or 0.0) - s.prefill_ms, 0.0))
+        audio_s = self._sent_audio_s
+        rate = (audio_s / (encode / 1000) if audio_s and encode else None) if audio_s is not None else (s.images_per_s if s.images else None)
+        self._latency.split = (encode, rate, s.prefill_ms, max(s.ttft_ms - (encode or 0.0) - s.prefill_ms, 0.0),
+                               "s of audio/s" if audio_s is not None else "images/s")
         f = self._sent_forecast
         self.core.observe(s, self._sent_count)
         if f is None:
@@ -246,6 +256,7 @@ class Replying(App):
             view.add("note", "(stopped)")
         s = ev.stats
         latency.threads = self.core.threads_text()
+        latency.speculation = "speculation " + (speculation.line(ev.spec.drafted, ev.spec.accepted) if ev.spec is not None else "off")
         latency.gaps_ms = self._gaps
         self._after_reply(s)
         if s is not None:

@@ -59,6 +59,8 @@ class ScreenActions(App):
 
         def action_attach(self) -> None: ...
 
+        def compact_now(self, auto: bool = False) -> None: ...
+
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
             self.screen.dismiss(None)
@@ -74,6 +76,7 @@ class ScreenActions(App):
                 yield command
         yield SystemCommand("Keys", "The cockpit's keys, and what each figure means (F1)", self.action_help)
         yield SystemCommand("Attach a file", "A picture, a text file or a PDF for the next message (Ctrl+F)", self.action_attach)
+        yield SystemCommand("Compact", "Summarize the older turns with the model, keeping the last ones whole (/compact)", self.compact_now)
 
     # -- sessions ----------------------------------------------------------------------
     def open_session(self, saved: sessions.SavedSession) -> None:
@@ -133,6 +136,7 @@ class ScreenActions(App):
             if self.chat is not None:
                 self.chat.sampling = new.sampling()
                 self.chat.sliding_window = new.sliding_window
+                self.chat.thinking = new.thinking
                 self.chat.keep_override = new.n_keep
                 if new.system_prompt != (self.chat.system_prompt or ""):
                     self.chat.system_prompt = new.system_prompt or None

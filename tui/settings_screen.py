@@ -26,9 +26,10 @@ from localllm.tui.settings import Settings
 # Each field's label on the screen, and the tab that holds it (an error names
 # the label and shows the tab).
 LABELS = {
-    "n_ctx": "context tokens", "n_keep": "keep tokens", "n_gpu_layers": "GPU layers", "threads": "threads", "n_cpu_moe": "experts in RAM",
+    "n_ctx": "context tokens", "n_keep": "keep tokens", "compact_at": "compact at",
+    "n_gpu_layers": "GPU layers", "threads": "threads", "n_cpu_moe": "experts in RAM",
     "temperature": "temperature", "top_k": "top-k", "top_p": "top-p", "min_p": "min-p",
-    "repeat_penalty": "repeat penalty", "max_tokens": "max tokens", "seed": "seed",
+    "repeat_penalty": "repeat penalty", "max_tokens": "max tokens", "seed": "seed", "reasoning_budget": "thinking budget",
 }
 # The sampling tab's rows: field, label (what its edge value means), input type, placeholder when blank.
 SAMPLING_ROWS: tuple[tuple[str, str, Literal["integer", "number"], str], ...] = (
@@ -39,6 +40,7 @@ SAMPLING_ROWS: tuple[tuple[str, str, Literal["integer", "number"], str], ...] = 
     ("repeat_penalty", "repeat penalty (1: off)", "number", ""),
     ("max_tokens", "max tokens (-1: no limit)", "integer", ""),
     ("seed", "seed (blank: random)", "integer", "random"),
+    ("reasoning_budget", "thinking (-1: no cap, 0: off)", "integer", ""),
 )
 SAMPLING_TAB = tuple(row[0] for row in SAMPLING_ROWS)
 
@@ -82,6 +84,16 @@ def _number(field: str, text: str) -> float:
         return float(text.strip())
     except ValueError:
         raise BadValue(field, f"{LABELS[field]} must be a number, got {text.strip()!r}") from None
+
+
+def _fraction(field: str, text: str) -> float | None:
+    """A fraction of the context above 0 and at most 1, or blank (None: off)."""
+    if not text.strip():
+        return None
+    value = _number(field, text)
+    if not 0 < value <= 1:
+        raise BadValue(field, f"{LABELS[field]} must be a fraction of the context above 0 and at most 1 (e.g. 0.85), or blank for off, got {text.strip()}")
+    return value
 
 
 class SettingsScreen(ModalScreen[Settings | None]):
@@ -136,6 +148,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                         yield box("n_cpu_moe", s.n_cpu_moe, "integer", "fit (MoE: first N layers, -1 all)")
                         yield Label("sliding window")
                         yield Checkbox("shift the context when full", value=s.sliding_window, id="sliding_window", compact=True)
+                        yield Label("compact at (blank: off)")
+                        yield box("compact_at", s.compact_at, "number", "off: the sliding window alone")
                         yield Label("keep tokens (blank: system)")
                         yield box("n_keep", s.n_keep, "integer", "the system prompt")
                     yield Static("* reloads the model", classes="hint")
@@ -144,6 +158,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                         for field, label, kind, blank in SAMPLING_ROWS:
                             yield Label(label)
                             yield box(field, getattr(s, field), kind, blank)
+                        yield Label("thinking")
+                        yield Checkbox("a thinking model thinks", value=s.thinking, id="thinking", compact=True)
                     yield Static("defaults are llama.cpp's: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, "
                                  "repeat penalty 1 (off), no token limit, a random seed", classes="hint")
                 with TabPane("System prompt", id="system-tab"):
@@ -180,6 +196,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             type_k=str(self.query_one("#type_k", Select).value),
             type_v=str(self.query_one("#type_v", Select).value),
             sliding_window=self.query_one("#sliding_window", Checkbox).value,
+            compact_at=_fraction("compact_at", self._text("compact_at")),
             n_keep=_whole("n_keep", self._text("n_keep"), blank=True),
             n_gpu_layers=_whole("n_gpu_layers", self._text("n_gpu_layers"), blank=True),
             threads=_whole("threads", self._text("threads"), blank=True),
@@ -191,6 +208,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
             repeat_penalty=_number("repeat_penalty", self._text("repeat_penalty")),
             max_tokens=_whole("max_tokens", self._text("max_tokens"), blank=False),
             seed=_whole("seed", self._text("seed"), blank=True),
+            reasoning_budget=_whole("reasoning_budget", self._text("reasoning_budget"), blank=False),
+            thinking=self.query_one("#thinking", Checkbox).value,
             system_prompt=self.query_one("#system_prompt", TextArea).text,
         )
         for field in ("n_keep", "threads"):

@@ -198,14 +198,16 @@ class LatencyPanel(Vertical):
     (``measure.diagnose``), and the figures that decided it."""
     threads: reactive[str] = reactive("threads n/a", repaint=False)
     """The decode thread count now and its last move with why (``ThreadController.short``), or "threads n/a"."""
-    split: reactive[tuple[float | None, float | None, float, float] | None] = reactive(None, repaint=False)
-    """TTFT in its three phases, once the reply has ended: (image encode ms, images/s, prefill ms, first token ms);
-    encode is None without an image. None: no reply measured yet."""
+    speculation: reactive[str] = reactive("speculation n/a", repaint=False)
+    """Draftless speculation's count for the latest reply (``speculation.line``), or "speculation n/a"."""
+    split: reactive[tuple[float | None, float | None, float, float, str] | None] = reactive(None, repaint=False)
+    """TTFT in its three phases, once the reply has ended: (encode ms, its rate, prefill ms, first token ms, the rate's
+    unit: "images/s", or "s of audio/s" for sound); encode is None without an image or a clip. None: no reply measured yet."""
 
     def compose(self) -> ComposeResult:
         yield Lines(4, id="latency-top")
         yield ItlSparkline([], id="spark")
-        yield Lines(6, id="latency-bottom")
+        yield Lines(7, id="latency-bottom")
 
     def on_mount(self) -> None:
         self._paint()
@@ -224,7 +226,8 @@ class LatencyPanel(Vertical):
         if self.ceiling_tps and self.decode_tps:
             roof = f"roofline {self.ceiling_tps:.0f} t/s: decode at {100 * self.decode_tps / self.ceiling_tps:.0f}%"
         self.query_one("#latency-bottom", Lines).lines = (
-            f"prefill {pre} · decode {dec}", self.threads, roof, Text(headline, style="bold yellow"), Text(detail, style="yellow"))
+            f"prefill {pre} · decode {dec}", self.threads, self.speculation, roof, Text(headline, style="bold yellow"),
+            Text(detail, style="yellow"))
 
     def watch_ttft_ms(self, _: float | None) -> None:
         self._paint()
@@ -251,17 +254,21 @@ class LatencyPanel(Vertical):
     def watch_threads(self, _: str) -> None:
         self._paint()
 
+    def watch_speculation(self, _: str) -> None:
+        self._paint()
+
     def watch_split(self, _: object) -> None:
         self._paint()
 
 
-def split_line(split: tuple[float | None, float | None, float, float] | None) -> str:
+def split_line(split: tuple[float | None, float | None, float, float, str] | None) -> str:
     """``encode n/a · prefill 299.8 ms · first 0.2 ms``: TTFT's three phases (the
-    seeds' split, with a vision model's image encode and its rate in images/s)."""
+    seeds' split, with a vision model's image encode and its rate in images/s, an
+    audio model's in seconds of audio a second: a slow encoder shows apart from prefill)."""
     if split is None:
         return "encode n/a · prefill n/a · first n/a"
-    encode, rate, prefill, first = split
-    enc = "n/a" if encode is None else f"{encode:.1f} ms" + (f" ({rate:.1f} images/s)" if rate else "")
+    encode, rate, prefill, first, unit = split
+    enc = "n/a" if encode is None else f"{encode:.1f} ms" + (f" ({rate:.1f} {unit})" if rate else "")
     return f"encode {enc} · prefill {prefill:.1f} ms · first {first:.1f} ms"
 
 
@@ -315,6 +322,7 @@ class MemoryPanel(Vertical):
         self._plan: tuple[Text | str, ...] = ("", "")
         self._check: tuple[Text | str, ...] = ()
         self._tools: tuple[Text | str, ...] = ()  # the tools' line (the cockpit with --tools), else nothing
+        self._compacted: tuple[Text | str, ...] = ()  # the last compaction's line, once one ran
 
     def compose(self) -> ComposeResult:
         yield Lines(2, id="memory-top")
@@ -357,6 +365,12 @@ class MemoryPanel(Vertical):
                                 for line in check.mismatch_lines())
         self._paint()
 
+    def set_compaction(self, before: int | None, after: int = 0, seconds: float = 0.0) -> None:
+        """The last compaction: the conversation's tokens before and after it and its
+        time (``localllm.compaction``); None: no line (none ran on this model's chat)."""
+        self._compacted = () if before is None else (f"compacted {before:,} → {after:,} tokens in {fmt.num(seconds, 1)} s",)
+        self._paint()
+
     def set_tools(self, line: str | None) -> None:
         """What the offered tools take of the context (tools.py measures it), or None: no line."""
         self._tools = () if line is None else (line,)
@@ -380,6 +394,7 @@ class MemoryPanel(Vertical):
             *self._plan,
             f"KV now {fmt.size(self.kv_now_bytes)} ({self.context_used} tokens)",
             f"context {self.context_used} of {self.n_ctx} · shifts {self.shifts}",
+            *self._compacted,
             *self._tools,
             *self._check,
         )

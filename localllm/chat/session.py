@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm import paths
+from localllm.audio.sound import AudioClip
 from localllm.chat import untrusted
 from localllm.engine_api import Engine, Generation, SamplingConfig, TokenEvent
 from localllm.engine_api.errors import InvalidSetting
@@ -56,14 +57,15 @@ class ChatSession:
     prompt_cache: Path | None = None  # where the system prompt's KV state is saved and loaded from
     prompt_cache_hit: bool = False  # the last fresh start loaded the system prompt from disk
     completion: bool = False  # a base model (no chat template): the conversation is one text the model continues
+    thinking: bool | None = None  # the template's enable_thinking (chat's --reasoning, /think; the cockpit's setting); None: llama.cpp's, on
     on_notice: Callable[[str], None] | None = None  # one-line notices (a prompt cache rebuilt); default: stderr
     tools: list[dict[str, Any]] | None = None  # OpenAI's tool objects, for the template (localllm.mcp's ToolChat sets them)
     # the messages as the template gets them (a tool-call format's rewrite, serve/tools.py's for_template); None: as they are
     prepare: Callable[[list[dict[str, str]]], list[dict[str, Any]]] | None = None
     _cached_text: str = ""  # the rendered conversation the KV cache stands for
     _special: dict[str, bool] = field(default_factory=dict)  # tool results' texts: whether each holds special-token text
-    images: list[RGBImage] = field(default_factory=list)  # the conversation's images, in the order of their markers
-    _pending: list[RGBImage] = field(default_factory=list)  # this turn's images (send's ``images``)
+    images: list[RGBImage | AudioClip] = field(default_factory=list)  # the conversation's images (and clips: an audio model), in marker order
+    _pending: list[RGBImage | AudioClip] = field(default_factory=list)  # this turn's images (send's ``images``)
 
     def __post_init__(self) -> None:
         if not self.completion and not self.backend.has_chat_template:
@@ -107,6 +109,11 @@ class ChatSession:
         head = self._render(self.messages[:1], add_generation_prompt=False) if self.system_prompt else ""
         self.n_keep = len(self._tok(head)) if head and text.startswith(head) else 0
 
+    def prompt_text(self, new: list[dict[str, str]]) -> str:
+        """The conversation with ``new`` as the model will read it, its reply opened
+        (whether the template opens the thinking there: ``chat.thinking.Fold``)."""
+        return self._render(self.messages + new, add_generation_prompt=True)
+
     def _tok(self, text: str) -> list[int]:
         # A template writes special tokens as text; typed text continued by a base model stays text.
         return self.backend.tokenize(text, add_special=False, parse_special=not self.completion)
@@ -117,9 +124,10 @@ class ChatSession:
         space before typed text that would otherwise glue to the previous word)."""
         if not self.completion:
             shown = self.prepare(messages) if self.prepare is not None else messages
+            extra: dict[str, object] | None = None if self.thinking is None else {"enable_thinking": self.thinking}
             if self.tools:
-                return self.backend.render_chat(shown, add_generation_prompt=add_generation_prompt, tools=self.tools)
-            return self.backend.render_chat(shown, add_generation_prompt=add_generation_prompt)
+                return self.backend.render_chat(shown, add_generation_prompt=add_generation_prompt, tools=self.tools, extra=extra)
+            return self.backend.render_chat(shown, add_generation_prompt=add_generation_prompt, extra=extra)
         text = ""
         for m in messages:
             piece = m["content"] + ("\n\n" if m["role"] == "system" else "")
@@ -201,7 +209,7 @@ class ChatSession:
 
             print(f"localllm: {safe(msg)}", file=sys.stderr, flush=True)
 
-    def send(self, text: str, start_ns: int | None = None, images: list[RGBImage] | None = None) -> Generation:
+    def send(self, text: str, start_ns: int | None = None, images: list[RGBImage | AudioClip] | None = None) -> Generation:
         """Stream the reply to ``text``; the turn is recorded when it ends, and
         the returned ``Generation`` carries its stats once closed.
         ``start_ns``: when the user submitted it (TTFT's clock; now by default),
@@ -209,7 +217,7 @@ class ChatSession:
         ``images``: pictures for a vision model, placed before the text."""
         return self.send_messages([{"role": "user", "content": text}], start_ns=start_ns, images=images)
 
-    def send_messages(self, new: list[dict[str, str]], start_ns: int | None = None, images: list[RGBImage] | None = None) -> Generation:
+    def send_messages(self, new: list[dict[str, str]], start_ns: int | None = None, images: list[RGBImage | AudioClip] | None = None) -> Generation:
         """Stream the reply to ``new`` messages (a user's, or tool results:
         ``{"role": "tool", "tool_call_id", "content"}``, whose text stays text).
         ``images``: pictures for a vision model, placed before the user's text."""
@@ -268,7 +276,7 @@ class ChatSession:
             if reply is not None:
                 reply.close()  # the engine's own finally: its stats exist from here
             stats = reply.stats if reply is not None else None
-            out.finish(stats)
+            out.finish(stats, reply.spec if reply is not None else None)
             if not refused:  # the message (its markers) joins the conversation: so do its images
                 self.images += self._pending
             self._pending = []

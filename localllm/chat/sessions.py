@@ -15,13 +15,16 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm import paths
-from localllm.chat import resume
+from localllm.chat import kept, resume
 from localllm.errors import InputError
 from localllm.util import atomic
 from localllm.vision.marker import MARKER
+
+if TYPE_CHECKING:
+    from localllm.chat.session import ChatSession
 
 
 @dataclass
@@ -35,7 +38,8 @@ class SavedSession:
     settings: dict[str, Any] = field(default_factory=dict)
     name: str | None = None  # the user's name for it; None: titled by its first message
     # the conversation's images (a vision model), in the order of their markers in the messages: where each was
-    # read from and the sha256 of its pixels (``image_refs``), never the pixels; reopened, each is read again and checked
+    # read from and the sha256 of its pixels (``image_refs``), never the pixels; reopened, each is read again and checked.
+    # A sound file the chat heard is one too (``"kind": "audio"``: the sha256 of its file, its length in seconds)
     images: list[dict[str, Any]] = field(default_factory=list)
     # the KV cache kept beside the file (``<id>.state``, ``chat.resume``): the sha256 of the text it stands for, its cells
     kv: dict[str, Any] | None = None
@@ -133,9 +137,10 @@ _IMAGE_INTS = ("width", "height", "bytes")
 
 def image_refs(value: Any) -> list[dict[str, Any]]:
     """A saved session's ``images``, each entry checked (outside data): text
-    name, path and a 64-digit hex sha256, whole-number sizes. A malformed entry
-    is kept as a name only, so the markers still pair with their images in
-    order; reopening it says that image cannot be read back."""
+    name, path and a 64-digit hex sha256, whole-number sizes (a sound file's,
+    ``"kind": "audio"``: its bytes and a length in seconds). A malformed entry
+    is kept as a name only (and its kind), so the markers still pair with their
+    media in order; reopening it says that one cannot be read back."""
     if not isinstance(value, list):
         return []
     out: list[dict[str, Any]] = []
@@ -144,9 +149,20 @@ def image_refs(value: Any) -> list[dict[str, Any]]:
         ok = all(isinstance(e.get(k), str) for k in _IMAGE_TEXT) and all(type(e.get(k)) is int and e[k] >= 0 for k in _IMAGE_INTS)
         sha = e.get("sha256")
         ok = ok and isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)
+        if e.get("kind") == "audio":
+            secs = e.get("seconds")
+            ok = (all(isinstance(e.get(k), str) for k in _IMAGE_TEXT) and type(e.get("bytes")) is int and e["bytes"] >= 0
+                  and isinstance(secs, (int, float)) and not isinstance(secs, bool) and 0 <= secs < 1e6 and _hex64(e.get("sha256")))
+            name = e.get("name") if isinstance(e.get("name"), str) else "audio"
+            out.append({"kind": "audio", **{k: e[k] for k in (*_IMAGE_TEXT, "seconds", "bytes")}} if ok else {"kind": "audio", "name": name})
+            continue
         name = e.get("name") if isinstance(e.get("name"), str) else "image"
         out.append({k: e[k] for k in (*_IMAGE_TEXT, *_IMAGE_INTS)} if ok else {"name": name})
     return out
+
+
+def _hex64(sha: Any) -> bool:
+    return isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)
 
 
 def stamp(value: Any) -> float:
@@ -206,6 +222,23 @@ def state_path(session_id: str) -> Path:
     return _path(session_id).with_suffix(".state")
 
 
+def keep_kv(chat: ChatSession, saved: SavedSession) -> bool:
+    """Keep ``chat``'s KV cache beside ``saved`` (engine thread; ``chat.resume``)
+    within the disk budget (``chat.kept``: the oldest state files go first);
+    True when kept, ``saved.kv`` then marking it (the caller saves the session).
+    False when there is nothing worth keeping, a budget of 0, or a state larger
+    than the whole budget (deleted again: a reopen reads the conversation)."""
+    limit = kept.budget()
+    if limit <= 0:
+        return False
+    path = paths.ensure_dir(sessions_dir()) / state_path(saved.id).name
+    mark = resume.keep(chat, path)
+    if mark is None or path in kept.evict(sessions_dir(), limit, newest=path):
+        return False
+    saved.kv = mark
+    return True
+
+
 def _path(session_id: str) -> Path:
     if not session_id or "/" in session_id or "\\" in session_id or session_id.startswith("."):
         raise InputError(f"no saved session named {session_id!r}")
@@ -231,11 +264,12 @@ def to_markdown(session: SavedSession) -> str:
     """The chat as Markdown: a heading per message, its text as it was (Markdown already)."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(session.updated or session.created))
     out = [f"# {session.title}", "", f"- model: {Path(session.model).name}", f"- saved: {when}", f"- turns: {session.turns}", ""]
-    names = iter(str(ref.get("name") or "image") for ref in session.images)
+    kinds = ["audio" if ref.get("kind") == "audio" else "image" for ref in session.images]
+    names = iter(f"{k}: {ref.get('name') or k}" for k, ref in zip(kinds, session.images, strict=True))
     for m in session.messages:
         text = m["content"]
-        if MARKER in text:  # a picture the chat saw: named, at its place
-            text = "".join(part if i == 0 else f"[image: {next(names, 'image')}]" + part for i, part in enumerate(text.split(MARKER)))
+        if MARKER in text:  # a picture the chat saw (a clip it heard): named, at its place
+            text = "".join(part if i == 0 else f"[{next(names, 'image: image')}]" + part for i, part in enumerate(text.split(MARKER)))
         out += [f"## {ROLE_HEADINGS.get(m['role'], m['role'])}", "", text.rstrip(), ""]
     return "\n".join(out)
 

@@ -10,7 +10,9 @@ lines. A paste that is nothing but such paths to existing files
 
 A picture (PNG, JPEG, WebP, GIF: by its first bytes or its name) is read by
 ``localllm.vision.image`` (bounded before it is decoded) and needs the
-model's projector; any other file is read by ``localllm.attach`` into a
+model's projector; a sound file (WAV, MP3, FLAC: likewise) is read by
+``localllm.audio.read`` (bounded the same way) and needs a projector with an
+audio encoder, its chip giving the clip's length and its tokens; any other file is read by ``localllm.attach`` into a
 labelled block (text, or a PDF's text). Both read off the UI thread; a file's
 tokens are counted with the model's tokenizer on the engine thread. Each
 refusal is one line in the chat log.
@@ -19,7 +21,8 @@ The message sent: the files' blocks, then the typed text, marked ``"data"``
 (the chat session reads a file's text as data, never as turns); the images go
 with it (``ChatSession.send_messages(..., images=...)``) and stay in the KV
 cache. A saved session keeps each image's path and the sha256 of its pixels,
-never the pixels: reopened, each is read again and checked (``restore_images``).
+never the pixels (a clip's path and the sha256 of its file, ``"kind": "audio"``):
+reopened, each is read again and checked (``restore_images``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from urllib.parse import unquote, urlparse
 
 from localllm import attach
 from localllm.attach import Attachment
+from localllm.audio.projector import AudioInfo
+from localllm.audio.read import is_audio_path, load_audio, sniff
+from localllm.audio.sound import AudioClip, clock
 from localllm.chat import untrusted
 from localllm.cockpit.wording import printable
 from localllm.errors import InputError
@@ -106,51 +112,81 @@ def is_image(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_SUFFIXES
 
 
+def is_audio(path: Path) -> bool:
+    """A sound file, by its first bytes (a regular file only) or, failing that, by its name."""
+    try:
+        if stat.S_ISREG(os.stat(path).st_mode):
+            with open(path, "rb") as f:
+                if sniff(f.read(16)) is not None:
+                    return True
+    except OSError:
+        pass
+    return is_audio_path(path)
+
+
 # -- what is attached ------------------------------------------------------------------
 @dataclass
 class Pending:
-    """One attachment waiting for the next message: a picture, or a file's text."""
+    """One attachment waiting for the next message: a picture, a sound file, or a file's text."""
 
     path: str  # as given (for the saved session: where to read an image again)
     name: str
     size: int  # bytes on disk
     image: RGBImage | None = None
     file: Attachment | None = None
-    tokens: int | None = None  # a picture's tokens (the projector's), a file's block's (the model's tokenizer); None: not known
+    audio: AudioClip | None = None
+    tokens: int | None = None  # a picture's or a clip's tokens (the projector's), a file's block's (the tokenizer's); None: not known
     special: bool = False  # a file's text holds the model's control-token text (refused with --tools)
     id: int = field(default_factory=lambda: next(_ids))
 
     @property
     def kind(self) -> str:
+        if self.audio is not None:
+            return "audio"
         return "image" if self.image is not None else (self.file.kind if self.file is not None else "file")
+
+    @property
+    def media(self) -> RGBImage | AudioClip | None:
+        """What goes to the projector with the message (a picture or a clip); None for a file's text."""
+        return self.image if self.image is not None else self.audio
 
     def chip(self) -> str:
         """name · size · what · tokens, as the chip shows it."""
         parts = [printable(self.name), fmt.size(self.size)]
         if self.image is not None:
             parts.append(f"{self.image.width}x{self.image.height}")
+        elif self.audio is not None:
+            parts.append(clock(self.audio.seconds))
         elif self.file is not None and self.file.pages is not None:
             f = self.file
             parts.append(f"{f.pages:,} page(s)" if f.pages_read == f.pages else f"{f.pages_read:,} of {f.pages:,} pages")
-        what = "image tokens" if self.image is not None else "tokens"
-        parts.append(f"{self.tokens:,} {what}" if self.tokens is not None else f"{what} n/a" if self.image is not None else "counting…")
+        what = "image tokens" if self.image is not None else "audio tokens" if self.audio is not None else "tokens"
+        parts.append(f"{self.tokens:,} {what}" if self.tokens is not None else f"{what} n/a" if self.media is not None else "counting…")
         return " · ".join(parts)
 
     def ref(self) -> dict[str, Any]:
-        """A picture as the saved session keeps it (``sessions.image_refs``)."""
+        """A picture or a clip as the saved session keeps it (``sessions.image_refs``)."""
+        if self.audio is not None:
+            a = self.audio
+            return {"kind": "audio", "name": a.name, "path": str(Path(self.path).expanduser().resolve()), "sha256": a.sha256,
+                    "seconds": round(a.seconds, 3), "bytes": a.file_bytes}
         im = self.image
         assert im is not None
         return {"name": im.name, "path": str(Path(self.path).expanduser().resolve()), "sha256": im.sha256,
                 "width": im.width, "height": im.height, "bytes": im.file_bytes}
 
 
-def read(path: str | Path, *, tokens_per_image: int | None) -> Pending:
-    """The file at ``path`` read as an attachment (off the UI thread: Pillow, pypdf),
-    or an ``InputError`` naming it and the cause (one line)."""
+def read(path: str | Path, *, tokens_per_image: int | None, audio: AudioInfo | None = None) -> Pending:
+    """The file at ``path`` read as an attachment (off the UI thread: Pillow, pypdf,
+    a sound file's frames), or an ``InputError`` naming it and the cause (one line).
+    ``audio``: the projector's audio encoder, which gives a clip's tokens."""
     p = Path(os.path.expanduser(str(path)))
     if is_image(p):
         im = load_image(p)
         return Pending(str(p), im.name, im.file_bytes, image=im, tokens=tokens_per_image)
+    if is_audio(p):
+        clip = load_audio(p)
+        return Pending(str(p), clip.name, clip.file_bytes, audio=clip, tokens=audio.tokens(clip.seconds) if audio is not None else None)
     a = attach.read(p)
     return Pending(str(p), a.name, a.size, file=a)
 
@@ -209,13 +245,13 @@ def split_message(content: str, data: bool) -> tuple[int, list[str], str]:
     return n, labels, rest
 
 
-def shown_saved(content: str, data: bool, names: Sequence[str]) -> str:
+def shown_saved(content: str, data: bool, names: Sequence[str], kinds: Sequence[str] = ()) -> str:
     """A saved user's message as the log shows it (``shown``'s look): ``names``:
-    its images' names, in order."""
+    its images' and clips' names, in order; ``kinds``: "image" or "audio" for each (image by default)."""
     n, labels, typed = split_message(content, data)
     if not n and not labels:
         return content
-    lines = [f"↳ image {printable(names[i]) if i < len(names) else 'image'}" for i in range(n)]
+    lines = [f"↳ {kinds[i] if i < len(kinds) else 'image'} {printable(names[i]) if i < len(names) else 'image'}" for i in range(n)]
     lines += [f"↳ file {printable(label)}" for label in labels]
     return "\n".join([typed, *lines]) if typed.strip() else "\n".join(lines)
 
@@ -232,26 +268,31 @@ def without_markers(content: str) -> str:
 
 # -- saved sessions: images read again -------------------------------------------------
 def restore_images(messages: list[dict[str, str]], refs: Sequence[Mapping[str, Any]], *, can_see: bool,
-                   have: Mapping[str, RGBImage] | None = None,
-                   read_image: Callable[[str], RGBImage] = load_image) -> tuple[list[dict[str, str]], list[RGBImage], list[str]]:
-    """A conversation's images, in the order of their markers: those at hand
-    (``have``, by the sha256 of their pixels: a reload with other settings), else
-    read again from their paths and checked against that sha256 (a saved session):
-    (the messages, the images, the lines to say). An image that cannot be had
-    (gone, changed, no projector loaded: ``can_see`` False) leaves the text
-    ``[image NAME: not available]`` where its marker was, so the model is not
-    told it sees it."""
+                   have: Mapping[str, RGBImage | AudioClip] | None = None,
+                   read_image: Callable[[str], RGBImage] = load_image, can_hear: bool = False,
+                   read_audio: Callable[[str], AudioClip] = load_audio) -> tuple[list[dict[str, str]], list[RGBImage | AudioClip], list[str]]:
+    """A conversation's images and clips (a ref of ``"kind": "audio"``), in the
+    order of their markers: those at hand (``have``, by sha256: a reload with
+    other settings), else read again from their paths and checked against that
+    sha256 (a saved session): (the messages, the media, the lines to say). One
+    that cannot be had (gone, changed, no projector loaded: ``can_see`` False;
+    no audio encoder: ``can_hear`` False) leaves the text ``[image NAME: not
+    available]`` (``[audio …]``) where its marker was, so the model is not told
+    it sees or hears it."""
     n_markers = sum(m["content"].count(MARKER) for m in messages)
     if not n_markers:
         return messages, [], []
-    images: list[RGBImage | None] = []
+    images: list[RGBImage | AudioClip | None] = []
     notes: list[str] = []
     for i in range(n_markers):
         ref = refs[i] if i < len(refs) else {}
-        name = str(ref.get("name") or "image")
+        sound = ref.get("kind") == "audio"
+        name = str(ref.get("name") or ("audio" if sound else "image"))
         why = None
         if not can_see:
             why = "no projector is loaded"
+        elif sound and not can_hear:
+            why = "the projector loaded has no audio encoder"
         elif have and ref.get("sha256") in have:
             images.append(have[ref["sha256"]])
             continue
@@ -259,7 +300,7 @@ def restore_images(messages: list[dict[str, str]], refs: Sequence[Mapping[str, A
             why = "the saved session does not say where it was read from"
         else:
             try:
-                im = read_image(str(ref["path"]))
+                im = read_audio(str(ref["path"])) if sound else read_image(str(ref["path"]))
             except InputError as exc:
                 why = str(exc)
             else:
@@ -269,7 +310,7 @@ def restore_images(messages: list[dict[str, str]], refs: Sequence[Mapping[str, A
                     images.append(im)
                     continue
         images.append(None)
-        notes.append(f"image {printable(name)} is not in the chat again: {printable(why)}")
+        notes.append(f"{'audio' if sound else 'image'} {printable(name)} is not in the chat again: {printable(why)}")
     out: list[dict[str, str]] = []
     k = 0
     for m in messages:
@@ -280,7 +321,8 @@ def restore_images(messages: list[dict[str, str]], refs: Sequence[Mapping[str, A
             for part in parts[1:]:
                 had = images[k] if k < len(images) else None
                 ref = refs[k] if k < len(refs) else {}
-                rebuilt += (MARKER if had is not None else f"[image {ref.get('name') or 'image'}: not available]") + part
+                kind = "audio" if ref.get("kind") == "audio" else "image"
+                rebuilt += (MARKER if had is not None else f"[{kind} {ref.get('name') or kind}: not available]") + part
                 k += 1
             m = {**m, "content": rebuilt}
         out.append(m)
@@ -291,7 +333,7 @@ def restore_images(messages: list[dict[str, str]], refs: Sequence[Mapping[str, A
 @dataclass(frozen=True)
 class Count:
     """The next message's tokens before it is sent (typed text, files, images,
-    and the history the cache does not hold), and whether it fits."""
+    clips, and the history the cache does not hold), and whether it fits."""
 
     key: tuple  # what it was counted for (the box's text, the chips, the chat's state)
     new_tokens: int
@@ -301,13 +343,15 @@ class Count:
     line: str | None  # it does not fit: the one line to refuse it with
     fix: tuple[int, str] | None  # the context and KV cache type that would hold it on this device
     text_tokens: int = -1  # a typed message's own tokens, where its template's wrapping was estimated (learnt from the reply); -1: exact
+    audio_chunks: int = 0  # 30 s chunks of sound not yet encoded (the clips' own encode in the forecast, apart from images)
 
 
 def count(chat: Any, key: tuple, msg: dict[str, str], chips: Sequence[Pending], *, tokens_per_image: int | None, reply: int,
           max_ctx_by_kv_type: Mapping[str, int] | None, trained_ctx: int | None, images: int | None = None,
-          wrap: int = 0) -> Count:
-    """``msg`` (with ``chips``' images, or ``images`` pictures) counted against
-    ``chat``, on the engine thread; each image counts the projector's tokens.
+          wrap: int = 0, audio: AudioInfo | None = None) -> Count:
+    """``msg`` (with ``chips``' images and clips, or ``images`` pictures) counted against
+    ``chat``, on the engine thread; each image counts the projector's tokens, each
+    clip its chunks' (``audio``: the projector's audio encoder).
     With files or images, exact as the session tokenizes it (the template
     rendered, its wrapping included: ``forecast.new_tokens``), and checked
     against the context. Typed text alone is what a keystroke costs: its own
@@ -316,7 +360,9 @@ def count(chat: Any, key: tuple, msg: dict[str, str], chips: Sequence[Pending], 
     engine = chat.backend
     n_img = images if images is not None else sum(1 for c in chips if c.image is not None)
     cached = chat.context_used
-    history_images = len(chat.images) if not cached else 0
+    history = [] if cached else list(chat.images)
+    clips = [c.audio for c in chips if c.audio is not None] + [m for m in history if isinstance(m, AudioClip)]
+    history_images = len(history) - sum(1 for m in history if isinstance(m, AudioClip))
     text_tokens = -1
     if chat.completion:
         text = msg["content"] if cached else "".join(m["content"] for m in chat.messages) + msg["content"]
@@ -332,6 +378,8 @@ def count(chat: Any, key: tuple, msg: dict[str, str], chips: Sequence[Pending], 
             n += sum(len(engine.tokenize(m["content"], add_special=False, parse_special=False)) + wrap for m in chat.messages)
     per = tokens_per_image or 0
     n += (n_img + history_images) * per
+    clip_tokens = [audio.tokens(c.seconds) if audio is not None else None for c in clips]
+    n += sum(t or 0 for t in clip_tokens)
     room = line = fix = None
     if chips:
         room = Room(n, cached, reply, chat.n_ctx)
@@ -339,5 +387,6 @@ def count(chat: Any, key: tuple, msg: dict[str, str], chips: Sequence[Pending], 
         names = ", ".join(printable(c.name) for c in chips[:3]) + (f" and {len(chips) - 3} more" if len(chips) > 3 else "")
         line = check(room, table, trained_ctx=trained_ctx, what=f"the message with {names}")
         fix = suggestion(room.needed, table, trained_ctx=trained_ctx) if line else None
-    return Count(key, n, n_img + history_images, tokens_per_image is not None or not (n_img + history_images), room, line, fix,
-                 text_tokens if cached else -1)
+    known = (tokens_per_image is not None or not (n_img + history_images)) and None not in clip_tokens
+    chunks = sum(audio.chunks(c.seconds) for c in clips) if audio is not None else len(clips)
+    return Count(key, n, n_img + history_images, known, room, line, fix, text_tokens if cached else -1, chunks)

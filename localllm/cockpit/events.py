@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localllm.engine_api import GenerationStats
+from localllm.engine_api import GenerationStats, SpecStats
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class ReplyEnded:
     stats: GenerationStats | None
     stopped: bool
     error: str | None
+    spec: SpecStats | None = None  # draftless speculation's count (None: it did not run)
 
 
 @dataclass(frozen=True)

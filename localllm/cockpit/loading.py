@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localllm import runtime
+from localllm import runtime, speculation
+from localllm.audio.projector import describe_audio
+from localllm.audio.sound import AudioClip
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession, prompt_cache_path
 from localllm.cockpit.attachments import restore_images
@@ -67,7 +69,7 @@ class LoadRequest:
     gpu_bandwidth: float | None = None
     # a vision model's projector: (--mmproj, the model it was given for, --no-mmproj), decided on the engine thread
     mmproj: tuple[Path | None, Path | None, bool] = (None, None, False)
-    images: Mapping[str, RGBImage] | None = None  # the conversation's images at hand (by sha256: a reload with other settings)
+    images: Mapping[str, RGBImage | AudioClip] | None = None  # the conversation's images at hand (by sha256: a reload with other settings)
     image_refs: list[dict[str, Any]] | None = None  # where each of the conversation's images was read from, in marker order
     hardware: Hardware | None = None  # the machine the fit is for
     rpc: tuple[Endpoint, ...] = ()  # workers whose devices join the local ones (--rpc)
@@ -92,7 +94,7 @@ class LoadResult:
     projector: ProjectorInfo | None = None  # the vision projector loaded with it, or None
     notes: list[str] = field(default_factory=list)  # lines for the log: a projector not loaded, an image not read again
     messages: list[dict[str, str]] | None = None  # the conversation, its lost images' markers replaced
-    images: list[RGBImage] = field(default_factory=list)  # its images, in marker order
+    images: list[RGBImage | AudioClip] = field(default_factory=list)  # its images and clips, in marker order
 
     def __post_init__(self) -> None:
         if self.messages is None:
@@ -131,7 +133,8 @@ def choose_config(req: LoadRequest, projector: Path | None = None) -> tuple[runt
     # llama.cpp's dry run referees the compute figure where the replay does not cover the model;
     # does not fit (the model, or its projector beside it): one line, before the model loaded now is closed
     request = runtime.LoadRequest(model=req.path, options=s.load_options(), hardware=hw, rpc=req.rpc,
-                                  lora=tuple(s.adapter_specs()), projector=projector, projector_optional=True)
+                                  lora=tuple(s.adapter_specs()), projector=projector, projector_optional=True,
+                                  n_outputs=speculation.rows(s.speculate))  # rows of logits for draftless speculation's drafts
     planned = runtime.plan(request).check()
     fit = planned.fit
     shape = planner.ModelShape.from_header(planned.header)
@@ -169,6 +172,10 @@ def projector_note(path: Path, info: ProjectorInfo | None, error: Exception | No
         return f"this engine takes no images: the projector {shown(path)} is not loaded"
     if info is None:
         return f"the projector {shown(path)} was not loaded: {reason(error) if error is not None else 'n/a'} · text only"
+    if not info.has_vision:  # an audio model's: what a clip costs instead of a picture
+        audio = describe_audio(read_header(path))
+        per = f"{audio.tokens_per_chunk} tokens each 30 s of sound" if audio is not None and audio.tokens_per_chunk else "tokens n/a"
+        return f"audio: projector {shown(path)} ({printable(info.projector_type)}, {per}) · Ctrl+F attaches a sound file"
     size = f"{info.image_size} px" if info.image_size else "n/a"
     tokens = f"{info.tokens_per_image} tokens an image" if info.tokens_per_image is not None else "tokens by picture size"
     return f"vision: projector {shown(path)} ({printable(info.projector_type)}, images at {size}, {tokens}) · Ctrl+F attaches"
@@ -211,9 +218,10 @@ def load(req: LoadRequest, backend_factory: Callable[[], Engine]) -> LoadResult:
     info = loaded.projector
     if projector is not None:
         notes.append(projector_note(projector, info, loaded.projector_error))
-    messages, images = req.messages, list[RGBImage]()
+    messages, images = req.messages, list[RGBImage | AudioClip]()
     if messages and any(MARKER in m["content"] for m in messages):  # the conversation's images, read again where not at hand
-        messages, images, lost = restore_images(messages, req.image_refs or [], can_see=info is not None, have=req.images or {})
+        messages, images, lost = restore_images(messages, req.image_refs or [], can_see=info is not None, have=req.images or {},
+                                                can_hear=info is not None and info.has_audio)
         notes += lost
     return LoadResult(req, backend=loaded.engine, config=loaded.config, note=note, footprint=fp, bandwidth=bandwidth,
                       gpu_bandwidth=gpu_bandwidth, memory_check=loaded.memory_check, projector=info, notes=notes,
@@ -231,6 +239,7 @@ def new_chat(backend: Engine, config: LoadConfig, model: Path, s: Settings, mess
         system_prompt=system,
         sampling=s.sampling(),
         sliding_window=s.sliding_window,
+        thinking=s.thinking,
         keep_override=s.n_keep,
         completion=completion,
         prompt_cache=prompt_cache_path(model, system, config.type_k, config.type_v, config.swa_full) if system else None,

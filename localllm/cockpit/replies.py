@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from localllm.audio.sound import AudioClip
 from localllm.chat.session import ChatSession
 from localllm.cockpit.events import ReplyEnded, Tokens
 from localllm.cockpit.loading import Footprint
@@ -54,7 +55,7 @@ class Batcher:
             self._pieces, self._stamps = [], []
 
 
-def generate(chat: ChatSession, message: dict[str, str], submitted_ns: int, images: list[RGBImage] | None,
+def generate(chat: ChatSession, message: dict[str, str], submitted_ns: int, images: list[RGBImage | AudioClip] | None,
              stop: threading.Event, emit: Callable[[object], None]) -> None:
     """The reply to ``message`` on the engine thread. TTFT runs from Enter
     (``submitted_ns``) to the first token that prints text, on the same clock
@@ -79,7 +80,7 @@ def generate(chat: ChatSession, message: dict[str, str], submitted_ns: int, imag
             reply.close()  # ends the generation now and records the turn
     batch.flush()
     stats = reply.stats if reply is not None and error is None else None
-    emit(ReplyEnded(stats, stopped, error))
+    emit(ReplyEnded(stats, stopped, error, reply.spec if reply is not None else None))
 
 
 def ceiling(s: GenerationStats, fp: Footprint | None, bandwidth: float | None, gpu_bandwidth: float | None, info: Any) -> float | None:

@@ -1,6 +1,6 @@
 """The cockpit's conversation on disk: saved after each message and reply, and
-its KV cache kept as it is left (a conversation with images reopens without
-encoding them again).
+its KV cache kept as it is left (a conversation reopens without being read
+again, nor its images encoded again; ``chat.resume``).
 
 A save is two fsyncs, which a slow disk can hold for longer than a frame: saves
 run on one disk thread (``Saver``), in the order they were made. A failed one
@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from localllm.audio.sound import AudioClip
 from localllm.chat import resume, sessions
 from localllm.chat.session import ChatSession
 from localllm.cockpit.events import Resumed, SaveState
@@ -59,8 +60,8 @@ class Saver:
             self.emit(SaveState(error))
 
 
-def updated(saved: sessions.SavedSession | None, chat: ChatSession, model: str, settings: Settings, refs: Callable[[list[RGBImage]], Any],
-            extra_user: dict[str, str] | None = None, images: Sequence[RGBImage] = ()) -> sessions.SavedSession:
+def updated(saved: sessions.SavedSession | None, chat: ChatSession, model: str, settings: Settings, refs: Callable[[list[RGBImage | AudioClip]], Any],
+            extra_user: dict[str, str] | None = None, images: Sequence[RGBImage | AudioClip] = ()) -> sessions.SavedSession:
     """``saved`` (a new session if None) holding the chat: with the user's message
     (``extra_user``, with ``images``) not sent yet, if given. Images are kept as
     their paths and the sha256 of their pixels (``refs``), never as pixels."""
@@ -81,16 +82,13 @@ def updated(saved: sessions.SavedSession | None, chat: ChatSession, model: str, 
 
 def keep_kv(chat: ChatSession, saved: sessions.SavedSession) -> bool:
     """Engine thread: keep a conversation's KV cache beside its saved session
-    (``chat.resume``), so reopening it encodes no image again; True when kept
-    (``saved.kv`` then marks it). A failed write only loses that saving."""
+    within the disk budget (``sessions.keep_kv``), so reopening it reads nothing
+    again; True when kept (``saved.kv`` then marks it). A failed write, or a bad
+    budget in the config file, only loses that saving."""
     try:
-        mark = resume.keep(chat, sessions.state_path(saved.id))
+        return sessions.keep_kv(chat, saved)
     except (OSError, LocalLLMError):
-        mark = None
-    if mark is None:
         return False
-    saved.kv = mark
-    return True
 
 
 def resume_kv(chat: ChatSession, saved: sessions.SavedSession) -> Resumed:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from localllm.audio.projector import AudioInfo
+from localllm.audio.sound import AudioClip
 from localllm.chat import sessions
 from localllm.chat.session import ChatSession
 from localllm.cockpit import loading, replies, saving
@@ -24,6 +26,8 @@ from localllm.cockpit.engine_thread import EngineThread
 from localllm.cockpit.events import EngineLost, Progress
 from localllm.cockpit.loading import Footprint, LoadRequest, LoadResult
 from localllm.cockpit.settings import Settings
+from localllm.compaction import KEEP_TURNS, compactable, should_compact
+from localllm.compaction.conversation import Compaction, compact
 from localllm.engine_api import Engine, GenerationStats, LoadConfig
 from localllm.forecast import Forecaster, reply_room
 from localllm.measure.starved import StarveWatch, advice, busiest_process
@@ -62,6 +66,7 @@ class CockpitSession:
         self.mmproj_model: Path | None = None  # the model it goes with
         self.no_mmproj = False
         self.projector_info: ProjectorInfo | None = None  # the projector loaded with the model, or None (text only)
+        self.audio_info: AudioInfo | None = None  # its audio encoder (a clip's tokens), or None: no audio taken
         self.forecaster = Forecaster()  # this model's measured prefills and encodes (new at each load)
         self.wrap: list[int] = []  # what the template added to a typed message's tokens, measured on the last turns
         self.image_refs: dict[str, dict[str, Any]] = {}  # each attached picture's path and pixels' sha256, by sha256
@@ -69,6 +74,7 @@ class CockpitSession:
         self.saver = saving.Saver(lambda event: self.emit(event))
         self._starve = StarveWatch()  # each model's best decode rate here, for the starved-decode advice
         self._progress_ns = 0  # the last prefill progress told (engine thread)
+        self.compacted: Compaction | None = None  # the last compaction of the loaded model's chat, for the figures
 
     # -- loading ------------------------------------------------------------------------
     def request(self, path: Path | None = None, settings: Settings | None = None, *, messages: list[dict[str, str]] | None = None,
@@ -102,8 +108,10 @@ class CockpitSession:
         self.memory_check = res.memory_check
         self.model_path, self.settings, self.load_config = req.path, req.settings, res.config
         self.forecaster = Forecaster()  # another model, or other settings: other rates
+        self.compacted = None
         self.wrap = []
         self.projector_info = res.projector
+        self.audio_info = getattr(getattr(self.backend, "projector", None), "audio_info", None)  # the llama.cpp engine's loaded projector
         if hasattr(self.backend, "prefill_progress"):  # an engine that says how far a prompt's read has got
             self.backend.prefill_progress = self._prefill_progress  # type: ignore[union-attr]
         if req.redraw:
@@ -119,7 +127,7 @@ class CockpitSession:
         self.chat = chat
         chat.images = list(res.images)
         saved = res.request.saved
-        if saved is not None and saved.kv is not None and chat.images:
+        if saved is not None and saved.kv is not None:
             self.engine.submit(self._resume_kv, chat, saved)
         for im in res.images:  # where each came from, for the next save
             ref = next((r for r in res.request.image_refs or [] if r.get("sha256") == im.sha256), None)
@@ -148,7 +156,7 @@ class CockpitSession:
         if chat is None or config is None:
             return None
         kw: dict[str, Any] = dict(tokens_per_image=self.projector_info.tokens_per_image if self.projector_info is not None else None,
-                  reply=reply_room(self.settings.max_tokens, chat.n_ctx or config.n_ctx), images=images,
+                  reply=reply_room(self.settings.max_tokens, chat.n_ctx or config.n_ctx), images=images, audio=self.audio_info,
                   wrap=sorted(self.wrap)[len(self.wrap) // 2] if self.wrap else 0,
                   max_ctx_by_kv_type=fp.max_ctx_by_kv_type if fp is not None else None,
                   trained_ctx=fp.trained_ctx if fp is not None else None)
@@ -183,8 +191,25 @@ class CockpitSession:
         self._progress_ns = now
         self.emit(Progress(done, total, now))
 
+    # -- compaction ---------------------------------------------------------------------
+    def compaction_due(self) -> bool:
+        """After a reply: the context has reached the settings' fraction (``compact_at``)
+        and there are turns before the kept ones to summarize (else the sliding window goes on alone)."""
+        chat = self.chat
+        return (chat is not None and not chat.completion and should_compact(chat.context_used, chat.n_ctx, self.settings.compact_at)
+                and compactable(chat.messages, KEEP_TURNS))
+
+    def compact(self, chat: ChatSession) -> Compaction | None:
+        """``chat``'s older turns summarized by the model on the engine thread, waited
+        for (call it off the UI thread); None when there was nothing to summarize.
+        Raises what stopped it (the conversation is then as it was)."""
+        result = self.engine.run(compact, chat)
+        if result is not None:
+            self.compacted = result
+        return result
+
     # -- replies ------------------------------------------------------------------------
-    def generate(self, chat: ChatSession, message: dict[str, str], images: list[RGBImage], submitted_ns: int,
+    def generate(self, chat: ChatSession, message: dict[str, str], images: list[RGBImage | AudioClip], submitted_ns: int,
                  stop: threading.Event) -> None:
         """The reply to ``message`` on the engine thread (``replies.generate``), waited for: call it off the UI thread."""
         self._progress_ns = 0
@@ -193,7 +218,8 @@ class CockpitSession:
     def observe(self, s: GenerationStats, sent: Count | None) -> None:
         """A reply's prefill (and encode) join the forecaster's measurements, and
         the template's turn markers join what a typed message is counted with."""
-        self.forecaster.observe_stats(s)
+        audio = None if sent is None or sent.images and sent.audio_chunks else bool(sent.audio_chunks)  # both: the encode cannot be split
+        self.forecaster.observe_stats(s, audio=audio)
         if sent is not None and sent.text_tokens >= 0 and not s.images and not s.context_shifts and s.prompt_tokens >= sent.text_tokens:
             self.wrap = [*self.wrap[-7:], s.prompt_tokens - sent.text_tokens]
 
@@ -221,11 +247,12 @@ class CockpitSession:
         return ctl.short("token") if ctl is not None else "threads n/a"
 
     # -- saving ---------------------------------------------------------------------------
-    def refs(self, images: Sequence[RGBImage]) -> list[dict[str, Any]]:
+    def refs(self, images: Sequence[RGBImage | AudioClip]) -> list[dict[str, Any]]:
         """The images as a saved session keeps them: path and pixels' sha256 (a name only, where it is not known)."""
-        return [dict(self.image_refs.get(im.sha256) or {"name": im.name}) for im in images]
+        return [dict(self.image_refs.get(im.sha256) or {"name": im.name, **({"kind": "audio"} if isinstance(im, AudioClip) else {})})
+                for im in images]
 
-    def persist(self, extra_user: dict[str, str] | None = None, images: Sequence[RGBImage] = ()) -> None:
+    def persist(self, extra_user: dict[str, str] | None = None, images: Sequence[RGBImage | AudioClip] = ()) -> None:
         """Save the chat: after the user's message (``extra_user``, with ``images``), and after each reply."""
         if self.chat is None:
             return
@@ -240,12 +267,12 @@ class CockpitSession:
         self.saver.wait()
 
     def leave(self) -> Any:
-        """The conversation is left (a new chat, another session, quit): with images,
-        its KV cache is kept beside its saved session, on the engine thread. The future of that."""
+        """The conversation is left (a new chat, another session, quit): its KV cache
+        is kept beside its saved session, on the engine thread. The future of that."""
         return self.engine.submit(self._keep_kv, self.chat, self.saved)
 
     def _keep_kv(self, chat: ChatSession | None, saved: sessions.SavedSession | None) -> None:
-        if chat is None or saved is None or not chat.images or self.backend is None:
+        if chat is None or saved is None or self.backend is None:
             return
         if saving.keep_kv(chat, saved):
             self.saver.save(saved)

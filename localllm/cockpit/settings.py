@@ -6,19 +6,21 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from localllm.compaction import COCKPIT_AT
 from localllm.engine_api import SamplingConfig
 from localllm.engine_api.llama_rules import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from localllm.modelfile.lora import AdapterSpec, read_adapter
 from localllm.plan import fitting
+from localllm.speculation import MODES
 
 RELOAD_FIELDS = ("n_ctx", "type_k", "type_v", "n_gpu_layers", "threads", "swa_full", "flash_attn", "n_batch", "n_ubatch", "policy",
-                 "n_cpu_moe", "lora")
+                 "n_cpu_moe", "lora", "speculate")
 POLICIES = ("ctx", "offload")
 # Text fields whose value must be one of these (a hand-edited session file
 # must not reach llama.cpp with a value it does not know).
-_CHOICES = {"type_k": KV_CACHE_TYPES, "type_v": KV_CACHE_TYPES, "flash_attn": FLASH_ATTN_MODES, "policy": POLICIES}
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed")
-_WHOLE = ("top_k", "max_tokens", "seed")
+_CHOICES = {"type_k": KV_CACHE_TYPES, "type_v": KV_CACHE_TYPES, "flash_attn": FLASH_ATTN_MODES, "policy": POLICIES, "speculate": MODES}
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed", "reasoning_budget")
+_WHOLE = ("top_k", "max_tokens", "seed", "reasoning_budget")
 _SAMPLING = SamplingConfig()  # the one set of defaults run, chat and serve use too
 
 
@@ -30,6 +32,9 @@ class Settings:
     type_k: str = "f16"
     type_v: str = "f16"
     sliding_window: bool = True
+    # the older turns summarized by the model at this fraction of the context (localllm.compaction), before the
+    # window has to slide; None: off (the sliding window alone). On by default: a summary keeps what a shift would drop
+    compact_at: float | None = COCKPIT_AT
     n_keep: int | None = None  # None: keep the system prompt
     n_gpu_layers: int | None = None  # None: auto-fit to the budget
     threads: int | None = None
@@ -46,6 +51,9 @@ class Settings:
     repeat_penalty: float = _SAMPLING.repeat_penalty
     max_tokens: int = _SAMPLING.max_tokens
     seed: int | None = _SAMPLING.seed
+    reasoning_budget: int = _SAMPLING.reasoning_budget  # tokens of thinking before its end is forced; -1 unlimited, 0 none
+    thinking: bool = True  # the template's enable_thinking: a thinking model thinks (the settings' toggle; tui --reasoning)
+    speculate: str = "auto"  # draftless speculation (localllm.speculation): auto, lookup, none (tui --speculate; none loads no draft rows)
     system_prompt: str = "You are a helpful assistant."
     # LoRA adapters (--lora, --lora-scaled): (path, scale) by id. Given on the command line only:
     # a saved session's list (JSON makes it a list, not a tuple) is not taken back.
@@ -67,6 +75,8 @@ class Settings:
             if f.name in SAMPLING_FIELDS:
                 typed = type(v) is int or (type(v) is float and f.name not in _WHOLE) or (v is None and f.name == "seed")
                 ok = typed and replace(_SAMPLING, **{f.name: v}).problem() is None
+            elif f.name == "compact_at":
+                ok = v is None or (type(v) in (int, float) and 0 < v <= 1)
             elif f.name == "n_ctx":
                 ok = v is None or (type(v) is int and v >= 1)
             elif f.name in ("n_keep", "n_gpu_layers", "threads", "n_cpu_moe"):
@@ -78,12 +88,12 @@ class Settings:
             else:
                 ok = type(v) is type(want) and (f.name not in _CHOICES or v in _CHOICES[f.name])
             if ok:
-                kept[f.name] = float(v) if type(want) is float else v
+                kept[f.name] = float(v) if type(want) is float and v is not None else v
         return cls(**kept)
 
     def sampling(self) -> SamplingConfig:
         """How the chat samples with these settings."""
-        return SamplingConfig(**{name: getattr(self, name) for name in SAMPLING_FIELDS})
+        return SamplingConfig(**{name: getattr(self, name) for name in SAMPLING_FIELDS}, speculate=self.speculate)
 
     def needs_reload(self, other: Settings) -> bool:
         return any(getattr(self, f) != getattr(other, f) for f in RELOAD_FIELDS)

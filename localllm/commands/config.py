@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     servers = table.get("mcp", {}).get("servers") or {}  # checked by tokens() above
     if servers:
         print(f"  MCP servers (chat --tools, localllm mcp list): {fmt.safe(', '.join(servers))}")
-    if not flags and not servers:
+    budget = table.get("sessions", {}).get("kv-budget")  # checked by tokens() above (chat.kept)
+    if budget is not None:
+        print(f"  saved sessions' KV state budget (list --sessions): {fmt.safe(str(budget))}")
+    if not flags and not servers and budget is None:
         print("  (sets nothing)")
     return 0

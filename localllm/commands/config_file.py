@@ -9,7 +9,8 @@ flag it names, inserted before the command line's own, so a flag typed wins
 and every value goes through the same checks as a typed one. The file is
 untrusted: bad TOML, an unknown key or a bad value is one line naming the file
 and the key, exit 2. ``[mcp.servers.NAME]`` tables are MCP servers, checked by
-``localllm.mcp.config``. A model table's ``tuned`` key is ``localllm tune``'s
+``localllm.mcp.config``; ``[sessions]``, the saved sessions' KV budget, by
+``localllm.chat.kept``. A model table's ``tuned`` key is ``localllm tune``'s
 record of the settings it wrote there (``localllm.tune.section``): checked,
 never a flag.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm import paths
+from localllm.chat import kept
 from localllm.errors import UsageError
 from localllm.mcp import config as mcp_config
 from localllm.tune import section
@@ -58,6 +60,8 @@ def tokens(table: dict[str, Any], command: str, subparsers: dict[str, argparse.A
             _check_models(value, known, path)
         elif key == mcp_config.TABLE:  # [mcp.servers.NAME]: MCP servers (localllm.mcp), not flags
             mcp_config.parse_settings(value, path)
+        elif key == kept.TABLE:  # [sessions]: the kept KV caches' disk budget (chat.kept), not flags
+            kept.parse_settings(value, path)
         elif isinstance(value, dict):
             if key not in subparsers:
                 raise UsageError(f"{path}: [{key}] is not a localllm command")

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localllm import flags
+from localllm import flags, speculation
 from localllm.commands._common import load_request, plan_load
 from localllm.errors import InputError, LocalLLMError, UsageError
 from localllm.util import fmt
@@ -133,7 +133,7 @@ def render(r, name: str) -> str:
         f"5. quantization {r.file_type} weights, {s['type_k']}/{s['type_v']} KV cache; largest context that fits by cache type: "
         + ", ".join(f"{t} {v['max_ctx']:,}" + (f" (KL {v['kl_mean']:.4f})" if v.get("kl_mean") else "") for t, v in r.kv_types.items()),
         "                 (a smaller weight quant's quality cost needs its source file: localllm quantize SOURCE --type Q4_K_M --eval)",
-        (f"   speculative  prompt lookup measured x{r.speculative_gain:.2f} tokens/s ({100 * r.speculative_acceptance:.0f}% accepted): "
+        (f"   speculative  n-gram drafts measured x{r.speculative_gain:.2f} tokens/s ({100 * (r.speculative_acceptance or 0):.0f}% accepted): "
          + ("worth it" if r.speculative_gain >= 1.05 else "not worth it here") if r.speculative_gain is not None else "   speculative  not measured"),
         f"6. engine       flash attention {s['flash_attn']}, batch {s['n_batch']}/{s['n_ubatch']}, "
         + (_layers_by_device(s['devices']) if "devices" in s else
@@ -163,8 +163,8 @@ def run(args: argparse.Namespace) -> int:
     opts = Options.from_args(args)
     path = resolver.resolve(opts.model)
     prompt = _prompt(opts)
-    # Room for 9 rows of logits, so the same context can check speculative drafts.
-    planned = plan_load(opts.load, load_request(opts.load, flags.NO_LORA, path, opts.load.ctx, n_outputs=9)).check()
+    # Rows of logits for the drafts, as run and chat load, so the same context checks speculation.
+    planned = plan_load(opts.load, load_request(opts.load, flags.NO_LORA, path, opts.load.ctx, n_outputs=speculation.rows("auto"))).check()
     fitted = planned.lp
     say = (lambda m: None) if opts.json else (lambda m: print(f"doctor: {m}", file=sys.stderr, flush=True))
     say("measuring how busy the machine is")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localllm import flags
 from localllm.util import fmt
@@ -75,19 +75,47 @@ def _ranges(idx: list[int]) -> str:
 
 
 def projector_rows(p: ProjectorInfo) -> list[tuple[str, str]]:
-    """A projector's figures (vision.projector: clip.cpp's keys and token count)."""
+    """A projector's figures (vision.projector: clip.cpp's keys and token count; audio.projector for its audio encoder)."""
     tokens = str(p.tokens_per_image) if p.tokens_per_image is not None else "n/a (depends on the picture's size)"
-    return [
+    rows = [
         ("projector", f"{p.path.name} ({p.projector_type}, {fmt.size(p.weight_bytes)})"),
-        ("image size", f"{p.image_size} px, patches of {p.patch_size} px" if p.image_size else "n/a"),
-        ("tokens per image", tokens),
-        ("projector width", f"{p.n_embd_out} (the text model's n_embd)" if p.n_embd_out else "n/a"),
+        ("takes", capabilities(p)),
     ]
+    if p.has_vision:
+        rows += [("image size", f"{p.image_size} px, patches of {p.patch_size} px" if p.image_size else "n/a"), ("tokens per image", tokens)]
+    a = audio_of(p)
+    if a is not None:
+        per = f"{a.tokens_per_chunk} tokens each 30 s" if a.tokens_per_chunk is not None else "tokens n/a"
+        rows.append(("audio encoder", f"{a.projector_type}, {a.n_mel or 'n/a'} mel bins, {per}"))
+    rows.append(("projector width", f"{p.n_embd_out} (the text model's n_embd)" if p.n_embd_out else "n/a"))
+    return rows
+
+
+def capabilities(p: ProjectorInfo | None) -> str:
+    """What a model takes besides text, in words: "images", "audio", "images and audio" (or "text only")."""
+    kinds = [k for k, on in (("images", p is not None and p.has_vision), ("audio", p is not None and p.has_audio)) if on]
+    return " and ".join(kinds) or "text only"
+
+
+def audio_of(p: ProjectorInfo) -> Any:
+    """The audio encoder's figures (audio.projector.AudioInfo), or None."""
+    if not p.has_audio:
+        return None
+    from localllm.audio.projector import describe_audio  # lazy: as run's imports, only for an audio projector
+    from localllm.modelfile.gguf_file import read_header  # lazy: as above
+
+    return describe_audio(read_header(p.path))
+
+
+def _media_json(p: ProjectorInfo | None) -> dict[str, object]:
+    a = audio_of(p) if p is not None else None
+    return {"capabilities": {"vision": bool(p and p.has_vision), "audio": bool(p and p.has_audio)},
+            "audio_encoder": a.to_dict() if a is not None else None}
 
 
 def _projector_only(p: ProjectorInfo, as_json: bool) -> int:
     if as_json:
-        fmt.print_json({"projector": p.to_dict()})
+        fmt.print_json({"projector": p.to_dict(), **_media_json(p)})
     else:
         rows = [("path", str(p.path)), *projector_rows(p), ("note", "a projector (mmproj) is not a model: run the text model with --mmproj this file")]
         width = max(len(k) for k, _ in rows)
@@ -120,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
             info = replace(inspect_model(stub), path=f"{remote.label} (not downloaded: its header read from the Hub, nothing stored)")
         tool_format = ""
     if opts.json:
-        fmt.print_json({**info.to_dict(), "tool_call_format": tool_format or None, "projector": proj.to_dict() if proj is not None else None})
+        fmt.print_json({**info.to_dict(), "tool_call_format": tool_format or None, "projector": proj.to_dict() if proj is not None else None,
+                        **_media_json(proj)})
     else:
         print(render(info, tool_format))
         if proj is not None:

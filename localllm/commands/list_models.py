@@ -1,5 +1,6 @@
 """``localllm list``: every model localllm can name, read from its header, judged
-against the GPU budget; ``--catalog``: the curated 4-6 GB list."""
+against the GPU budget; ``--catalog``: the curated 4-6 GB list; ``--sessions``:
+the saved chat sessions and their kept KV state (``list_sessions``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from localllm import flags
-from localllm.errors import LocalLLMError
+from localllm.errors import LocalLLMError, UsageError
 from localllm.util import fmt
 from localllm.util.units import Size
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 def register(sub: Subparsers) -> None:
     p = sub.add_parser("list", help="models here: pulled, Hugging Face cache, LM Studio, Ollama, added; and whether each fits")
     p.add_argument("--catalog", action="store_true", help="the curated list of models for 4-6 GiB GPUs, with the planner's verdicts")
+    p.add_argument("--sessions", action="store_true", help="saved chat sessions, each with its kept KV state, against the disk budget")
     p.add_argument("--vram", type=flags.size, default=None, metavar="SIZE", help="judge fit against this GPU budget (default: detected)")
     p.add_argument("--json", action="store_true", help="a JSON list")
 
@@ -28,10 +30,11 @@ class Options:
     catalog: bool
     vram: Size | None
     json: bool
+    sessions: bool = False
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Options:
-        return cls(catalog=ns.catalog, vram=ns.vram, json=ns.json)
+        return cls(catalog=ns.catalog, vram=ns.vram, json=ns.json, sessions=ns.sessions)
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Row:
     fit: str  # the verdict in words, or why the file could not be read
     repo: str | None
     projector: str | None = None  # a vision model: the projector beside it (vision.projector.beside)
+    media: str | None = None  # what that projector takes: "vision", "audio" or "vision, audio"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,7 +82,7 @@ def rows(hw: Any) -> list[Row]:
             near = _projector(e.path, header)
             out.append(
                 Row(e.name, e.source, e.owner, str(e.path), info.architecture, info.file_type, info.size_bytes, info.context_length, v.full_gpu, v.text, e.repo,
-                    str(near) if near is not None else None)
+                    str(near) if near is not None else None, _media(near))
             )
         except LocalLLMError as exc:
             out.append(Row(e.name, e.source, e.owner, str(e.path), None, e.quant, None, None, False, f"unreadable: {exc}", e.repo))
@@ -100,6 +104,19 @@ def _projector(path: Any, header: Any) -> Any:
     return near
 
 
+def _media(near: Any) -> str | None:
+    """What the projector ``near`` takes besides text (its header's encoders), or None."""
+    if near is None:
+        return None
+    from localllm.vision.projector import read_projector  # lazy: as in _projector
+
+    try:
+        p = read_projector(near)
+    except LocalLLMError:
+        return None
+    return ", ".join(k for k, on in (("vision", p.has_vision), ("audio", p.has_audio)) if on) or None
+
+
 MIN_PATH = 20  # narrower than this, each path goes on a line of its own under its row
 WIDE = 100  # below this many columns the source and architecture columns are left out (--json has them)
 
@@ -115,7 +132,7 @@ def render(table: list[Row], budget_note: str, columns: int | None = None) -> st
     head = ("NAME", *(("SOURCE", "ARCH") if wide else ()), "QUANT", "SIZE", "CTX", "FITS " + budget_note)
     body = [
         (
-            r.name + (" (vision)" if r.projector else ""),
+            r.name + (f" ({r.media or 'vision'})" if r.projector else ""),
             *((r.source, r.architecture or "-") if wide else ()),
             r.quant or "-",
             fmt.size(r.size_bytes) if r.size_bytes else "-",
@@ -136,6 +153,12 @@ def render(table: list[Row], budget_note: str, columns: int | None = None) -> st
 
 def run(args: argparse.Namespace) -> int:
     opts = Options.from_args(args)
+    if opts.sessions:
+        if opts.catalog:
+            raise UsageError("list shows --catalog or --sessions, not both: give one")
+        from localllm.commands import list_sessions  # lazy: the saved sessions' store (~11 ms), which --help does not need
+
+        return list_sessions.run(as_json=opts.json)
     if opts.catalog:
         # lazy: loads gguf, numpy (~142 ms here), which list_models does not load at import
         from localllm.commands import list_catalog

@@ -279,6 +279,15 @@ def _predicted(opts: Options, f: Fitted, path: Path) -> Prediction | None:
                    threads=opts.load.threads or physical_cores())
 
 
+def _audio_compute(proj: Path) -> int | None:
+    """The projector's audio encoder's compute buffer, estimated from its header (None: none, or not known)."""
+    from localllm.audio.projector import describe_audio  # lazy: as in render
+    from localllm.modelfile.gguf_file import read_header  # lazy: as in render
+
+    audio = describe_audio(read_header(proj))
+    return audio.compute_estimate() if audio is not None else None
+
+
 def _plan(opts: Options, path: Path, remote: names.Remote | None) -> int:
     from localllm.commands import vision_cli  # lazy: as in render
     from localllm.modelfile.model_info import inspect_model  # lazy: as in render
@@ -290,7 +299,7 @@ def _plan(opts: Options, path: Path, remote: names.Remote | None) -> int:
     f = fit_config(opts, path, opts.load.ctx)
     predicted = _predicted(opts, f, path)
     info = inspect_model(path)
-    mem, free = choice.room(f.fit, proj) if proj is not None else (None, None)
+    mem, free = choice.room(f.fit, proj, _audio_compute(proj)) if proj is not None else (None, None)
     serve = served(opts, path, f)
     if opts.json:
         d = as_dict(f, info, predicted, remote, default_ctx=opts.load.ctx is None)

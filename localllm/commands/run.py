@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localllm import flags
+from localllm import flags, speculation
 from localllm.commands._common import load_request, model_path, plan_load, say
 from localllm.errors import UsageError
 from localllm.util import fmt
@@ -36,13 +37,13 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-generation token (as llama.cpp's --ignore-eos; with -n N)")
     flags.add_template(p)
     p.add_argument("--no-stats", action="store_true", help="do not print the stats block")
-    p.add_argument("--speculate", choices=("lookup", "draft"), default=None, help="speculative decoding (greedy, --temp 0): prompt lookup, or a --draft model")
+    flags.add_speculate(p, draft=True)
     p.add_argument("--draft", default=None, metavar="MODEL", help="the draft model for --speculate draft (same vocabulary)")
     p.add_argument("--draft-k", type=flags.int_at_least(1, "--draft-k", 64), default=8, metavar="N", help="tokens drafted per step (default: 8)")
     flags.add_load_options(p)
     flags.add_lora(p)
     p.add_argument("--json", action="store_true", help="one JSON object with the text and the stats")
-    flags.add_vision(p, image=True)
+    flags.add_vision(p, image=True, audio=True)
     flags.add_tools(p)
 
 
@@ -57,7 +58,7 @@ class Options:
     ignore_eos: bool
     template: str | None
     no_stats: bool
-    speculate: str | None
+    speculate: str  # auto, lookup, none, draft (--speculate)
     draft: str | None
     draft_k: int
     load: flags.Load
@@ -93,7 +94,9 @@ def read_prompt(opts: Options) -> str:
     return prompt
 
 
-def stats_block(s: GenerationStats) -> str:
+def stats_block(s: GenerationStats, media: Sequence[object] = ()) -> str:
+    from localllm.commands import audio_cli  # lazy: the audio readers, only once a reply is done
+
     rows = [
         ("load duration", fmt.ms(s.load_ms)),
         ("prompt eval count", f"{s.prompt_tokens} token(s)"),
@@ -102,7 +105,8 @@ def stats_block(s: GenerationStats) -> str:
         ("eval count", f"{s.generated_tokens} token(s)"),
         ("eval duration", fmt.ms(s.decode_ms)),
         ("eval rate", f"{fmt.num(s.decode_tokens_per_s)} tokens/s"),
-        *([("image encode", f"{s.images} image(s), {fmt.ms(s.encode_ms)} ({fmt.num(s.images_per_s)} images/s)")] if s.images else []),
+        *([audio_row] if (audio_row := audio_cli.encode_row(s, media)) else
+          [("image encode", f"{s.images} image(s), {fmt.ms(s.encode_ms)} ({fmt.num(s.images_per_s)} images/s)")] if s.images else []),
         ("time to first token", fmt.ms(s.ttft_ms)),
         ("inter-token latency", f"p50 {fmt.ms(s.itl_ms.p50)}, p95 {fmt.ms(s.itl_ms.p95)}, max {fmt.ms(s.itl_ms.max)}"),
         ("total duration", fmt.ms(s.total_ms)),
@@ -128,7 +132,7 @@ def threads_lines(threads: dict | None) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     # lazy: the load path, the engine's API and attachments load gguf (~0.1 s), which --help (register above) does not need
     from localllm import runtime
-    from localllm.commands import files_cli, vision_cli  # lazy: as above
+    from localllm.commands import audio_cli, files_cli, vision_cli  # lazy: as above
     from localllm.plan import fitting  # lazy: as above
 
     opts = Options.from_args(args)
@@ -136,19 +140,21 @@ def run(args: argparse.Namespace) -> int:
     prompt = files_cli.compose(read_prompt(opts), attachments)
     path = model_path(opts.model, opts.pull, opts.load, opts.lora, progress=not opts.json)
     # a projector as the model, a bad image: one line before any load
-    images, mmproj = vision_cli.prepare(opts.vision, path, quiet=opts.json, alone=not (opts.speculate or opts.tools.tools))
+    images, mmproj = vision_cli.prepare(opts.vision, path, quiet=opts.json, alone=not (opts.speculate == "draft" or opts.tools.tools))
     if opts.ignore_eos and opts.sampling.n_predict < 0:
         raise UsageError("--ignore-eos needs -n N: without an end-of-generation token nothing stops the reply")
-    sampling = opts.sampling.config(ignore_eos=opts.ignore_eos)
-    if opts.speculate and opts.sampling.temp != 0:
-        raise UsageError("speculative decoding here is greedy: add --temp 0")
+    sampling = replace(opts.sampling.config(ignore_eos=opts.ignore_eos), speculate=opts.speculate if opts.speculate != "draft" else "none")
+    if opts.speculate == "draft" and opts.sampling.temp != 0:
+        raise UsageError("speculative decoding with a draft model is greedy: add --temp 0 (or leave --speculate auto: drafts from the text, any sampler)")
     if opts.speculate == "draft" and not opts.draft:
         raise UsageError("--speculate draft needs --draft MODEL (a smaller model with the same vocabulary)")
     if opts.draft and opts.speculate != "draft":
         raise UsageError("--draft goes with --speculate draft")
-    if opts.tools.tools and (opts.raw or opts.speculate):
-        raise UsageError("--tools needs the chat template and plain decoding: drop --raw and --speculate")
-    request = load_request(opts.load, opts.lora, path, opts.load.ctx, n_outputs=opts.draft_k + 1 if opts.speculate else None, projector=mmproj,
+    if opts.tools.tools and (opts.raw or opts.speculate == "draft"):
+        raise UsageError("--tools needs the chat template and no draft model: drop --raw and --speculate draft")
+    rows = opts.draft_k + 1 if opts.speculate == "draft" else speculation.rows(opts.speculate)  # rows of logits for the drafts
+    request = load_request(opts.load, opts.lora, path, opts.load.ctx, n_outputs=rows,
+                           projector=mmproj,
                            template=opts.template_spec())
     planned = plan_load(opts.load, request).check()  # does not fit (the model, or its projector beside it): one line, before the load
     fitted = planned.lp
@@ -161,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     with runtime.load(planned) as loaded:
         backend, memory_check = loaded.engine, loaded.memory_check
         if loaded.projector is not None and not opts.json:
-            say(f"vision: {vision_cli.describe(loaded.projector)}")
+            say(f"{'vision' if loaded.projector.has_vision else 'audio'}: {vision_cli.describe(loaded.projector)}")
         if opts.verbose and not opts.json:
             for line in memory_check.report_lines() if memory_check else ["memory check: n/a (llama.cpp's allocation log was not readable)"]:
                 say(line)
@@ -173,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         if opts.tools.tools:
             return _run_tools(backend, prompt, sampling, opts)
         pieces: list[str] = []
-        with (_speculative(backend, prompt, opts) if opts.speculate
+        with (_speculative(backend, prompt, opts) if opts.speculate == "draft"
               else backend.stream_images(prompt, images, sampling, chat=not opts.raw) if images
               else backend.stream(prompt, sampling, chat=not opts.raw)) as gen:
             for event in gen:
@@ -193,30 +199,29 @@ def run(args: argparse.Namespace) -> int:
                 "devices": device_table(fitted, path, backend.logged_buffers, planned.header),
                 "lora": [{"id": i, "path": str(p), "scale": sc} for i, (p, sc) in enumerate(backend.adapters)],  # --lora, by id
                 "projector": vision_cli.json_block(backend) if mmproj is not None else None,
+                "audio": audio_cli.json_block(stats, images),  # --audio's clips and their encode phase (null without)
             }
             if attachments:
                 out["attachments"] = files_cli.to_json(attachments)
-            if spec is not None:
-                out["speculative"] = {"mode": opts.speculate, "drafted": spec.drafted, "accepted": spec.accepted, "acceptance": spec.acceptance}
+            out["speculative"] = {"mode": opts.speculate, "drafted": spec.drafted, "accepted": spec.accepted,
+                                  "acceptance": spec.acceptance} if spec is not None else {"mode": opts.speculate, "drafted": None,
+                                                                                           "accepted": None, "acceptance": None}
             fmt.print_json(out)
             return 0
         sys.stdout.write("\n")
         sys.stdout.flush()
         if not opts.no_stats:
-            print("\n" + stats_block(stats), file=sys.stderr)
+            print("\n" + stats_block(stats, images), file=sys.stderr)
             if opts.verbose:
                 print("\n".join(threads_lines(stats.threads)), file=sys.stderr)
-            if spec is not None:
-                print(
-                    f"{'speculative:':<22}{opts.speculate}, {spec.accepted} of {spec.drafted} drafted tokens accepted ({100 * spec.acceptance:.0f}%)",
-                    file=sys.stderr,
-                )
+            if spec is not None and (opts.verbose or opts.speculate != "auto"):
+                print(f"{'speculative:':<22}{opts.speculate}, {speculation.line(spec.drafted, spec.accepted)}", file=sys.stderr)
     return 0
 
 
 def _speculative(backend: Engine, prompt: str, opts: Options) -> Generation:
     from localllm import runtime  # lazy: as in run
-    from localllm.chat.speculative import DraftModel, PromptLookup, generate  # lazy: as above
+    from localllm.chat.speculative import DraftModel, generate  # lazy: as above
     from localllm.engine_api import Generation  # lazy: as above
     from localllm.plan import fitting  # lazy: as above
 
@@ -225,8 +230,6 @@ def _speculative(backend: Engine, prompt: str, opts: Options) -> Generation:
     if opts.sampling.n_predict > room:
         raise UsageError(f"speculative decoding does not shift the context: raise --ctx above {backend.n_ctx + opts.sampling.n_predict - room}")
     max_tokens = opts.sampling.n_predict if opts.sampling.n_predict > 0 else room
-    if opts.speculate == "lookup":
-        return generate(backend, tokens, PromptLookup(), max_tokens=max_tokens, k=opts.draft_k)
     # the draft through the load path too: fitted to what the model left, its context kept (fewer layers on the GPU instead)
     options = fitting.LoadOptions(n_ctx=backend.n_ctx, policy="offload")
     draft = runtime.open_model(runtime.LoadRequest(model=opts.draft, options=options, n_outputs=opts.draft_k + 1,

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localllm import flags
+from localllm import flags, speculation
 from localllm.commands import serve_flags
 from localllm.commands._common import fit_request, load_request, model_path, plan_load, say
 from localllm.commands.serve_models import PerModel, preset_of
@@ -66,6 +66,7 @@ def register(sub: Subparsers) -> None:
     flags.add_lora(p)
     flags.add_vision(p, image=False)  # requests' images (serve/media.py)
     flags.add_sampling(p)  # the defaults of a request's omitted fields, as llama-server's --temp, --seed, -n ...
+    flags.add_speculate(p)
     flags.add_template(p)
     serve_flags.add(p)
     p.add_argument("--json", action="store_true", help="the request log as one JSON object per line (stderr)")
@@ -115,6 +116,7 @@ class Options:
     lora: flags.Lora
     vision: flags.Vision
     sampling: flags.Sampling
+    speculate: str
     template: str | None
     metrics: bool
     slots: bool
@@ -149,7 +151,7 @@ class Options:
             parallel=ns.parallel, api_key=ns.api_key, alias=ns.alias, timeout=ns.timeout, max_queue=ns.max_queue,
             prefill_chunk=ns.prefill_chunk, cache_ram=ns.cache_ram, embeddings=ns.embeddings, pooling=ns.pooling, rerank=ns.rerank,
             load=flags.Load.from_args(ns), lora=flags.Lora.from_args(ns), vision=flags.Vision.from_args(ns),
-            sampling=flags.Sampling.from_args(ns), template=ns.template, metrics=ns.metrics, slots=ns.slots, spm_infill=ns.spm_infill,
+            sampling=flags.Sampling.from_args(ns), speculate=ns.speculate, template=ns.template, metrics=ns.metrics, slots=ns.slots, spm_infill=ns.spm_infill,
             reasoning_format=ns.reasoning_format, reasoning=ns.reasoning, chat_template_kwargs=ns.chat_template_kwargs,
             mcp_servers_config=ns.mcp_servers_config, mcp_servers_json=ns.mcp_servers_json, slot_save_path=ns.slot_save_path,
             tools=ns.tools, media_path=ns.media_path, tags=ns.tags, verbose_replies=ns.verbose_replies, ui_mcp_proxy=ns.ui_mcp_proxy,
@@ -193,8 +195,10 @@ def run(args: argparse.Namespace) -> int:
     mmproj = None if rerank else vision_cli.projector_path(opts.vision, path)
     parallel = opts.parallel
     # --ctx is each sequence's; with none, the plan's default (fitting.for_header): the trained context for each, fitted
+    # rows of logits for each sequence's drafts (draftless speculation), none for a model that only embeds or ranks
+    draft_rows = None if rerank or opts.speculate == "none" else parallel * (speculation.rows(opts.speculate) or 1)
     request = load_request(opts.load, opts.lora, path, opts.load.ctx * parallel if opts.load.ctx else None, n_seq=parallel, serving=True,
-                           projector=mmproj, template=opts.template)
+                           projector=mmproj, template=opts.template, n_outputs=draft_rows)
     planned = plan_load(opts.load, request).check()  # does not fit (the model, or its projector beside it): one line, before listening
     fitted = planned.lp
     n_ctx_seq = fitted.config.n_ctx // parallel
@@ -232,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         options = ServeOptions(
             hosts=tuple(hosts), port=opts.port, api_key=api_key, name=name, aliases=aliases if len(aliases) > 1 else (), tags=_tags(opts.tags),
             max_queue=opts.max_queue, prefill_chunk=opts.prefill_chunk, cache_ram_mib=opts.cache_ram, embeddings_at_start=opts.embeddings,
-            pooling=opts.pooling, rerank=opts.rerank, sampling=opts.sampling.config(), reasoning=opts.reasoning,
+            pooling=opts.pooling, rerank=opts.rerank, sampling=replace(opts.sampling.config(), speculate=opts.speculate), reasoning=opts.reasoning,
             reasoning_format=opts.reasoning_format, chat_template_kwargs=opts.chat_template_kwargs, spm_infill=opts.spm_infill,
             metrics=opts.metrics, slots=opts.slots, slot_save_path=opts.slot_save_path, media_path=opts.media_path, cors=cors,
             json_log=opts.json, header_timeout=opts.timeout, mcp=mcp_hub, server_tools=server_tools, verbose=opts.verbose_replies,

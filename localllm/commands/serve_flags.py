@@ -10,6 +10,8 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
+from localllm import flags
+
 DEFAULT_PARALLEL = 4  # serve's --parallel, as llama-server's -np auto (tools/server/server.cpp: "using n_parallel = 4")
 
 # llama-server's flags that serve does not do, and why (a usage error naming the flag)
@@ -33,7 +35,6 @@ UNSUPPORTED = {
     ("--no-cont-batching", "-nocb"): "serve always batches continuously",
     ("--no-context-shift", "--context-shift", "--keep", "-k"): "serve does not shift the context: a request gets up to --ctx tokens",
     ("--no-jinja",): "chat templates are always rendered with Jinja (or a llama.cpp built-in given by --chat-template)",
-    ("--reasoning-budget",): "thinking budgets are not supported yet: --reasoning off, or a request's reasoning_effort none, turns thinking off",
     ("-sp", "--special", "--no-warmup", "--system-prompt-file"): "not supported in serve",
     ("--log-file", "--log-format", "--log-disable", "--log-colors", "--log-verbosity", "-lv"): "serve logs one line per request to stderr (--json for JSON)",
     ("--n-probs", "--defrag-thold", "-dt", "-cd", "--ctx-size-draft", "-np-draft"): "not supported in serve",
@@ -72,9 +73,7 @@ def add(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reasoning-format", choices=("auto", "deepseek", "deepseek-legacy", "none"), default="auto",
                    help="a thinking model's thinking: apart, in reasoning_content, Messages' thinking blocks and Responses' reasoning items "
                         "(auto, deepseek), also left in the text (deepseek-legacy), or left in the text only (none) (llama-server's flag)")
-    g.add_argument("-rea", "--reasoning", choices=("on", "off", "auto"), default="auto",
-                   help="whether a thinking model thinks: the template's enable_thinking (auto: where its template has a thinking format); "
-                        "a request's reasoning_effort or chat_template_kwargs can change it (llama-server's flag)")
+    flags.add_reasoning(g)
     g.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help="more variables for the chat template, as a JSON object (e.g. '{\"reasoning_effort\": \"low\"}'); "
                         "a request's chat_template_kwargs are set over them (llama-server's flag)")
@@ -107,5 +106,5 @@ def add(p: argparse.ArgumentParser) -> None:
                         "else no CORS headers at all")
     g.add_argument("--cors-origins", dest="cors", action="append", metavar="ORIGIN[,ORIGIN]",
                    help="llama-server's name for --cors, comma-separated")
-    for flags in UNSUPPORTED:
-        g.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
+    for names in UNSUPPORTED:
+        g.add_argument(*names, action=_Refuse, nargs="?", help=argparse.SUPPRESS)

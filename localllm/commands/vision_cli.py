@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localllm.audio.sound import AudioClip
+from localllm.commands import audio_cli
 from localllm.commands._common import say
 from localllm.errors import InputError, LocalLLMError, UsageError
 from localllm.vision import choice
@@ -32,16 +34,21 @@ def projector_path(vision: Vision, model: Path, *, quiet: bool = False) -> Path 
     return found
 
 
-def prepare(vision: Vision, model: Path, *, quiet: bool, alone: bool) -> tuple[list[RGBImage], Path | None]:
-    """``run``'s images (decoded, bounded) and projector, before any load; ``quiet``:
-    no notice (--json); ``alone``: neither --speculate nor --tools, which images cannot go with."""
+def prepare(vision: Vision, model: Path, *, quiet: bool, alone: bool) -> tuple[list[RGBImage | AudioClip], Path | None]:
+    """``run``'s images and sound files (decoded, bounded: pictures first, then clips, as the
+    prompt holds them) and projector, before any load; ``quiet``: no notice (--json);
+    ``alone``: neither --speculate nor --tools, which media cannot go with."""
     images = [load_image(f) for f in vision.images]
+    clips = audio_cli.load_clips(vision.audio)
     proj = projector_path(vision, model, quiet=quiet)
+    audio_cli.check(clips, images, proj, model)
     if images and proj is None:
         raise UsageError(f"--image needs a vision model: no projector beside {model.name}; pass --mmproj FILE")
     if images and not alone:
         raise UsageError("--image goes without --speculate and --tools")
-    return images, proj
+    if clips and not alone:
+        raise UsageError("--audio goes without --speculate draft and --tools")
+    return [*images, *clips], proj
 
 
 def attach(backend: Any, path: Path, *, quiet: bool = False) -> ProjectorInfo:

@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING
 
 import llama_cpp
 
+from localllm.audio.sound import AudioClip
 from localllm.engine import grammar
+from localllm.engine.budgeted import Budgeted
 from localllm.engine.checked_sampler import CheckedSampler, GrammarTooSlow
 from localllm.engine.embed import Embedder
 from localllm.engine.llamalog import ROUTER
@@ -67,6 +69,7 @@ class BatchLoadInfo:
     n_vocab: int
     prefix_reuse: bool  # whether a cached prefix can be kept or copied (not recurrent; with a sliding window, see n_swa)
     n_swa: int = 0  # the sliding window of a cache that keeps only the window's cells (0: none): a prefix is kept only while they are there
+    rows_per_seq: int = 1  # rows of logits a step may give each sequence (n_outputs_max / n_seq): above 1, room for draft tokens
 
 
 class BatchModel:
@@ -98,9 +101,9 @@ class BatchModel:
         mparams, cparams, keep = llama_params(config)  # noqa: F841  (keep: arrays that must outlive the load)
         cparams.n_seq_max = n_seq
         cparams.kv_unified = True
-        # One row of logits per sequence per step at most (a prompt chunk outputs
-        # only its last token's): the compute buffer needs no more rows.
-        cparams.n_outputs_max = n_seq
+        # One row of logits per sequence per step (a prompt chunk outputs only its last
+        # token's), or more where the load asks for draft rows (draftless speculation)
+        cparams.n_outputs_max = max(n_seq, config.n_outputs_max)
         cparams.no_perf = True
         model, ctx, load_ms = load_model_and_context(path, config, mparams, cparams)
         self.steer = Steered(ctx, controller_for(config), cparams.n_threads, cparams.n_threads_batch)
@@ -130,6 +133,8 @@ class BatchModel:
             n_vocab=self.tok.n_vocab,
             prefix_reuse=reuse,
             n_swa=swa,
+            # a cache whose last cells can be dropped again: rejected draft tokens (not a recurrent state)
+            rows_per_seq=int(cparams.n_outputs_max) // n_seq if reuse else 1,
         )
         return self.info
 
@@ -195,7 +200,7 @@ class BatchModel:
     def projector(self) -> Projector | None:
         return self._projector
 
-    def image_prompt(self, image: RGBImage) -> MediaPrompt:
+    def image_prompt(self, image: RGBImage | AudioClip) -> MediaPrompt:
         """``image``'s pieces (libmtmd's text around it, e.g. Gemma 3's ``<start_of_image>``,
         and its image chunks), owned by the ``MediaPrompt`` (freed with it). Called from a
         worker thread, as llama-server tokenizes in its HTTP threads: ``mtmd_tokenize`` only
@@ -278,7 +283,15 @@ class BatchModel:
 
     # -- sampling ------------------------------------------------------------------
     def new_sampler(self, sampling: SamplingConfig, prompt: Sequence[int] = ()):
-        """A sampler chain for one request, its penalties primed with the prompt (as llama-server does)."""
+        """A sampler chain for one request, its penalties primed with the prompt (as
+        llama-server does), under its thinking budget if it has one (``Budgeted``)."""
+        inner = self._new_sampler(sampling, prompt)
+        budget = self.tok.thinking_budget(sampling.reasoning_budget, prompt)
+        if budget is None:
+            return inner
+        return Budgeted(inner, budget, self._draw, lambda t: self.tok.token_bytes(t, special=True))
+
+    def _new_sampler(self, sampling: SamplingConfig, prompt: Sequence[int]):
         if plain_greedy(sampling):
             return Greedy(self.tok.n_vocab)  # the same picks, without llama_sampler_sample's candidate array (sampler.Greedy)
         if sampling.grammar is None:
@@ -303,6 +316,8 @@ class BatchModel:
 
     @staticmethod
     def free_sampler(sampler) -> None:
+        if isinstance(sampler, Budgeted):
+            sampler = sampler.inner
         if isinstance(sampler, (CheckedSampler, Greedy)):
             sampler.free()
         else:
@@ -310,9 +325,15 @@ class BatchModel:
 
     def sample(self, sampler, i: int) -> int:
         """Sample from the logits of batch entry ``i`` (and accept the token)."""
-        if isinstance(sampler, (CheckedSampler, Greedy)):
+        if isinstance(sampler, Budgeted):
             return sampler.sample(self.ctx, i)
-        return sample(sampler, self.ctx, i)
+        return self._draw(sampler, self.ctx, i)
+
+    @staticmethod
+    def _draw(sampler, ctx, i: int) -> int:
+        if isinstance(sampler, (CheckedSampler, Greedy)):
+            return sampler.sample(ctx, i)
+        return sample(sampler, ctx, i)
 
     def sample_all(self, picks: Sequence[tuple[object, int]]) -> list[int]:
         """``sample(sampler, i)`` for each pair of one step, in order; the greedy

@@ -84,6 +84,14 @@ class CheckedSampler:
         llama_cpp.llama_sampler_accept(self.chain, token)
         return token
 
+    def accept(self, token: int) -> None:
+        """``token`` taken without sampling (a thinking budget forced it): the chain
+        sees it, and the grammar where it takes it (a lazy grammar not yet started
+        takes anything; an end of thinking it does not know leaves it as it was)."""
+        if self.allows(token):
+            llama_cpp.llama_sampler_accept(self.grammar, token)
+        llama_cpp.llama_sampler_accept(self.chain, token)
+
     def free(self) -> None:
         llama_cpp.llama_sampler_free(self.chain)
         llama_cpp.llama_sampler_free(self.grammar)

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import codecs
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 
+from localllm.engine.budgeted import Budgeted
 from localllm.engine.kvcache import KVCache
 from localllm.engine.model import ModelHandle
 from localllm.engine.sampler import free_sampler, new_sampler, prime, sample
+from localllm.engine.scorer import decode_all
 from localllm.engine.tokenizer import Tokenizer
-from localllm.engine_api import Generation, SamplingConfig, TokenEvent
+from localllm.engine_api import Generation, SamplingConfig, SpecStats, TokenEvent
 from localllm.engine_api.stats import ShiftRecord, compute_stats
+from localllm.speculation import Drafting, verify
+from localllm.speculation.control import K_MAX
 
 # Evaluates a prompt's leading pieces (text and images, engine.mtmd) before ``tokens``:
 # called with n_keep and the shift list, returns (prefill_ns, encode_ns, images, tokens).
@@ -46,7 +51,11 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
     steer = handle.steer
     mark = len(steer.controller.changes) if steer is not None else 0  # this generation's thread changes start here
     sampler = new_sampler(sampling, handle.n_vocab, tok.vocab)
-    prime(sampler, sampling, cache.tokens + list(tokens))  # the repeat penalty sees the conversation, not only the reply
+    seen = cache.tokens + list(tokens)
+    prime(sampler, sampling, seen)  # the repeat penalty sees the conversation, not only the reply
+    budget = tok.thinking_budget(sampling.reasoning_budget, seen)
+    draw = Budgeted(sampler, budget, lambda s, ctx, i: sample(s, ctx, i), lambda t: tok.token_bytes(t, special=True)).sample \
+        if budget is not None else (lambda ctx, i: sample(sampler, ctx, i))
     n_ctx = handle.n_ctx
     prefill_ns = decode_ns = decode_evals = 0
     token_ns: list[int] = []
@@ -55,6 +64,11 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
     stop = "length"
     encode_ns, images, pre_tokens = 0, 0, 0
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    spec = _speculation(handle, sampling, seen)
+    # sampled, not yet emitted: (token, already in the cache). A verified draft's kept tokens are; the
+    # sample after them is not, and is evaluated (with the next draft, if any) once it is emitted.
+    pending: deque[tuple[int, bool]] = deque()
+    emitted_in_kv = False
     try:
         if prologue is not None:
             prefill_ns, encode_ns, images, pre_tokens = prologue(n_keep, shifts)
@@ -68,12 +82,15 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
         if progress is not None:
             progress(done, total)
         i = 0
+        pending.append((draw(handle.ctx, -1), False))
         while sampling.max_tokens < 0 or i < sampling.max_tokens:
-            t = sample(sampler, handle.ctx)
+            t, in_kv = pending.popleft()
             now = time.perf_counter_ns()
             if not sampling.ignore_eos and tok.is_eog(t):
                 stop = "stop"
+                pending.appendleft((t, in_kv))  # not emitted: out of the cache below, if a kept draft put it there
                 break
+            emitted_in_kv = in_kv
             token_ns.append(now)
             last = i == sampling.max_tokens - 1
             # A character split across tokens is emitted whole, with the token that completes it.
@@ -87,12 +104,40 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
             if len(cache) >= n_ctx and (sampling.max_tokens < 0 or not shift):
                 stop = "context"  # no length asked for: stop at a full context rather than shift forever
                 break
-            cache.make_room(1, n_keep, shifts)
-            decode_ns += cache.append([t])  # at the cache's next position (after an M-RoPE image, not its cell count)
+            if spec is not None:
+                spec.seen(t)
+            if pending:
+                continue  # a kept draft token is in the cache already
+            draft = spec.draft(sampling.max_tokens - i - 1 if sampling.max_tokens > 0 else None,
+                               None if shift and sampling.max_tokens > 0 else n_ctx - len(cache) - 1) \
+                if spec is not None and (budget is None or budget.forced() is None) else []
+            if not draft:
+                cache.make_room(1, n_keep, shifts)
+                took = cache.append([t])  # at the cache's next position (after an M-RoPE image, not its cell count)
+                decode_ns += took
+                decode_evals += 1
+                if spec is not None:
+                    spec.ctl.single(took)
+                pending.append((draw(handle.ctx, -1), False))
+                continue
+            assert spec is not None
+            cache.make_room(1 + len(draft), n_keep, shifts)
+            took = decode_all(handle, [t, *draft], cache.pos())  # a row of logits for each
+            decode_ns += took
+            cache.record([t, *draft])
             decode_evals += 1
+            given = verify(draft, lambda row: draw(handle.ctx, row))  # the kept draft tokens (in the cache), then a sample (not)
+            kept = len(given) - 1
+            pending.extend((x, k < kept) for k, x in enumerate(given))
+            spec.ctl.verified(len(draft), kept, took)
+            cache.truncate(len(cache) - (len(draft) - kept))  # the rejected draft tokens' cells
     finally:
+        # the cache as without speculation: no kept draft token that was not emitted, nor the last one emitted
+        ahead = sum(kv for _, kv in pending) + (emitted_in_kv and stop != "stop")
+        if ahead:
+            cache.truncate(len(cache) - ahead)
         free_sampler(sampler)
-        out.finish(compute_stats(
+        stats = compute_stats(
             start_ns=start,
             token_ns=token_ns,
             prompt_tokens=pre_tokens + len(tokens),
@@ -109,4 +154,18 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
             threads=steer.controller.report(since=mark, start_ns=start) if steer is not None else None,
             images=images,
             encode_ns=encode_ns if images else None,
-        ))
+        )
+        if spec is not None and spec.ctl.batches and decode_ns > 0:
+            # a verify batch gives several tokens: the rate is the reply's tokens after the first over the decodes' time
+            stats.decode_tokens_per_s = (len(token_ns) - 1) / (decode_ns / 1e9)
+        out.finish(stats, SpecStats(drafted=spec.ctl.drafted, accepted=spec.ctl.accepted) if spec is not None else None)
+
+
+def _speculation(handle: ModelHandle, sampling: SamplingConfig, seen: list[int]) -> Drafting | None:
+    """Drafting for this generation, where it can be: asked for (``sampling.speculate``), a
+    context loaded with rows of logits for a draft (``n_outputs_max``), and a cache whose last
+    cells can be dropped again (not a recurrent model's state)."""
+    k_max = min(K_MAX, handle.n_outputs_max - 1, handle.n_batch - 1)
+    if sampling.speculate == "none" or k_max < 1 or handle.recurrent:
+        return None
+    return Drafting(seen, sampling.speculate, k_max)

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localllm.audio.sound import AudioClip
 from localllm.engine import generator, scorer
 from localllm.engine.kvcache import KVCache
 from localllm.engine.lora import Adapters, AdapterSpec, clear
@@ -324,12 +325,14 @@ class LlamaCppBackend:
 
         return last_logits(self._parts()[0])
 
-    def _media(self, text: str, images: Sequence[RGBImage], *, add_special: bool, parse_special: bool) -> MediaPrompt:
+    def _media(self, text: str, images: Sequence[RGBImage | AudioClip], *, add_special: bool, parse_special: bool) -> MediaPrompt:
         if self._projector is None:
+            if any(isinstance(m, AudioClip) for m in images):
+                raise UsageError("audio needs an audio model's projector (mmproj), and none is loaded")
             raise UsageError("images need a vision model's projector, and none is loaded")
         return self._projector.tokenize(text, images, add_special=add_special, parse_special=parse_special)
 
-    def stream_images(self, prompt: str, images: Sequence[RGBImage], sampling: SamplingConfig, *, chat: bool = True,
+    def stream_images(self, prompt: str, images: Sequence[RGBImage | AudioClip], sampling: SamplingConfig, *, chat: bool = True,
                       start_ns: int | None = None) -> Generation:
         """``stream`` with ``images`` before the prompt's text (as Ollama and LM
         Studio place them); the cache is cleared first."""
@@ -354,7 +357,7 @@ class LlamaCppBackend:
         cache.reset()
         return self._generate_media(mp, sampling, n_keep=n_keep, shift=True, start=start)
 
-    def extend_images(self, text: str, images: Sequence[RGBImage], sampling: SamplingConfig, *, n_keep: int,
+    def extend_images(self, text: str, images: Sequence[RGBImage | AudioClip], sampling: SamplingConfig, *, n_keep: int,
                       shift: bool = True, start_ns: int | None = None) -> Generation:
         """``extend`` with the rendered ``text`` (a chat turn's new part, one
         ``MARKER`` where each of ``images`` goes): what the cache holds stays,

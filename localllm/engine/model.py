@@ -211,6 +211,12 @@ class ModelHandle:
         return int(llama_cpp.llama_vocab_n_tokens(self.vocab))
 
     @property
+    def recurrent(self) -> bool:
+        """Whether part of the model's memory is a recurrent state (Mamba, RWKV, hybrids),
+        which cannot drop its last cells again (rejected draft tokens)."""
+        return bool(llama_cpp.llama_model_is_recurrent(self.model) or llama_cpp.llama_model_is_hybrid(self.model))
+
+    @property
     def memory(self) -> object:
         return llama_cpp.llama_get_memory(self.ctx)
 

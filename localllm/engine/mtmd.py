@@ -20,6 +20,11 @@ appends after the image: nothing is encoded twice while the cache holds it.
 ``serve``'s batch engine (``engine.batch``) drives the same projector on its
 own context: ``decode_piece`` puts an image into any sequence at any position
 (llama-server's ``mtmd_helper_eval_chunk_single`` with the slot's seq id).
+
+Audio goes the same way: a clip (``audio.sound.AudioClip``, bounded by
+``audio.read``) is decoded by libmtmd's miniaudio to mono at the encoder's
+rate, cut by ``mtmd_tokenize`` into 30 s chunks, and each chunk is encoded,
+kept and decoded as an image's would be (an audio chunk is a ``Piece`` too).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from typing import Any, Protocol
 import llama_cpp
 from llama_cpp import mtmd_cpp as mtmd
 
+from localllm.audio.projector import AudioInfo, describe_audio
+from localllm.audio.sound import AudioClip
 from localllm.engine.kvcache import KVCache
 from localllm.engine.llamalog import ROUTER
 from localllm.engine.model import ModelHandle
@@ -43,20 +50,22 @@ from localllm.engine.native import gpu_offload_supported, install_log_router
 from localllm.engine_api.errors import InvalidSetting
 from localllm.engine_api.stats import ShiftRecord
 from localllm.errors import EngineError, InputError, UsageError
-from localllm.modelfile.gguf_file import GGUFHeader
+from localllm.modelfile.gguf_file import GGUFHeader, read_header
 from localllm.vision.image import RGBImage
 from localllm.vision.marker import MARKER
 from localllm.vision.memory import LoggedMemory, ProjectorMemory, parse_log, planned
 from localllm.vision.projector import ProjectorInfo, check_pair, read_projector
 
 KEEP_BYTES = 256 * 1024 * 1024  # encoded images kept in RAM for reuse (Projector._keep)
-_TEXT, _IMAGE = 0, 1  # enum mtmd_input_chunk_type (mtmd.h)
+_TEXT, _IMAGE, _AUDIO = 0, 1, 2  # enum mtmd_input_chunk_type (mtmd.h)
 _log_cb = llama_cpp.llama_log_callback(ROUTER)  # keep a reference: C holds the pointer
 
 
 @dataclass
 class Piece:
-    """One chunk of a tokenized prompt: text tokens, or an image (a chunk owned by its ``MediaPrompt``)."""
+    """One chunk of a tokenized prompt: text tokens, or an image or 30 s of audio (a chunk owned by its
+    ``MediaPrompt``). An audio chunk goes wherever an image does: the KV cache, the kept embeddings and
+    serve's spans treat both as media (``is_image``), and ``audio`` tells them apart where it matters."""
 
     tokens: list[int] = field(default_factory=list)
     chunk: object = None  # mtmd_input_chunk_p of an image
@@ -64,6 +73,7 @@ class Piece:
     n_pos: int = 0  # positions it takes (equal to n_tokens unless M-RoPE)
     image_id: str = ""
     key: str = ""  # the image's id and which of its chunks this is: the encoded-embeddings store's key
+    audio: bool = False  # a chunk of audio (its id the sound file's sha256)
 
     @property
     def is_image(self) -> bool:
@@ -142,14 +152,19 @@ class Projector:
         self.load_log = ROUTER.lines_since(mark)
         if not ctx:
             raise EngineError(f"libmtmd could not load the projector {path}: {ROUTER.first_error_since(mark) or 'no reason given'}")
-        if not mtmd.mtmd_support_vision(ctx):
+        vision, audio = bool(mtmd.mtmd_support_vision(ctx)), bool(mtmd.mtmd_support_audio(ctx))
+        if not vision and not audio:
             mtmd.mtmd_free(ctx)
-            raise InputError(f"projector {path} has no vision encoder: images cannot go through it")
+            raise InputError(f"projector {path} has neither a vision nor an audio encoder: nothing can go through it")
+        self.vision, self.audio = vision, audio
+        # the rate miniaudio resamples every clip to (16 kHz for the whisper types); None: no audio encoder
+        self.sample_rate: int | None = int(mtmd.mtmd_get_audio_sample_rate(ctx)) if audio else None
+        self.audio_info: AudioInfo | None = describe_audio(read_header(path)) if audio else None
         self._ctx = ctx
         self._handle = handle
         self.info: ProjectorInfo = info
         self.path = Path(path)
-        self.encoded = 0  # images the vision encoder ran on, over this projector's life (a cached image is not counted again)
+        self.encoded = 0  # media chunks the encoders ran on, over this projector's life (a cached one is not counted again)
         self.use_gpu = bool(params.use_gpu)
         self._kept: collections.OrderedDict[str, ctypes.Array] = collections.OrderedDict()  # encoded embeddings by picture (_keep)
         self._kept_bytes = 0
@@ -157,7 +172,8 @@ class Projector:
     @property
     def planned_memory(self) -> ProjectorMemory:
         """What clip.cpp allocates by its rules (vision.memory): weights derived, compute estimated."""
-        return planned(self.info, gpu=self.use_gpu and gpu_offload_supported())
+        audio = self.audio_info.compute_estimate() if self.audio_info is not None else None
+        return planned(self.info, gpu=self.use_gpu and gpu_offload_supported(), audio_compute=audio)
 
     @property
     def logged_memory(self) -> LoggedMemory:
@@ -180,15 +196,21 @@ class Projector:
             raise EngineError("the projector is not loaded")
         return self._ctx
 
-    def tokenize(self, text: str, images: Sequence[RGBImage], *, add_special: bool, parse_special: bool) -> MediaPrompt:
-        """Split ``text`` (one ``MARKER`` for each of ``images``, in order) into pieces."""
+    def tokenize(self, text: str, images: Sequence[RGBImage | AudioClip], *, add_special: bool, parse_special: bool) -> MediaPrompt:
+        """Split ``text`` (one ``MARKER`` for each of ``images``, in order: pictures or sound) into pieces."""
         ctx = self._require()
         if text.count(MARKER) != len(images):
-            raise UsageError(f"{len(images)} image(s) but {text.count(MARKER)} place(s) for them in the prompt")
+            raise UsageError(f"{len(images)} image(s) or clip(s) but {text.count(MARKER)} place(s) for them in the prompt")
         bitmaps = []
         chunks = mtmd.mtmd_input_chunks_init()
         try:
             for im in images:
+                if isinstance(im, AudioClip):
+                    bitmaps.append(self._audio_bitmap(ctx, im))
+                    continue
+                if not self.vision:
+                    raise InputError(f"image {im.name}: projector {self.path.name} has no vision encoder (audio only): "
+                                     f"give a vision model's projector (mmproj) for pictures")
                 if len(im.rgb) != im.width * im.height * 3:  # mtmd_bitmap_init reads exactly this many bytes
                     raise InputError(f"image {im.name}: {len(im.rgb)} bytes are not {im.width}x{im.height} RGB")
                 # a pointer into the bytes, not a copy (a 48 MP photo is 144 MB): libmtmd copies them itself
@@ -205,8 +227,8 @@ class Projector:
             mark = ROUTER.mark()
             rc = mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(inp), arr, len(bitmaps))
             if rc != 0:
-                why = {1: "the images and their places in the prompt do not match", 2: "an image could not be preprocessed"}.get(rc, f"error {rc}")
-                raise InputError(f"libmtmd could not read the prompt's images: {why} {ROUTER.first_error_since(mark)}".rstrip())
+                why = {1: "the media and their places in the prompt do not match", 2: "an image or a clip could not be preprocessed"}.get(rc, f"error {rc}")
+                raise InputError(f"libmtmd could not read the prompt's media: {why} {ROUTER.first_error_since(mark)}".rstrip())
             pieces = [self._piece(mtmd.mtmd_input_chunks_get(chunks, i)) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
             seen: dict[str, int] = {}
             for piece in pieces:  # every occurrence of a picture makes the same chunks, in the same order
@@ -228,12 +250,31 @@ class Projector:
             n = ctypes.c_size_t(0)
             arr = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
             return Piece(tokens=[int(arr[i]) for i in range(n.value)], n_tokens=n.value, n_pos=n.value)
-        if kind != _IMAGE:
-            raise UsageError("this prompt holds audio, which localllm does not take yet")
+        if kind not in (_IMAGE, _AUDIO):
+            raise EngineError(f"libmtmd gave a chunk of unknown type {kind}")
         n_tok = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
         cid = mtmd.mtmd_input_chunk_get_id(chunk)
         return Piece(chunk=chunk, n_tokens=n_tok, n_pos=int(mtmd.mtmd_input_chunk_get_n_pos(chunk)),
-                     image_id=cid.decode(errors="replace") if cid else "")
+                     image_id=cid.decode(errors="replace") if cid else "", audio=kind == _AUDIO)
+
+    def _audio_bitmap(self, ctx: Any, clip: AudioClip) -> Any:
+        """``clip`` decoded by libmtmd's miniaudio to mono at the encoder's rate. ``audio.read``
+        bounded the clip's length before (miniaudio sizes its buffer by the header), and the
+        decoded length is checked against it here: a file that decodes to more is refused."""
+        rate = self.sample_rate
+        if rate is None or rate <= 0:
+            raise InputError(f"audio {clip.name}: projector {self.path.name} has no audio encoder: give an audio model's projector (mmproj)")
+        buf: Any = ctypes.cast(ctypes.c_char_p(clip.data), ctypes.POINTER(ctypes.c_uint8))  # no copy: miniaudio reads the bytes in place
+        mark = ROUTER.mark()
+        bm = mtmd.mtmd_helper_bitmap_init_from_buf(ctx, buf, len(clip.data), False, None)
+        if not bm:
+            raise InputError(f"audio {clip.name} could not be decoded ({clip.format}): {ROUTER.first_error_since(mark) or 'damaged'}")
+        n = int(mtmd.mtmd_bitmap_get_n_bytes(bm)) // 4
+        if n < 2 or n > clip.seconds * rate * 1.02 + rate // 4:
+            mtmd.mtmd_bitmap_free(bm)
+            raise InputError(f"audio {clip.name} decoded to {n / rate:.2f} s where its {clip.format} header said {clip.seconds:.2f} s (damaged)")
+        mtmd.mtmd_bitmap_set_id(bm, clip.sha256.encode())
+        return bm
 
     def evaluate(self, cache: KVCache, pieces: Sequence[Piece], n_keep: int, shifts: list[ShiftRecord]) -> MediaPrefill:
         """Evaluate ``pieces`` into ``cache`` after what it holds (a context shift makes room first)."""
@@ -284,7 +325,8 @@ class Projector:
         else:
             t0 = time.perf_counter_ns()
             if mtmd.mtmd_encode_chunk(ctx, piece.chunk) != 0:
-                raise EngineError(f"libmtmd could not encode the image: {ROUTER.first_error_since(mark) or 'no reason given'}")
+                what = "audio" if piece.audio else "image"
+                raise EngineError(f"libmtmd could not encode the {what}: {ROUTER.first_error_since(mark) or 'no reason given'}")
             embd = self._keep(piece, mtmd.mtmd_get_output_embd(ctx))
             t1 = time.perf_counter_ns()
             enc_ns = t1 - t0

@@ -19,7 +19,7 @@ from localllm.engine_api.errors import InvalidSetting
 from localllm.errors import EngineError
 
 
-def _decode_all(handle: ModelHandle, tokens: Sequence[int], start: int, first: int = 0) -> int:
+def decode_all(handle: ModelHandle, tokens: Sequence[int], start: int, first: int = 0) -> int:
     """Evaluate ``tokens`` at positions ``start``.. with logits for each from
     index ``first`` on; returns nanoseconds (decode + synchronize)."""
     n = len(tokens)
@@ -49,7 +49,7 @@ def verify(handle: ModelHandle, cache: KVCache, tokens: Sequence[int]) -> Verifi
     if n > handle.n_batch:
         raise InvalidSetting(f"verifying {n} tokens at once needs {{n_batch}} {n} or more")
     n_vocab = handle.n_vocab
-    ns = _decode_all(handle, tokens, cache.pos())
+    ns = decode_all(handle, tokens, cache.pos())
     cache.record(tokens)
     out = []
     for i in range(n):
@@ -75,7 +75,7 @@ def logits(handle: ModelHandle, cache: KVCache, tokens: Sequence[int], first: in
     n_vocab = handle.n_vocab
     cache.reset()
     try:
-        _decode_all(handle, tokens, 0, first)
+        decode_all(handle, tokens, 0, first)
         ptr = llama_cpp.llama_get_logits(handle.ctx)  # the output rows, in batch order
         return np.ctypeslib.as_array(ptr, shape=(n - first, n_vocab)).copy()
     finally:

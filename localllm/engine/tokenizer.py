@@ -19,6 +19,8 @@ import llama_cpp
 from localllm.engine.template import TemplateChoice
 from localllm.errors import EngineError, InputError
 from localllm.modelfile.gguf_file import GGUFHeader
+from localllm.reasoning import markers
+from localllm.reasoning.budget import Budget
 
 
 class Tokenizer:
@@ -80,6 +82,22 @@ class Tokenizer:
             self._shown, self._shown_for = frozenset(i[0] for i in ids if len(i) == 1), source
         return self._shown
 
+    def thinking_budget(self, limit: int, prompt: Sequence[int] = ()) -> Budget | None:
+        """A fresh thinking budget of ``limit`` tokens over this template's thinking
+        markers (``localllm.reasoning``), primed with the prompt's last tokens;
+        None where there is nothing to bound: -1 (unlimited), or a template that
+        does not think in text. The markers are read as llama-server reads them,
+        special tokens parsed (tools/server/server-schema.cpp, reasoning_budget_*)."""
+        if limit < 0 or not self.vocab:
+            return None
+        marks, _ = markers(self.template.source(self.header))
+        if marks is None:
+            return None
+        budget = Budget(limit, marks.open.encode(), marks.close.encode(), self.tokenize(marks.close, add_special=False, parse_special=True))
+        tail = prompt[-(len(marks.open) + 8):]  # the generation prompt's end: an opening marker (a token a character at most) and what follows
+        budget.prime([self.token_bytes(t, special=True) for t in tail])
+        return budget
+
     def reply_bytes(self, token: int) -> bytes:
         """A generated token's bytes as a reply shows them: a ``shown`` control
         token as its text, any other (end of generation, ``<|im_end|>``) as
@@ -121,7 +139,11 @@ class Tokenizer:
         """Apply the chat template (the model's, or ``use_template``'s) under
         time and size limits; a failing template is an ``InputError``. ``extra``:
         more template variables (``enable_thinking``, ``chat_template_kwargs``);
-        ``continue_final``: the last (assistant) message continued, as ``chat_tokens``."""
+        ``continue_final``: the last (assistant) message continued, as ``chat_tokens``.
+        ``enable_thinking`` is true unless ``extra`` says otherwise, as llama.cpp
+        always sets it (common/chat.cpp, ``common_chat_templates_inputs``): a template
+        that reads it as "off unless set" (llama.cpp's DeepSeek R1) thinks, as there."""
+        extra = {"enable_thinking": True, **(extra or {})}
         if continue_final and messages and messages[-1].get("role") == "assistant":
             return self.render_chat(messages[:-1], tools=tools, extra=extra) + (messages[-1].get("content") or "")
         self._require()

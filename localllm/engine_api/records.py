@@ -43,6 +43,12 @@ class SamplingConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit): OpenAI's logit_bias, -100 bans a token
+    # tokens of thinking before the end-of-thinking marker is forced (llama.cpp's --reasoning-budget): -1 unlimited,
+    # 0 ends the thinking as soon as it opens; a model whose template does not think in text has nothing to bound
+    reasoning_budget: int = -1
+    # draftless speculation (localllm.speculation) where the context was loaded with rows for drafts: auto (drafts while
+    # they pay), lookup (always drafts), none; the reply is the same token for token either way
+    speculate: str = "auto"
 
     @property
     def penalized(self) -> bool:
@@ -86,6 +92,10 @@ def sampling_problem(s: SamplingConfig) -> str | None:
         return "repeat_penalty must be above 0 (1.0 is off), got 0"
     if isinstance(s.max_tokens, bool) or not isinstance(s.max_tokens, int) or s.max_tokens == 0 or s.max_tokens < -1:
         return f"max_tokens must be -1 (until the model stops) or at least 1, got {s.max_tokens!r}"
+    if s.speculate not in ("auto", "lookup", "none"):
+        return f"speculate must be auto, lookup or none, got {s.speculate!r}"
+    if isinstance(s.reasoning_budget, bool) or not isinstance(s.reasoning_budget, int) or s.reasoning_budget < -1:
+        return f"reasoning_budget must be -1 (unlimited), 0 (no thinking) or a number of tokens, got {s.reasoning_budget!r}"
     return None
 
 
@@ -120,8 +130,9 @@ class SpecStats:
     accepted: int = 0
 
     @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+    def acceptance(self) -> float | None:
+        """The share of drafted tokens kept; None when nothing was drafted (not 0: not measured)."""
+        return self.accepted / self.drafted if self.drafted else None
 
 
 def host_buffer(device: str) -> bool:

@@ -99,6 +99,9 @@ class Forecaster:
         self.prior_rate = prior_rate
         self.prior_source = prior_source
         self.encode_ms_per_image: list[float] = []  # a vision model's image encodes (TTFT's third phase)
+        # an audio model's encodes, per 30 s chunk: libmtmd pads a clip to whole chunks and encodes each whole,
+        # so a chunk costs the same however much of it is sound (audio.projector's ``chunks``)
+        self.encode_ms_per_chunk: list[float] = []
 
     def observe(self, new_tokens: int, prefill_ms: float, *, prefix: int = 0, ttft_ms: float | None = None) -> None:
         """A prefill that ran: ``new_tokens`` evaluated in ``prefill_ms`` after ``prefix`` cached tokens."""
@@ -108,23 +111,26 @@ class Forecaster:
         self.points.append(Point(new_tokens, prefill_ms, max(prefix, 0), overhead))
         del self.points[: -self.window]
 
-    def observe_stats(self, stats: GenerationStats, *, prefix: int | None = None) -> None:
+    def observe_stats(self, stats: GenerationStats, *, prefix: int | None = None, audio: bool | None = False) -> None:
         """A generation's stats: its prompt tokens and prefill time; the prefix is
         what the cache held before (derived from the context used at the end when
-        no shift blurred it, else unknown and taken as 0)."""
+        no shift blurred it, else unknown and taken as 0). ``audio``: the chunks
+        encoded were sound (True), pictures (False), or both (None: the encode
+        time cannot be split between them, so neither learns from it)."""
         if prefix is None:
             prefix = 0 if stats.context_shifts else max(stats.context_used - stats.prompt_tokens - stats.decode_evals, 0)
         images, encode_ms = getattr(stats, "images", 0), getattr(stats, "encode_ms", None)
-        if images and encode_ms:
-            self.observe_encode(images, encode_ms)
+        if images and encode_ms and audio is not None:
+            self.observe_encode(images, encode_ms, audio=audio)
         ttft = stats.ttft_ms - encode_ms if stats.ttft_ms is not None and encode_ms else stats.ttft_ms
         self.observe(stats.prompt_tokens, stats.prefill_ms, prefix=prefix, ttft_ms=ttft)
 
-    def observe_encode(self, images: int, encode_ms: float) -> None:
-        """Images encoded by the vision encoder in ``encode_ms`` (their tokens' decode is prefill)."""
+    def observe_encode(self, images: int, encode_ms: float, *, audio: bool = False) -> None:
+        """Images (``audio``: 30 s chunks of sound) encoded in ``encode_ms`` (their tokens' decode is prefill)."""
         if images > 0 and encode_ms > 0:
-            self.encode_ms_per_image.append(encode_ms / images)
-            del self.encode_ms_per_image[: -self.window]
+            kept = self.encode_ms_per_chunk if audio else self.encode_ms_per_image
+            kept.append(encode_ms / images)
+            del kept[: -self.window]
 
     def coefficients(self) -> tuple[float, float] | None:
         """``(a, b)`` of ``t = a·n + b·n·(p + n/2)`` in ms, or None with nothing measured."""
@@ -134,20 +140,24 @@ class Forecaster:
         xs = [p.overhead_ms for p in self.points[-8:] if p.overhead_ms is not None]
         return statistics.median(xs) if xs else None
 
-    def predict(self, new_tokens: int, *, prefix: int = 0, images: int = 0) -> Forecast:
-        """The forecast for ``new_tokens`` not in the cache (image tokens
-        included), after ``prefix`` that are; ``images`` not yet encoded add
-        their measured encode time, or make TTFT n/a while none was measured."""
+    def predict(self, new_tokens: int, *, prefix: int = 0, images: int = 0, audio_chunks: int = 0) -> Forecast:
+        """The forecast for ``new_tokens`` not in the cache (image and audio
+        tokens included), after ``prefix`` that are; ``images`` and 30 s
+        ``audio_chunks`` not yet encoded add their measured encode time, or make
+        TTFT n/a while none of their kind was measured."""
         n = max(new_tokens, 0)
         if n == 0:
             return Forecast(0, 0.0, None, None, "measured" if self.points else NA, "nothing new to read")
         f = self._predict_text(n, prefix)
-        if images <= 0 or f.ttft_ms is None:
-            return f
-        if not self.encode_ms_per_image:
-            return replace(f, ttft_ms=None, basis=NA, source="no image encode measured yet this session")
-        enc = images * statistics.median(self.encode_ms_per_image[-8:])
-        return replace(f, ttft_ms=f.ttft_ms + enc, source=f"{f.source}; {images} image(s) ≈ {_dur(enc)} to encode")
+        for count, kept, what in ((images, self.encode_ms_per_image, "image"), (audio_chunks, self.encode_ms_per_chunk, "audio")):
+            if count <= 0 or f.ttft_ms is None:
+                continue
+            if not kept:
+                return replace(f, ttft_ms=None, basis=NA, source=f"no {what} encode measured yet this session")
+            enc = count * statistics.median(kept[-8:])
+            said = f"{count} image(s)" if what == "image" else f"{count} audio chunk(s) of 30 s"
+            f = replace(f, ttft_ms=f.ttft_ms + enc, source=f"{f.source}; {said} ≈ {_dur(enc)} to encode")
+        return f
 
     def _predict_text(self, n: int, prefix: int) -> Forecast:
         ab = self.coefficients()

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from localllm.chat.speculative import PromptLookup, generate
 from localllm.engine_api import Engine, GenerationStats, LoadConfig, LoadInfo, SamplingConfig
 from localllm.measure.diagnose import verdict
 from localllm.measure.roofline import Roofline, roofline
@@ -91,7 +90,7 @@ def examine(
     hw: Hardware,
     bandwidth: float,
     kv_q8_kl: float | None,
-    spec: tuple[float | None, float] | None = None,
+    spec: tuple[float | None, float | None] | None = None,
     *,
     gpu_bandwidth: float | None = None,
     bandwidth_by_threads: dict[int, float] | None = None,
@@ -261,7 +260,7 @@ def _actions(r: DoctorReport, shape: planner.ModelShape, plan: planner.MemoryPla
     if r.bottleneck == "decode" and r.speculative_gain is not None and r.speculative_gain >= 1.05:
         out.append(
             Action(
-                "--speculate lookup --temp 0 (prompt-lookup speculative decoding)",
+                "--speculate lookup (draft from the text always; auto, the default, drafts while drafts pay)",
                 f"measured x{r.speculative_gain:.2f} tokens/s on this prompt ({100 * (r.speculative_acceptance or 0):.0f}% of drafts accepted)",
                 "the reply repeats the prompt, so drafts from it are often right",
                 r.speculative_gain,
@@ -326,13 +325,13 @@ def measure(backend: Engine, prompt: str, *, gen_tokens: int = 64, chat: bool = 
     return backend.stream(prompt, SamplingConfig(temperature=0, max_tokens=gen_tokens, ignore_eos=True), chat=chat).drain()
 
 
-def measure_speculation(backend: Engine, prompt: str, *, gen_tokens: int, chat: bool) -> tuple[float | None, float]:
-    """(tokens/s with prompt-lookup drafts ÷ without, acceptance), greedy, on ``prompt``.
-    Needs a context loaded with n_outputs_max >= 9."""
+def measure_speculation(backend: Engine, prompt: str, *, gen_tokens: int, chat: bool) -> tuple[float | None, float | None]:
+    """(tokens/s with n-gram drafts ÷ without, acceptance), greedy, on ``prompt``
+    (``localllm.speculation``, always drafting). Needs a context loaded with rows
+    of logits for the drafts (``speculation.rows``)."""
 
     tokens = backend.prompt_tokens(prompt, chat=chat)
-    plain = backend.stream(tokens, SamplingConfig(temperature=0, max_tokens=gen_tokens, ignore_eos=True)).drain().tpot_ms
-    run = generate(backend, tokens, PromptLookup(), max_tokens=gen_tokens, k=8, stop_at_eog=False)
+    plain = backend.stream(tokens, SamplingConfig(temperature=0, max_tokens=gen_tokens, ignore_eos=True, speculate="none")).drain().tpot_ms
+    run = backend.stream(tokens, SamplingConfig(temperature=0, max_tokens=gen_tokens, ignore_eos=True, speculate="lookup"))
     spec = run.drain().tpot_ms
-    assert run.spec is not None
-    return (plain / spec if spec and plain else None), run.spec.acceptance
+    return (plain / spec if spec and plain else None), run.spec.acceptance if run.spec is not None else None

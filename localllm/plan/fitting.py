@@ -350,5 +350,5 @@ def for_header(header: GGUFHeader, request: Request, *, n_ctx: int | None = None
         request = replace(request, ctx_default=True)
     config = replace(request.config, n_ctx=n_ctx or default_ctx(trained))
     if n_seq > 1:
-        config = replace(config, n_seq=n_seq, n_outputs_max=n_seq, kv_unified=True)
+        config = replace(config, n_seq=n_seq, n_outputs_max=max(n_seq, config.n_outputs_max), kv_unified=True)
     return replace(request, config=config)

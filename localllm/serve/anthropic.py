@@ -20,8 +20,8 @@ Choices where Anthropic's API says nothing for a local server (llama-server's
   text to show. The ``thinking`` request field turns a
   thinking model's thinking on (``enabled``) or off (``disabled``) through its
   template's ``enable_thinking``, and ``output_config.effort`` is the template's
-  ``reasoning_effort`` (serve/thinking.py); ``budget_tokens`` is not enforced
-  and is named in ``X-Ignored-Fields``.
+  ``reasoning_effort`` (serve/thinking.py); ``budget_tokens`` is the thinking
+  budget: after that many tokens the end of thinking is forced (``--reasoning-budget``).
 - ``usage.input_tokens`` counts the prompt tokens not read from the prompt cache
   and ``cache_read_input_tokens`` the ones that were, as Anthropic (and
   llama-server) count them; ``count_tokens`` gives the whole prompt.
@@ -318,14 +318,21 @@ def translate(body: dict, *, require_max: bool = True) -> tuple[dict, list[str]]
 
 def _thinking(raw: object, out: dict) -> list[str]:
     """``thinking``: ``enabled``/``disabled`` as the template's ``enable_thinking`` (``adaptive``: the
-    server's default); its ``budget_tokens`` is returned, to be named as ignored (not enforced)."""
+    server's default); ``enabled``'s ``budget_tokens`` is the thinking budget (llama-server's
+    ``reasoning_budget_tokens``: the end of thinking forced after that many tokens). Other keys
+    are returned, to be named as ignored."""
     if raw is None:
         return []
     if not isinstance(raw, dict) or raw.get("type") not in ("enabled", "disabled", "adaptive"):
         raise _bad("thinking", 'must be {"type": "enabled", "budget_tokens": N}, {"type": "disabled"} or {"type": "adaptive"}')
     if raw["type"] != "adaptive":
         out["chat_template_kwargs"] = {"enable_thinking": raw["type"] == "enabled"}
-    return [f"thinking.{k}"[:40] for k in raw if k != "type"]
+    budget = raw.get("budget_tokens")
+    if raw["type"] == "enabled" and budget is not None:
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise _bad("thinking.budget_tokens", "must be a whole number of tokens")
+        out["reasoning_budget_tokens"] = budget
+    return [f"thinking.{k}"[:40] for k in raw if k not in ("type", "budget_tokens")]
 
 
 def _output_config(raw: object, out: dict) -> list[str]:

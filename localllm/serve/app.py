@@ -26,6 +26,7 @@ from localllm.errors import EngineError, InputError
 from localllm.reasoning import Markers, Splitter
 from localllm.serve import (
     anthropic,
+    audio_routes,
     cors_proxy,
     embeddings,
     gcp,
@@ -90,6 +91,7 @@ class ServeState:
     cors_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy forwards a page's requests (serve/cors_proxy.py); else 403
     server_tools: object | None = None  # --tools: llama-server's built-in tools (a localllm.server_tools.Toolbox), for /tools; None: off
     vision: bool = False  # a projector is loaded (--mmproj): requests may hold images (serve/media.py)
+    audio: bool = False  # its projector has an audio encoder: requests may hold input_audio parts, /v1/audio/transcriptions answers
     slot_save_path: Path | None = None  # --slot-save-path: where POST /slots/{id}?action=save|restore writes and reads (serve/slot_files.py)
     verbose: bool = False  # llama-server's --verbose: every OpenAI reply carries "__verbose" unless its request says "verbose": false
     aliases: tuple[str, ...] = ()  # --alias a,b: every name of the model (llama-server's /v1/models "aliases"); model_name is the first
@@ -128,7 +130,7 @@ def model_list(state: ServeState) -> dict:
     get_res_models): OpenAI's ``data`` list with llama-server's ``aliases``, ``tags``
     and ``meta``, and an Ollama-like ``models`` list whose ``capabilities`` say
     "multimodal" with a projector. ``created`` is when the server started."""
-    caps = ["completion", "multimodal"] if state.vision else ["completion"]
+    caps = ["completion", "multimodal"] if state.vision or state.audio else ["completion"]
     f = state.facts
     meta = None if f is None else {"n_vocab": state.n_vocab, "n_ctx": state.n_ctx_seq, "n_ctx_train": f.n_ctx_train, "n_embd": f.n_embd,
                                    "n_params": f.n_params, "size": f.size_bytes, "ftype": f.file_type}
@@ -260,7 +262,7 @@ def build_app(state: ServeState) -> Guard:
                                   ignore_eos=params.ignore_eos, grammar=params.grammar, top_k=params.top_k, min_p=params.min_p,
                                   repeat_penalty=params.repeat_penalty, presence_penalty=params.presence_penalty,
                                   frequency_penalty=params.frequency_penalty, logit_bias=params.logit_bias,
-                                  grammar_triggers=params.tools.triggers if params.tools else ())
+                                  grammar_triggers=params.tools.triggers if params.tools else (), reasoning_budget=params.reasoning_budget)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -410,6 +412,7 @@ def build_app(state: ServeState) -> Guard:
         *responses.routes(state, generate, read_json),
         *rerank.routes(state, read_json),
         *lora_routes.routes(state),
+        *audio_routes.routes(state, generate, read_json),
         *mcp_routes.routes(state, read_json),
         *slot_files.routes(state),
         *cors_proxy.routes(state.cors_proxy),

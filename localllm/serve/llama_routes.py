@@ -203,7 +203,7 @@ def routes(state, generate: Generate, read_json: Callable[[Request], Awaitable[d
             "model_alias": state.model_name,
             "model_ftype": f.file_type,
             "model_path": f.path,
-            "modalities": {"vision": state.vision, "video": False, "audio": False},
+            "modalities": {"vision": state.vision, "video": False, "audio": state.audio},
             "endpoint_slots": state.slots_endpoint,
             "endpoint_props": False,
             "endpoint_metrics": state.metrics_endpoint,

@@ -1,8 +1,10 @@
-"""Images in serve's requests, as llama-server takes them with ``--mmproj``.
+"""Images and sound in serve's requests, as llama-server takes them with ``--mmproj``.
 
 A request's image parts (OpenAI's ``image_url``, Ollama's ``images``,
 Anthropic's ``image`` blocks, the Responses API's ``input_image``, each
-translated to OpenAI's part first) become an ``ImagePart``: its base64 payload,
+translated to OpenAI's part first) become an ``ImagePart``, and so do OpenAI's
+``input_audio`` parts (chat completions, the Responses API, the transcription
+route), marked ``audio``: its base64 payload,
 where it was (named in a 400), and its place in the message text, a mark that
 holds a nonce drawn for the request (llama-server writes its own random
 ``<__media_...__>`` marker at the part's place, server-common.cpp), so no typed
@@ -49,6 +51,31 @@ class ImagePart:
     where: str  # messages[0].content[1], messages[0].images[0]: named in a 400
     data: str  # base64, as sent
     mark: str  # its place in the message's text
+    audio: str = ""  # an input_audio part: its stated format ("wav", "mp3", "flac"); its data a sound file (audio.read)
+
+
+AUDIO_FORMATS = ("wav", "mp3", "flac")  # what libmtmd's miniaudio decodes (OpenAI's input_audio says wav or mp3)
+_AUDIO_DATA = re.compile(r"data:audio/[A-Za-z0-9.+-]+;base64,", re.IGNORECASE)
+
+
+def audio_data(value: object, where: str) -> tuple[str, str]:
+    """(base64 payload, format) of an ``input_audio`` part's object (``{"data": ..., "format": ...}``):
+    base64 text, a ``data:audio/...;base64,`` URI, or a ``file://`` name under --media-path."""
+    if not isinstance(value, dict):
+        raise ImageError(where, "must hold 'input_audio': {\"data\": BASE64, \"format\": \"wav\"}")
+    fmt = value.get("format")
+    if fmt is not None and (not isinstance(fmt, str) or fmt.lower() not in AUDIO_FORMATS):
+        raise ImageError(where, f"has format {str(fmt)[:20]!r}: this server reads {', '.join(AUDIO_FORMATS)}")
+    data = value.get("data", value.get("url"))
+    if not isinstance(data, str) or not data:
+        raise ImageError(where, "must hold the sound file as base64 in 'input_audio.data'")
+    head = data[:16].lower()
+    if head.startswith(("http://", "https://")):
+        raise ImageError(where, "is a remote URL: this server is offline and fetches no URLs: send the sound file itself as base64")
+    if head.startswith(FILE_SCHEME):
+        return data, (fmt or "").lower()
+    m = _AUDIO_DATA.match(data)
+    return (data[m.end():] if m else data), (fmt or "").lower()
 
 
 def new_nonce() -> str:

@@ -58,6 +58,9 @@ class ServerMetrics:
         self.prompt_tokens_cached = 0
         self.generated_tokens = 0
         self.steps = 0
+        self.draft_tokens = 0  # draftless speculation: tokens drafted and verified, kept, verify batches
+        self.draft_accepted = 0
+        self.draft_batches = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.batch_sequences = 0
@@ -112,6 +115,13 @@ class ServerMetrics:
             self.steps += 1
             self.busy_slots += sequences
             self.batch_sequences, self.batch_tokens, self.kv_cells_used = sequences, tokens, kv_used
+
+    def drafts(self, drafted: int, kept: int) -> None:
+        """A draft of ``drafted`` tokens verified, ``kept`` of them kept (the engine thread)."""
+        with self._lock:
+            self.draft_tokens += drafted
+            self.draft_accepted += kept
+            self.draft_batches += 1
 
     def set_threads(self, counts: dict[str, int], changes: int, fixed: bool) -> None:
         """The thread counts the engine runs each kind of step with now, and how
@@ -192,9 +202,9 @@ class ServerMetrics:
             ("tokens_predicted_seconds_total", "Total time spent generating tokens", self.predicted_seconds),
             ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding", self.steps),
             ("n_tokens_max", "Largest observed sequence length (prompt + generation)", self.n_tokens_max),
-            ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", 0),  # serve does not speculate
-            ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model", 0),
-            ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps", 0),
+            ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", self.draft_tokens),
+            ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model", self.draft_accepted),
+            ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps", self.draft_batches),
         ]
         gauges = [
             ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", p_n / p_s if p_s else 0.0),

@@ -85,6 +85,7 @@ class GenParams:
     t_max_predict_ms: int = 0  # llama-server's: past this many ms of generating, a new line ends the reply; 0: off
     lora: dict[int, float] | None = None  # llama-server's per-request adapter scales by id (the others 0); None: the server's
     template_kwargs: dict | None = None  # chat_template_kwargs, reasoning_effort (serve/thinking.py), over serve's; None: serve's
+    reasoning_budget: int = -1  # tokens of thinking before its end is forced (serve/thinking.py budget); -1: unlimited
     images: tuple[media.ImagePart, ...] = ()  # image parts, each marked in its message's text (serve/media.py)
     verbose: bool | None = None  # llama-server's: the reply carries "__verbose", its /completion fields with the prompt; None: the server's
 
@@ -215,9 +216,23 @@ def _content(v: object, i: int, role: str, images: list[media.ImagePart], nonce:
                 images.append(media.ImagePart(where, data, media.mark(nonce, len(images))))
                 parts.append(images[-1].mark)
                 continue
+            if isinstance(part, dict) and part.get("type") == "input_audio":  # a sound file (serve/media.py's audio parts)
+                label = part.get("_where")
+                where = label[:80] if isinstance(label, str) else f"messages[{i}].content[{j}]"
+                if role != "user" or len(images) >= MAX_IMAGES:
+                    raise _bad(where, "is audio: only a user's message takes audio" if role != "user"
+                               else f"is a clip past the {MAX_IMAGES} images and clips a request may hold")
+                try:
+                    data, fmt = media.audio_data(part.get("input_audio"), where)
+                except media.ImageError as exc:
+                    raise RequestError(400, str(exc), param=where) from None
+                images.append(media.ImagePart(where, data, media.mark(nonce, len(images)), audio=fmt or "auto"))
+                parts.append(images[-1].mark)
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"messages[{i}].content", "may hold only text parts ({\"type\": \"text\", \"text\": ...}) "
-                           "and image_url parts ({\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,...\"}})")
+                raise _bad(f"messages[{i}].content", "may hold only text parts ({\"type\": \"text\", \"text\": ...}), "
+                           "image_url parts ({\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,...\"}}) "
+                           "and input_audio parts ({\"type\": \"input_audio\", \"input_audio\": {\"data\": BASE64, \"format\": \"wav\"}})")
             parts.append(part["text"])
         return "".join(parts)
     raise _bad(f"messages[{i}].content", "must be a string or a list of text and image_url parts")
@@ -353,6 +368,7 @@ def _parse_gen(body: dict, *, chat: bool, n_vocab: int, defaults: SamplingConfig
         images=tuple(images),
         verbose=verbose,
         template_kwargs=thinking.from_request(body) if chat else None,
+        reasoning_budget=thinking.budget(body, defaults.reasoning_budget) if chat else -1,  # llama-server's: chat routes only
         lora=lora or None,  # an empty list: the server's scales, as llama-server's
         tools=tools,
         n=n,
@@ -395,6 +411,7 @@ HONOURED = frozenset({
     "top_k", "min_p", "repeat_penalty", "grammar", "json_schema", "ignore_eos", "cache_prompt", "return_progress", "timings_per_token",
     "id_slot", "add_generation_prompt", "continue_final_message",  # llama-server's
     "lora", "verbose",  # llama-server's
+    "reasoning_budget_tokens", "thinking_budget_tokens",  # llama-server's per-request thinking budget
 })
 CHAT_FIELDS = HONOURED | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
                           "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",

@@ -85,8 +85,12 @@ def _content(content: object, where: str, kinds: tuple[str, ...], *, images: boo
                 raise _bad(f"{where}.content[{k}].file_id", "is not supported: this server stores no files (send image_url as a data URI)")
             parts.append({"type": "image_url", "image_url": {"url": p.get("image_url")}, "_where": f"{where}.content[{k}]"})
             continue
+        if kind == "input_audio" and images:  # a sound file (serve/media.py's audio parts), as chat completions takes it
+            assert isinstance(p, dict)
+            parts.append({"type": "input_audio", "input_audio": p.get("input_audio"), "_where": f"{where}.content[{k}]"})
+            continue
         if kind in ("input_image", "input_file", "input_audio"):
-            why = "only a user's message takes images" if kind == "input_image" else "not supported"
+            why = {"input_image": "only a user's message takes images", "input_audio": "only a user's message takes audio"}.get(kind, "not supported")
             raise _bad(f"{where}.content[{k}]", f"is {kind}: {why}")
         if kind == "refusal" and isinstance(p.get("refusal"), str):
             parts.append({"type": "text", "text": p["refusal"]})
@@ -94,7 +98,7 @@ def _content(content: object, where: str, kinds: tuple[str, ...], *, images: boo
         if kind not in kinds or not isinstance(p.get("text"), str):
             raise _bad(f"{where}.content[{k}]", f"must be a text part (type {' or '.join(kinds)}, with its text)")
         parts.append({"type": "text", "text": p["text"]})
-    if any(q["type"] == "image_url" for q in parts):
+    if any(q["type"] in ("image_url", "input_audio") for q in parts):
         return parts
     return "".join(q["text"] for q in parts)
 

@@ -58,6 +58,7 @@ from localllm.errors import EngineError
 from localllm.serve.media import ImageSpan, Media
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.prompt_cache import PromptCache, common_prefix
+from localllm.speculation import Drafting, verify
 
 
 class Refused(str):
@@ -102,6 +103,9 @@ class Job:
     images_read: int = 0  # image chunks decoded into its sequence (not reused from a cached prefix)
     images_encoded: int = 0  # of those, the ones the vision encoder ran on (the others' embeddings were kept)
     encode_ns: int = 0  # the vision encoder's time for them
+    draft_n: int = 0  # draftless speculation: tokens drafted and verified for it (llama-server's timings.draft_n)
+    draft_n_accepted: int = 0  # of those, kept
+    drafted: bool = False  # speculation ran for it (its timings then carry the counts)
 
     @property
     def prompt_read(self) -> bool:
@@ -150,6 +154,7 @@ class Job:
             "predicted_per_token_ms": gen_ms / gaps if gen_ms is not None else None,
             "predicted_per_second": 1e3 * gaps / gen_ms if gen_ms else None,
             **images,
+            **({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.drafted else {}),
         }
 
 
@@ -166,6 +171,7 @@ class Slot:
     utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
     used_at: int = 0
     lora: tuple[float, ...] = ()  # the adapter scales its cells were computed with: a prefix is reused only under the same
+    drafting: Drafting | None = None  # its request's draftless speculation (None: none)
 
 
 class Handoff(Protocol):
@@ -243,8 +249,11 @@ def _submitted(s: Slot) -> int:
 class Scheduler:
     def __init__(self, model: BatchModel, *, n_seq: int, n_ctx_seq: int, n_batch: int, prefix_reuse: bool,
                  max_queue: int, prefill_chunk: int, metrics: ServerMetrics, prompt_cache: PromptCache | None = None,
-                 handoff: Handoff | None = None, adapters: Sequence[tuple[str, float]] = (), n_swa: int = 0) -> None:
+                 handoff: Handoff | None = None, adapters: Sequence[tuple[str, float]] = (), n_swa: int = 0,
+                 speculate: str = "none", k_max: int = 0) -> None:
         self.model = model
+        # draftless speculation (localllm.speculation): its mode, and the longest draft a step's rows allow a sequence
+        self.speculate, self.k_max = (speculate, k_max) if k_max >= 1 else ("none", 0)
         self.n_swa = n_swa  # a sliding-window cache's window (0: none): see _kept
         # LoRA adapters (serve --lora): their paths by id, and the server's scales (POST /lora-adapters sets them)
         self.adapters: tuple[str, ...] = tuple(p for p, _ in adapters)
@@ -463,6 +472,7 @@ class Scheduler:
         # penalties see the prompt, as in llama-server (its text: an image's filler ids are no tokens)
         prompt = job.tokens if job.media is None else [t for t in job.tokens if t >= 0]
         target.sampler = self.model.new_sampler(job.sampling, prompt)
+        target.drafting = Drafting(prompt, self.speculate, self.k_max) if self.speculate != "none" else None
         target.last = None
         target.text, target.emitted = "", 0
         target.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -508,10 +518,20 @@ class Scheduler:
             active = self._lora_group(active)
         entries: list[tuple[int, int, int, bool]] = []
         outputs: list[tuple[Slot, int]] = []
+        drafts: list[tuple[Slot, int, list[int]]] = []  # a sequence's verify rows: (slot, its first row, the draft)
+        decoding = sum(1 for s in active if s.last is not None)
         for s in active:
             if s.last is not None:
+                at = _pos(_job(s), len(s.cache))
+                draft = self._draft(s, self.n_batch - len(entries) - decoding) if s.drafting is not None else []
+                decoding -= 1
+                if draft:
+                    drafts.append((s, len(entries), draft))
+                    entries.append((s.last, at, s.id, True))
+                    entries.extend((d, at + 1 + k, s.id, True) for k, d in enumerate(draft))
+                    continue
                 outputs.append((s, len(entries)))
-                entries.append((s.last, _pos(_job(s), len(s.cache)), s.id, True))
+                entries.append((s.last, at, s.id, True))
         room = self.n_batch - len(entries)
         cap = min(room, self.prefill_chunk if entries else self.n_batch)
         for s in sorted((s for s in active if s.last is None), key=_submitted):
@@ -534,6 +554,7 @@ class Scheduler:
             cap -= len(s.chunk)
         if not entries:  # only images were read this step
             return
+        t0 = time.perf_counter_ns()
         try:
             self._decode(entries, active)
         except Exception as exc:
@@ -551,15 +572,61 @@ class Scheduler:
                 if job.progress:
                     job.emit("progress", {"total": len(job.tokens), "cache": job.n_cached, "processed": len(s.cache),
                                           "time_ms": (time.perf_counter_ns() - job.start_ns) / 1e6})
+        took = time.perf_counter_ns() - t0
+        alone = len(active) == 1  # a step's time is one sequence's only when it decodes alone (the controller's cost figure)
+        single = alone and len(entries) == 1  # one token of one sequence: a one-token decode's time
         # one call for the step's rows (the greedy ones are one argmax: BatchModel.sample_all)
         toks = self.model.sample_all([(s.sampler, i) for s, i in outputs])
         now = time.perf_counter_ns()
         for (s, i), tok in zip(outputs, toks):
+            if single and s.drafting is not None:
+                s.drafting.ctl.single(took)
             self._on_token(s, tok, now, i)
+            if s.job is not None and s.drafting is not None:
+                s.drafting.seen(tok)
+        for s, row, draft in drafts:
+            self._verified(s, row, draft, took if alone else None)
         self.metrics.step(len(active), len(entries), sum(len(s.cache) for s in self.slots))
         ctl = getattr(self.model, "threads", None)  # the engine's thread counts (a fake model has none)
         if ctl is not None:
             self.metrics.set_threads(ctl.current(), len(ctl.changes), ctl.fixed)
+
+    def _draft(self, s: Slot, room: int) -> list[int]:
+        """The tokens to verify with ``s.last`` this step (none: decode it alone): within
+        the step's rows (``room``), the reply's length and the sequence's cells, never
+        while a thinking budget forces its end (those tokens are known)."""
+        job, d = _job(s), s.drafting
+        assert d is not None
+        forced = getattr(getattr(s.sampler, "budget", None), "forced", None)
+        if forced is not None and forced() is not None:
+            return []
+        limit = min(room, job.max_tokens - job.n_gen - 1, self.n_ctx_seq - len(s.cache) - 2)
+        return d.draft(limit) if limit > 0 else []
+
+    def _verified(self, s: Slot, row: int, draft: list[int], took: int | None) -> None:
+        """A draft's rows sampled in order (``speculation.verify``): the kept tokens are in
+        the cache already, the rejected ones' cells dropped, each token given as one step's."""
+        job, d = _job(s), s.drafting
+        assert d is not None
+        given = verify(draft, lambda r: self.model.sample(s.sampler, row + r))
+        kept = len(given) - 1
+        s.cache.extend(draft[:kept])
+        if kept < len(draft):
+            self.model.seq_rm(s.id, _pos(job, len(s.cache)), -1)
+        d.ctl.verified(len(draft), kept, took)
+        job.drafted = True
+        job.draft_n += len(draft)
+        job.draft_n_accepted += kept
+        self.metrics.drafts(len(draft), kept)
+        now = time.perf_counter_ns()
+        for r, tok in enumerate(given):
+            self._on_token(s, tok, now, row + r)
+            if s.job is not job or s.last is None:
+                return  # it ended here (a stop, its length, an error)
+            d.seen(tok)
+            if r < kept:
+                s.last = None  # a kept draft token is in the cache: only the last one given waits to be evaluated
+        # the last token given is s.last: evaluated (with the next draft) at the next step
 
     def _images(self, s: Slot, media: Media, cap: int) -> int:
         """Read the images that start where ``s``'s cache ends, each whole (before the

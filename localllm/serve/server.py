@@ -131,7 +131,8 @@ def build(loaded: runtime.Loaded, options: ServeOptions, name: str, *, rerank_he
              if options.cache_ram_mib and info.prefix_reuse and not loaded.adapters else None)
     scheduler = Scheduler(model, n_seq=parallel, n_ctx_seq=n_ctx_seq, n_batch=info.n_batch, prefix_reuse=info.prefix_reuse,
                           max_queue=options.max_queue, prefill_chunk=options.prefill_chunk, metrics=metrics, prompt_cache=cache,
-                          handoff=ENGINE, adapters=loaded.adapters, n_swa=info.n_swa)
+                          handoff=ENGINE, adapters=loaded.adapters, n_swa=info.n_swa, speculate=options.sampling.speculate,
+                          k_max=info.rows_per_seq - 1)
     scheduler.start()  # before the embeddings: --embeddings opens their context on the engine thread
     try:
         rank = options.rerank or options.pooling == "rank"
@@ -151,7 +152,8 @@ def build(loaded: runtime.Loaded, options: ServeOptions, name: str, *, rerank_he
             # the prompt's last text tokens (an image's filler ids are no tokens)
             prompt_tail=lambda tokens: b"".join(model.tok.token_bytes(t, special=True) for t in [t for t in tokens[-40:] if t >= 0][-8:])
             .decode("utf-8", "replace"),
-            vision=loaded.projector is not None, **({"max_body": MEDIA_BODY} if loaded.projector is not None else {}),
+            vision=loaded.projector is not None and loaded.projector.has_vision, audio=loaded.projector is not None and loaded.projector.has_audio,
+            **({"max_body": MEDIA_BODY} if loaded.projector is not None else {}),
             tokenize=wiring.tokenizer(model, extra, options.media_path), api_key=options.api_key, json_log=options.json_log, defaults=options.sampling,
             facts=wiring.facts(model, loaded.path, loaded.planned.header, parallel, loaded.planned.request.template,
                                n_batch=loaded.config.n_batch, spm_infill=options.spm_infill, context=str(context), extra=extra),
@@ -251,7 +253,7 @@ class Server:
         loaded = self.loaded
         if loaded.projector is not None:
             wiring.check_projector(loaded.engine, loaded.projector.path)
-            self.say(f"vision: {loaded.projector.line()}")
+            self.say(f"{'vision' if loaded.projector.has_vision else 'audio'}: {loaded.projector.line()}")
         if self._switch.stopped:  # stopped by a signal while loading
             return
         built = build(loaded, self.options, self.name, rerank_head=self.rerank_head, metrics=self._metrics)

@@ -1,6 +1,7 @@
 """What a request may tell the chat template: llama-server's ``chat_template_kwargs``,
 OpenAI's ``reasoning_effort`` and Ollama's ``think``, over serve's defaults
-(``--chat-template-kwargs``, ``--reasoning on|off|auto``).
+(``--chat-template-kwargs``, ``--reasoning on|off|auto``); and how long it may
+think (``budget``: ``--reasoning-budget`` and the requests' budgets).
 
 The rules are llama-server's (tools/server/server-common.cpp,
 oaicompat_chat_params_parse; common/chat.cpp puts them into the template's
@@ -25,6 +26,7 @@ from typing import Any
 
 from localllm.engine_api.protocol import TEMPLATE_RESERVED as RESERVED  # refused here by name; the renderer drops them too
 from localllm.errors import InputError
+from localllm.reasoning.budget import EFFORT_BUDGETS
 
 MAX_BYTES = 16 * 1024  # the kwargs' JSON: a few flags and words, never a document
 MAX_KEYS = 64
@@ -102,3 +104,32 @@ def defaults(reasoning: str, has_thinking: bool, kwargs: str | None) -> dict[str
 
 def merged(server: dict[str, Any], request: dict[str, Any] | None) -> dict[str, Any]:
     return {**server, **(request or {})}
+
+
+MAX_BUDGET = 1 << 30  # tokens: past any context
+
+
+def budget(body: dict, default: int) -> int:
+    """A request's thinking budget in tokens (``SamplingConfig.reasoning_budget``):
+    llama-server's ``reasoning_budget_tokens`` (or ``thinking_budget_tokens``; -1:
+    the server's ``--reasoning-budget``), else ``reasoning_effort`` as a budget
+    (``reasoning.budget.EFFORT_BUDGETS``; ``none``: 0, the thinking closed at
+    once, for a template that opens it whatever it is told), else ``default``.
+    Anthropic's ``thinking.budget_tokens``, Responses' ``reasoning.effort`` and
+    Ollama's ``think`` words reach here as these fields."""
+    for field in ("reasoning_budget_tokens", "thinking_budget_tokens"):
+        value = body.get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= MAX_BUDGET:
+            raise KwargsError(field, "must be a whole number of tokens (-1: the server's --reasoning-budget, 0: no thinking)")
+        if value != -1:
+            return value
+        return default
+    effort = body.get("reasoning_effort")
+    if isinstance(effort, str):  # checked as a word by from_request
+        if effort == "none":
+            return 0
+        if effort in EFFORT_BUDGETS:
+            return EFFORT_BUDGETS[effort]
+    return default

@@ -92,6 +92,8 @@ def check_projector(model: Any, path: Path) -> None:
     would not fit one ubatch where libmtmd decodes it whole (Gemma 3's: every request would fail)."""
     from localllm.vision.image import RGBImage  # lazy: as the projector, only for a vision model
 
+    if getattr(model.projector, "vision", True) is False:  # an audio-only projector: an audio chunk is never decoded whole
+        return
     mp = model.image_prompt(RGBImage(name="probe", width=8, height=8, rgb=bytes(8 * 8 * 3), file_bytes=0, sha256="probe"))
     try:
         for piece in mp.pieces:
@@ -189,12 +191,19 @@ def image_tokens(model: Any, params: Any, runs: Callable, media_path: Path | Non
     """A prompt with images (in a worker thread): each picture decoded and bounded
     (``vision.image``), placed where its part was, and split into libmtmd's chunks;
     each problem a 400 naming the part."""
+    from localllm.audio.read import decode_audio  # lazy: as decode_image, only for a request with sound
     from localllm.vision.image import decode_image  # lazy: Pillow, only for a request with images
 
     first = params.images[0]
     if model.projector is None:
-        raise RequestError(400, f"'{first.where}' is an image, but this server's model reads text only: start serve with --mmproj FILE "
-                           "(the model's vision projector; one beside the model is found without it)", param=first.where)
+        what, kind = ("audio", "audio") if first.audio else ("an image", "vision")
+        raise RequestError(400, f"'{first.where}' is {what}, but this server's model reads text only: start serve with --mmproj FILE "
+                           f"(the model's {kind} projector; one beside the model is found without it)", param=first.where)
+    for im in params.images:  # a projector without the encoder a part needs: named before anything is decoded
+        if getattr(model.projector, "audio" if im.audio else "vision", None) is False:
+            what, kind = ("audio", "an audio") if im.audio else ("an image", "a vision")
+            raise RequestError(400, f"'{im.where}' is {what}, but this server's projector has no such encoder: start serve with "
+                               f"--mmproj FILE ({kind} projector)", param=im.where)
     marks = [im.mark for im in params.images]
     text, order = runs(params, marks)
     lost = [im.where for k, im in enumerate(params.images) if order.count(k) != 1]
@@ -205,7 +214,8 @@ def image_tokens(model: Any, params: Any, runs: Callable, media_path: Path | Non
     for k in order:
         im = params.images[k]
         try:
-            pictures[k] = decode_image(media.picture_bytes(im, media_path), name=im.where)
+            raw = media.picture_bytes(im, media_path)
+            pictures[k] = decode_audio(raw, name=im.where) if im.audio else decode_image(raw, name=im.where)
         except media.ImageError as exc:
             raise RequestError(400, str(exc), param=im.where) from None
         except LocalLLMError as exc:  # damaged, truncated, too many pixels, an SVG, not a picture: one line naming it

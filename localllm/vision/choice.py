@@ -52,10 +52,10 @@ def need(mem: ProjectorMemory) -> int:
     return mem.weights_bytes + (mem.compute_bytes or 0)
 
 
-def room(fit: Any, path: Path) -> tuple[ProjectorMemory, int | None]:
+def room(fit: Any, path: Path, audio_compute: int | None = None) -> tuple[ProjectorMemory, int | None]:
     """The projector's memory on the device clip.cpp puts it, and what the model's
-    fit leaves there (None: no RAM figure)."""
-    mem = planned(read_projector(path), gpu=fit.gpu_budget is not None)
+    fit leaves there (None: no RAM figure). ``audio_compute``: see ``memory.planned``."""
+    mem = planned(read_projector(path), gpu=fit.gpu_budget is not None, audio_compute=audio_compute)
     if mem.device == "GPU":
         return mem, fit.gpu_budget - fit.plan.total_gpu_bytes - fit.margin
     return mem, None if fit.ram is None else fit.ram - fit.plan.total_cpu_bytes

@@ -27,15 +27,24 @@ class ProjectorMemory:
     device: str  # where clip.cpp puts the weights and the compute buffer: "GPU" or "CPU"
     weights_bytes: int  # derived: the tensor table's sizes, clip.cpp's "model size"
     compute_bytes: int | None  # an estimate before a load (compute_estimate); None where there is no formula
+    audio: bool = False  # the estimate is (or holds) an audio encoder's
 
     def to_dict(self) -> dict[str, object]:
+        what = "ViT activations on one warm-up image" if not self.audio else "the audio encoder's activations on one 30 s chunk"
         return {"device": self.device, "weights_bytes": self.weights_bytes, "weights_source": "the GGUF's tensor sizes (clip.cpp: model size)",
-                "compute_bytes": self.compute_bytes, "compute_source": "estimate (ViT activations on one warm-up image, flash attention on)"}
+                "compute_bytes": self.compute_bytes, "compute_source": f"estimate ({what}, flash attention on)"}
 
 
-def planned(info: ProjectorInfo, *, gpu: bool) -> ProjectorMemory:
-    """What loading ``info`` will take, before it is loaded."""
-    return ProjectorMemory(device="GPU" if gpu else "CPU", weights_bytes=info.weight_bytes, compute_bytes=compute_estimate(info))
+def planned(info: ProjectorInfo, *, gpu: bool, audio_compute: int | None = None) -> ProjectorMemory:
+    """What loading ``info`` will take, before it is loaded. ``audio_compute``: its
+    audio encoder's buffer (``audio.projector.AudioInfo.compute_estimate``, which
+    the caller reads: the audio package sits beside this one). clip.cpp gives each
+    encoder its own context and buffer, so a projector with both needs both; one
+    not known makes the whole n/a."""
+    vision = compute_estimate(info) if info.has_vision else 0
+    audio = audio_compute if info.has_audio else 0
+    compute = None if vision is None or audio is None else vision + audio
+    return ProjectorMemory(device="GPU" if gpu else "CPU", weights_bytes=info.weight_bytes, compute_bytes=compute, audio=info.has_audio)
 
 
 def compute_estimate(info: ProjectorInfo) -> int | None:

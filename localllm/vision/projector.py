@@ -51,7 +51,9 @@ class ProjectorInfo:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
 
     def line(self) -> str:
-        """One line: the projector's file, type, image size and tokens an image."""
+        """One line: the projector's file, type, image size and tokens an image (or that it takes audio alone)."""
+        if not self.has_vision:
+            return f"projector {self.path.name} ({self.projector_type}, audio only)"
         size = f"{self.image_size} px" if self.image_size else "n/a"
         tokens = f"{self.tokens_per_image} tokens an image" if self.tokens_per_image is not None else "tokens by each picture's size"
         return f"projector {self.path.name} ({self.projector_type}, images at {size}, {tokens})"
@@ -94,6 +96,8 @@ def describe(header: GGUFHeader) -> ProjectorInfo:
             raise InputError(f"projector {p} stores {t.name} as {t.type.name}, where llama.cpp wants F32: a damaged or hand-made file")
     proj = next((t for t in header.tensors if t.name == "mm.input_projection.weight"), None)
     n_out = int(proj.shape[0]) if proj is not None and proj.shape else num("clip.vision.projection_dim")
+    if n_out is None and not has_vision:  # an audio-only projector (localllm.audio.projector reads its encoder)
+        n_out = num("clip.audio.projection_dim")
     merge = num("clip.vision.projector.scale_factor") or _POOLED.get(ptype)
     tokens: int | None = None
     if has_vision and image_size and patch:
@@ -127,8 +131,8 @@ def check_pair(model: GGUFHeader, projector: ProjectorInfo) -> None:
     if is_projector(model):
         raise InputError(f"{mp} is a projector (mmproj), not a model: give the text model as MODEL and {mp.name} as --mmproj"
                          + (f" (and not {pp.name})" if pp != mp else ""))
-    if not projector.has_vision:
-        raise InputError(f"projector {pp} has no vision encoder (audio only?): images cannot go through it to {mp.name}")
+    if not projector.has_vision and not projector.has_audio:
+        raise InputError(f"projector {pp} has neither a vision nor an audio encoder: nothing can go through it to {mp.name}")
     family = FAMILIES.get(projector.projector_type)
     if family is not None and model.architecture not in family:
         raise InputError(f"projector {pp.name} does not fit model {mp.name}: it is a {projector.projector_type} projector, for "

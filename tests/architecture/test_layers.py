@@ -26,15 +26,18 @@ TREES = {"localllm": "localllm", "tui": "localllm.tui", "quantize": "localllm.qu
 RANKS = {
     "errors": 0, "paths": 0, "models": 0,
     "util": 1, "reasoning": 1,
+    "speculation": 1,  # draftless speculation's n-gram index and controller: pure, under the engine's generation loop
     "toolcalls": 1.5,  # tool-call formats: read from a template, parsed from a reply (pure; the reasoning split under it)
     "server_tools": 1.5,  # llama-server's built-in tools (--tools): files and commands, bounded; no server framework
     "modelfile": 2,
     "vision": 2.5, "attach": 2.5,  # images and files into a prompt: decoded and bounded (Pillow, pypdf), projector headers
+    "audio": 2.5,  # sound files into a prompt: WAV, MP3 and FLAC bounded before decoding, audio projector headers
     "forecast": 4.2,  # the TTFT forecast: pure, on plan's figures
     "engine_api": 3,
     "plan": 4,
     "threads": 4.5,  # the thread-count controller: on plan's core counts, under the engine that drives it
     "engine": 5, "store": 5, "chat": 5,
+    "compaction": 5.2,  # a conversation's older turns summarized by its model: on chat's session, under every front end
     "runtime": 5.5,  # the one load path: resolve, fit (plan), load (engine), check; under every front end, the smoke test included
     "measure": 6, "testing": 6,
     "flags": 6.5,  # the flags and typed options the commands share (argparse): under every command-line module, quantize's and the cockpit's included

@@ -45,9 +45,11 @@ ALLOWED = {
     "scripts/bench_contention.py": _MEASURES,
     "scripts/bench_vs_lowlevel.py": "localllm's engine against llama.cpp's low-level API at exactly the same config",
     "scripts/bench_vision.py": _MEASURES,
+    "scripts/bench_audio.py": _MEASURES,
     "scripts/bench_rpc.py": _MEASURES,
     "scripts/bench_moe.py": _MEASURES,
     "scripts/bench_speculative.py": _MEASURES,
+    "scripts/bench_resume.py": _MEASURES,
     "scripts/bench_forecast.py": "the TTFT forecast against measured TTFTs at exactly the context the prompts need",
 }
 

@@ -76,13 +76,24 @@ QUICK = {
         [r"shift in place \(incl\. the next decode\):\s+[\d.]+ ms", r"re-process the kept window:\s+[\d.]+ ms", r"ratio [\d.]+",
          r"f16\s+[\d.]+ t/s", r"q8_0\s+[\d.]+ t/s", r"q4_0\s+[\d.]+ t/s"],
     ),
+    "bench_compact": (
+        ["--quick", "--threads", "1"],
+        [r"sliding window: recall \d+/2 · tokens kept \d+ · shifts \d+", r"compaction: recall \d+/2 · tokens kept \d+",
+         r"time per compaction, median: (?:[\d.]+ s|n/a \(none ran\))",
+         r"recall of planted facts: sliding window \d+/2, compaction \d+/2 \(ceiling \d+/2\)"],
+    ),
     "bench_prefix_cache": (
         ["--quick"],
         [r"cold\s+[\d.]+ ms", r"warm \(same chat\)\s+[\d.]+ ms", r"warm \(state on disk\)\s+[\d.]+ ms"],
     ),
+    "bench_resume": (
+        ["--quick", "--threads", "1"],
+        [r"re-read\s+first reply TTFT\s+[\d.]+ ms", r"kept state\s+first reply TTFT\s+[\d.]+ ms  \(state load [\d.]+ ms, file [\d.]+ MiB\)",
+         r"kept / re-read TTFT \(target <= 0.15\): [\d.]+", r"same first reply \(greedy\) as the conversation going on: yes"],
+    ),
     "bench_speculative": (
         ["--quick"],
-        [r"without: TPOT\s+[\d.]+ ms", r"with:\s+TPOT\s+[\d.]+ ms, ITL p50\s+[\d.]+ ms, acceptance \d+%\s+->\s+[\d.]+x"],
+        [r"none\s+[\d.]+", r"auto\s+[\d.]+", r"auto/none\s+x[\d.]+", r"llama-server\s+not run \(--quick\)"],
     ),
     "bench_vs_lowlevel": (
         ["--quick", "--threads", "1"],
@@ -106,6 +117,12 @@ QUICK = {
     "hostile_requests": (
         ["--quick"],
         [r"PASS slowloris: 511 half-sent", r"PASS SIGTERM then SIGINT mid-stream", r"hostile requests: (\d+)/\1 passed"],
+    ),
+    "bench_audio": (
+        ["--quick"],
+        [r"encode per second of audio, 64-wide 1-block encoder, 10 s clip, 2 thread\(s\), median of 1: localllm [\d.]+ ms, llama-mtmd-cli [\d.]+ ms",
+         r"TTFT, .*: localllm \d+ ms, llama-mtmd-cli \d+ ms", r"TTFT speed, llama-mtmd-cli / localllm \(target >= 0.95\): [\d.]+",
+         r"second turn TTFT / first turn's \(audio kept in the cache\): [\d.]+"],
     ),
     "bench_vision": (
         ["--quick"],

@@ -50,7 +50,8 @@ def test_generate_keeps_the_cache_consistent(synth_model: Path) -> None:
 
 @pytest.mark.slow
 def test_usage_errors() -> None:
-    for args, needle in ((["--speculate", "lookup", "--temp", "0.7"], "add --temp 0"), (["--speculate", "draft", "--temp", "0"], "needs --draft")):
+    for args, needle in ((["--speculate", "draft", "--draft", "smollm2", "--temp", "0.7"], "add --temp 0"),
+                         (["--speculate", "draft", "--temp", "0"], "needs --draft"), (["--speculate", "sometimes"], "invalid choice")):
         proc = cli("run", "-p", "hi", *args)
         assert proc.returncode == 2 and needle in proc.stderr
 
@@ -59,7 +60,8 @@ def test_usage_errors() -> None:
 @pytest.mark.parametrize("mode", ["lookup", "draft"])
 def test_speculative_run_matches_greedy(smollm2: Path, mode: str) -> None:
     prompt = "What is the capital of France? Answer in one word."
-    plain = json.loads(cli("run", "--temp", "0", "-n", "24", "-p", prompt, "--json").stdout)
+    plain = json.loads(cli("run", "--temp", "0", "-n", "24", "-p", prompt, "--json", "--speculate", "none").stdout)
+    assert plain["speculative"] == {"mode": "none", "drafted": None, "accepted": None, "acceptance": None}
     extra = ["--draft", "smollm2"] if mode == "draft" else []
     proc = cli("run", "--temp", "0", "-n", "24", "-p", prompt, "--speculate", mode, *extra, "--json")
     assert proc.returncode == 0, proc.stderr

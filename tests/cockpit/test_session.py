@@ -231,3 +231,21 @@ def test_a_saved_context_is_kept_or_left_to_the_plan() -> None:
     assert Settings.from_dict({"n_ctx": None}).n_ctx is None
     assert Settings.from_dict({"n_ctx": 0}).n_ctx is None and Settings.from_dict({"n_ctx": "huge"}).n_ctx is None
     assert Settings(n_ctx=8192).ctx_for(2048) == 2048 and Settings(n_ctx=1024).ctx_for(None) == 1024
+
+
+def test_a_text_conversation_left_is_kept_and_reopens_without_being_read_again(session, synth_model: Path) -> None:
+    """Issue 61: leaving a text conversation keeps its KV cache beside its session
+    (no image needed); reopened, it is loaded on the engine thread and said so."""
+    s, heard = session
+    _loaded(s)
+    assert s.chat is not None
+    s.generate(s.chat, {"role": "user", "content": "hello"}, [], 0, threading.Event())
+    s.persist()
+    s.leave().result()
+    s.wait_for_saves()
+    [saved] = sessions.list_sessions()
+    assert saved.kv is not None and saved.kv["images"] == [] and sessions.state_path(saved.id).stat().st_size > 0
+    _loaded(s, messages=list(saved.messages), saved=saved)
+    s.engine.submit(lambda: None).result()  # the resume queued before it has run
+    [resumed] = heard.of(events.Resumed)
+    assert resumed.text is None and resumed.images == 0 and s.backend is not None and s.backend.context_used == saved.kv["cells"]

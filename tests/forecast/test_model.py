@@ -114,3 +114,20 @@ def test_images_add_their_measured_encode_or_make_ttft_na() -> None:
     fc.observe_encode(2, 900.0)
     f = fc.predict(1256, images=2)
     assert f.ttft_ms == pytest.approx(1256 + 50 + 900) and "2 image(s) ≈ 900 ms to encode" in f.source
+
+
+def test_audio_chunks_add_their_own_measured_encode_apart_from_images() -> None:
+    from types import SimpleNamespace
+
+    fc = Forecaster()
+    fc.observe(1000, 1000.0, ttft_ms=1050.0)
+    fc.observe_encode(1, 300.0)  # a picture's encode says nothing about a clip's
+    assert fc.predict(1125, audio_chunks=1).ttft_ms is None
+    assert fc.predict(1125, audio_chunks=1).source == "no audio encode measured yet this session"
+    stats = SimpleNamespace(images=2, encode_ms=800.0, ttft_ms=None, prefill_ms=0.0, prompt_tokens=0, context_used=0, decode_evals=0,
+                            context_shifts=[])
+    fc.observe_stats(stats, audio=True)  # type: ignore[arg-type]
+    f = fc.predict(1125, audio_chunks=1, images=1)
+    assert f.ttft_ms == pytest.approx(1125 + 50 + 400 + 300) and "1 audio chunk(s) of 30 s ≈ 400 ms to encode" in f.source
+    fc.observe_stats(SimpleNamespace(**{**stats.__dict__, "encode_ms": 9000.0}), audio=None)  # type: ignore[arg-type]
+    assert fc.encode_ms_per_chunk == [400.0] and fc.encode_ms_per_image == [300.0]  # both kinds in one encode: neither learns

@@ -107,7 +107,8 @@ def test_bench_url_against_localllm_serve(tmp_path) -> None:
         # serve --json: the request log is one JSON object per line
         logged = [json.loads(line) for line in server.lines if line.startswith("{")]
         gens = [e for e in logged if e["path"] == "/v1/completions" and e["status"] == 200 and e["generated_tokens"] == 8]
-        assert len(gens) >= 4 and all(e["ttft_ms"] > 0 and e["itl_p50_ms"] > 0 for e in gens)
+        # >= 0: speculation gives a verified draft's tokens together (a gap of 0 between them is what a client sees)
+        assert len(gens) >= 4 and all(e["ttft_ms"] > 0 and e["itl_p50_ms"] >= 0 for e in gens)
         server.proc.send_signal(signal.SIGTERM)  # like SIGINT: drain, clean up, exit 0
         assert server.proc.wait(60) == 0
         deadline = time.monotonic() + 10  # the reader thread takes the last lines after the exit

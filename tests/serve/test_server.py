@@ -22,20 +22,20 @@ from tests.helpers.cli import cli
 from tests.helpers.server import KEY, Server
 
 
-def _start(home: Path) -> Server:
+def _start(home: Path, *extra: str) -> Server:
     # One thread: llama.cpp's spinning thread barriers crawl on a busy shared CI machine.
     # No RAM prompt cache: the tests below compare greedy replies across runs, and a prompt
     # put back into other cells can part from a fresh read at a near-tie (llama.cpp's CPU
     # flash attention sums V in f16, in cell order); tests/serve/test_prompt_cache.py has it.
     return Server("smollm2", "--cache-ram", "0", "--parallel", "4", "--ctx", "512", "--max-queue", "4", "--prefill-chunk", "16",
-                  "--threads", "1", "--api-key", KEY, "--metrics", env={"LOCALLLM_HOME": str(home)})
+                  "--threads", "1", "--api-key", KEY, "--metrics", *extra, env={"LOCALLLM_HOME": str(home)})
 
 
 @contextlib.contextmanager
-def _own_server(tmp_path: Path) -> Iterator[Server]:
+def _own_server(tmp_path: Path, *extra: str) -> Iterator[Server]:
     """A server for one test: one that stops it, or compares greedy replies with a
     fresh read (which the cells earlier requests left can part at a near-tie)."""
-    server = _start(tmp_path / "serve-home")
+    server = _start(tmp_path / "serve-home", *extra)
     try:
         yield server
     finally:
@@ -129,8 +129,10 @@ def test_openai_completions_max_tokens_and_stop(server) -> None:
 def test_four_concurrent_streams_match_sequential_greedy(tmp_path: Path) -> None:
     """A server of its own: the cells a reply's prompt lands in follow what earlier
     requests left in the cache, and llama.cpp's CPU flash attention sums V in cell
-    order, so a near-tie could part the two runs after other tests in another order."""
-    with _own_server(tmp_path) as server:
+    order, so a near-tie could part the two runs after other tests in another order. No
+    speculation: a draft's rows round apart from one-token steps (tests/serve/test_speculation.py
+    holds speculation's own replies to the plain ones)."""
+    with _own_server(tmp_path, "--speculate", "none") as server:
         _concurrent_matches_sequential(server)
 
 

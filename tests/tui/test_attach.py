@@ -386,3 +386,51 @@ def test_no_pixels_in_a_saved_session(tmp_path: Path) -> None:
     data["images"] = [{"name": "b.png", "path": 3}, "junk"]  # outside data: kept as names, so the markers still pair in order
     assert sessions.from_dict(data, tmp_path / "x.json").images == [{"name": "b.png"}, {"name": "image"}]
 
+
+
+# -- an audio model (SmolLM2 with the synthetic audio projector: a real encoder through libmtmd) --------
+@pytest.mark.slow
+async def test_a_sound_file_on_an_audio_model_is_a_chip_its_own_encode_phase_and_saved(smollm2: Path, tmp_path: Path) -> None:
+    from scripts.make_audio_projector import write_audio_projector
+    from tests.audio.conftest import tone, wav_bytes
+
+    proj = write_audio_projector(tmp_path / "mmproj-audio.gguf")
+    clip, other = tmp_path / "tone one.wav", tmp_path / "two.wav"
+    clip.write_bytes(wav_bytes(tone(1.5, 16000), 16000))
+    other.write_bytes(wav_bytes(tone(0.5, 16000, 880.0), 16000))
+    settings = Settings(n_ctx=1024, threads=2, temperature=0, max_tokens=2, system_prompt="")
+    app = create_app(str(smollm2), vram=4 * 1024**3, bandwidth=20e9, settings=settings, mmproj=str(proj))
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_idle(app, pilot)
+        assert "audio: projector mmproj-audio.gguf (ultravox, 125 tokens each 30 s of sound) · Ctrl+F attaches a sound file" in _notes(app)
+        app.post_message(events.Paste(str(clip).replace(" ", "\\ ")))
+        chip = await until(pilot, lambda: app._chips.texts and app._chips.texts[0], "showed the clip's chip")
+        assert chip == f"♪ audio tone one.wav · {fmt.size(clip.stat().st_size)} · 0:01.5 · 125 audio tokens"
+        app._prompt.value = "What is it?"
+        line = await until(pilot, lambda: app._forecast.text, "forecast the message with its clip")
+        n = int(re.search(r"≈ ([\d,]+) new tokens", line).group(1))
+        assert n > 125 and "TTFT n/a" in line, line
+        await pilot.press("enter")
+        await wait_idle(app, pilot)
+        text = panel_text(app)
+        split = re.search(r"encode ([\d.]+) ms \(([\d.]+) s of audio/s\) · prefill ([\d.]+) ms", text)
+        assert split and float(split.group(1)) > 0 and float(split.group(2)) > 0, text
+        assert ("user", f"What is it?\n↳ audio {chip[8:]}") in chat_text(app)
+        app.wait_for_saves()
+        saved = sessions.load(app.saved.id)
+        assert saved.images == [{"kind": "audio", "name": "tone one.wav", "path": str(clip.resolve()), "sha256": app.chat.images[0].sha256,
+                                 "seconds": 1.5, "bytes": clip.stat().st_size}]
+        # another clip: its forecast counts the audio encode measured on the first (n/a before any was measured)
+        app.post_message(events.Paste(str(other)))
+        await until(pilot, lambda: len(app.chips) == 1, "attached the second clip")
+        app._prompt.value = "And this one?"
+        await until(pilot, lambda: "TTFT ≈" in app._forecast.text, "forecast with the measured audio encode", detail=lambda: app._forecast.text)
+    clip.write_bytes(wav_bytes(tone(1.5, 16000, 220.0), 16000))  # changed on disk: the reopened chat says so and goes on without it
+    again = create_app(str(smollm2), vram=4 * 1024**3, bandwidth=20e9, settings=settings, mmproj=str(proj))
+    async with again.run_test(size=(140, 40)) as pilot:
+        await wait_idle(again, pilot)
+        again.open_session(sessions.load(saved.id))
+        await until(pilot, lambda: any("audio tone one.wav is not in the chat again" in x for x in _notes(again)), "said the clip changed",
+                    detail=lambda: _notes(again))
+        await wait_idle(again, pilot)
+        assert again.chat is not None and again.chat.images == []

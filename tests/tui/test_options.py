@@ -11,6 +11,7 @@ import pytest
 
 from localllm.cli import build_parser
 from localllm.engine_api import LoadConfig
+from localllm.speculation import rows
 from localllm.testing import ScriptedEngine
 from localllm.tui.cli import app_from_args
 from scripts.synth_gguf import SynthSpec, write_llama_gguf
@@ -32,7 +33,7 @@ async def test_every_load_option_reaches_the_engine(synth_model: Path) -> None:
     async with app.run_test(size=(140, 50)) as pilot:
         await wait_idle(app, pilot)
         want = LoadConfig(n_ctx=1024, n_threads=1, n_gpu_layers=0, flash_attn="off", type_k="q8_0", type_v="f16",
-                          n_batch=256, n_ubatch=128, swa_full=True)
+                          n_batch=256, n_ubatch=128, swa_full=True, n_outputs_max=rows("auto") or 1)  # rows for speculation's drafts
         assert backend.config == want and app.load_config == want
         assert app.hardware.gpu_budget == 4 * GiB and "GPU budget (--vram)" in panel_text(app)
         # The settings screen changes what it shows and keeps the options it does not show.

@@ -115,7 +115,8 @@ def test_keys_typed_while_a_model_loads_leave_no_stray_character(_isolated_home:
     start, end = result["stall"]
     assert start < typed < end  # the keys came while the reader stalled
     assert "hello^" not in screen
-    assert [m["content"] for chat in result["chats"] for m in chat if m["role"] == "user"] == ["hello\nworld"]
+    # rendered for the reply, and once more if the reply ended before the quit (its KV cache kept: issue 61)
+    assert {m["content"] for chat in result["chats"] for m in chat if m["role"] == "user"} == {"hello\nworld"}
 
 
 LIST_REPLY = ["# Fruits\n\n", "- Banana\n", "- Apple\n", "- Grapefruit\n", "- Rosemary\n", "- Sage\n\n", "```python\n", "x = 1\n", "```\n",

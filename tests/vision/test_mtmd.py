@@ -205,7 +205,8 @@ def _another_engine(vision_model) -> Iterator[LlamaCppBackend]:
 def test_a_kept_cache_resumes_the_conversation_as_reading_it_again_would(backend, vision_model, tmp_path: Path) -> None:
     """chat.resume: the state kept after a reply, loaded into another process's engine with the
     conversation, gives the next turn the logits the first engine gave, and encodes nothing; a state
-    kept for another text, a damaged file or a conversation without images is not used."""
+    kept for another text, other images or a damaged file is not used; a conversation without images is
+    kept too (issue 61), with no image in its mark."""
     from localllm.chat import resume
     from localllm.chat.session import ChatSession
 
@@ -246,7 +247,8 @@ def test_a_kept_cache_resumes_the_conversation_as_reading_it_again_would(backend
         text_only = ChatSession(fresh, sampling=SamplingConfig(temperature=0, max_tokens=2))
         with text_only.send("hello") as g:
             list(g)
-        assert resume.keep(text_only, tmp_path / "text.state") is None and not (tmp_path / "text.state").exists()
+        text_mark = resume.keep(text_only, tmp_path / "text.state")
+        assert text_mark is not None and text_mark["images"] == [] and (tmp_path / "text.state").stat().st_size > 0
 
 
 def test_a_kept_cache_mark_from_a_session_file_is_checked() -> None:
@@ -255,7 +257,8 @@ def test_a_kept_cache_mark_from_a_session_file_is_checked() -> None:
     good: dict[str, object] = {"text_sha256": "ab" * 32, "cells": 12, "images": ["cd" * 32]}
     assert resume.mark_of({**good, "extra": 1}) == good
     changes: tuple[dict[str, object], ...] = ({"text_sha256": "AB" * 32}, {"text_sha256": "ab" * 31}, {"cells": 0}, {"cells": True}, {"cells": "12"},
-                   {"images": []}, {"images": "cd" * 32}, {"images": ["cd" * 32, 5]}, {"images": None})
+                   {"images": "cd" * 32}, {"images": ["cd" * 32, 5]}, {"images": None})
     for change in changes:
         assert resume.mark_of({**good, **change}) is None, change
     assert resume.mark_of(None) is None and resume.mark_of([good]) is None
+    assert resume.mark_of({**good, "images": []}) == {**good, "images": []}  # a text conversation's (issue 61)

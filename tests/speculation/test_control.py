@@ -1,0 +1,46 @@
+"""When a sequence drafts: on while drafts are kept, off below a rate, on again
+when the drafts it would have made would have been kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from localllm.speculation import Controller, line, rows
+from localllm.speculation.control import K_MAX, K_START, OFF_BELOW, WINDOW
+
+
+def test_auto_turns_off_when_drafts_are_rejected_and_on_when_they_would_be_kept() -> None:
+    c = Controller("auto")
+    assert c.wants() == K_START
+    while c.on:
+        c.verified(c.wants(), 0)
+    assert c.off_switches == 1 and c.wants() == 0 and c.acceptance == 0.0
+    for _ in range(WINDOW):  # off: its shadow drafts are scored against what the model gives, at no cost
+        c.shadow([7, 7])
+        c.observed(7)
+        c.observed(7)
+        if c.on:
+            break
+    assert c.on and c.wants() == K_START
+
+
+def test_the_draft_grows_while_whole_drafts_are_kept_and_halves_when_none_is() -> None:
+    c = Controller("lookup", k_max=8)
+    c.verified(4, 4)
+    assert c.k == 6
+    c.verified(6, 6)
+    c.verified(8, 8)
+    assert c.k == 8
+    c.verified(8, 0)
+    assert c.k == 4 and c.on  # lookup never turns itself off
+    for _ in range(40):
+        c.verified(c.k, 0)
+    assert c.on and c.k == 1 and c.acceptance is not None and c.acceptance < OFF_BELOW
+
+
+def test_none_never_drafts_and_the_counts_say_nothing_when_nothing_was_drafted() -> None:
+    assert Controller("none").wants() == 0 and Controller("none").acceptance is None
+    assert rows("none") is None and rows("auto") == rows("lookup") == K_MAX + 1
+    assert line(0, 0) == "nothing drafted" and line(10, 7) == "7 of 10 drafted tokens kept (70%)"
+    with pytest.raises(ValueError):
+        Controller("sometimes")

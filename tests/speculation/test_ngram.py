@@ -1,0 +1,28 @@
+"""The n-gram drafter: the longest earlier occurrence of the tail, and what followed it."""
+
+from __future__ import annotations
+
+from localllm.speculation import NgramIndex
+
+
+def test_it_drafts_what_followed_the_tails_last_occurrence() -> None:
+    idx = NgramIndex([1, 2, 3, 4, 5, 9, 1, 2, 3])
+    assert idx.draft(2) == [4, 5] and idx.draft(10) == [4, 5, 9, 1, 2, 3]
+    idx.add(7)  # "3 7" never came before: a 2-gram is the shortest it looks for
+    assert idx.draft(3) == []
+
+
+def test_the_longest_match_wins_and_the_latest_of_it() -> None:
+    idx = NgramIndex([5, 6, 1, 8, 2, 5, 6, 1, 9, 6, 1])  # "6 1" last before at 7 (then 9); "5 6 1" not at the tail
+    assert idx.draft(1) == [9]
+    idx.add(9)  # "6 1 9" seen before, ending at 8: what followed it is 6
+    assert idx.draft(2) == [6, 1]
+
+
+def test_nothing_to_draft_from_a_fresh_text_and_truncate_forgets() -> None:
+    assert NgramIndex([1, 2, 3]).draft(4) == [] and NgramIndex().draft(4) == []
+    idx = NgramIndex([1, 2, 3, 1, 2])
+    assert idx.draft(1) == [3]
+    idx.truncate(3)
+    assert idx.tokens == [1, 2, 3] and idx.draft(1) == []
+    assert idx.draft(0) == []
