@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MODES = ("auto", "lookup", "none")
-K_MAX = 10  # the longest draft: a context loaded for speculation outputs K_MAX + 1 rows of logits
+K_MAX = 16  # the longest draft: a context loaded for speculation outputs K_MAX + 1 rows of logits (n_vocab floats each)
 K_START = 4
 WINDOW = 32  # drafted tokens the acceptance is judged on
 OFF_BELOW = 0.35
@@ -81,7 +81,7 @@ class Controller:
                 ratio = ns / self.single_ns
                 self._cost[drafted + 1] = ratio if old is None else 0.7 * old + 0.3 * ratio
         if accepted == drafted:
-            self.k = min(self.k_max, self.k + 2)
+            self.k = min(self.k_max, self.k * 2)  # a quote goes on: draft further
         elif accepted == 0:
             self.k = max(1, self.k // 2)
         self._note(drafted, accepted)
@@ -137,9 +137,10 @@ class Controller:
 
     def _rate(self) -> float | None:
         d = sum(d for d, _ in self._recent)
-        if d < WINDOW // 2:
-            return None  # too few drafts to judge
-        return sum(a for _, a in self._recent) / d
+        a = sum(a for _, a in self._recent)
+        if d < WINDOW // 2 and not (d >= K_START + K_START // 2 and a == 0):
+            return None  # too few drafts to judge (unless none of the first two drafts was kept)
+        return a / d
 
 
 def rows(mode: str) -> int | None:
