@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import subprocess
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,20 @@ from tests.audio.conftest import SENTENCE, need, speak, tone, wav_bytes
 
 
 def refused(data: bytes, *words: str, max_seconds: float = MAX_SECONDS) -> str:
-    """The one-line refusal of ``data``, which must name each of ``words``, and come fast."""
+    """The one-line refusal of ``data``, which must name each of ``words``, come fast, and
+    take memory bounded by the file's size, not by what its header claims (measured)."""
     t0 = time.perf_counter()
     with pytest.raises(InputError) as exc:
         decode_audio(data, name="x.wav", max_seconds=max_seconds)
     assert time.perf_counter() - t0 < 2.0
+    tracemalloc.start()  # again, traced (slower): the peak of what the refusal allocated
+    try:
+        with pytest.raises(InputError):
+            decode_audio(data, name="x.wav", max_seconds=max_seconds)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < len(data) + 8 * 2**20, (peak, len(data))
     msg = str(exc.value)
     assert "\n" not in msg and msg.startswith("audio x.wav")
     for w in words:
