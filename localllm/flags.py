@@ -220,6 +220,16 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
                         "-1 unlimited, 0 no thinking (llama.cpp's flag; default: -1)")
 
 
+def compact_at(text: str) -> float | None:
+    """``--compact-at``'s value (``compaction.parse_fraction``), its error as argparse shows one (chat, tui, serve)."""
+    from localllm.compaction import parse_fraction  # lazy: read only when the flag is given
+
+    try:
+        return parse_fraction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_speculate(p: argparse.ArgumentParser, *, draft: bool = False) -> None:
     """Draftless speculation's mode (``localllm.speculation``), for run, chat and tui; run also takes a draft model."""
     extra = ", or draft: a --draft model (greedy, --temp 0)" if draft else ""

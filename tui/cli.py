@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localllm import flags
-from localllm.compaction import COCKPIT_AT, KEEP_TURNS, parse_fraction
+from localllm.compaction import COCKPIT_AT, KEEP_TURNS
 
 if TYPE_CHECKING:
     from localllm.flags import Subparsers
@@ -32,17 +32,9 @@ def register(sub: Subparsers) -> None:
     flags.add_vision(p, image=False)  # a vision model: pictures attached on screen (Ctrl+F, or a path pasted)
     p.add_argument("--tools", default=None, metavar="NAME[,NAME]|all",
                    help="offer the model these MCP servers' tools (the config file's [mcp.servers]); each call is approved on screen")
-    p.add_argument("--compact-at", type=compact_at, default=COCKPIT_AT, metavar="FRACTION|off",
+    p.add_argument("--compact-at", type=flags.compact_at, default=COCKPIT_AT, metavar="FRACTION|off",
                    help="summarize the older turns with the model when the context is this full, keeping the system prompt and "
                         f"the last {KEEP_TURNS} turns; off: the sliding window alone (default: {COCKPIT_AT}; F3 changes it)")
-
-
-def compact_at(text: str) -> float | None:
-    """``--compact-at``'s value (``compaction.parse_fraction``), its error as argparse shows one."""
-    try:
-        return parse_fraction(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ def register(sub: Subparsers) -> None:
     flags.add_speculate(p)
     p.add_argument("--no-stats", action="store_true", help="no summary line after each reply")
     p.add_argument("--no-prompt-cache", action="store_true", help="do not save or load the system prompt's KV state")
-    p.add_argument("--compact-at", type=_fraction, default=None, metavar="FRACTION",
+    p.add_argument("--compact-at", type=flags.compact_at, default=None, metavar="FRACTION",
                    help="summarize the older turns with the model once the context is this full (e.g. 0.85), keeping the system "
                         "prompt and the last turns (default: off, the sliding window alone; /compact does it on demand)")
     flags.add_template(p)
@@ -253,16 +253,6 @@ def _chat(opts: Options, planned: runtime.Planned, interactive: bool, hub, saved
         if not opts.no_save and hub is None:  # a tool conversation's calls and results are not a saved session's messages
             _save_session(session, saved, path, opts, cfg.to_dict())
     return 0
-
-
-def _fraction(text: str) -> float | None:
-    """``--compact-at``'s value (``compaction.parse_fraction``), its error as argparse shows one."""
-    from localllm.compaction import parse_fraction  # lazy: read only when the flag is given
-
-    try:
-        return parse_fraction(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _compact(session: ChatSession, opts: Options, *, auto: bool = False) -> None:

@@ -67,6 +67,9 @@ def register(sub: Subparsers) -> None:
     flags.add_vision(p, image=False)  # requests' images (serve/media.py)
     flags.add_sampling(p)  # the defaults of a request's omitted fields, as llama-server's --temp, --seed, -n ...
     flags.add_speculate(p)
+    p.add_argument("--compact-at", type=flags.compact_at, default=None, metavar="FRACTION|off",
+                   help="a chat request whose prompt fills this much of a slot's context (0.85, 85%%) has its older turns "
+                        "replaced by a summary the model writes, kept for the conversation's next requests (default: off)")
     flags.add_template(p)
     serve_flags.add(p)
     p.add_argument("--json", action="store_true", help="the request log as one JSON object per line (stderr)")
@@ -117,6 +120,7 @@ class Options:
     vision: flags.Vision
     sampling: flags.Sampling
     speculate: str
+    compact_at: float | None
     template: str | None
     metrics: bool
     slots: bool
@@ -151,7 +155,8 @@ class Options:
             parallel=ns.parallel, api_key=ns.api_key, alias=ns.alias, timeout=ns.timeout, max_queue=ns.max_queue,
             prefill_chunk=ns.prefill_chunk, cache_ram=ns.cache_ram, embeddings=ns.embeddings, pooling=ns.pooling, rerank=ns.rerank,
             load=flags.Load.from_args(ns), lora=flags.Lora.from_args(ns), vision=flags.Vision.from_args(ns),
-            sampling=flags.Sampling.from_args(ns), speculate=ns.speculate, template=ns.template, metrics=ns.metrics, slots=ns.slots, spm_infill=ns.spm_infill,
+            sampling=flags.Sampling.from_args(ns), speculate=ns.speculate,
+            compact_at=ns.compact_at, template=ns.template, metrics=ns.metrics, slots=ns.slots, spm_infill=ns.spm_infill,
             reasoning_format=ns.reasoning_format, reasoning=ns.reasoning, chat_template_kwargs=ns.chat_template_kwargs,
             mcp_servers_config=ns.mcp_servers_config, mcp_servers_json=ns.mcp_servers_json, slot_save_path=ns.slot_save_path,
             tools=ns.tools, media_path=ns.media_path, tags=ns.tags, verbose_replies=ns.verbose_replies, ui_mcp_proxy=ns.ui_mcp_proxy,
@@ -238,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
             max_queue=opts.max_queue, prefill_chunk=opts.prefill_chunk, cache_ram_mib=opts.cache_ram, embeddings_at_start=opts.embeddings,
             pooling=opts.pooling, rerank=opts.rerank, sampling=replace(opts.sampling.config(), speculate=opts.speculate), reasoning=opts.reasoning,
             reasoning_format=opts.reasoning_format, chat_template_kwargs=opts.chat_template_kwargs, spm_infill=opts.spm_infill,
-            metrics=opts.metrics, slots=opts.slots, slot_save_path=opts.slot_save_path, media_path=opts.media_path, cors=cors,
+            metrics=opts.metrics, slots=opts.slots, slot_save_path=opts.slot_save_path, compact_at=opts.compact_at, media_path=opts.media_path, cors=cors,
             json_log=opts.json, header_timeout=opts.timeout, mcp=mcp_hub, server_tools=server_tools, verbose=opts.verbose_replies,
             ui_mcp_proxy=opts.ui_mcp_proxy, sleep_idle_s=sleep_s)
         server = Server(planned, options, say=say, socks=socks, rerank_head=head)

@@ -44,6 +44,7 @@ from localllm.serve import (
 )
 from localllm.serve.body import read_body as _read_body
 from localllm.serve.choices import Choices
+from localllm.serve.compaction import Compactor
 from localllm.serve.embeddings import Embeddings
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.protocol import DEFAULTS, OPENAI, Dialect, RequestError, Shaper, error_body, parse_json, resolve_bias
@@ -92,6 +93,7 @@ class ServeState:
     server_tools: object | None = None  # --tools: llama-server's built-in tools (a localllm.server_tools.Toolbox), for /tools; None: off
     vision: bool = False  # a projector is loaded (--mmproj): requests may hold images (serve/media.py)
     audio: bool = False  # its projector has an audio encoder: requests may hold input_audio parts, /v1/audio/transcriptions answers
+    compactor: Compactor | None = None  # --compact-at (serve/compaction.py); None: off
     slot_save_path: Path | None = None  # --slot-save-path: where POST /slots/{id}?action=save|restore writes and reads (serve/slot_files.py)
     verbose: bool = False  # llama-server's --verbose: every OpenAI reply carries "__verbose" unless its request says "verbose": false
     aliases: tuple[str, ...] = ()  # --alias a,b: every name of the model (llama-server's /v1/models "aliases"); model_name is the first
@@ -242,6 +244,14 @@ def build_app(state: ServeState) -> Guard:
                 assert state.reasoning is not None  # _thinking_open: the template has thinking markers
                 if not state.reasoning.channels:  # (gpt-oss's prompt never ends inside its analysis channel but to continue it)
                     params = replace(params, grammar=thinking_first(params.grammar, state.reasoning))  # a forced call after the thinking
+            compacted = None
+            if state.compactor is not None and chat:
+                try:
+                    compacted = await state.compactor(params, tokens, run_in_threadpool)
+                except (InputError, RequestError, EngineError):  # a summary refused or failed: the request as it came
+                    compacted = None
+                if compacted is not None:
+                    tokens, params = compacted.tokens, compacted.params
             if params.grammar is not None and state.check_grammar is not None:
                 try:
                     await run_in_threadpool(state.check_grammar, params.grammar)
@@ -286,7 +296,10 @@ def build_app(state: ServeState) -> Guard:
 
         # fields no API defines: accepted (clients send vendor extras), but never silently
         ignored = {"X-Ignored-Fields": ", ".join(f[:40] for f in params.ignored[:20])} if params.ignored else {}
-        note = f"ignored fields: {ignored['X-Ignored-Fields']}" if ignored else None
+        if compacted is not None:
+            ignored["X-Compacted"] = compacted.header
+        note = "; ".join(x for x in (f"ignored fields: {ignored['X-Ignored-Fields']}" if params.ignored else "",
+                                     f"compacted: {compacted.header}" if compacted is not None else "") if x) or None
 
         def log_done(status: str) -> None:
             state.log(method, path, status, note, job=job)

@@ -73,6 +73,7 @@ class ServeOptions:
     metrics: bool = True  # /metrics (llama-server answers 501 without --metrics)
     slots: bool = False  # /slots
     slot_save_path: Path | None = None  # /slots/{id}?action=save|restore|erase writes and reads here
+    compact_at: float | None = None  # --compact-at: a chat prompt this full of a slot's context has its older turns summarized
     media_path: Path | None = None  # file:// pictures are read under this folder only (llama-server's --media-path); None: refused
     cors: tuple[str, ...] = ()  # origins allowed (--cors-origins); none: no CORS headers at all
     json_log: bool = False  # the request log as one JSON object per line (stderr)
@@ -159,6 +160,8 @@ def build(loaded: runtime.Loaded, options: ServeOptions, name: str, *, rerank_he
                                n_batch=loaded.config.n_batch, spm_infill=options.spm_infill, context=str(context), extra=extra),
             metrics_endpoint=options.metrics, slots_endpoint=options.slots, mcp=options.mcp, server_tools=options.server_tools,
             slot_save_path=options.slot_save_path,
+            compactor=wiring.compactor(model, scheduler, options.compact_at, n_ctx_seq, wiring.tokenizer(model, extra, options.media_path))
+            if options.compact_at else None,
             aliases=options.aliases, tags=options.tags, verbose=options.verbose, cors_proxy=options.ui_mcp_proxy)
     except BaseException:
         scheduler.stop()

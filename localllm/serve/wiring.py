@@ -10,6 +10,7 @@ server for the command line and for a program that loaded its model itself.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Callable
@@ -235,3 +236,41 @@ def image_tokens(model: Any, params: Any, runs: Callable, media_path: Path | Non
         tokens.media.close()
         raise RequestError(400, "the prompt ends with an image: put text after it")
     return tokens
+
+
+def compactor(model: Any, scheduler: Any, at: float, n_ctx_seq: int, tokenize: Callable[[Any], list[int]]) -> Any:
+    """serve --compact-at's summarizer (serve/compaction.py): the summary request through the
+    model's template with thinking off, written on the scheduler as any request."""
+    from localllm.serve.compaction import SYSTEM, Compactor, summary_sampling  # lazy: only with --compact-at
+    from localllm.serve.scheduler import Job  # lazy: as above
+
+    def summary_prompt(text: str) -> list[int]:
+        return model.tok.chat_tokens([{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
+                                     extra={"enable_thinking": False})
+
+    async def write(prompt: list[int], max_tokens: int) -> str:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        pieces: list[str] = []
+
+        def settle(ok: bool) -> None:
+            if not done.done():
+                done.set_result(ok)
+
+        def emit(kind: str, payload: object) -> None:  # the engine thread
+            if kind == "text":
+                pieces.append(str(payload))
+            elif kind in ("done", "error"):
+                loop.call_soon_threadsafe(settle, kind == "done")
+
+        job = Job(tokens=prompt, sampling=summary_sampling(max_tokens), max_tokens=max_tokens, emit=emit)
+        if not scheduler.submit(job):
+            return ""
+        try:
+            ok = await done
+        finally:
+            if not done.done():  # the client went away while the summary was being written
+                scheduler.cancel(job)
+        return "".join(pieces) if ok else ""
+
+    return Compactor(at, n_ctx_seq, tokenize, summary_prompt, write)
