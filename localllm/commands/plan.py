@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localllm import flags
+from localllm import flags, speculation
 from localllm.commands._common import load_options, load_request, lora_specs, plan_load
 from localllm.commands.serve_flags import DEFAULT_PARALLEL
 from localllm.errors import EXIT_ERROR
@@ -141,6 +141,7 @@ def served(opts: Options, path: Path, f: Fitted) -> tuple[Fitted, fitting.Contex
         return None
     n = DEFAULT_PARALLEL
     request = replace(load_options(opts.load, fitting.DEFAULT_CTX).request(), adapters=tuple(read_adapter(s.path) for s in lora_specs(opts.lora)))
+    request = replace(request, config=replace(request.config, n_outputs_max=n * (speculation.rows("auto") or 1)))  # as serve loads
     lp = api.prepare(path, request, hw=f.hardware, n_seq=n, dry_run=False, serving=True)
     return lp, fitting.context_choice(lp.fit, n, default=True)
 
@@ -384,4 +385,5 @@ def fit_config(opts: Options, path: Path, n_ctx: int | None) -> Fitted:
     load would fit them (``plan_load``): the settings that fit, the user's
     explicit choices kept, llama.cpp's dry run as the referee where the replay
     does not cover the model (unless --no-dry-run), and where it covers it too (a cross-check)."""
-    return plan_load(opts.load, load_request(opts.load, opts.lora, path, n_ctx, cross_check=True)).lp
+    # with the rows of logits run and chat load for speculation's drafts (speculation.rows): the plan is of their load
+    return plan_load(opts.load, load_request(opts.load, opts.lora, path, n_ctx, cross_check=True, n_outputs=speculation.rows("auto"))).lp
