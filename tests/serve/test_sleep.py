@@ -53,6 +53,9 @@ def test_it_sleeps_answers_read_only_routes_asleep_and_wakes_for_work(server: tu
     base, s = server
     assert not _sleeping(base)
     _wait_asleep(base)
+    end = time.monotonic() + 10  # asleep is said first (a request meanwhile waits to wake it), then the model is freed
+    while (s.loaded is not None or s.built is not None) and time.monotonic() < end:
+        time.sleep(0.05)
     assert s.loaded is None and s.built is None  # the model is freed
     assert httpx2.get(f"{base}/health").status_code == 200
     assert [m["id"] for m in httpx2.get(f"{base}/v1/models", headers=H).json()["data"]] == [s.name]
