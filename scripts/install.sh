@@ -87,11 +87,12 @@ fi
 
 # What the tests need from outside Python: the terminal tests drive tmux, the
 # server tests speak curl (SSE framing), the completion tests run zsh and fish
-# as well as bash (a model's file name must never run), the benchmarks' and tests' anchors are
+# as well as bash (a model's file name must never run), the audio tests speak with espeak-ng and
+# convert with sox and lame (an MP3), the benchmarks' and tests' anchors are
 # llama.cpp's own tools built from the same vendored source (cached and keyed
 # like the wheel, under $XDG_CACHE_HOME: scripts/build_llama_tools.sh).
 if [ "$test" = 1 ]; then
-  for need in tmux curl zsh fish espeak-ng sox; do
+  for need in tmux curl zsh fish espeak-ng sox lame; do
     command -v "$need" >/dev/null 2>&1 && continue
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       echo "installing $need (the tests need it)" >&2

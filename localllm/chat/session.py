@@ -109,10 +109,12 @@ class ChatSession:
         head = self._render(self.messages[:1], add_generation_prompt=False) if self.system_prompt else ""
         self.n_keep = len(self._tok(head)) if head and text.startswith(head) else 0
 
-    def prompt_text(self, new: list[dict[str, str]]) -> str:
-        """The conversation with ``new`` as the model will read it, its reply opened
-        (whether the template opens the thinking there: ``chat.thinking.Fold``)."""
-        return self._render(self.messages + new, add_generation_prompt=True)
+    def reply_opening(self) -> str:
+        """What the template writes to open a reply (whether it opens the thinking there:
+        ``chat.thinking.Fold``): a one-message conversation's end, rendered as this
+        session renders (its thinking switch), so a turn does not render the whole
+        conversation a second time to learn it."""
+        return self._render([{"role": "user", "content": "."}], add_generation_prompt=True)[-200:]
 
     def _tok(self, text: str) -> list[int]:
         # A template writes special tokens as text; typed text continued by a base model stays text.

@@ -222,7 +222,7 @@ def _chat(opts: Options, planned: runtime.Planned, interactive: bool, hub, saved
                 reply, calls = tools_cli.turn(chat, message["content"], start_ns=submitted, quiet=opts.json)
             else:
                 images, attached[:] = list(attached), []  # /image's pictures and /audio's clips go with this message
-                fold = Fold(backend.template_source, session.prompt_text([message])[-200:], submitted)
+                fold = Fold(backend.template_source, session.reply_opening(), submitted)
                 gen = session.send_messages([message], start_ns=submitted, images=images)
                 for event in gen:
                     turn_now["pieces"].append(event.text)

@@ -18,10 +18,10 @@ def test_without_tmux_the_terminal_tests_fail_naming_the_fix(monkeypatch: pytest
 
 
 def test_the_test_set_up_installs_what_the_tests_run() -> None:
-    """install.sh --test checks (and as root installs) tmux, curl, zsh, fish, espeak-ng and sox (the audio
+    """install.sh --test checks (and as root installs) tmux, curl, zsh, fish, espeak-ng, sox and lame (the audio
     tests' speech), and builds llama.cpp's tools; CI runs nothing else before the README's test command."""
     text = (REPO / "scripts" / "install.sh").read_text(encoding="utf-8")
-    assert re.search(r"for need in tmux curl zsh fish espeak-ng sox; do", text)
+    assert re.search(r"for need in tmux curl zsh fish espeak-ng sox lame; do", text)
     assert re.search(r'"\$here/scripts/build_llama_tools.sh"', text)
     ci = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
     assert "scripts/install.sh --test" in ci and "apt-get" not in "\n".join(ci)
