@@ -250,6 +250,17 @@ def thinking_of(reasoning: str) -> bool | None:
     return None if reasoning == "auto" else reasoning == "on"
 
 
+def add_conversation(p: argparse.ArgumentParser, *, system_help: str) -> None:
+    """The flags chat and tui open with, in this order: the model and its pull, the
+    system prompt, the sampling, the thinking and the speculation."""
+    add_model(p)
+    add_pull_options(p)
+    p.add_argument("--system", "-sys", "--system-prompt", default=None, help=system_help)
+    add_sampling(p)
+    add_reasoning(p)
+    add_speculate(p)
+
+
 # --- load options ------------------------------------------------------------
 
 

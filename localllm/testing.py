@@ -29,6 +29,7 @@ class ScriptedEngine:
     """An ``Engine`` whose replies and timings are set in advance."""
 
     template_source: str | None = None  # no Jinja text: tool calls in the generic format (a test may set one)
+    generation_prompt = "<assistant>"  # what a rendering ends with for the reply (a test may open the thinking: DeepSeek R1's "<think>\n")
 
     def __init__(self, *, ttft_ms: float = 300.0, itl_ms: float = 40.0, tokens: int = 10, word: str = "tok",
                  fail_at: int | None = None, chat_template: bool = True, n_ctx: int | None = None,
@@ -113,7 +114,7 @@ class ScriptedEngine:
         self.chats.append([dict(m) for m in messages])
         self.tools = tools
         text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
-        return text + ("<assistant>" if add_generation_prompt else "")
+        return text + (self.generation_prompt if add_generation_prompt else "")
 
     def _id(self, word: str) -> int:
         if word not in self._words:

@@ -40,9 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file (C
 
 from scripts import llama_tools  # noqa: E402
 from scripts.make_audio_projector import AudioSpec, write_audio_projector  # noqa: E402
+from scripts.media_runs import Setup, one_reply, two_turns  # noqa: E402
 from scripts.paired_runs import verdict_line  # noqa: E402
 
 PROMPT = "What did you hear?"
+N_CTX = 1024
 TEMPLATE = "chatml"  # both sides: SmolLM2's own template adds a default system prompt, which llama-mtmd-cli's rendering leaves out
 SPEECH = ("The quick brown fox jumps over the lazy dog. A bench measures the encoder that hears this sentence, "
           "and the time to the first word of the reply.")
@@ -73,46 +75,16 @@ def clip(out: Path, seconds: float) -> Path:
 def ours(model: Path, proj: Path, audio: Path, threads: int) -> tuple[float, float, int]:
     """One fresh load (as llama-mtmd-cli does per run), one reply of one token: (encode ms, TTFT ms, prompt tokens)."""
     from localllm.audio.read import load_audio
-    from localllm.engine import LlamaCppBackend
-    from localllm.engine_api import LoadConfig, SamplingConfig
 
-    b = LlamaCppBackend()
-    try:
-        b.load(model, LoadConfig(n_ctx=1024, n_threads=threads))
-        b.load_projector(proj)
-        b.use_template(TEMPLATE)
-        with b.stream_images(PROMPT, [load_audio(audio)], SamplingConfig(temperature=0, max_tokens=1)) as g:
-            list(g)
-        s = g.stats
-        assert s is not None and s.encode_ms is not None and s.ttft_ms is not None
-        return s.encode_ms, s.ttft_ms, s.prompt_tokens
-    finally:
-        b.close()
+    s = one_reply(Setup(model, proj, threads, N_CTX, TEMPLATE), PROMPT, load_audio(audio))
+    return s.encode_ms, s.ttft_ms, s.prompt_tokens
 
 
 def turns(model: Path, proj: Path, audio: Path, threads: int) -> tuple[float, float]:
     """A chat's first turn with the clip and a second without: both TTFTs (ms)."""
     from localllm.audio.read import load_audio
-    from localllm.chat.session import ChatSession
-    from localllm.engine import LlamaCppBackend
-    from localllm.engine_api import LoadConfig, SamplingConfig
 
-    b = LlamaCppBackend()
-    try:
-        b.load(model, LoadConfig(n_ctx=1024, n_threads=threads))
-        b.load_projector(proj)
-        b.use_template(TEMPLATE)
-        session = ChatSession(b, sampling=SamplingConfig(temperature=0, max_tokens=2))
-        # ChatSession carries a clip as it carries a picture (its media list goes to the engine as is); typed for pictures
-        with session.send(PROMPT, images=[load_audio(audio)]) as g:  # type: ignore[list-item]
-            list(g)
-        with session.send("And what else?") as g:
-            list(g)
-        first, second = (t.stats for t in session.turns)
-        assert first is not None and second is not None and first.ttft_ms is not None and second.ttft_ms is not None
-        return first.ttft_ms, second.ttft_ms
-    finally:
-        b.close()
+    return two_turns(Setup(model, proj, threads, N_CTX, TEMPLATE), (PROMPT, "And what else?"), load_audio(audio))
 
 
 def _seconds(line: str) -> float | None:
@@ -126,7 +98,7 @@ def _seconds(line: str) -> float | None:
 def theirs(cli: Path, model: Path, proj: Path, audio: Path, threads: int) -> tuple[float, float, int]:
     """llama-mtmd-cli on the same files: (encode ms, TTFT ms, prompt tokens) from its own log."""
     out = subprocess.run([str(cli), "-m", str(model), "--mmproj", str(proj), "--audio", str(audio), "-p", PROMPT, "-n", "1",
-                          "-t", str(threads), "--temp", "0", "-c", "1024", "-lv", "4", "--perf", "--chat-template", TEMPLATE],
+                          "-t", str(threads), "--temp", "0", "-c", str(N_CTX), "-lv", "4", "--perf", "--chat-template", TEMPLATE],
                          capture_output=True, text=True, timeout=600)
     lines = (out.stdout + out.stderr).splitlines()
     enc = next((float(m.group(1)) for x in lines if (m := re.search(r"(?:batch encoding done|slice encoded) in (\d+) ms", x))), None)

@@ -30,54 +30,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file (C
 
 from scripts import llama_tools  # noqa: E402
 from scripts.make_vision_model import write_vision_model  # noqa: E402
+from scripts.media_runs import Setup, one_reply, two_turns  # noqa: E402
+
+N_CTX = 512
+TEMPLATE = "chatml"  # as llama-mtmd-cli is told: the synthetic model has none
 
 
 def ours(model: Path, proj: Path, image: Path, threads: int) -> float:
     """One fresh load (as llama-mtmd-cli does per run), one encode: its milliseconds."""
-    from localllm.engine import LlamaCppBackend
-    from localllm.engine_api import LoadConfig, SamplingConfig
     from localllm.vision.image import load_image
 
-    b = LlamaCppBackend()
-    try:
-        b.load(model, LoadConfig(n_ctx=512, n_threads=threads))
-        b.load_projector(proj)
-        b.use_template("chatml")  # as llama-mtmd-cli is told: the synthetic model has none
-        with b.stream_images("describe", [load_image(image)], SamplingConfig(temperature=0, max_tokens=1)) as g:
-            list(g)
-        assert g.stats is not None and g.stats.encode_ms is not None
-        return g.stats.encode_ms
-    finally:
-        b.close()
+    return one_reply(Setup(model, proj, threads, N_CTX, TEMPLATE), "describe", load_image(image)).encode_ms
 
 
 def turns(model: Path, proj: Path, image: Path, threads: int) -> tuple[float, float]:
     """A chat's first turn with the image and a second without: both TTFTs (ms)."""
-    from localllm.chat.session import ChatSession
-    from localllm.engine import LlamaCppBackend
-    from localllm.engine_api import LoadConfig, SamplingConfig
     from localllm.vision.image import load_image
 
-    b = LlamaCppBackend()
-    try:
-        b.load(model, LoadConfig(n_ctx=512, n_threads=threads))
-        b.load_projector(proj)
-        b.use_template("chatml")
-        session = ChatSession(b, sampling=SamplingConfig(temperature=0, max_tokens=2))
-        with session.send("what is it?", images=[load_image(image)]) as g:
-            list(g)
-        with session.send("and now?") as g:
-            list(g)
-        first, second = (t.stats for t in session.turns)
-        assert first is not None and second is not None and first.ttft_ms is not None and second.ttft_ms is not None
-        return first.ttft_ms, second.ttft_ms
-    finally:
-        b.close()
+    return two_turns(Setup(model, proj, threads, N_CTX, TEMPLATE), ("what is it?", "and now?"), load_image(image))
 
 
 def theirs(cli: Path, model: Path, proj: Path, image: Path, threads: int) -> float:
     out = subprocess.run([str(cli), "-m", str(model), "--mmproj", str(proj), "--image", str(image), "-p", "describe", "-n", "1",
-                          "-t", str(threads), "--temp", "0", "-c", "512", "--chat-template", "chatml"], capture_output=True, text=True, timeout=600)
+                          "-t", str(threads), "--temp", "0", "-c", str(N_CTX), "--chat-template", TEMPLATE], capture_output=True, text=True, timeout=600)
     m = re.search(r"(?:slice encoded|batch encoding done) in (\d+) ms", out.stdout + out.stderr)
     if m is None:
         raise SystemExit(f"llama-mtmd-cli printed no encode time (exit {out.returncode}):\n{out.stderr[-2000:]}")

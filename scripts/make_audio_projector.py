@@ -37,6 +37,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from scripts.synth_spec import finish
+
 N_POS = 1500  # whisper's positions: 3000 mel frames of one 30 s chunk, halved by conv1d.2
 
 
@@ -122,11 +124,7 @@ def write_audio_projector(path: str | Path, spec: AudioSpec = AudioSpec()) -> Pa
     else:
         w.add_tensor("mm.a.fc.weight", mat(spec.n_embd_text, E))
         w.add_tensor("mm.a.fc.bias", vec(spec.n_embd_text))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)
 
 
 def main() -> None:

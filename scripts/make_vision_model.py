@@ -31,6 +31,7 @@ import gguf
 import numpy as np
 
 from scripts.synth_gguf import CHATML, SynthSpec, write_llama_gguf
+from scripts.synth_spec import finish
 
 
 @dataclass(frozen=True)
@@ -132,11 +133,7 @@ def write_projector(path: str | Path, spec: ProjectorSpec = SMALL) -> Path:
         w.add_tensor("mm.soft_emb_norm.weight", vec(E, 1.0))
         # ne [n_embd_text, E]: siglip.cpp transposes it before the mul_mat, clip_n_mmproj_embd reads ne[0]
         w.add_tensor("mm.input_projection.weight", mat(E, spec.n_embd_text))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)
 
 
 def write_vision_model(out_dir: str | Path, *, size: str = "small", blocks: int = 1, n_embd: int = 64) -> tuple[Path, Path]:

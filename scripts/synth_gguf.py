@@ -18,7 +18,7 @@ import gguf
 import numpy as np
 
 from scripts import synth_archs
-from scripts.synth_spec import SynthSpec
+from scripts.synth_spec import SynthSpec, finish
 
 # ChatML, text parts only (Qwen's and SmolLM2's shape; a vision part is the media marker in the
 # rendered text): with controls=("<|im_start|>", "<|im_end|>") a synthetic model chats
@@ -333,11 +333,7 @@ def write_reranker_gguf(path: str | Path, spec: RerankerSpec = RerankerSpec()) -
         w.add_tensor("cls.bias", mat(E, scale=0.05))
         w.add_tensor("cls.output.weight", mat(spec.n_cls_out, E, scale=1.0))
         w.add_tensor("cls.output.bias", mat(spec.n_cls_out, scale=0.05))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)
 
 
 def write_lora_gguf(path: str | Path, spec: SynthSpec = SynthSpec(), *, rank: int = 4, alpha: float = 8.0,
@@ -374,11 +370,7 @@ def write_lora_gguf(path: str | Path, spec: SynthSpec = SynthSpec(), *, rank: in
             pair(f"blk.{i}.{t}.weight", *dims[t])
     if output:
         pair("output.weight", len(vocabulary(spec.n_vocab)[0]) + len(spec.fim), E)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)
 
 
 def main() -> None:

@@ -5,6 +5,11 @@ was an import circle."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import gguf
 
 
 @dataclass(frozen=True)
@@ -50,3 +55,12 @@ class SynthSpec:
     controls: tuple[str, ...] = ()
     chat_template: str | None = None
     weight_scale: float = 0.02  # the 2-D weights' standard deviation; larger makes attention sharper, so positions matter more
+
+
+def finish(w: gguf.GGUFWriter, path: Path) -> Path:
+    """Write out what ``w`` holds (header, metadata, tensors, in gguf's order) and close it: every synthetic writer's end."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -21,12 +21,7 @@ TUI_CTX = "the plan's: the model's trained context, at most 4096; or the cockpit
 
 def register(sub: Subparsers) -> None:
     p = sub.add_parser("tui", help="the cockpit: chat with live TTFT, ITL, memory budget and KV cache (also: bare localllm)")
-    flags.add_model(p)
-    flags.add_pull_options(p)
-    p.add_argument("--system", "-sys", "--system-prompt", default=None, help="system prompt (default: a helpful assistant)")
-    flags.add_sampling(p)
-    flags.add_reasoning(p)
-    flags.add_speculate(p)
+    flags.add_conversation(p, system_help="system prompt (default: a helpful assistant)")
     flags.add_load_options(p, ctx_help=f"context size in tokens (default: {TUI_CTX})")
     flags.add_lora(p)
     flags.add_vision(p, image=False)  # a vision model: pictures attached on screen (Ctrl+F, or a path pasted)

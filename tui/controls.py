@@ -41,12 +41,14 @@ class ThinkClock:
     the thinking's token count and time, and the time to the first answer
     token (TTFT's counterpart for a reasoning model)."""
 
-    def __init__(self, start_ns: int) -> None:
+    def __init__(self, start_ns: int, *, opened: bool = False) -> None:
         self.start_ns = start_ns
         self._text = ""
         self._tokens = 0
         self._first_ns: int | None = None
-        self.thinking: bool | None = None  # None until the reply's start says
+        # None until the reply's start says; True at once where the template's generation prompt opened the block
+        # (DeepSeek R1's ends in "<think>\n": the reply starts inside it and only writes "</think>")
+        self.thinking: bool | None = True if opened else None
         self.think_tokens: int | None = None
         self.think_ms: float | None = None
         self.answer_ms: float | None = None  # Enter to the first answer token

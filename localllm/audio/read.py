@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
-from pathlib import Path
 
 from localllm.audio import flac, mpeg, wav
 from localllm.audio.sound import MAX_BYTES, MAX_SECONDS, AudioClip
 from localllm.errors import InputError
+from localllm.util.user_file import read_user_file
 
 _OTHER = ((b"OggS", "an Ogg (Vorbis/Opus) file"), (b"\x1aE\xdf\xa3", "a WebM/Matroska file"), (b"FORM", "an AIFF file"),
           (b"#!AMR", "an AMR file"), (b"caff", "a CAF file"))
@@ -63,28 +62,7 @@ def decode_audio(data: bytes, *, name: str = "audio", max_seconds: float = MAX_S
 
 def load_audio(path: str | os.PathLike[str], *, max_seconds: float = MAX_SECONDS, max_bytes: int = MAX_BYTES) -> AudioClip:
     """Read ``path`` as a clip, or raise ``InputError`` with one line naming the file and the cause."""
-    p = Path(path).expanduser()
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise InputError(f"audio {p}: no such file") from None
-    except PermissionError:
-        raise InputError(f"audio {p}: permission denied (a folder on the way cannot be read)") from None
-    except OSError as exc:
-        raise InputError(f"audio {p}: cannot be read ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"audio {p} is a folder, not a file")
-    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end: never opened
-        raise InputError(f"audio {p} is not a regular file (a pipe, socket or device): give a sound file")
-    if st.st_size > max_bytes:
-        raise InputError(f"audio {p} is {st.st_size / 2**20:.0f} MiB, over the {max_bytes // 2**20} MiB limit for a sound file")
-    try:
-        with open(p, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except PermissionError:
-        raise InputError(f"audio {p}: permission denied") from None
-    except OSError as exc:
-        raise InputError(f"audio {p}: cannot be read ({exc.strerror or exc})") from None
+    p, data = read_user_file(path, kind="audio", give="a sound file", max_bytes=max_bytes, limit_for="a sound file")
     return decode_audio(data, name=p.name or str(p), max_seconds=max_seconds, max_bytes=max_bytes)
 
 

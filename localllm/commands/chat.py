@@ -43,12 +43,7 @@ NEWEST = ""  # --resume without an ID: this model's newest saved session
 
 def register(sub: Subparsers) -> None:
     p = sub.add_parser("chat", help="a line-by-line chat in the terminal (no TUI); the context shifts instead of filling up")
-    flags.add_model(p)
-    flags.add_pull_options(p)
-    p.add_argument("--system", "-sys", "--system-prompt", default=None, help="system prompt (always kept when the context shifts)")
-    flags.add_sampling(p)
-    flags.add_reasoning(p)
-    flags.add_speculate(p)
+    flags.add_conversation(p, system_help="system prompt (always kept when the context shifts)")
     p.add_argument("--no-stats", action="store_true", help="no summary line after each reply")
     p.add_argument("--no-prompt-cache", action="store_true", help="do not save or load the system prompt's KV state")
     p.add_argument("--compact-at", type=flags.compact_at, default=None, metavar="FRACTION",

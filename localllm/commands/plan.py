@@ -141,7 +141,7 @@ def served(opts: Options, path: Path, f: Fitted) -> tuple[Fitted, fitting.Contex
         return None
     n = DEFAULT_PARALLEL
     request = replace(load_options(opts.load, fitting.DEFAULT_CTX).request(), adapters=tuple(read_adapter(s.path) for s in lora_specs(opts.lora)))
-    request = replace(request, config=replace(request.config, n_outputs_max=n * (speculation.rows("auto") or 1)))  # as serve loads
+    request = replace(request, config=replace(request.config, n_outputs_max=n * (speculation.rows("auto", serving=True) or 1)))  # as serve loads
     lp = api.prepare(path, request, hw=f.hardware, n_seq=n, dry_run=False, serving=True)
     return lp, fitting.context_choice(lp.fit, n, default=True)
 

@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     parallel = opts.parallel
     # --ctx is each sequence's; with none, the plan's default (fitting.for_header): the trained context for each, fitted
     # rows of logits for each sequence's drafts (draftless speculation), none for a model that only embeds or ranks
-    draft_rows = None if rerank or opts.speculate == "none" else parallel * (speculation.rows(opts.speculate) or 1)
+    draft_rows = None if rerank or opts.speculate == "none" else parallel * (speculation.rows(opts.speculate, serving=True) or 1)
     request = load_request(opts.load, opts.lora, path, opts.load.ctx * parallel if opts.load.ctx else None, n_seq=parallel, serving=True,
                            projector=mmproj, template=opts.template, n_outputs=draft_rows)
     planned = plan_load(opts.load, request).check()  # does not fit (the model, or its projector beside it): one line, before listening

@@ -25,20 +25,29 @@ OUT_MAX = 512 * 1024  # the text's bound: past it, the rest of the matches are c
 LINE_MAX = 4096  # one printed line (a minified file is one line of megabytes)
 
 
-def _read(path: str) -> str | None:
+def read_regular(path: str, limit: int = READ_MAX) -> bytes | None:
+    """A regular file's bytes (at most ``limit``), or None: opened without blocking, so
+    that a FIFO cannot hold the reader, and a device or a FIFO never read. Here
+    because this file imports nothing of the package; the host's file tools
+    (``places.Host.read``) read through it too."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError):
         return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(READ_MAX).decode("utf-8", errors="replace")
+            return f.read(limit)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _read(path: str) -> str | None:
+    data = read_regular(path)
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def search(job: dict) -> dict:

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from localllm.server_tools import proc
+from localllm.server_tools import grep_worker, proc
 from localllm.server_tools.base import Context, RuntimeRefused
 
 LIST_TIMEOUT_S = 15.0  # one listing, git or walked (llama-server's SERVER_TOOL_LIST_ENTRIES_TIMEOUT)
@@ -74,19 +74,7 @@ class Io:
 
     def read(self, path: str, limit: int = READ_MAX) -> bytes | None:
         """The file's bytes (a regular file only, at most ``limit``), or None."""
-        try:
-            fd = os.open(self.resolve(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO must not block the open
-        except (OSError, ValueError):
-            return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                return f.read(limit)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
+        return grep_worker.read_regular(self.resolve(path), limit)
 
     def write(self, path: str, data: bytes) -> bool:
         full = self.resolve(path)

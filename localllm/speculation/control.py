@@ -13,7 +13,7 @@ or slower than decoding alone, it stops drafting, and keeps scoring the drafts
 it would have made against the tokens the model then gives (free: no batch),
 drafting again once they would have been right often enough (``ON_ABOVE``) to
 beat one-token decoding at the batch cost it measured. The draft length grows
-while whole drafts are taken and halves when none is, as llama.cpp's
+while whole drafts are taken, halves when none is, and is twice the tokens kept when some are, as llama.cpp's
 ``--draft-min``/``--draft-max`` bound it. ``lookup`` always drafts; ``none`` never.
 """
 
@@ -23,7 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MODES = ("auto", "lookup", "none")
-K_MAX = 16  # the longest draft: a context loaded for speculation outputs K_MAX + 1 rows of logits (n_vocab floats each)
+# The longest draft: a context loaded for speculation outputs K_MAX + 1 rows of logits (n_vocab floats each).
+# 64, as llama-server's ngram-mod (common.h: n_max 64): a batch's rows cost less each the more there are
+# (SmolLM2 Q4_K_M on 2 cores: 17 rows 145 ms, 8.5 ms a row, against 14 ms for one token), so a quote or
+# a loop taken whole pays most in long drafts; at 16, quoting gave x1.41, at 64 x1.64 (docs/benchmarks.md).
+K_MAX = 64
+# serve's per slot: its rows are n_seq times a slot's (4 slots of Gemma 3's 262k vocabulary at 65 rows
+# would hold 272 MiB of logits), and one slot's long draft lengthens every other slot's step
+K_MAX_SERVING = 16
 K_START = 4
 WINDOW = 32  # drafted tokens the acceptance is judged on
 OFF_BELOW = 0.35
@@ -84,6 +91,8 @@ class Controller:
             self.k = min(self.k_max, self.k * 2)  # a quote goes on: draft further
         elif accepted == 0:
             self.k = max(1, self.k // 2)
+        else:  # a quote broken off: the next as long again as the run kept (a long draft's rows are paid for whole)
+            self.k = max(min(K_START, self.k), min(self.k, 2 * accepted))
         self._note(drafted, accepted)
         if self.mode == "auto" and (self._rate() is not None and self._rate() < OFF_BELOW or self._slower()):  # type: ignore[operator]
             self.on = False
@@ -143,9 +152,10 @@ class Controller:
         return a / d
 
 
-def rows(mode: str) -> int | None:
-    """Rows of logits a context needs for ``mode``'s drafts (a load's ``n_outputs``); None: one, no drafts."""
-    return None if mode == "none" else K_MAX + 1
+def rows(mode: str, *, serving: bool = False) -> int | None:
+    """Rows of logits a sequence needs for ``mode``'s drafts (a load's ``n_outputs``, per slot
+    for serve); None: one, no drafts."""
+    return None if mode == "none" else (K_MAX_SERVING if serving else K_MAX) + 1
 
 
 def line(drafted: int, accepted: int) -> str:

@@ -46,7 +46,10 @@ class NgramIndex:
         for n in range(self.n_max, self.n_min - 1, -1):
             at = self._prev.get(n)
             if at is not None:
-                return self.tokens[at + 1: at + 1 + k]
+                # what followed, and where that runs into the tail itself (a loop of period p: the
+                # tail's match ends p tokens back), the same rule drafting on: the tokens cycle
+                period = len(self.tokens) - 1 - at
+                return [self.tokens[at + 1 + i % period] for i in range(k)] if at + 1 + k > len(self.tokens) else self.tokens[at + 1: at + 1 + k]
         return []
 
     def truncate(self, n: int) -> None:

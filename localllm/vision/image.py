@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 from localllm.errors import InputError
+from localllm.util.user_file import read_user_file
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 MAX_PIXELS = 50_000_000  # a 48 MP phone photo (8000 x 6000) passes; its RGB is 150 MB. Pillow's own MAX_IMAGE_PIXELS is ~89 M
@@ -46,32 +45,10 @@ class RGBImage:
 def load_image(path: str | os.PathLike[str], *, max_pixels: int = MAX_PIXELS, max_bytes: int = MAX_BYTES) -> RGBImage:
     """Read ``path`` as an RGB image, or raise ``InputError`` with one line naming
     the file and the cause."""
-    p = Path(path).expanduser()
+    p, data = read_user_file(path, kind="image", give="a picture file", max_bytes=max_bytes, limit_for="a picture")
     name = p.name or str(p)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise InputError(f"image {p}: no such file") from None
-    except PermissionError:
-        raise InputError(f"image {p}: permission denied (a folder on the way cannot be read)") from None
-    except OSError as exc:
-        raise InputError(f"image {p}: cannot be read ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"image {p} is a folder, not a file")
-    if not stat.S_ISREG(st.st_mode):
-        # a FIFO or a device would block or never end: never opened
-        raise InputError(f"image {p} is not a regular file (a pipe, socket or device): give a picture file")
-    if st.st_size == 0:
+    if not data:
         raise InputError(f"image {p} is empty")
-    if st.st_size > max_bytes:
-        raise InputError(f"image {p} is {st.st_size / 2**20:.0f} MiB, over the {max_bytes // 2**20} MiB limit for a picture")
-    try:
-        with open(p, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except PermissionError:
-        raise InputError(f"image {p}: permission denied") from None
-    except OSError as exc:
-        raise InputError(f"image {p}: cannot be read ({exc.strerror or exc})") from None
     return decode_image(data, name=name, max_pixels=max_pixels, max_bytes=max_bytes)
 
 

@@ -36,6 +36,7 @@ def _ok(server, path: str, run: subprocess.CompletedProcess | None = None) -> li
 
 
 @pytest.mark.slow
+@pytest.mark.agents
 def test_claude_code_is_answered_on_every_request(router, tmp_path: Path) -> None:
     env = client_env(tmp_path / "home", ANTHROPIC_BASE_URL=router.base, ANTHROPIC_API_KEY=KEY, ANTHROPIC_MODEL="gemma3-270m",
                      CLAUDE_CODE_MAX_OUTPUT_TOKENS="16")
@@ -51,6 +52,7 @@ def test_claude_code_is_answered_on_every_request(router, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.agents
 def test_codex_is_answered_in_the_responses_api(router, tmp_path: Path) -> None:
     home = tmp_path / "codex"
     home.mkdir()
@@ -66,6 +68,7 @@ def test_codex_is_answered_in_the_responses_api(router, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.agents
 def test_opencode_runs_to_its_end(router, tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()

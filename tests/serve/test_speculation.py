@@ -31,7 +31,7 @@ def _server(model: Path, mode: str, parallel: int):
     request = runtime.LoadRequest(model=model, options=fitting.LoadOptions(n_ctx=1024 * parallel, threads=1, n_gpu_layers=0,
                                                                            flash_attn="off", type_k="f32", type_v="f32"),
                                   hardware=ROOMY, serving=True, parallel=parallel,
-                                  n_outputs=parallel * (rows(mode) or 1) if mode != "none" else None)
+                                  n_outputs=parallel * (rows(mode, serving=True) or 1) if mode != "none" else None)
     loaded = runtime.open_model(request)
     return loaded, Server(loaded, ServeOptions(port=0, api_key="k", metrics=True, sampling=SamplingConfig(speculate=mode)),
                           say=lambda _: None).start()

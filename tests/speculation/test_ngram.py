@@ -7,7 +7,9 @@ from localllm.speculation import NgramIndex
 
 def test_it_drafts_what_followed_the_tails_last_occurrence() -> None:
     idx = NgramIndex([1, 2, 3, 4, 5, 9, 1, 2, 3])
-    assert idx.draft(2) == [4, 5] and idx.draft(10) == [4, 5, 9, 1, 2, 3]
+    assert idx.draft(2) == [4, 5] and idx.draft(6) == [4, 5, 9, 1, 2, 3]
+    # past the text's end the same rule goes on: "1 2 3" ends 6 back, so what follows repeats every 6
+    assert idx.draft(10) == [4, 5, 9, 1, 2, 3, 4, 5, 9, 1]
     idx.add(7)  # "3 7" never came before: a 2-gram is the shortest it looks for
     assert idx.draft(3) == []
 
@@ -26,3 +28,13 @@ def test_nothing_to_draft_from_a_fresh_text_and_truncate_forgets() -> None:
     idx.truncate(3)
     assert idx.tokens == [1, 2, 3] and idx.draft(1) == []
     assert idx.draft(0) == []
+
+
+def test_a_loop_is_drafted_around_as_far_as_asked() -> None:
+    """A reply caught in a loop (a repeated line) drafts the whole length asked, not
+    only up to the text's end: llama.cpp's lookup drafts token by token on its own
+    draft, which comes to the same."""
+    idx = NgramIndex([7, 8] + [1, 2, 3] * 3)
+    assert idx.draft(8) == [1, 2, 3, 1, 2, 3, 1, 2]
+    idx.add(1)
+    assert idx.draft(4) == [2, 3, 1, 2]

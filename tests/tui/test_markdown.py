@@ -69,6 +69,26 @@ async def test_thinking_is_folded_with_its_tokens_and_time(synth_model: Path) ->
 
 
 @pytest.mark.slow
+async def test_a_reply_the_template_opened_in_thinking_is_folded_too(synth_model: Path) -> None:
+    """DeepSeek R1's generation prompt ends in ``<think>\n``: the reply writes only the
+    ``</think>``, and is folded, counted and timed as one that wrote both."""
+    app, backend = scripted_app(synth_model, ttft_ms=300, itl_ms=40, reply=THINK[1:])
+    backend.template_source = "{{ '<think>' }}{{ '</think>' }}"  # a template whose thinking is <think>
+    backend.generation_prompt = "<assistant><think>\n"
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_idle(app, pilot)
+        await ask(app, pilot, "Think first")
+        rows = _rows(app)
+        assert "▸ thought · 4 tokens in 0.1 s · Ctrl+T shows it" in rows  # tokens 0..3, 3 gaps of 40 ms
+        assert "The answer." in rows and not any("Let me think" in r for r in rows)
+        assert app.first_answer_ms == 300 + 4 * 40
+        backend.generation_prompt = "<assistant>"  # the same template with thinking off: nothing opened, nothing folded
+        backend.reply = ["The", " answer", " again."]
+        await ask(app, pilot, "Answer now")
+        assert "The answer again." in _rows(app) and sum("thought" in r for r in _rows(app)) == 1
+
+
+@pytest.mark.slow
 async def test_a_long_reply_is_drawn_within_100_ms_of_its_last_token(synth_model: Path) -> None:
     """2,000 tokens with five code blocks: from the last token's time to the
     last line the chat view paints (the final frame), on the wall clock."""
