@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localllm.audio.sound import MAX_RATE, MIN_RATE, MIN_SECONDS, clock
+from localllm.audio.sound import MIN_SECONDS, check_rate, clock
 from localllm.errors import InputError
 
 MAX_BLOCKS = 1024  # metadata blocks (pictures, tags, padding): a real file has a few
@@ -45,10 +45,7 @@ def measure(data: bytes, name: str, max_seconds: float) -> FlacInfo:
     channels = ((si[12] >> 1) & 7) + 1
     bits = (((si[12] & 1) << 4) | (si[13] >> 4)) + 1
     total = ((si[13] & 0x0F) << 32) | int.from_bytes(si[14:18], "big")
-    if rate == 0:
-        raise InputError(f"audio {name} has a sample rate of 0 Hz in its FLAC header (damaged)")
-    if not MIN_RATE <= rate <= MAX_RATE:
-        raise InputError(f"audio {name} has a sample rate of {rate} Hz: {MIN_RATE} to {MAX_RATE} Hz is taken (a damaged header?)")
+    check_rate(name, rate, "FLAC")
     if total == 0:
         raise InputError(f"audio {name} is a FLAC that does not state its length (a stream's capture): re-encode it (flac -f in.flac, sox)")
     if total / rate > max_seconds:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localllm.errors import InputError
+
 MAX_SECONDS = 600.0  # ten minutes: a long meeting should be cut first; 20 chunks of 30 s, each encoded whole
 MIN_SECONDS = 0.05  # shorter is no sound to hear (and libmtmd asserts on a clip of one sample)
 MAX_BYTES = 128 * 1024 * 1024  # a file: ten minutes of 48 kHz stereo 24-bit WAV is 173 MB, of 16-bit 115 MB
@@ -49,3 +51,12 @@ def clock(seconds: float) -> str:
         return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
     minutes, rest = divmod(seconds, 60)
     return f"{int(minutes)}:{rest:04.1f}"
+
+
+def check_rate(name: str, rate: int, container: str) -> None:
+    """A header's sample rate, refused in one line where it is 0 or out of ``MIN_RATE``..``MAX_RATE``
+    (``container``: the format whose header said it, WAV or FLAC)."""
+    if rate == 0:
+        raise InputError(f"audio {name} has a sample rate of 0 Hz in its {container} header (damaged)")
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise InputError(f"audio {name} has a sample rate of {rate} Hz: {MIN_RATE} to {MAX_RATE} Hz is taken (a damaged header?)")

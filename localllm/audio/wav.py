@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from localllm.audio.sound import MAX_RATE, MIN_RATE, MIN_SECONDS, clock
+from localllm.audio.sound import MIN_SECONDS, check_rate, clock
 from localllm.errors import InputError
 
 MAX_CHUNKS = 256  # a WAV has a handful (fmt, data, LIST, fact); past this it is no WAV
@@ -77,10 +77,7 @@ def parse(data: bytes, name: str, max_seconds: float) -> WavHeader:
     if tag not in _BITS:
         raise InputError(f"audio {name} is a WAV in encoding {tag} (compressed): only PCM and float WAVs are read; "
                          f"convert it (sox in.wav -e signed -b 16 out.wav)")
-    if rate == 0:
-        raise InputError(f"audio {name} has a sample rate of 0 Hz in its WAV header (damaged)")
-    if not MIN_RATE <= rate <= MAX_RATE:
-        raise InputError(f"audio {name} has a sample rate of {rate} Hz: {MIN_RATE} to {MAX_RATE} Hz is taken (a damaged header?)")
+    check_rate(name, rate, "WAV")
     if channels == 0:
         raise InputError(f"audio {name} has 0 channels in its WAV header (damaged)")
     if channels > 32:
