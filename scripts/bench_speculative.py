@@ -9,7 +9,10 @@ first over the time from the first token to the last (each side's own clock:
 localllm's token stamps, llama-server's ``timings.predicted_per_second``).
 Prints the ratios the targets are about: auto over none (>= 1.5 quoting,
 >= 0.97 free text) and auto over llama-server ngram-mod, medians of paired,
-alternating runs.
+alternating runs, and the first run of each (before either side remembers the
+reply: llama-server's ngram-mod pool is shared across requests, as localllm's
+earlier replies are). ``ceiling`` is the most any drafter can give here: every
+draft of 64 kept whole, a 65-row batch's cost against one token's.
 
     python scripts/bench_speculative.py [--model smollm2] [--reps 3] [--tokens 256] [--json] [--quick]
 """
@@ -51,6 +54,26 @@ def ours(b: LlamaCppBackend, prompt: str, temp: float, n: int, mode: str) -> tup
     stamps = [e.t_ns for e in gen]
     rate = (len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 1e9) if len(stamps) > 1 and stamps[-1] > stamps[0] else None
     return rate, gen.spec.acceptance if gen.spec is not None else None
+
+
+def ceiling(b: LlamaCppBackend, prompt: str, reps: int) -> dict[str, float]:
+    """The most any draft of up to ``rows("auto") - 1`` tokens can give here: every draft kept
+    whole, so each batch of ``n`` rows gives ``n`` tokens, against one-token decodes, at the
+    quoting prompt's depth (fastest of ``reps``). Where a batch's rows cost nearly what a token
+    does (a small model on a CPU: compute-bound), this bounds every draftless drafter alike,
+    llama-server's included."""
+    n = rows("auto") or 1
+    toks = b.tokenize(prompt)
+    b.reset()
+    b.prefill(toks)
+    one, many = [], []
+    for _ in range(max(2, reps)):
+        one.append(b.verify(toks[-1:]).ns)
+        b.truncate(len(toks))
+        many.append(b.verify((toks * (1 + n // len(toks)))[:n]).ns)
+        b.truncate(len(toks))
+    t1, tn = min(one), min(many)
+    return {"rows": n, "ms_one_token": t1 / 1e6, "ms_a_row": tn / 1e6 / n, "x_none": n * t1 / tn}
 
 
 class LlamaServer:
@@ -114,6 +137,7 @@ def main() -> int:
             missing = f"not built ({binary} missing)"
     report: dict[str, dict] = {}
     try:
+        bound = ceiling(b, tasks(source)["quoting (rewrite a code file, one change)"][0], a.reps)
         for name, (prompt, temp) in tasks(source).items():
             runs: dict[str, list[tuple[float | None, float | None]]] = {k: [] for k in ("none", "auto", *servers)}
             for r in range(a.reps):
@@ -123,28 +147,40 @@ def main() -> int:
             med = {k: statistics.median(x[0] for x in v if x[0]) if any(x[0] for x in v) else None for k, v in runs.items()}
             acc = {k: statistics.median(x[1] for x in v if x[1] is not None) if any(x[1] is not None for x in v) else None
                    for k, v in runs.items()}
+            ngram = med.get("llama-server ngram-mod")
             ratio = {"auto/none": med["auto"] / med["none"] if med["auto"] and med["none"] else None,
+                     "ceiling/none": bound["x_none"],
+                     "ceiling/llama-server ngram-mod": bound["x_none"] * med["none"] / ngram if med["none"] and ngram else None,
                      "auto/llama-server ngram-mod": (med["auto"] / med["llama-server ngram-mod"]
                                                      if med["auto"] and med.get("llama-server ngram-mod") else None)}
-            report[name] = {"temperature": temp, "tokens_per_s": med, "acceptance": acc, "ratios": ratio}
+            # the first repetition: nothing remembered on either side (llama-server's ngram-mod pool
+            # and localllm's earlier replies hold the repeated request's reply from the second on)
+            first = {k: v[0][0] for k, v in runs.items()}
+            report[name] = {"temperature": temp, "tokens_per_s": med, "acceptance": acc, "ratios": ratio, "first_request": first}
     finally:
         for s in servers.values():
             s.close()
         b.close()
     if a.json:
         print(json.dumps({"model": path.name, "threads": a.threads, "tokens": a.tokens, "reps": a.reps, "llama_server": missing or "run",
-                          "tasks": report}, indent=2))
+                          "ceiling": bound, "tasks": report}, indent=2))
         return 0
     print(f"{path.name}, {a.threads} threads, {a.tokens} tokens a reply, median of {a.reps} (decode tokens/s; acceptance)")
-    for name, r in report.items():
-        print(f"  {name}, temperature {r['temperature']}:")
-        for k, v in r["tokens_per_s"].items():
-            acc = r["acceptance"].get(k)
+    print(f"  ceiling: a {bound['rows']}-row batch {bound['ms_a_row']:.1f} ms a row, one token {bound['ms_one_token']:.1f} ms:"
+          f" drafts kept whole give at most x{bound['x_none']:.2f} against none here")
+    for name, rp in report.items():
+        print(f"  {name}, temperature {rp['temperature']}:")
+        for k, v in rp["tokens_per_s"].items():
+            acc = rp["acceptance"].get(k)
             print(f"    {k:<24} {'n/a' if v is None else f'{v:7.1f}'}" + ("" if acc is None else f"   {100 * acc:.0f}% of drafts kept"))
         if missing:
             print(f"    llama-server             {missing}")
-        for k, v in r["ratios"].items():
-            print(f"    {k:<28} {'n/a' if v is None else f'x{v:.2f}'}")
+        f = rp["first_request"]
+        if f.get("llama-server ngram-mod") and f.get("auto"):
+            print(f"    first request (nothing remembered): auto {f['auto']:.1f}, llama-server ngram-mod"
+                  f" {f['llama-server ngram-mod']:.1f} (x{f['auto'] / f['llama-server ngram-mod']:.2f})")
+        for k, v in rp["ratios"].items():
+            print(f"    {k:<32} {'n/a' if v is None else f'x{v:.2f}'}")
     return 0
 
 

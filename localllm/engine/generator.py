@@ -137,6 +137,8 @@ def _run(out: Generation, handle: ModelHandle, tok: Tokenizer, cache: KVCache, t
         if ahead:
             cache.truncate(len(cache) - ahead)
         free_sampler(sampler)
+        if spec is not None:
+            spec.finish()
         stats = compute_stats(
             start_ns=start,
             token_ns=token_ns,
@@ -168,4 +170,4 @@ def _speculation(handle: ModelHandle, sampling: SamplingConfig, seen: list[int])
     k_max = min(K_MAX, handle.n_outputs_max - 1, handle.n_batch - 1)
     if sampling.speculate == "none" or k_max < 1 or handle.recurrent:
         return None
-    return Drafting(seen, sampling.speculate, k_max)
+    return Drafting(seen, sampling.speculate, k_max, handle.replies)

@@ -29,6 +29,7 @@ from localllm.modelfile.gguf_file import GGUFHeader, read_header
 from localllm.plan import planner
 from localllm.plan.placement import logged_buffers
 from localllm.plan.workers import parse_endpoints
+from localllm.speculation.history import Replies
 
 
 def check_config(cfg: LoadConfig) -> None:
@@ -138,6 +139,7 @@ class ModelHandle:
     logged_buffers: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # device -> kind -> MiB, from the load's log
     load_log: list[tuple[int, str]] = field(default_factory=list)  # llama.cpp's log lines of this load (level, text)
     steer: Steered | None = None  # the thread counts, chosen per step (engine.threadctl); None: as loaded
+    replies: Replies = field(default_factory=Replies)  # its replies so far, which later replies' drafts may quote
 
     @staticmethod
     def check(path: Path, config: LoadConfig, header: GGUFHeader | None = None) -> GGUFHeader:

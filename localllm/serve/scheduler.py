@@ -58,7 +58,7 @@ from localllm.errors import EngineError
 from localllm.serve.media import ImageSpan, Media
 from localllm.serve.prometheus import ServerMetrics
 from localllm.serve.prompt_cache import PromptCache, common_prefix
-from localllm.speculation import Drafting, verify
+from localllm.speculation import Drafting, Replies, verify
 
 
 class Refused(str):
@@ -254,6 +254,7 @@ class Scheduler:
         self.model = model
         # draftless speculation (localllm.speculation): its mode, and the longest draft a step's rows allow a sequence
         self.speculate, self.k_max = (speculate, k_max) if k_max >= 1 else ("none", 0)
+        self.replies = Replies()  # the slots' replies so far, one pool as llama.cpp's ngram-mod keeps
         self.n_swa = n_swa  # a sliding-window cache's window (0: none): see _kept
         # LoRA adapters (serve --lora): their paths by id, and the server's scales (POST /lora-adapters sets them)
         self.adapters: tuple[str, ...] = tuple(p for p, _ in adapters)
@@ -472,7 +473,7 @@ class Scheduler:
         # penalties see the prompt, as in llama-server (its text: an image's filler ids are no tokens)
         prompt = job.tokens if job.media is None else [t for t in job.tokens if t >= 0]
         target.sampler = self.model.new_sampler(job.sampling, prompt)
-        target.drafting = Drafting(prompt, self.speculate, self.k_max) if self.speculate != "none" else None
+        target.drafting = Drafting(prompt, self.speculate, self.k_max, self.replies) if self.speculate != "none" else None
         target.last = None
         target.text, target.emitted = "", 0
         target.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -784,6 +785,9 @@ class Scheduler:
         if drop:
             self.model.seq_rm(s.id)
             s.cache = []
+        if s.drafting is not None:
+            s.drafting.finish()
+            s.drafting = None
         s.job, s.last, s.chunk = None, None, []
         self._clock += 1
         s.used_at = self._clock

@@ -18,6 +18,7 @@ tokens; the index and the controller are tested in milliseconds.
 
 from localllm.speculation.control import MODES, Controller, line, rows, verify
 from localllm.speculation.drafting import Drafting
+from localllm.speculation.history import Replies
 from localllm.speculation.ngram import NgramIndex
 
-__all__ = ["MODES", "Controller", "Drafting", "NgramIndex", "line", "rows", "verify"]
+__all__ = ["MODES", "Controller", "Drafting", "NgramIndex", "Replies", "line", "rows", "verify"]

@@ -68,3 +68,11 @@ def test_none_never_drafts_and_the_counts_say_nothing_when_nothing_was_drafted()
     assert line(0, 0) == "nothing drafted" and line(10, 7) == "7 of 10 drafted tokens kept (70%)"
     with pytest.raises(ValueError):
         Controller("sometimes")
+
+
+def test_a_cold_auto_starts_off_and_a_draft_verified_while_off_is_not_a_second_switch() -> None:
+    c = Controller("auto", cold=True)
+    assert not c.on and c.wants() == 0 and Controller("lookup", cold=True).on
+    for _ in range(4):
+        c.verified(K_START, 0)  # drafts made while off (a long quote's, drafting.py): counted, no switch
+    assert c.drafted == 4 * K_START and c.off_switches == 0 and not c.on

@@ -38,3 +38,23 @@ def test_a_loop_is_drafted_around_as_far_as_asked() -> None:
     assert idx.draft(8) == [1, 2, 3, 1, 2, 3, 1, 2]
     idx.add(1)
     assert idx.draft(4) == [2, 3, 1, 2]
+
+
+def test_a_long_ngram_tells_apart_places_a_short_one_recurs() -> None:
+    """Text that repeats a phrase with different endings: the last occurrence of the
+    short tail is the wrong one; the 8-gram match finds where the whole line went on."""
+    line_a = [10, 11, 12, 13, 14, 15, 20, 21]  # "... a batch of rows costs more"
+    line_b = [10, 11, 12, 13, 14, 16, 22, 23]  # "... a batch of rows costs less"
+    idx = NgramIndex([1, 2] + line_a + line_b + line_a[:5])
+    assert idx.draft(3) == [16, 22, 23]  # the 4..5-token tail alone: the latest, line_b
+    idx = NgramIndex(line_a + [30] + line_b + [31] + line_a + [30] + line_b + [31] + line_a[:5])
+    assert idx.draft(3) == [15, 20, 21]  # its 8-gram (line_b's end, 31, line_a's start) came before only where line_a went on
+
+
+def test_the_run_is_how_long_the_followed_quote_has_gone_on() -> None:
+    quote = list(range(100, 140))
+    idx = NgramIndex([1, 2] + quote + [3] + quote[:20])
+    assert idx.run(64) == 20 and idx.run(8) == 8  # capped where asked
+    assert idx.draft(5) == quote[20:25]
+    idx.add(999)  # the quote broken off: nothing matches the tail
+    assert idx.run(64) == 0
