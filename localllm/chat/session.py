@@ -43,6 +43,9 @@ class Turn:
     before: tuple[str, int] | None = None  # the cached text and KV length before it: what ``rewind`` goes back to
 
 
+TURN_MARGIN = 16  # tokens a template wraps a message in: ChatML 8 (its role lines, end mark and generation prompt), others a few more
+
+
 @dataclass
 class ChatSession:
     backend: Engine
@@ -138,7 +141,7 @@ class ChatSession:
             text += piece
         return text
 
-    def _new_tokens(self, rendered: str, data: list[tuple[int, int]] | None = None) -> list[int]:
+    def _new_tokens(self, rendered: str, data: list[tuple[int, int]] | None = None, newest: str = "") -> list[int]:
         """Tokens to append for this turn. If the template's text extends what the
         cache stands for, only the new part; otherwise start over, keeping the
         system prompt's tokens separate so their count is exact."""
@@ -155,7 +158,7 @@ class ChatSession:
         bos = self.backend.tokenize("", add_special=True, parse_special=False) if self.completion else []
         head_tokens = bos + (self._tok(head) if head else [])
         self.n_keep = len(head_tokens)
-        rest = self._tok_data(rendered, len(head), data)
+        rest = self._tok_fitting(self._tok_data(rendered, len(head), data), newest)
         if head_tokens and self.prompt_cache is not None:
             # Reuse the system prompt's KV state from disk, or compute and save it.
             self.prompt_cache_hit = self.prompt_cache.exists() and self.backend.load_state(self.prompt_cache)
@@ -175,6 +178,24 @@ class ChatSession:
             self.backend.save_state(self.prompt_cache)
             return rest
         return head_tokens + rest
+
+    def _tok_fitting(self, rest: list[int], newest: str) -> list[int]:
+        """A conversation read again from its start (a turn taken back after the window slid,
+        a saved chat longer than the context): with the sliding window on, what does not fit
+        is left out as the window would have dropped it, the oldest tokens after the kept
+        ones, to half the rest of the context (llama.cpp's shift: ``n_discard = n_left / 2``),
+        or less where the ``newest`` message needs more. A newest message that does not fit
+        by itself, and any conversation without the window, the engine refuses as too long."""
+        room = self.n_ctx - self.n_keep
+        if not self.sliding_window or self.n_keep + len(rest) < self.n_ctx:
+            return rest
+        need = len(self._tok(newest)) + TURN_MARGIN if newest else 0
+        if need >= room:
+            return rest
+        kept = rest[len(rest) - max(room // 2, need):]
+        self._notice(f"the conversation is longer than the context: its oldest {len(rest) - len(kept)} tokens were left out,"
+                     " as the sliding window drops them")
+        return kept
 
     def _tok_data(self, rendered: str, start: int, data: list[tuple[int, int]] | None) -> list[int]:
         """``rendered[start:]``'s tokens, the ``data`` spans (tool results) as plain text."""
@@ -260,7 +281,7 @@ class ChatSession:
         extends = self._cached_text and self.backend.context_used and rendered.startswith(self._cached_text)
         before = (self._cached_text, self.backend.context_used) if extends else None
         media = bool(self._pending or self.images)  # a conversation with images goes through libmtmd (_media_reply)
-        tokens = [] if media else self._new_tokens(rendered, self._data_spans(messages, rendered))
+        tokens = [] if media else self._new_tokens(rendered, self._data_spans(messages, rendered), text)
         pieces: list[str] = []
         reply: Generation | None = None
         refused = False

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from localllm.chat.session import ChatSession
 from localllm.engine_api import LoadConfig, SamplingConfig
+from localllm.engine_api.errors import InvalidSetting
 from localllm.testing import ScriptedEngine
 
 
@@ -50,3 +53,30 @@ def test_rewind_after_a_shift_reads_the_conversation_again() -> None:
 def test_rewind_with_nothing_to_take_back() -> None:
     chat, _ = _chat()
     assert chat.rewind() is None
+
+
+def test_a_conversation_read_again_past_the_context_keeps_its_newest_tokens(smollm2: Path) -> None:
+    """A turn taken back after the window slid (the cockpit's regenerate; bench_compact's
+    questions): the conversation read again no longer fits, so, the sliding window being
+    on, its oldest tokens are left out as a shift would drop them, instead of the engine
+    refusing the turn as longer than the context."""
+    from localllm.engine import LlamaCppBackend
+
+    notices: list[str] = []
+    with LlamaCppBackend() as engine:
+        engine.load(smollm2, LoadConfig(n_ctx=256, n_threads=2))
+        chat = ChatSession(engine, system_prompt="You are terse.", sampling=SamplingConfig(temperature=0, max_tokens=24),
+                           on_notice=notices.append)
+        for i in range(12):
+            _say(chat, f"Note {i}: the {['red', 'green', 'blue'][i % 3]} box holds {i * 7} marbles and a small brass key.")
+            if chat.turns[-1].stats.context_shifts:
+                break
+        assert chat.turns[-1].stats.context_shifts  # the last turn slid the window
+        assert chat.rewind() is not None
+        _say(chat, "How many marbles are in the red box?")
+        assert chat.context_used < 256 and chat.turns[-1].reply
+        assert notices and "oldest" in notices[-1] and "left out" in notices[-1]
+        chat.sliding_window = False
+        assert chat.rewind() is not None
+        with pytest.raises(InvalidSetting):  # no window: too long, refused as before
+            _say(chat, "How many marbles are in the red box?")
