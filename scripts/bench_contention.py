@@ -29,9 +29,10 @@ Ratios (geometric mean of the rounds' pairs, with the 95% interval of
   and 8 clients >= 1.3 (scripts/contention_serve.py; ``--no-serve`` skips it).
 
 On a shared machine the other load hits both sides of a pair alike; the
-figures are still noisy: read the intervals. ``--quick``: one round of 32
+figures are still noisy: read the intervals. ``--quick``: one round of 2
 tokens, a short period: it shows the script runs and prints its lines, not the
-ratios.
+ratios (a run with more threads than free cores can fall to a few t/s or
+less: the quick run's time is in its tokens).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def plain_line(label: str, ratios: list[float], missing: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
-                    help="one round of 16 tokens, a 0.5 s period, no warm-up runs nor localllm at fixed counts: it runs, the figures are noise")
+                    help="one round of 2 tokens, a 0.5 s period, no warm-up runs nor localllm at fixed counts: it runs, the figures are noise")
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--tokens", type=int, default=256, help="decode steps a run (default 256)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds per condition, the order flipped each (default 5)")
@@ -143,7 +144,7 @@ def main() -> int:
     ap.add_argument("--only", choices=("idle", "busy", "on-off"), action="append", help="run only this condition (repeatable; default: all three)")
     args = ap.parse_args()
     if args.quick:
-        args.tokens, args.on_off_tokens, args.rounds, args.period, args.no_local_fixed = 16, 16, 1, 0.5, True
+        args.tokens, args.on_off_tokens, args.rounds, args.period, args.no_local_fixed = 2, 2, 1, 0.5, True
     from localllm.engine import LlamaCppBackend  # lazy: loads llama.cpp, after the flags are checked
 
     path = resolve(args.model)
@@ -233,7 +234,7 @@ def main() -> int:
 
         print("\none core busy, serve against llama-server: aggregate tokens/s", flush=True)
         if args.quick:  # it runs and prints its line: 8 clients once each, short prompts and replies, no warm-up
-            lines += serve_rows(path, tool("llama-server"), lambda: Hog(None), rounds=1, gen_tokens=4, clients=(8,), prompt_tokens=16, warmup=False,
+            lines += serve_rows(path, tool("llama-server"), lambda: Hog(None), rounds=1, gen_tokens=2, clients=(8,), prompt_tokens=8, warmup=False,
                                 requests=8)
         else:
             lines += serve_rows(path, tool("llama-server"), lambda: Hog(None), rounds=max(2, args.rounds), gen_tokens=args.tokens)

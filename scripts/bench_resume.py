@@ -48,11 +48,12 @@ N_CTX = 4096
 FOLLOW_UP = "Which of these passages did you like best, and why?"
 
 
-def conversation(b: LlamaCppBackend, tokens: int) -> list[dict[str, str]]:
+def conversation(b: LlamaCppBackend, tokens: int, per_passage: int = 50) -> list[dict[str, str]]:
     """Exchanges over the prose until the rendered chat holds about ``tokens``
-    tokens (less a last exchange's worth, which the caller generates)."""
+    tokens (less a last exchange's worth, which the caller generates); passages
+    of ``per_passage`` words (50: ~65 tokens each, so the length lands near ``tokens``)."""
     words = eval_text().split()
-    paragraphs = [" ".join(words[i:i + 50]) for i in range(0, len(words), 50)]  # ~65 tokens each: the length lands near ``tokens``
+    paragraphs = [" ".join(words[i:i + per_passage]) for i in range(0, len(words), per_passage)]
     messages: list[dict[str, str]] = []
     i = 0
     while True:
@@ -92,10 +93,15 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--tokens", type=int, default=3000, help="the conversation's length in tokens (about)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the lines")
-    ap.add_argument("--quick", action="store_true", help="one repetition of a 300-token conversation (CI: checks that it completes and prints its figures)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one repetition of a ~150-token conversation (one exchange of 20-word passages, the last reply cut at 32 tokens) "
+                         "(CI: checks that it completes and prints its figures)")
     a = ap.parse_args()
+    # --quick: the conversation is prefilled twice and its last reply decoded one token at a time, most of the run;
+    # one short exchange and a cut reply keep every step (a cut reply is kept and resumed as any other)
+    per_passage, last_reply = (20, 32) if a.quick else (50, 256)
     if a.quick:
-        a.reps, a.tokens = 1, 300
+        a.reps, a.tokens = 1, 200  # one exchange: it passes the 50 tokens (200 less 150) conversation() stops at
     path = resolver.resolve(a.model)
     b = LlamaCppBackend()
     b.load(path, LoadConfig(n_ctx=N_CTX, n_threads=a.threads))
@@ -106,8 +112,8 @@ def main() -> int:
     same = as_live = True
     with tempfile.TemporaryDirectory() as d:
         state = Path(d) / "chat.state"
-        # the last reply ends where the model stops (a reply cut at max_tokens leaves its last token out of the cache)
-        chat = ChatSession(b, sampling=SamplingConfig(temperature=0, max_tokens=256), messages=conversation(b, a.tokens))
+        # the last reply ends where the model stops (a reply cut at max_tokens leaves its last token out of the cache; --quick cuts it)
+        chat = ChatSession(b, sampling=SamplingConfig(temperature=0, max_tokens=last_reply), messages=conversation(b, a.tokens, per_passage))
         with chat.send("One last passage: what is the gist of all of them?") as g:
             list(g)
         mark = resume.keep(chat, state)

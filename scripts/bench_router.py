@@ -12,7 +12,7 @@ router against the same model under ``localllm serve MODEL`` (same options), in
 alternating turns, proxying between processes included (target >= 0.97).
 
 Ratios are geometric means of the pairs with bench_serve's 95% interval; --quick
-(one switch each way, one decode pair of 8 tokens, no warm-up) prints them "(not judged)".
+(one switch a router, one decode pair of 4 tokens, no warm-up) prints them "(not judged)".
 
     python scripts/bench_router.py [--quick] [--pairs N] [--threads N]
 """
@@ -109,14 +109,14 @@ def ratio_line(label: str, ratios: list[float], target: float, at_most: bool, ju
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one switch a router, one decode pair of 8 tokens, no warm-up; figures not judged (CI)")
+    ap.add_argument("--quick", action="store_true", help="one switch a router, one decode pair of 4 tokens, no warm-up; figures not judged (CI)")
     ap.add_argument("--pairs", type=int, default=6, help="pairs per ratio (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="threads for every server (default: %(default)s)")
     ap.add_argument("--ctx", type=int, default=256, help="context per sequence (default: %(default)s)")
-    ap.add_argument("--tokens", type=int, default=None, help="decode reply length (default: 64; --quick 8)")
+    ap.add_argument("--tokens", type=int, default=None, help="decode reply length (default: 64; --quick 4)")
     args = ap.parse_args()
     pairs = 1 if args.quick else max(2, args.pairs)
-    tokens = args.tokens or (8 if args.quick else 64)
+    tokens = args.tokens or (4 if args.quick else 64)  # decode_rate needs 3
     judged = not args.quick and pairs >= 2
 
     llama_server = require("llama-server")
@@ -181,10 +181,14 @@ def main() -> int:
                       f"llama-server {statistics.median(theirs[k::2]) * 1000:.0f} ms")
             print(ratio_line("switch localllm/llama-server", ratios, 1.1, True, judged))
 
-            # steady decode: router vs single-model serve, alternating who goes first
-            for name in MODELS:
-                stream(lbase, name, 2)  # loaded in the router (models-max 1 unloads the other)
-                stream(singles[name][1], name, 2)
+            # steady decode: router vs single-model serve, alternating who goes first; the model the
+            # router holds after the switches first (a after the full run's even count: the same order;
+            # --quick's one switch leaves b: one load fewer). --quick: no warm-up (the rate starts at the
+            # first token, so a load before it is not in it)
+            for name in sorted(MODELS, key=lambda m: m != dst):
+                if not args.quick:
+                    stream(lbase, name, 2)  # loaded in the router (models-max 1 unloads the other)
+                    stream(singles[name][1], name, 2)
                 via, direct, dec = [], [], []
                 for i in range(pairs):
                     order = ("r", "s") if i % 2 == 0 else ("s", "r")

@@ -142,7 +142,8 @@ def paired(args, path: str, log_dir: Path, running: tuple[subprocess.Popen, str]
             for r in range(args.pairs if threads == args.threads else 0):
                 order_g = [False, True][:: 1 if r % 2 == 0 else -1]
                 rates = {g: rate_of(measure_level(f"serve {threads}t {'grammar' if g else 'plain'}", serve_proc[1], 1, args, first=False,
-                                                  extra={"prompt": COUNT_PROMPT, **({"grammar": COUNT_GRAMMAR} if g else {})}),
+                                                  extra={"prompt": COUNT_PROMPT, **({"grammar": COUNT_GRAMMAR} if g else {})},
+                                                  requests=quick_requests(args, 1)),
                                     "stream_tok_per_s_p50") for g in order_g}
                 if rates[True] and rates[False]:
                     grammar.append(rates[True] / rates[False])
@@ -177,6 +178,12 @@ def embeddings(args) -> list[str]:
     return ["", *out.getvalue().rstrip().splitlines(), *([f"- bench_embed failed (exit {rc}): see its lines above"] if rc else [])]
 
 
+def quick_requests(args, clients: int) -> int | None:
+    """Requests at a level of ``clients``: one a client with --quick (its figures are
+    noise either way: one request still prints each of them), else loadtest's default."""
+    return clients if args.quick else None
+
+
 def fmt(x, spec=".1f") -> str:
     return "n/a" if x is None else format(x, spec)
 
@@ -197,7 +204,7 @@ def main() -> int:
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=512, help="context per sequence")
     ap.add_argument("--threads", type=int, default=physical_cores(), help="default: the physical cores this process may use")
-    ap.add_argument("--quick", action="store_true", help="CI: 1,4 clients, 8 tokens, localllm serve only")
+    ap.add_argument("--quick", action="store_true", help="CI: 1,4 clients, one request a client, 8-token prompts, 8 tokens, localllm serve only")
     ap.add_argument("--out", default=None, help="also write the report here")
     ap.add_argument("--skip-llama-cpp-python", action="store_true", help="leave llama-cpp-python's server out (it serves one request at a time: slow)")
     ap.add_argument("--llama-server", type=Path, default=None, help="llama.cpp's llama-server binary (default: the one scripts/build_llama_tools.sh built)")
@@ -210,7 +217,7 @@ def main() -> int:
         args.llama_server = tool("llama-server")
     args.pairs += args.pairs % 2  # both orders equally often (the docstring)
     if args.quick:
-        args.clients, args.gen_tokens, args.pairs, args.pair_threads = "1,4", 8, 1, str(args.threads)
+        args.clients, args.prompt_tokens, args.gen_tokens, args.pairs, args.pair_threads = "1,4", 8, 8, 1, str(args.threads)
     args.clients = [int(x) for x in args.clients.split(",")]
     args.pair_threads = [int(x) for x in args.pair_threads.split(",")]
     from localllm.store.resolver import resolve
@@ -279,7 +286,7 @@ def main() -> int:
         for i, c in enumerate(args.clients):
             for name, (_proc, base) in procs.items():
                 if isinstance(results[name], list):
-                    row = measure_level(name, base, c, args, first=i == 0)
+                    row = measure_level(name, base, c, args, first=i == 0, requests=quick_requests(args, c))
                     if isinstance(row, str):
                         results[name] = row
                     else:

@@ -87,11 +87,11 @@ def test_a_busy_machine_does_not_refuse_a_one_tool_grammar(gemma) -> None:
         try:
             time.sleep(0.3)  # every core busy before the checks
             t0, c0 = time.monotonic(), time.thread_time()
-            for _ in range(5):
+            for _ in range(2):  # the wall-time bound refused the first check already; each takes seconds under this load
                 grammar.check(v, one.grammar, n)  # raises InputError if refused
             wall, cpu = time.monotonic() - t0, time.thread_time() - c0
         finally:
             stop.set()
             for h in hogs:
                 h.join(5)
-    print(f"5 checks: {wall:.2f} s wall, {cpu:.2f} s of this thread's CPU")
+    print(f"2 checks: {wall:.2f} s wall, {cpu:.2f} s of this thread's CPU")
