@@ -31,7 +31,8 @@ from textual.scroll_view import ScrollView
 from textual.selection import Selection
 from textual.strip import Strip
 
-from localllm.tui.markdown import Row, markdown_blocks, plain_rows, render_markdown, split_think, thought_line
+from localllm.reasoning.split import Markers
+from localllm.tui.markdown import THINK, Row, markdown_blocks, plain_rows, render_markdown, split_think, thought_line
 
 _CONTROL = re.compile("[\u0000-\u0008\u000b-\u001f\u007f]")  # drawn as nothing, as Log does
 
@@ -132,7 +133,16 @@ class ChatView(ScrollView, can_focus=True):
         self._style: Style | None = None
         self._following = True  # the view shows the end: new text scrolls it (until the user scrolls up)
         self.raw = False  # show the messages' text as it is, not rendered
+        self.think_marks: Markers = THINK  # where a reply's thinking starts and ends: the loaded template's (set_think_marks)
         self._partial = False  # a finished reply's upper blocks are still plain text, drawn after this frame
+
+    def set_think_marks(self, marks: Markers) -> None:
+        """The loaded model's thinking markers: the replies are folded by them, drawn again where they change."""
+        if marks != self.think_marks:
+            self.think_marks = marks
+            for msg in self.messages:
+                msg._drawn.clear()
+            self._redraw()
 
     @property
     def line_count(self) -> int:
@@ -331,7 +341,7 @@ class ChatView(ScrollView, can_focus=True):
         elif msg.role != "assistant" or self.raw:
             rows = plain_rows((self.PREFIX.get(msg.role, "") + text).split("\n"), look, lambda p: wrap(p, width))
         else:
-            thought = split_think(text)
+            thought = split_think(text, self.think_marks)
             if thought is not None:
                 think = self.get_component_rich_style("chatview--think", partial=True)
                 rows = plain_rows([thought_line(thought, msg.think_tokens, msg.think_ms)], think, lambda p: wrap(p, width))

@@ -16,8 +16,9 @@ from textual.binding import Binding
 from textual.reactive import reactive
 
 from localllm.cockpit.attachments import typed_part, without_markers
+from localllm.reasoning.split import Markers
 from localllm.tui.chatview import ChatView, MessageView
-from localllm.tui.markdown import answer_of, code_blocks
+from localllm.tui.markdown import THINK, answer_of, code_blocks
 from localllm.vision.marker import MARKER
 
 if TYPE_CHECKING:
@@ -37,12 +38,13 @@ BINDINGS = [
 
 
 class ThinkClock:
-    """Where a reply's ``<think>`` block ends, from its tokens as they arrive:
+    """Where a reply's thinking block ends, from its tokens as they arrive:
     the thinking's token count and time, and the time to the first answer
     token (TTFT's counterpart for a reasoning model)."""
 
-    def __init__(self, start_ns: int, *, opened: bool = False) -> None:
+    def __init__(self, start_ns: int, *, opened: bool = False, marks: Markers = THINK) -> None:
         self.start_ns = start_ns
+        self.open, self.close = marks.open, marks.close
         self._text = ""
         self._tokens = 0
         self._first_ns: int | None = None
@@ -55,7 +57,7 @@ class ThinkClock:
 
     def feed(self, pieces: tuple[str, ...], stamps: list[int]) -> None:
         """The batch's tokens; it keeps only the text it still needs (the
-        reply's start, the tail where ``</think>`` may be arriving)."""
+        reply's start, the tail where the closing marker may be arriving)."""
         for piece, t in zip(pieces, stamps, strict=False):
             self._tokens += 1
             self._first_ns = t if self._first_ns is None else self._first_ns
@@ -64,14 +66,14 @@ class ThinkClock:
             self._text += piece
             if self.thinking is None:
                 head = self._text.lstrip()
-                if len(head) >= len("<think>") or not "<think>".startswith(head):
-                    self.thinking = head.startswith("<think>")
+                if len(head) >= len(self.open) or not self.open.startswith(head):
+                    self.thinking = head.startswith(self.open)
             if self.thinking and self.think_tokens is None:
-                if "</think>" not in self._text:
-                    self._text = self._text[-len("</think>"):]  # a tag split over tokens is still found
+                if self.close not in self._text:
+                    self._text = self._text[-len(self.close):]  # a marker split over tokens is still found
                     continue
                 self.think_tokens, self.think_ms = self._tokens, (t - self._first_ns) / 1e6
-                self._text = self._text.split("</think>", 1)[1]
+                self._text = self._text.split(self.close, 1)[1]
             if self.thinking is not None and self._text.strip():
                 self.answer_ms = (t - self.start_ns) / 1e6
 
@@ -100,13 +102,13 @@ class ConversationControls(App):
         if not replies:
             self.notify("no reply to copy yet", severity="warning")
             return
-        text = answer_of(replies[0].text)
+        text = answer_of(replies[0].text, self._view.think_marks)
         self.copy_to_clipboard(text)
         self.notify(f"copied the last reply ({len(text.splitlines())} lines, {len(text)} characters)")
 
     def action_copy_code(self) -> None:
         for reply in self._replies():
-            blocks = code_blocks(reply.text)
+            blocks = code_blocks(reply.text, self._view.think_marks)
             if blocks:
                 language, code = blocks[-1]
                 self.copy_to_clipboard(code)

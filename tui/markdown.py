@@ -1,6 +1,6 @@
 """A finished reply as the chat view draws it: Markdown rendered by rich into
 rows, code blocks highlighted under a line naming their language, a reasoning
-model's ``<think>…</think>`` folded into one dim line.
+model's thinking (``<think>…</think>``, or its template's markers) folded into one dim line.
 
 Why rich's ``Markdown`` rendered into the line view, and only once the reply is
 finished: Textual's ``Markdown`` widget is a widget tree, and each block it adds
@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from markdown_it import MarkdownIt
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -29,8 +30,10 @@ from rich.style import Style
 from rich.syntax import Syntax
 from rich.text import Text
 
+from localllm.reasoning.split import MARKERS, Markers
+
 _PARSER = MarkdownIt("commonmark").enable("strikethrough").enable("table")  # as rich's Markdown reads it
-_THINK = re.compile(r"\s*<think>(.*?)(</think>|$)", re.DOTALL)
+THINK = MARKERS[0]  # <think>...</think>: the markers assumed where the template names none (as llama.cpp's deepseek format)
 Row = tuple[str, list[Segment]]
 
 
@@ -43,26 +46,32 @@ class Thought:
     answer: str
 
 
-def split_think(text: str) -> Thought | None:
-    """The ``<think>`` block a reply starts with, and the answer after it; None
-    when the reply does not start with one."""
-    m = _THINK.match(text)
+@lru_cache(maxsize=8)
+def _block(marks: Markers) -> re.Pattern[str]:
+    return re.compile(r"\s*" + re.escape(marks.open) + r"(.*?)(" + re.escape(marks.close) + r"|$)", re.DOTALL)
+
+
+def split_think(text: str, marks: Markers = THINK) -> Thought | None:
+    """The thinking block a reply starts with (between ``marks``, the template's:
+    ``<think>``, Command R7B's ``<|START_THINKING|>``, Magistral's ``[THINK]``...),
+    and the answer after it; None when the reply does not start with one."""
+    m = _block(marks).match(text)
     if m is None:
         return None
     return Thought(m.group(1), bool(m.group(2)), text[m.end():])
 
 
-def answer_of(text: str) -> str:
+def answer_of(text: str, marks: Markers = THINK) -> str:
     """The reply without its thinking: what the user copies."""
-    thought = split_think(text)
+    thought = split_think(text, marks)
     return (thought.answer if thought is not None else text).strip()
 
 
-def code_blocks(text: str) -> list[tuple[str, str]]:
+def code_blocks(text: str, marks: Markers = THINK) -> list[tuple[str, str]]:
     """Each fenced or indented code block of a reply's answer: (language, code),
     as a Markdown reader sees them (a fence inside a list item counts; a
     backtick run in a sentence does not)."""
-    tokens = MarkdownIt("commonmark").parse(answer_of(text))
+    tokens = MarkdownIt("commonmark").parse(answer_of(text, marks))
     return [(t.info.partition(" ")[0], t.content) for t in tokens if t.type in ("fence", "code_block")]
 
 

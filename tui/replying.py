@@ -29,8 +29,10 @@ from localllm.cockpit.wording import reason
 from localllm.engine_api import GenerationStats
 from localllm.measure.diagnose import verdict
 from localllm.reasoning import markers
+from localllm.reasoning.split import Markers
 from localllm.tui.chatview import ChatView, MessageView
 from localllm.tui.controls import ThinkClock
+from localllm.tui.markdown import THINK
 from localllm.tui.messages import ReplyDone, StarvedAdvice, TokenBatch
 from localllm.tui.prompt import PromptBox
 from localllm.tui.widgets import LatencyPanel
@@ -156,8 +158,10 @@ class Replying(App):
         clips = [m for m in images or [] if isinstance(m, AudioClip)]  # the encode's rate in seconds of audio, where all it encodes is sound
         self._sent_audio_s = sum(c.seconds for c in clips) if clips and len(clips) == len(images or []) else None
         self._sent_count = count
-        opened = self.hub is None and self._opens_thinking()
-        self._reply = self._view.add("assistant", "<think>" if opened else "")  # folded as a reply that wrote it
+        marks, opened = self._thinking_marks()
+        opened = opened and self.hub is None
+        self._view.set_think_marks(marks)
+        self._reply = self._view.add("assistant", marks.open if opened else "")  # folded as a reply that wrote it
         self.core.persist(extra_user=message, images=images or [])
         self._reset_latency()
         self._gaps = []
@@ -167,24 +171,24 @@ class Replying(App):
         self.stop_ns = None
         self.busy = True
         submitted = time.perf_counter_ns()
-        self._think = ThinkClock(submitted, opened=opened)
+        self._think = ThinkClock(submitted, opened=opened, marks=marks)
         self._tool_steps = 0
         self._reply_start_ns = submitted
         self._reply_prefix = self.chat.context_used
         self._generate(self.chat, message, images or [], submitted)
 
-    def _opens_thinking(self) -> bool:
-        """Whether the reply starts inside a ``<think>`` block that the template's generation
-        prompt opened (DeepSeek R1's), so it writes only the ``</think>``; asked of a
-        one-message rendering (``reply_opening``), and only of a template that thinks in ``<think>``."""
+    def _thinking_marks(self) -> tuple[Markers, bool]:
+        """The markers the loaded template thinks in (``<think>`` where it names none, or
+        thinks in gpt-oss's channels, which this view does not fold), and whether the reply
+        starts inside them: the template's generation prompt opened the block (DeepSeek R1's
+        ``<think>\n``), so the reply writes only the closing marker. Asked of a one-message
+        rendering (``reply_opening``)."""
         chat = self.chat
-        if chat is None or chat.completion:
-            return False
-        source = getattr(chat.backend, "template_source", None)
+        source = getattr(chat.backend, "template_source", None) if chat is not None and not chat.completion else None
         marks, _ = markers(source, "")
-        if marks is None or marks.open != "<think>":
-            return False
-        return markers(source, chat.reply_opening())[1]
+        if chat is None or marks is None or marks.channels:
+            return THINK, False
+        return marks, markers(source, chat.reply_opening())[1]
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
     def _generate(self, chat: ChatSession, message: dict[str, str], images: list[RGBImage | AudioClip], submitted_ns: int) -> None:

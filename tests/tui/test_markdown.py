@@ -14,6 +14,7 @@ import pytest
 from localllm.testing import ScriptedEngine
 from localllm.tui.app import create_app
 from localllm.tui.chatview import ChatView
+from localllm.tui.markdown import answer_of
 from localllm.tui.settings import Settings
 from tests.helpers.tui import ask, scripted_app, until, wait_idle
 
@@ -86,6 +87,24 @@ async def test_a_reply_the_template_opened_in_thinking_is_folded_too(synth_model
         backend.reply = ["The", " answer", " again."]
         await ask(app, pilot, "Answer now")
         assert "The answer again." in _rows(app) and sum("thought" in r for r in _rows(app)) == 1
+
+
+@pytest.mark.slow
+async def test_thinking_in_the_templates_own_markers_is_folded(synth_model: Path) -> None:
+    """Command R7B thinks between ``<|START_THINKING|>`` and ``<|END_THINKING|>`` (llama.cpp's
+    command-r7b format; Magistral's ``[THINK]`` alike): folded, counted and timed as ``<think>`` is,
+    and a copy of the reply takes the answer alone."""
+    reply = ["<|START_THINKING|>", "Let", " me", " think", "<|END_THINKING|>", "\n\nThe", " answer."]
+    app, backend = scripted_app(synth_model, ttft_ms=300, itl_ms=40, reply=reply)
+    backend.template_source = "{{ '<|START_THINKING|>' }}{{ '<|END_THINKING|>' }}"
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_idle(app, pilot)
+        await ask(app, pilot, "Think first")
+        rows = _rows(app)
+        assert "▸ thought · 5 tokens in 0.2 s · Ctrl+T shows it" in rows
+        assert "The answer." in rows and not any("Let me think" in r for r in rows)
+        assert app.first_answer_ms == 300 + 5 * 40
+        assert answer_of(app.query_one(ChatView).messages[-1].text, app.query_one(ChatView).think_marks) == "The answer."
 
 
 @pytest.mark.slow
