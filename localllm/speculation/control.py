@@ -15,6 +15,8 @@ drafting again once they would have been right often enough (``ON_ABOVE``) to
 beat one-token decoding at the batch cost it measured. The draft length grows
 while whole drafts are taken, halves when none is, and is twice the tokens kept when some are, as llama.cpp's
 ``--draft-min``/``--draft-max`` bound it. ``lookup`` always drafts; ``none`` never.
+A sequence's drafting (``drafting.Drafting``) starts ``auto`` cold: off, scoring
+its shadow drafts, until they would have been kept.
 """
 
 from __future__ import annotations
