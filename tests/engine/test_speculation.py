@@ -86,3 +86,17 @@ def test_a_context_without_draft_rows_does_not_speculate(smollm2: Path) -> None:
         gen = b.stream("Say hi", SamplingConfig(temperature=0, max_tokens=8, speculate="lookup"))
         gen.drain()
         assert gen.spec is None
+
+
+def test_a_request_asked_again_drafts_the_reply_given_before(engine: LlamaCppBackend) -> None:
+    """The engine remembers its replies by the prompt's end they followed (speculation.history):
+    the same request again drafts the earlier reply from its first tokens, while auto is still cold."""
+    from localllm.speculation.history import FIRST
+
+    sampling = SamplingConfig(temperature=0, max_tokens=24, speculate="auto")
+    first = engine.stream("Write one sentence about the sea.", sampling)
+    first.drain()
+    again = engine.stream("Write one sentence about the sea.", sampling)
+    again.drain()
+    assert first.spec is not None and again.spec is not None
+    assert again.spec.drafted >= FIRST > first.spec.drafted and again.spec.accepted >= 1, (first.spec, again.spec)
