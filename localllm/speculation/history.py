@@ -22,6 +22,9 @@ TAIL = 32  # tokens of the prompt's end a reply is filed under (its generation p
 
 
 class Replies:
+    """The last ``KEEP`` replies, each filed under the ``TAIL`` prompt tokens before it (an exact
+    key, not n-grams: a cockpit's regenerate costs at most one short rejected draft)."""
+
     def __init__(self, keep: int = KEEP) -> None:
         self._items: deque[tuple[tuple[int, ...], list[int]]] = deque(maxlen=keep)
 
