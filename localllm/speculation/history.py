@@ -29,13 +29,13 @@ class Replies:
         self._items: deque[tuple[tuple[int, ...], list[int]]] = deque(maxlen=keep)
 
     def add(self, prompt: Sequence[int], reply: Sequence[int]) -> None:
-        if reply:
+        if reply and len(prompt) >= TAIL:  # a shorter prompt is no key: it would never be looked up
             self._items.appendleft((tuple(prompt[-TAIL:]), list(reply[:CAP])))
 
     def after(self, prompt: Sequence[int]) -> list[list[int]]:
         """The replies given before to a prompt that ended as ``prompt`` does, newest first."""
         tail = tuple(prompt[-TAIL:])
-        return [reply for end, reply in self._items if end == tail and len(tail) == TAIL]
+        return [reply for end, reply in self._items if end == tail] if len(tail) == TAIL else []
 
 
 class Replay:

@@ -54,19 +54,29 @@ async def test_a_finished_reply_is_drawn_as_markdown_and_ctrl_t_shows_the_raw_te
 
 
 @pytest.mark.slow
-async def test_thinking_is_folded_with_its_tokens_and_time(synth_model: Path) -> None:
-    app, _ = scripted_app(synth_model, ttft_ms=300, itl_ms=40, reply=THINK)
+@pytest.mark.parametrize(("template", "open_", "close"), [
+    (None, "<think>", "</think>"),  # no template names its markers: <think>, as llama.cpp's deepseek format
+    # Command R7B's (llama.cpp's command-r7b format; Magistral's [THINK] alike): the template's own
+    ("{{ '<|START_THINKING|>' }}{{ '<|END_THINKING|>' }}", "<|START_THINKING|>", "<|END_THINKING|>"),
+])
+async def test_thinking_is_folded_with_its_tokens_and_time(synth_model: Path, template: str | None, open_: str, close: str) -> None:
+    reply = [open_, *THINK[1:4], close, *THINK[5:]]
+    app, backend = scripted_app(synth_model, ttft_ms=300, itl_ms=40, reply=reply)
+    if template is not None:
+        backend.template_source = template
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_idle(app, pilot)
         await ask(app, pilot, "Think first")
         rows = _rows(app)
         assert "▸ thought · 5 tokens in 0.2 s · Ctrl+T shows it" in rows  # tokens 0..4, 4 gaps of 40 ms
         assert "The answer." in rows and not any("Let me think" in r for r in rows)
-        assert app.first_answer_ms == 300 + 5 * 40  # Enter to the first token after </think>
+        assert app.first_answer_ms == 300 + 5 * 40  # Enter to the first token after the closing marker
+        view = app.query_one(ChatView)
+        assert answer_of(view.messages[-1].text, view.think_marks) == "The answer."  # what Ctrl+O copies
         top = "\n".join(str(line) for line in app.query_one("#latency-top").lines)
         assert "TTFT 300.0 ms · answer 500 ms" in top  # the latency panel shows it beside TTFT
         await pilot.press("ctrl+t")
-        assert any("<think>Let me think</think>" in r for r in _rows(app))
+        assert any(f"{open_}Let me think{close}" in r for r in _rows(app))
 
 
 @pytest.mark.slow
@@ -87,24 +97,6 @@ async def test_a_reply_the_template_opened_in_thinking_is_folded_too(synth_model
         backend.reply = ["The", " answer", " again."]
         await ask(app, pilot, "Answer now")
         assert "The answer again." in _rows(app) and sum("thought" in r for r in _rows(app)) == 1
-
-
-@pytest.mark.slow
-async def test_thinking_in_the_templates_own_markers_is_folded(synth_model: Path) -> None:
-    """Command R7B thinks between ``<|START_THINKING|>`` and ``<|END_THINKING|>`` (llama.cpp's
-    command-r7b format; Magistral's ``[THINK]`` alike): folded, counted and timed as ``<think>`` is,
-    and a copy of the reply takes the answer alone."""
-    reply = ["<|START_THINKING|>", "Let", " me", " think", "<|END_THINKING|>", "\n\nThe", " answer."]
-    app, backend = scripted_app(synth_model, ttft_ms=300, itl_ms=40, reply=reply)
-    backend.template_source = "{{ '<|START_THINKING|>' }}{{ '<|END_THINKING|>' }}"
-    async with app.run_test(size=(100, 30)) as pilot:
-        await wait_idle(app, pilot)
-        await ask(app, pilot, "Think first")
-        rows = _rows(app)
-        assert "▸ thought · 5 tokens in 0.2 s · Ctrl+T shows it" in rows
-        assert "The answer." in rows and not any("Let me think" in r for r in rows)
-        assert app.first_answer_ms == 300 + 5 * 40
-        assert answer_of(app.query_one(ChatView).messages[-1].text, app.query_one(ChatView).think_marks) == "The answer."
 
 
 @pytest.mark.slow
