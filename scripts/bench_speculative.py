@@ -12,7 +12,9 @@ Prints the ratios the targets are about: auto over none (>= 1.5 quoting,
 alternating runs, and the first run of each (before either side remembers the
 reply: llama-server's ngram-mod pool is shared across requests, as localllm's
 earlier replies are). ``ceiling`` is the most any drafter can give here: every
-draft of 64 kept whole, a 65-row batch's cost against one token's.
+draft of 64 kept whole, a 65-row batch's cost against one token's. ``index``
+is what each request pays before its first token to index its prompt for
+drafting, on the JSON text of a captured Claude Code request (tests/serve/captured/).
 
     python scripts/bench_speculative.py [--model smollm2] [--reps 3] [--tokens 256] [--json] [--quick]
 """
@@ -31,11 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from localllm.engine import LlamaCppBackend  # noqa: E402
 from localllm.engine_api import LoadConfig, SamplingConfig  # noqa: E402
-from localllm.speculation import rows  # noqa: E402
+from localllm.speculation import NgramIndex, rows  # noqa: E402
 from localllm.store import resolver  # noqa: E402
 from scripts.llama_tools import tool  # noqa: E402
 
 CODE = Path(__file__).resolve().parents[1] / "localllm" / "speculation" / "control.py"
+CAPTURED = Path(__file__).resolve().parents[1] / "tests" / "serve" / "captured" / "claude_code_2.1.332_all_tools.json"
 FREE = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -54,6 +57,18 @@ def ours(b: LlamaCppBackend, prompt: str, temp: float, n: int, mode: str) -> tup
     stamps = [e.t_ns for e in gen]
     rate = (len(stamps) - 1) / ((stamps[-1] - stamps[0]) / 1e9) if len(stamps) > 1 and stamps[-1] > stamps[0] else None
     return rate, gen.spec.acceptance if gen.spec is not None else None
+
+
+def index_ms(b: LlamaCppBackend, reps: int) -> dict[str, float]:
+    """Milliseconds to index an agent's prompt (the median of ``reps``, at least 5): paid on
+    serve's scheduler thread, or before the engine's first token, at every request."""
+    tokens = b.tokenize(CAPTURED.read_text(), add_special=False, parse_special=False)
+    took = []
+    for _ in range(max(reps, 5)):
+        t0 = time.perf_counter()
+        NgramIndex(tokens)
+        took.append((time.perf_counter() - t0) * 1e3)
+    return {"tokens": len(tokens), "ms": statistics.median(took)}
 
 
 def ceiling(b: LlamaCppBackend, prompt: str, reps: int) -> dict[str, float]:
@@ -138,6 +153,7 @@ def main() -> int:
     report: dict[str, dict] = {}
     try:
         bound = ceiling(b, tasks(source)["quoting (rewrite a code file, one change)"][0], a.reps)
+        index = index_ms(b, a.reps)
         for name, (prompt, temp) in tasks(source).items():
             runs: dict[str, list[tuple[float | None, float | None]]] = {k: [] for k in ("none", "auto", *servers)}
             for r in range(a.reps):
@@ -163,11 +179,12 @@ def main() -> int:
         b.close()
     if a.json:
         print(json.dumps({"model": path.name, "threads": a.threads, "tokens": a.tokens, "reps": a.reps, "llama_server": missing or "run",
-                          "ceiling": bound, "tasks": report}, indent=2))
+                          "ceiling": bound, "index": index, "tasks": report}, indent=2))
         return 0
     print(f"{path.name}, {a.threads} threads, {a.tokens} tokens a reply, median of {a.reps} (decode tokens/s; acceptance)")
     print(f"  ceiling: a {bound['rows']}-row batch {bound['ms_a_row']:.1f} ms a row, one token {bound['ms_one_token']:.1f} ms:"
           f" drafts kept whole give at most x{bound['x_none']:.2f} against none here")
+    print(f"  index: Claude Code's request, {index['tokens']:,} tokens, indexed for drafting in {index['ms']:.1f} ms (each request, before its first token)")
     for name, rp in report.items():
         print(f"  {name}, temperature {rp['temperature']}:")
         for k, v in rp["tokens_per_s"].items():

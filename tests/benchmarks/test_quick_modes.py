@@ -93,7 +93,8 @@ QUICK = {
     ),
     "bench_speculative": (
         ["--quick"],
-        [r"none\s+[\d.]+", r"auto\s+[\d.]+", r"auto/none\s+x[\d.]+", r"llama-server\s+not run \(--quick\)"],
+        [r"none\s+[\d.]+", r"auto\s+[\d.]+", r"auto/none\s+x[\d.]+", r"llama-server\s+not run \(--quick\)",
+         r"index: Claude Code's request, [\d,]+ tokens, indexed for drafting in [\d.]+ ms"],
     ),
     "bench_vs_lowlevel": (
         ["--quick", "--threads", "1"],

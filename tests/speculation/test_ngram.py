@@ -58,3 +58,22 @@ def test_the_run_is_how_long_the_followed_quote_has_gone_on() -> None:
     assert idx.draft(5) == quote[20:25]
     idx.add(999)  # the quote broken off: nothing matches the tail
     assert idx.run(64) == 0
+
+
+def test_a_long_text_is_indexed_at_once_with_the_same_answers() -> None:
+    """From ``BULK`` tokens on, a prompt is indexed in arrays, not a token at a time:
+    the answers are the ones the rules above give, the n-grams across the join with
+    what was there before included."""
+    from localllm.speculation.ngram import BULK
+
+    text = list(range(1000, 1000 + BULK + 100))
+    idx = NgramIndex(text + [5] + text[:30])
+    assert idx.draft(4) == text[30:34] and idx.run(64) == 30
+    assert idx.find([7, 7, *text[40:56]]) == 55  # its 16-gram, where it ended
+    idx = NgramIndex(list(range(50)))
+    idx.extend([500, *text, 48, 49, 500])  # "48 49 500" first ended across the join, at 50
+    assert idx.draft(2) == [1000, 1001]
+    idx.truncate(51)
+    assert idx.tokens == [*range(50), 500] and idx.draft(1) == []
+    idx.extend([48, 49])  # the index rebuilt from the first 51: "48 49" ended at 49, then came 500
+    assert idx.draft(1) == [500]
