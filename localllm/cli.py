@@ -5,6 +5,14 @@ module imports to build the parser; heavy modules are imported inside the
 command functions, not at the top of any of them: importing
 ``llama_cpp`` loads its shared library (~0.18 s measured here), ``gguf`` pulls in
 numpy (~0.14 s) and ``textual`` ~0.21 s; ``localllm --help`` needs none of them.
+
+A command typed by name gets a parser of that command alone, as git reads only the
+builtin it runs: importing all 19 command modules and declaring their flags took
+19 ms of every start (``localllm.cli`` imported in 78 ms against 60 ms before the
+commands owned their flags), paid by each ``serve``, ``run`` and router child.
+``--help``, a name that is no command, ``config`` and ``completion`` (which list
+every command's flags), and a config file (checked against every command's flags)
+get them all.
 """
 
 from __future__ import annotations
@@ -13,33 +21,40 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from localllm import __version__
-from localllm.commands import add, bench, chat, completion, dispatch, doctor, inspect, list_models, mcp, plan, ps, pull, rm, run, serve, tune, worker
-from localllm.commands import config as config_cmd
+from localllm import __version__, commands
+from localllm.commands import dispatch
 from localllm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, LocalLLMError, UsageError
 from localllm.flags import Parser
-from localllm.quantize import cli as quantize_cli
-from localllm.tui import cli as tui_cli
 from localllm.util.fmt import safe
 
-# Each command declares its own flags (its module's ``register``), in the order
-# ``localllm --help`` lists them. Each module is light at import (its heavy
-# imports are inside its functions: see above), as --help imports them all.
-COMMANDS = (tui_cli, inspect, run, chat, quantize_cli, doctor, plan, completion, config_cmd, pull, list_models, rm, add, serve, ps, bench,
-            tune, mcp, worker)
+EVERY = ("config", "completion")  # commands that read every command's parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command (``commands.NAMES``, each module light at import: its
+    heavy imports are inside its functions, see above), or of the command ``only`` alone."""
     parser = Parser(prog="localllm", description="Run, measure and shrink LLMs on your own laptop, offline.")
     parser.add_argument("--version", action="version", version=f"localllm {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log on stderr")
     parser.add_argument("--debug", action="store_true", help="show a traceback on internal errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for command in COMMANDS:
-        command.register(sub)
+    for name in (only,) if only in commands.NAMES else commands.NAMES:
+        commands.module(name).register(sub)
     return parser
+
+
+def command_named(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names after the top-level options, if a parser of it alone will
+    do (``build_parser``'s docstring above); None: every command's parser."""
+    i = 0
+    while i < len(argv) and argv[i] in TOP_LEVEL:
+        if argv[i] in ("-h", "--help", "--version"):
+            return None
+        i += 1
+    name = argv[i] if i < len(argv) else None
+    return name if name in commands.NAMES and name not in EVERY else None
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -99,15 +114,20 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
     return {}
 
 
-def with_config(parser: argparse.ArgumentParser, argv: list[str], command: str) -> list[str]:
+def with_config(parser: argparse.ArgumentParser, argv: list[str], command: str,
+                every: Callable[[], argparse.ArgumentParser] | None = None) -> list[str]:
     """``argv`` with the config file's flags for ``command`` put right after the
-    command's name, so that the flags typed after them win."""
+    command's name, so that the flags typed after them win. The file is checked
+    against every command's flags: ``every()`` gives their parser where ``parser``
+    has one command's alone (None: ``parser`` has them all)."""
     from localllm.commands import config_file as config  # lazy: the config file's reader (tomllib, tempfile: ~11 ms), which --help does not need
 
     path = config.config_file()
     table = config.load(path)
+    if not table:
+        return argv
     model = _model_named(parser, argv) if config.MODELS in table else None
-    flags = config.tokens(table, command, subparsers(parser), path, model=model)
+    flags = config.tokens(table, command, subparsers(every() if every is not None else parser), path, model=model)
     if command == "serve":  # the config's default model is the router's to load at start and keep; serve MODEL is typed
         flags = ["--default-model" if f == "--model" else f for f in flags]
     if not flags:
@@ -131,11 +151,11 @@ def _model_named(parser: argparse.ArgumentParser, argv: list[str]) -> str | None
     return named
 
 
-def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+def _parse(parser: argparse.ArgumentParser, argv: list[str], every: Callable[[], argparse.ArgumentParser] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.command is None:
         return args
-    final = parser.parse_args(with_config(parser, argv, args.command))
+    final = parser.parse_args(with_config(parser, argv, args.command, every))
     if args.command in ("serve", "tune"):  # the router applies each model's table under what was typed (commands/serve_models.py);
         # tune tunes what the file set and leaves what was typed
         final.typed_argv = argv[argv.index(args.command) + 1:] if args.command in argv else []
@@ -143,9 +163,12 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = cockpit_by_default(sys.argv[1:] if argv is None else argv)
+    only = command_named(argv)
+    parser = build_parser(only)
+    every = build_parser if only is not None else None
     try:
-        args = _parse(parser, cockpit_by_default(sys.argv[1:] if argv is None else argv))
+        args = _parse(parser, argv, every)
     except UsageError as exc:  # the config file
         print(f"localllm: error: {safe(exc)}", file=sys.stderr)
         return EXIT_USAGE
