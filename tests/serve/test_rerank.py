@@ -3,7 +3,8 @@
 rank pooling), side by side with the real llama-server ``--rerank`` on the
 same file: the same scores per document, the same response keys and token
 counts, on all four paths; bad input answered 4xx in OpenAI's error shape with
-the server still up; a model without a classification head refused at start."""
+the server still up; a model without a classification head served as llama-server
+serves it, with a warning at start and a header on every answer."""
 
 from __future__ import annotations
 

@@ -180,7 +180,7 @@ def test_tool_choice_shapes_the_grammar() -> None:
     (tools.GENERIC, '{"names": ', None),
     (tools.GENERIC, 'The answer is {"name":', None),  # a JSON format's call is the whole reply
 ])
-def test_lazy_triggers_capture_only_what_thegrammar_takes(fmt: tools.Format, so_far: str, capture: str | None) -> None:
+def test_lazy_triggers_capture_only_what_the_grammar_takes(fmt: tools.Format, so_far: str, capture: str | None) -> None:
     """llama.cpp tries the trigger (ECMAScript regex, the same here) on the reply so
     far after each token, and replays from its capture into the grammar."""
     import re
