@@ -33,7 +33,7 @@ def _conversation(turns: int) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def base(smollm2: Path) -> Iterator[str]:
-    request = runtime.LoadRequest(model=smollm2, options=fitting.LoadOptions(n_ctx=1024, threads=1, n_gpu_layers=0), hardware=ROOMY,
+    request = runtime.LoadRequest(model=smollm2, options=fitting.LoadOptions(n_ctx=512, threads=1, n_gpu_layers=0), hardware=ROOMY,
                                   serving=True, parallel=1)
     with runtime.open_model(request) as loaded, Server(loaded, ServeOptions(port=0, api_key="k", compact_at=0.5),
                                                        say=lambda _: None).start() as s:
@@ -48,7 +48,7 @@ def _ask(base: str, messages: list[dict[str, str]]) -> httpx.Response:
 
 
 def test_a_long_conversation_is_compacted_and_its_summary_reused(base: str) -> None:
-    long = _conversation(8)  # about 800 tokens of a 1,024-token slot: past half
+    long = _conversation(4)  # about 400 tokens of a 512-token slot: past half
     first = _ask(base, long)
     header = first.headers["X-Compacted"]
     before, after = (int(x) for x in header.split(" tokens")[0].split(" -> "))
