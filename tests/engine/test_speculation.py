@@ -35,7 +35,7 @@ def engine(smollm2: Path):
 
 
 def _prompt() -> str:
-    return "Repeat this code exactly, then say done.\n\n" + CODE.read_text()[:700]
+    return "Repeat this code exactly, then say done.\n\n" + CODE.read_text()[:400]
 
 
 def _runs(engine: LlamaCppBackend, sampling: SamplingConfig, modes=("none", "lookup", "auto"), prompt: str | None = None):
