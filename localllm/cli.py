@@ -50,7 +50,7 @@ def command_named(argv: Sequence[str]) -> str | None:
     do (``build_parser``'s docstring above); None: every command's parser."""
     i = 0
     while i < len(argv) and argv[i] in TOP_LEVEL:
-        if argv[i] in ("-h", "--help", "--version"):
+        if argv[i] in ANSWERED:
             return None
         i += 1
     name = argv[i] if i < len(argv) else None
@@ -79,7 +79,8 @@ def _tolerant_stdin() -> None:
             pass
 
 
-TOP_LEVEL = ("-h", "--help", "--version", "-v", "--verbose", "--debug")
+ANSWERED = ("-h", "--help", "--version")  # top-level options argparse answers itself, with every command listed
+TOP_LEVEL = (*ANSWERED, "-v", "--verbose", "--debug")
 
 
 def cockpit_by_default(argv: Sequence[str]) -> list[str]:
@@ -89,7 +90,7 @@ def cockpit_by_default(argv: Sequence[str]) -> list[str]:
     i = 0
     while i < len(argv) and argv[i] in TOP_LEVEL:
         i += 1
-    if i < len(argv) and argv[i].startswith("-") and not any(a in ("-h", "--help", "--version") for a in argv[:i]):
+    if i < len(argv) and argv[i].startswith("-") and not any(a in ANSWERED for a in argv[:i]):
         return [*argv[:i], "tui", *argv[i:]]
     return argv
 

@@ -7,10 +7,11 @@ the tail seen before wins, and its continuation is the draft (llama.cpp's
 prompt-lookup and ngram-mod drafters do the same over token ids).
 
 An n-gram is keyed by a 64-bit polynomial hash of its tokens, not a tuple of
-them: a prompt is indexed in bulk with numpy (an 11,500-token prompt, Claude
-Code's: 50 ms of tuples against a few with hashes, paid before each request's
-first token on serve's scheduler thread). Two n-grams that share a hash (about
-one chance in 2**64 a pair) only make a wrong draft, which verification rejects.
+them: a prompt is indexed in bulk with numpy, and a token added rolls each hash
+on (a 13,319-token Claude Code request: 50.3 ms as tuples, 10.6 ms hashed,
+docs/benchmarks.md; paid before each request's first token, on serve's scheduler
+thread). Two n-grams that share a hash (about one chance in 2**64 a pair) only
+make a wrong draft, which verification rejects.
 """
 
 from __future__ import annotations
@@ -72,19 +73,6 @@ class NgramIndex:
                     self._last[n].update(zip(h[first:].tolist(), range(offset + first, offset + len(ids))))
         self._prev.clear()
 
-    def _hashes(self, tail: Sequence[int]) -> dict[int, int]:
-        """n -> the hash of the last n tokens of ``tail``, for each n it is long enough for."""
-        out, h, power, j = {}, 0, 1, 0
-        for n in self.sizes:
-            if len(tail) < n:
-                break
-            while j < n:
-                h = (h + tail[len(tail) - 1 - j] * power) & _MASK
-                power = (power * _BASE) & _MASK
-                j += 1
-            out[n] = h
-        return out
-
     def add(self, token: int) -> None:
         j = len(self.tokens)
         self.tokens.append(token)
@@ -112,15 +100,6 @@ class NgramIndex:
                 period = len(self.tokens) - 1 - at
                 return [self.tokens[at + 1 + i % period] for i in range(k)] if at + 1 + k > len(self.tokens) else self.tokens[at + 1: at + 1 + k]
         return []
-
-    def find(self, tail: Sequence[int]) -> int | None:
-        """Where the longest n-gram that ends ``tail`` (another text's) last ended here; None: nowhere."""
-        hashes = self._hashes(tail[-self.sizes[-1]:])
-        for n in self._longest_first:
-            at = self._last[n].get(hashes[n]) if n in hashes else None
-            if at is not None:
-                return at
-        return None
 
     def run(self, cap: int) -> int:
         """How many tokens, up to ``cap``, the tail has in common with what came before the

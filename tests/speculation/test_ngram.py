@@ -69,7 +69,10 @@ def test_a_long_text_is_indexed_at_once_with_the_same_answers() -> None:
     text = list(range(1000, 1000 + BULK + 100))
     idx = NgramIndex(text + [5] + text[:30])
     assert idx.draft(4) == text[30:34] and idx.run(64) == 30
-    assert idx.find([7, 7, *text[40:56]]) == 55  # its 16-gram, where it ended
+    pad = list(range(5000, 5000 + BULK))
+    z1, z2, y = list(range(10, 18)), list(range(20, 28)), list(range(30, 38))
+    idx = NgramIndex(pad + z1 + y + [100] + z2 + y + [200] + z1 + y)
+    assert idx.draft(1) == [100]  # the tail's 8 tokens went on to 200 last; its 16 (z1, y) only to 100
     idx = NgramIndex(list(range(50)))
     idx.extend([500, *text, 48, 49, 500])  # "48 49 500" first ended across the join, at 50
     assert idx.draft(2) == [1000, 1001]
